@@ -1,0 +1,380 @@
+"""Batched generation: one forward pass per step for every request of a dynamic batch.
+
+A small decode loop over a Hugging Face causal LM instead of ``model.generate()`` so that each row keeps
+its own settings and life: per-row max tokens, temperature, top-p and stop sequences, streaming of text
+deltas, cancellation, and prefill that starts from a cached prefix (``PrefixCache``). Rows that finish
+are dropped from the batch so the others run on.
+
+Batch layout (one row per request; ``P`` = reused prefix length, ``n`` = prompt tokens still to compute)::
+
+    [pad * (Pmax - P_i) | cached prefix (P_i) | pad * (Nmax - n_i) | new prompt tokens (n_i)]
+
+Pads are masked out and positions are explicit, so rows with and without a cache hit share one prefill.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from chatfleet_runtime.prefix_cache import PrefixCache, session_key, system_key
+from chatfleet_runtime.prompting import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class GenerationRequest:
+    """One row of a batch: prompt ids and settings, plus optional streaming and cancellation hooks."""
+
+    prompt_ids: list[int]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    session_id: str | None = None
+    system_len: int = 0
+    use_prefix_cache: bool = True
+    on_text: Callable[[str], None] | None = None
+    is_cancelled: Callable[[], bool] | None = None
+
+
+@dataclass
+class GenerationResult:
+    """What a row produced and why it ended (stop, length or cancelled)."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    prompt_tokens: int
+    cached_tokens: int = 0
+    first_token_s: float | None = None
+    total_s: float = 0.0
+
+
+class IncrementalDetokenizer:
+    """Turns a growing token list into text deltas without splitting multi-byte characters."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.prefix_offset = 0
+        self.read_offset = 0
+
+    def add(self, token_id: int) -> str:
+        """Append a token and return the newly complete text (may be empty)."""
+        self.ids.append(token_id)
+        decode = self.tokenizer.decode
+        prefix = decode(self.ids[self.prefix_offset : self.read_offset], skip_special_tokens=True)
+        new = decode(self.ids[self.prefix_offset :], skip_special_tokens=True)
+        if len(new) > len(prefix) and not new.endswith("\ufffd"):
+            self.prefix_offset = self.read_offset
+            self.read_offset = len(self.ids)
+            return new[len(prefix) :]
+        return ""
+
+
+class StopMatcher:
+    """Finds stop sequences in streamed text and holds back text that could still begin one.
+
+    >>> m = StopMatcher(("END",))
+    >>> m.feed("hello E"), m.feed("N"), m.feed("D and more")
+    ('hello ', '', '')
+    >>> m.stopped, m.text
+    (True, 'hello ')
+    """
+
+    def __init__(self, stops: Sequence[str]):
+        self.stops = tuple(s for s in stops if s)
+        self.text = ""
+        self.emitted = 0
+        self.stopped = False
+
+    def feed(self, delta: str) -> str:
+        """Add a delta; return the text now safe to emit."""
+        if self.stopped:
+            return ""
+        self.text += delta
+        if not self.stops:
+            out, self.emitted = self.text[self.emitted :], len(self.text)
+            return out
+        start = max(0, self.emitted - max(len(s) for s in self.stops))
+        cut = min((i for i in (self.text.find(s, start) for s in self.stops) if i >= 0), default=-1)
+        if cut >= 0:
+            self.text = self.text[:cut]
+            self.stopped = True
+            out, self.emitted = self.text[self.emitted :], len(self.text)
+            return out
+        hold = 0
+        for s in self.stops:
+            for k in range(min(len(s) - 1, len(self.text)), 0, -1):
+                if self.text.endswith(s[:k]):
+                    hold = max(hold, k)
+                    break
+        safe = len(self.text) - hold
+        out = self.text[self.emitted : safe] if safe > self.emitted else ""
+        self.emitted = max(self.emitted, safe)
+        return out
+
+    def flush(self) -> str:
+        """Emit whatever is held back (at the end of generation)."""
+        out, self.emitted = self.text[self.emitted :], len(self.text)
+        return out
+
+
+class _Row:
+    def __init__(self, index: int, req: GenerationRequest, tokenizer, start: float):
+        self.index = index
+        self.req = req
+        self.detok = IncrementalDetokenizer(tokenizer)
+        self.stop = StopMatcher(req.params.stop)
+        self.generated: list[int] = []
+        self.finish: str | None = None
+        self.cached = 0
+        self.start = start
+        self.first_token_s: float | None = None
+        self.rng = None
+
+    def emit(self, text: str) -> None:
+        if text and self.req.on_text is not None:
+            self.req.on_text(text)
+
+
+class BatchGenerator:
+    """Runs batches of GenerationRequests on one model; owns the prefix cache."""
+
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        *,
+        prefix_cache: PrefixCache | None = None,
+        suppress_special_tokens: bool = True,
+        cancel_check_every: int = 4,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
+        import torch
+
+        self.torch = torch
+        self.model = model
+        self.tokenizer = tokenizer
+        self.prefix_cache = prefix_cache
+        self.cancel_check_every = max(1, cancel_check_every)
+        self.clock = clock
+        self.device = next(model.parameters()).device
+        eos = model.generation_config.eos_token_id if model.generation_config is not None else None
+        eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        if tokenizer.eos_token_id is not None:
+            eos_ids.add(tokenizer.eos_token_id)
+        self.eos_ids = sorted(eos_ids)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
+        vocab = model.get_output_embeddings().weight.shape[0]
+        suppress = [i for i in tokenizer.all_special_ids if i not in eos_ids and i < vocab]
+        self.suppress = (
+            torch.tensor(suppress, dtype=torch.long, device=self.device)
+            if suppress_special_tokens and suppress
+            else None
+        )
+        self.num_layers = model.config.get_text_config().num_hidden_layers
+        self.stats = {"batches": 0, "rows": 0, "tokens": 0}
+
+    # ---- public -------------------------------------------------------------------------------
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        """Generate for every request in one batched loop; returns results in request order."""
+        torch = self.torch
+        start = self.clock()
+        rows = [_Row(i, r, self.tokenizer, start) for i, r in enumerate(requests)]
+        for row in rows:
+            if row.req.params.seed is not None:
+                row.rng = torch.Generator(device=self.device).manual_seed(row.req.params.seed)
+        if not rows:
+            return []
+        self.stats["batches"] += 1
+        self.stats["rows"] += len(rows)
+        with torch.inference_mode():
+            self._run(rows)
+        end = self.clock()
+        return [
+            GenerationResult(
+                text=row.stop.text,
+                token_ids=row.generated,
+                finish_reason=row.finish or "length",
+                prompt_tokens=len(row.req.prompt_ids),
+                cached_tokens=row.cached,
+                first_token_s=row.first_token_s,
+                total_s=end - start,
+            )
+            for row in rows
+        ]
+
+    # ---- internals ----------------------------------------------------------------------------
+
+    def _lookup(self, row: _Row):
+        cache, req = self.prefix_cache, row.req
+        if cache is None or not req.use_prefix_cache:
+            return None
+        keys = []
+        if req.session_id:
+            keys.append(session_key(req.session_id))
+        if req.system_len > 0:
+            keys.append(system_key(req.prompt_ids[: req.system_len]))
+        return cache.lookup(req.prompt_ids, keys) if keys else None
+
+    def _prefill(self, rows: list[_Row]):
+        """Build the padded batch (reusing cached prefixes) and run the prompt forward pass."""
+        torch = self.torch
+        from transformers import DynamicCache
+
+        hits = [self._lookup(row) for row in rows]
+        past_lens = [h.length if h else 0 for h in hits]
+        for row, p in zip(rows, past_lens, strict=True):
+            row.cached = p
+        new_ids = [row.req.prompt_ids[p:] for row, p in zip(rows, past_lens, strict=True)]
+        pmax, nmax, bsz = max(past_lens), max(len(n) for n in new_ids), len(rows)
+        cache = DynamicCache(config=self.model.config)
+        if pmax:
+            template = next(h for h in hits if h).entry.layers
+            layers = []
+            for layer in range(self.num_layers):
+                ks, vs = [], []
+                for hit, p in zip(hits, past_lens, strict=True):
+                    k0, v0 = template[layer]
+                    shape = (1, k0.shape[1], pmax, k0.shape[3])
+                    k = k0.new_zeros(shape)
+                    v = v0.new_zeros(shape)
+                    if hit:
+                        hk, hv = hit.entry.layers[layer]
+                        k[:, :, pmax - p :] = hk[:, :, :p]
+                        v[:, :, pmax - p :] = hv[:, :, :p]
+                    ks.append(k)
+                    vs.append(v)
+                layers.append((torch.cat(ks), torch.cat(vs)))
+            cache = DynamicCache(ddp_cache_data=layers, config=self.model.config)
+        input_ids = torch.full((bsz, nmax), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((bsz, pmax + nmax), dtype=torch.long)
+        positions = torch.zeros((bsz, nmax), dtype=torch.long)
+        for i, (ids, p) in enumerate(zip(new_ids, past_lens, strict=True)):
+            n = len(ids)
+            input_ids[i, nmax - n :] = torch.tensor(ids, dtype=torch.long)
+            mask[i, pmax - p : pmax] = 1
+            mask[i, pmax + nmax - n :] = 1
+            positions[i, nmax - n :] = torch.arange(p, p + n)
+        input_ids, mask, positions = (t.to(self.device) for t in (input_ids, mask, positions))
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+        )
+        next_pos = torch.tensor([len(r.req.prompt_ids) for r in rows], dtype=torch.long, device=self.device)
+        self._store_system_prefixes(rows, out.past_key_values, mask)
+        return out.logits[:, -1, :], out.past_key_values, mask, next_pos
+
+    def _row_kv(self, cache, mask, b: int, length: int | None = None):
+        """Per-layer KV of one batch row at its real (unmasked) positions, optionally the first `length`."""
+        idx = mask[b].nonzero().squeeze(-1)
+        if length is not None:
+            idx = idx[:length]
+        return [
+            (layer.keys[b : b + 1, :, idx].clone(), layer.values[b : b + 1, :, idx].clone())
+            for layer in cache.layers
+        ]
+
+    def _store_system_prefixes(self, rows, cache, mask) -> None:
+        if self.prefix_cache is None:
+            return
+        for b, row in enumerate(rows):
+            req = row.req
+            if not req.use_prefix_cache or req.system_len <= 0 or row.cached >= req.system_len:
+                continue
+            key = system_key(req.prompt_ids[: req.system_len])
+            if not self.prefix_cache.has(key):
+                self.prefix_cache.put(
+                    key, req.prompt_ids[: req.system_len], self._row_kv(cache, mask, b, req.system_len)
+                )
+
+    def _store_session(self, row: _Row, cache, mask, b: int) -> None:
+        if self.prefix_cache is None or not row.req.session_id or not row.req.use_prefix_cache:
+            return
+        # The cache holds the prompt and every generated token but the last (never fed back).
+        ids = list(row.req.prompt_ids) + row.generated[:-1]
+        layers = self._row_kv(cache, mask, b)
+        if layers and layers[0][0].shape[2] == len(ids):
+            self.prefix_cache.put(session_key(row.req.session_id), ids, layers)
+
+    def _sample(self, logits, rows: list[_Row]):
+        torch = self.torch
+        logits = logits.float()
+        if self.suppress is not None:
+            logits[:, self.suppress] = float("-inf")
+        out = torch.argmax(logits, dim=-1)
+        for i, row in enumerate(rows):
+            p = row.req.params
+            if p.temperature <= 0:
+                continue
+            probs = torch.softmax(logits[i] / p.temperature, dim=-1)
+            if p.top_p < 1.0:
+                sorted_p, order = torch.sort(probs, descending=True)
+                keep = torch.cumsum(sorted_p, 0) - sorted_p < p.top_p
+                keep[0] = True
+                filtered = torch.zeros_like(probs)
+                filtered[order[keep]] = sorted_p[keep]
+                probs = filtered / filtered.sum()
+            out[i] = torch.multinomial(probs, 1, generator=row.rng)[0]
+        return out.tolist()
+
+    def _run(self, rows: list[_Row]) -> None:
+        torch = self.torch
+        active = list(rows)
+        logits, cache, mask, next_pos = self._prefill(active)
+        step = 0
+        while active:
+            tokens = self._sample(logits, active)
+            now = self.clock()
+            keep: list[int] = []
+            for b, (row, tok) in enumerate(zip(active, tokens, strict=True)):
+                if row.first_token_s is None:
+                    row.first_token_s = now - row.start
+                row.generated.append(tok)
+                self.stats["tokens"] += 1
+                if tok in self.eos_ids:
+                    row.finish = "stop"
+                else:
+                    row.emit(row.stop.feed(row.detok.add(tok)))
+                    if row.stop.stopped:
+                        row.finish = "stop"
+                    elif len(row.generated) >= row.req.params.max_new_tokens:
+                        row.finish = "length"
+                if row.finish is None and row.req.is_cancelled and step % self.cancel_check_every == 0:
+                    try:
+                        if row.req.is_cancelled():
+                            row.finish = "cancelled"
+                    except Exception:  # a broken hook must not break the batch
+                        log.exception("is_cancelled hook failed")
+                if row.finish is None:
+                    keep.append(b)
+                    continue
+                if row.finish != "cancelled":
+                    row.emit(row.stop.flush())
+                self._store_session(row, cache, mask, b)
+            if not keep:
+                break
+            if len(keep) < len(active):
+                index = torch.tensor(keep, dtype=torch.long, device=self.device)
+                cache.batch_select_indices(index)
+                mask, next_pos = mask[index], next_pos[index]
+                active = [active[b] for b in keep]
+                tokens = [tokens[b] for b in keep]
+            input_ids = torch.tensor(tokens, dtype=torch.long, device=self.device).unsqueeze(-1)
+            mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
+            out = self.model(
+                input_ids=input_ids,
+                attention_mask=mask,
+                position_ids=next_pos.unsqueeze(-1),
+                past_key_values=cache,
+                use_cache=True,
+            )
+            next_pos = next_pos + 1
+            logits, cache = out.logits[:, -1, :], out.past_key_values
+            step += 1

@@ -1,0 +1,197 @@
+"""Validate chat messages and request parameters, and render prompts with the tokenizer's chat template.
+
+Plain Python (the tokenizer is passed in): the chat API uses the validators, the Triton model uses the
+renderer. Every error names the field, e.g. ``messages[2].role: 'robot' is not one of system, user,
+assistant``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+ROLES = ("system", "user", "assistant")
+SESSION_ID_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+MAX_MESSAGES = 256
+MAX_CONTENT_CHARS = 32_000
+MAX_STOP_SEQUENCES = 4
+MAX_STOP_CHARS = 64
+
+
+class RequestError(ValueError):
+    """A client error: the message names the field and says what is wrong (maps to HTTP 4xx)."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request generation settings (0 temperature means greedy)."""
+
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A rendered prompt: token ids, how many leading tokens are the system prefix, turns dropped."""
+
+    ids: list[int]
+    system_len: int = 0
+    dropped_messages: int = 0
+    messages: list[dict[str, str]] = field(default_factory=list)
+
+
+def validate_session_id(value: Any, field_name: str = "session_id") -> str:
+    """Return the session id if it is 1-128 chars of [A-Za-z0-9_.:-], else raise RequestError."""
+    if not isinstance(value, str) or not SESSION_ID_RE.match(value):
+        raise RequestError(
+            f"{field_name}: must be 1-128 characters of A-Z a-z 0-9 _ . : - (got {value!r:.40})"
+        )
+    return value
+
+
+def validate_messages(
+    messages: Any, *, max_content_chars: int = MAX_CONTENT_CHARS, allow_empty_list: bool = False
+) -> list[dict[str, str]]:
+    """Check an OpenAI-shaped messages list and return it as plain {role, content} dicts."""
+    if not isinstance(messages, list):
+        raise RequestError("messages: must be a list of {role, content} objects")
+    if not messages and not allow_empty_list:
+        raise RequestError("messages: must not be empty")
+    if len(messages) > MAX_MESSAGES:
+        raise RequestError(f"messages: {len(messages)} messages is more than the limit {MAX_MESSAGES}")
+    out = []
+    for i, msg in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(msg, dict):
+            raise RequestError(f"{where}: must be an object with role and content")
+        role = msg.get("role")
+        if role not in ROLES:
+            raise RequestError(f"{where}.role: {role!r} is not one of {', '.join(ROLES)}")
+        content = msg.get("content")
+        if isinstance(content, list):  # OpenAI content parts: keep the text parts
+            parts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+            if len(parts) != len(content) or not all(isinstance(p, str) for p in parts):
+                raise RequestError(f"{where}.content: only text content parts are supported")
+            content = "".join(parts)
+        if not isinstance(content, str):
+            raise RequestError(f"{where}.content: must be a string")
+        if not content.strip():
+            raise RequestError(f"{where}.content: must not be empty")
+        if len(content) > max_content_chars:
+            raise RequestError(
+                f"{where}.content: {len(content)} characters is more than the limit {max_content_chars}",
+                status=413,
+            )
+        out.append({"role": role, "content": content})
+    if out and out[-1]["role"] == "assistant" and not allow_empty_list:
+        raise RequestError(f"messages[{len(out) - 1}].role: the last message must be from user or system")
+    return out
+
+
+def _number(params: dict, key: str, kind: type, lo: float, hi: float, default):
+    value = params.get(key, default)
+    if value is None:
+        return default
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or (kind is int and not float(value).is_integer())
+    ):
+        raise RequestError(
+            f"{key}: must be {'an integer' if kind is int else 'a number'} (got {value!r:.40})"
+        )
+    if not lo <= value <= hi:
+        raise RequestError(f"{key}: {value} is outside {lo}..{hi}")
+    return kind(value)
+
+
+def parse_sampling(
+    params: dict[str, Any], *, max_new_tokens_limit: int, default_max_tokens: int = 64
+) -> SamplingParams:
+    """Validate OpenAI-style sampling fields (max_tokens, temperature, top_p, stop, seed)."""
+    if not isinstance(params, dict):
+        raise RequestError("parameters: must be an object")
+    max_tokens = params.get("max_tokens", params.get("max_completion_tokens"))
+    if isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens > max_new_tokens_limit:
+        raise RequestError(f"max_tokens: {max_tokens} is more than the limit {max_new_tokens_limit}")
+    max_tokens = _number(
+        {"max_tokens": max_tokens},
+        "max_tokens",
+        int,
+        1,
+        max_new_tokens_limit,
+        min(default_max_tokens, max_new_tokens_limit),
+    )
+    temperature = _number(params, "temperature", float, 0.0, 2.0, 0.0)
+    top_p = _number(params, "top_p", float, 0.0, 1.0, 1.0)
+    if top_p <= 0.0:
+        raise RequestError("top_p: must be greater than 0")
+    stop = params.get("stop")
+    if stop is None:
+        stops: tuple[str, ...] = ()
+    elif isinstance(stop, str):
+        stops = (stop,)
+    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        stops = tuple(stop)
+    else:
+        raise RequestError("stop: must be a string or a list of strings")
+    if len(stops) > MAX_STOP_SEQUENCES:
+        raise RequestError(f"stop: {len(stops)} sequences is more than the limit {MAX_STOP_SEQUENCES}")
+    for i, s in enumerate(stops):
+        if not s or len(s) > MAX_STOP_CHARS:
+            raise RequestError(f"stop[{i}]: must be 1-{MAX_STOP_CHARS} characters")
+    seed = params.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise RequestError("seed: must be an integer")
+    return SamplingParams(max_tokens, temperature, top_p, stops, seed)
+
+
+def _encode(tokenizer, messages: Sequence[dict[str, str]], add_generation_prompt: bool) -> list[int]:
+    text = tokenizer.apply_chat_template(
+        list(messages), tokenize=False, add_generation_prompt=add_generation_prompt
+    )
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def render_prompt(
+    tokenizer, messages: Sequence[dict[str, str]], *, max_context_tokens: int, max_new_tokens: int
+) -> Prompt:
+    """Apply the chat template; drop the oldest non-system messages until prompt + answer fit the context.
+
+    Example: context 2048, max_new_tokens 256 -> the prompt may hold at most 1792 tokens.
+    """
+    budget = max_context_tokens - max_new_tokens
+    if budget < 1:
+        raise RequestError(
+            f"max_tokens: {max_new_tokens} leaves no room in the context of {max_context_tokens}"
+        )
+    system = [m for m in messages if m["role"] == "system"]
+    rest = [m for m in messages if m["role"] != "system"]
+    dropped = 0
+    while True:
+        msgs = system + rest
+        ids = _encode(tokenizer, msgs, add_generation_prompt=True)
+        if len(ids) <= budget:
+            break
+        if len(rest) <= 1:
+            raise RequestError(
+                f"messages: the prompt is {len(ids)} tokens, more than the {budget} left in the context "
+                f"({max_context_tokens}) after max_tokens ({max_new_tokens})"
+            )
+        rest = rest[1:]
+        dropped += 1
+    system_len = 0
+    if system:
+        sys_ids = _encode(tokenizer, system, add_generation_prompt=False)
+        if ids[: len(sys_ids)] == sys_ids:
+            system_len = len(sys_ids)
+    return Prompt(ids=ids, system_len=system_len, dropped_messages=dropped, messages=msgs)

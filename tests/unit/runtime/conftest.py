@@ -1,0 +1,30 @@
+"""Fixtures for the runtime's unit tests: the tiny model (built once per session) and its tokenizer."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A tiny random Llama + tokenizer built offline (chatfleet_runtime.tiny)."""
+    pytest.importorskip("torch")
+    from chatfleet_runtime.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_model_dir):
+    """The tiny model's tokenizer, loaded the production way."""
+    from chatfleet_runtime.loading import load_tokenizer
+
+    return load_tokenizer(tiny_model_dir)
+
+
+@pytest.fixture(scope="session")
+def model(tiny_model_dir):
+    """The tiny model in fp32 on CPU."""
+    from chatfleet_runtime.loading import choose_placement, load_model
+
+    return load_model(tiny_model_dir, choose_placement("fp32", "KIND_CPU", cuda_available=False))

@@ -1,0 +1,170 @@
+"""Batched generation on the tiny model: batch == single, per-row limits, stops, streaming, cancel, reuse.
+
+Test design: greedy decoding is deterministic, so every batched or cached path is checked against the
+plain single-request path for identical token ids.
+"""
+
+from __future__ import annotations
+
+import pytest
+from chatfleet_runtime.generation import BatchGenerator, GenerationRequest, StopMatcher
+from chatfleet_runtime.prefix_cache import PrefixCache
+from chatfleet_runtime.prompting import SamplingParams, render_prompt
+
+
+@pytest.mark.parametrize(
+    ("stops", "deltas", "emitted", "text", "stopped"),
+    [
+        pytest.param((), ["ab", "c"], ["ab", "c"], "abc", False, id="no-stops"),
+        pytest.param(
+            ("END",), ["hello E", "N", "D more"], ["hello ", "", ""], "hello ", True, id="split-stop"
+        ),
+        pytest.param(("END",), ["hello E", "x"], ["hello ", "Ex"], "hello Ex", False, id="false-alarm"),
+        pytest.param(("\n", "##"), ["a#b", "\nrest"], ["a#b", ""], "a#b", True, id="two-stops"),
+        pytest.param(("stop",), ["stop"], [""], "", True, id="stop-first"),
+    ],
+)
+def test_stop_matcher(stops, deltas, emitted, text, stopped):
+    m = StopMatcher(stops)
+    assert [m.feed(d) for d in deltas] == emitted
+    assert (m.text, m.stopped) == (text, stopped)
+
+
+@pytest.fixture(scope="module")
+def gen(model, tokenizer):
+    return BatchGenerator(model, tokenizer, prefix_cache=PrefixCache(max_entries=4))
+
+
+def prompt(tokenizer, text, system=None):
+    msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+    return render_prompt(tokenizer, msgs, max_context_tokens=1024, max_new_tokens=32)
+
+
+def test_batch_matches_single_requests(gen, tokenizer):
+    prompts = [prompt(tokenizer, t) for t in ("Hello there", "Tell me a long story about Kubernetes", "Hi")]
+    params = [SamplingParams(max_new_tokens=n) for n in (12, 6, 9)]
+    singles = [
+        gen.generate([GenerationRequest(p.ids, sp, use_prefix_cache=False)])[0]
+        for p, sp in zip(prompts, params, strict=True)
+    ]
+    batch = gen.generate(
+        [GenerationRequest(p.ids, sp, use_prefix_cache=False) for p, sp in zip(prompts, params, strict=True)]
+    )
+    assert [r.token_ids for r in batch] == [r.token_ids for r in singles]
+    assert [len(r.token_ids) for r in batch] == [12, 6, 9]
+    assert {r.finish_reason for r in batch} == {"length"}
+
+
+def test_streaming_deltas_add_up_to_text(gen, tokenizer):
+    deltas: list[str] = []
+    res = gen.generate(
+        [
+            GenerationRequest(
+                prompt(tokenizer, "Hello").ids, SamplingParams(max_new_tokens=16), on_text=deltas.append
+            )
+        ]
+    )[0]
+    assert "".join(deltas) == res.text and len(deltas) > 1
+
+
+def test_stop_sequence_cuts_text(gen, tokenizer):
+    p = prompt(tokenizer, "Hello")
+    full = gen.generate([GenerationRequest(p.ids, SamplingParams(max_new_tokens=16))])[0].text
+    stop = full[3:5]
+    assert stop
+    res = gen.generate([GenerationRequest(p.ids, SamplingParams(max_new_tokens=16, stop=(stop,)))])[0]
+    assert res.finish_reason == "stop" and res.text == full[: full.find(stop)]
+
+
+def test_cancellation_ends_only_that_row(gen, tokenizer):
+    p = prompt(tokenizer, "Hello")
+    calls = {"n": 0}
+
+    def cancelled():
+        calls["n"] += 1
+        return calls["n"] > 1
+
+    a, b = gen.generate(
+        [
+            GenerationRequest(p.ids, SamplingParams(max_new_tokens=30), is_cancelled=cancelled),
+            GenerationRequest(p.ids, SamplingParams(max_new_tokens=30)),
+        ]
+    )
+    assert a.finish_reason == "cancelled" and len(a.token_ids) < 30
+    assert b.finish_reason == "length" and len(b.token_ids) == 30
+
+
+def test_seeded_sampling_is_reproducible(gen, tokenizer):
+    p = prompt(tokenizer, "Hello")
+    sp = SamplingParams(max_new_tokens=10, temperature=1.0, top_p=0.9, seed=7)
+    a = gen.generate([GenerationRequest(p.ids, sp)])[0]
+    b = gen.generate([GenerationRequest(p.ids, sp)])[0]
+    greedy = gen.generate([GenerationRequest(p.ids, SamplingParams(max_new_tokens=10))])[0]
+    assert a.token_ids == b.token_ids and a.token_ids != greedy.token_ids
+
+
+def test_session_prefix_reuse_gives_identical_output(model, tokenizer):
+    cache = PrefixCache(max_entries=8)
+    gen = BatchGenerator(model, tokenizer, prefix_cache=cache)
+    sysmsg = "You are a helpful assistant for Kubernetes questions."
+    first = prompt(tokenizer, "Hello there", system=sysmsg)
+    r1 = gen.generate(
+        [
+            GenerationRequest(
+                first.ids, SamplingParams(max_new_tokens=8), session_id="c1", system_len=first.system_len
+            )
+        ]
+    )[0]
+    assert r1.cached_tokens == 0 and len(cache) == 2  # the system prefix and the conversation
+    turn2 = (
+        first.ids
+        + r1.token_ids
+        + tokenizer("<|user|>And then?<|eos|><|assistant|>", add_special_tokens=False)["input_ids"]
+    )
+    reused, fresh = (
+        gen.generate(
+            [
+                GenerationRequest(
+                    turn2,
+                    SamplingParams(max_new_tokens=8),
+                    session_id="c1",
+                    system_len=first.system_len,
+                    use_prefix_cache=use,
+                )
+            ]
+        )[0]
+        for use in (True, False)
+    )
+    assert reused.cached_tokens == len(first.ids) + len(r1.token_ids) - 1
+    assert reused.token_ids == fresh.token_ids
+    other = prompt(tokenizer, "Another conversation", system=sysmsg)
+    r3 = gen.generate(
+        [
+            GenerationRequest(
+                other.ids, SamplingParams(max_new_tokens=8), session_id="c2", system_len=other.system_len
+            )
+        ]
+    )[0]
+    r3_fresh = gen.generate(
+        [GenerationRequest(other.ids, SamplingParams(max_new_tokens=8), use_prefix_cache=False)]
+    )[0]
+    assert r3.cached_tokens == other.system_len and r3.token_ids == r3_fresh.token_ids
+
+
+def test_mixed_batch_with_and_without_cache_hits(model, tokenizer):
+    gen = BatchGenerator(model, tokenizer, prefix_cache=PrefixCache())
+    sysmsg = "Shared system prompt for everyone."
+    ps = [prompt(tokenizer, f"user {i} says hi", system=sysmsg) for i in range(3)] + [
+        prompt(tokenizer, "no system")
+    ]
+    gen.generate(
+        [GenerationRequest(ps[0].ids, SamplingParams(max_new_tokens=2), system_len=ps[0].system_len)]
+    )
+    reqs = [GenerationRequest(p.ids, SamplingParams(max_new_tokens=6), system_len=p.system_len) for p in ps]
+    batch = gen.generate(reqs)
+    assert [r.cached_tokens > 0 for r in batch] == [True, True, True, False]
+    fresh = [
+        gen.generate([GenerationRequest(p.ids, SamplingParams(max_new_tokens=6), use_prefix_cache=False)])[0]
+        for p in ps
+    ]
+    assert [r.token_ids for r in batch] == [r.token_ids for r in fresh]

@@ -1,0 +1,147 @@
+"""Triton model configuration (config.pbtxt) generator, shared by the operator and the runtime.
+
+This module is deliberately dependency-free (stdlib only): the operator imports it to render the
+ConfigMap it mounts into every pod, and the runtime's launcher and tests import it to build a local
+model repository. One generator, so what the operator writes is exactly what the runtime reads.
+
+Example::
+
+    >>> cfg = ChatModelConfig(max_batch_size=8, preferred_batch_sizes=(4, 8), kind="KIND_CPU")
+    >>> files = model_repository_configs(cfg)
+    >>> sorted(files)
+    ['chat', 'chat_stream']
+    >>> "max_batch_size: 8" in files["chat"]
+    True
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+#: Name of the batched, non-streaming model in the repository.
+MODEL_NAME = "chat"
+#: Name of the decoupled (token-streaming) model in the repository.
+STREAM_MODEL_NAME = "chat_stream"
+
+PRECISIONS = ("fp32", "fp16", "bf16", "int8")
+KINDS = ("KIND_GPU", "KIND_CPU")
+
+
+@dataclass(frozen=True)
+class ChatModelConfig:
+    """Everything the Triton model configuration carries, in runtime terms (not CRD terms)."""
+
+    model_dir: str = "/models/weights"
+    """Local path of the weights inside the pod (the operator mounts or fetches them there)."""
+    tokenizer_dir: str | None = None
+    """Local path of the tokenizer; None means the tokenizer sits beside the weights."""
+    precision: str = "fp32"
+    """Weights and activations: fp32 (CPU), fp16/bf16 (GPU), int8 (devices that support it)."""
+    kind: str = "KIND_GPU"
+    """Triton instance kind: KIND_GPU in a GPU pod, KIND_CPU for local runs and tests."""
+    instance_count: int = 1
+    """Model instances per device (per GPU with KIND_GPU)."""
+    max_batch_size: int = 8
+    """Largest dynamic batch Triton forms; one generate() runs per batch."""
+    preferred_batch_sizes: tuple[int, ...] = ()
+    """Batch sizes the dynamic batcher aims for; empty lets it use any size up to the maximum."""
+    max_queue_delay_us: int = 10_000
+    """How long (microseconds) a request may wait in the queue for a batch to fill."""
+    max_new_tokens: int = 256
+    """Upper bound on generated tokens per request (a request may ask for fewer)."""
+    max_context_tokens: int = 2048
+    """Prompt plus history is truncated (oldest turns first) to fit this many tokens."""
+    streaming: bool = True
+    """Also serve the decoupled streaming model (chat_stream)."""
+    chat_template: str | None = None
+    """Jinja chat template overriding the tokenizer's own; None keeps the tokenizer's."""
+    history_turns: int = 5
+    """Sliding window of conversation turns kept as history."""
+    prefix_cache_entries: int = 64
+    """Conversations whose KV cache is kept for prefix reuse (least recently used evicted)."""
+    extra_parameters: Mapping[str, str] = field(default_factory=dict)
+    """Further string parameters passed through to the model (advanced)."""
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision: {self.precision!r} is not one of {', '.join(PRECISIONS)}")
+        if self.kind not in KINDS:
+            raise ValueError(f"kind: {self.kind!r} is not one of {', '.join(KINDS)}")
+        if self.max_batch_size < 1:
+            raise ValueError(f"max_batch_size: must be at least 1, got {self.max_batch_size}")
+        for size in self.preferred_batch_sizes:
+            if not 1 <= size <= self.max_batch_size:
+                raise ValueError(
+                    f"preferred_batch_sizes: {size} is outside 1..max_batch_size ({self.max_batch_size})"
+                )
+        if self.instance_count < 1:
+            raise ValueError(f"instance_count: must be at least 1, got {self.instance_count}")
+
+    def parameters(self) -> dict[str, str]:
+        """The `parameters { ... }` entries, all strings as Triton wants them."""
+        params = {
+            "model_dir": self.model_dir,
+            "tokenizer_dir": self.tokenizer_dir or self.model_dir,
+            "precision": self.precision,
+            "max_new_tokens": str(self.max_new_tokens),
+            "max_context_tokens": str(self.max_context_tokens),
+            "history_turns": str(self.history_turns),
+            "prefix_cache_entries": str(self.prefix_cache_entries),
+        }
+        if self.chat_template:
+            params["chat_template"] = self.chat_template
+        params.update({str(k): str(v) for k, v in self.extra_parameters.items()})
+        return params
+
+
+def _q(value: str) -> str:
+    """Quote a string for protobuf text format (JSON escaping is a compatible subset)."""
+    return json.dumps(value)
+
+
+def render_config_pbtxt(cfg: ChatModelConfig, *, name: str, decoupled: bool) -> str:
+    """Render one model's config.pbtxt in protobuf text format."""
+    lines = [
+        f"name: {_q(name)}",
+        'backend: "python"',
+        f"max_batch_size: {cfg.max_batch_size}",
+        "input [",
+        '  { name: "MESSAGES" data_type: TYPE_STRING dims: [ 1 ] },',
+        '  { name: "PARAMETERS" data_type: TYPE_STRING dims: [ 1 ] optional: true }',
+        "]",
+        "output [",
+        '  { name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] },',
+        '  { name: "NUM_TOKENS" data_type: TYPE_INT32 dims: [ 1 ] },',
+        '  { name: "FINISH_REASON" data_type: TYPE_STRING dims: [ 1 ] }',
+        "]",
+        "dynamic_batching {",
+    ]
+    if cfg.preferred_batch_sizes:
+        sizes = ", ".join(str(s) for s in cfg.preferred_batch_sizes)
+        lines.append(f"  preferred_batch_size: [ {sizes} ]")
+    lines += [f"  max_queue_delay_microseconds: {cfg.max_queue_delay_us}", "}"]
+    lines += [f"instance_group [ {{ count: {cfg.instance_count} kind: {cfg.kind} }} ]"]
+    if decoupled:
+        lines.append("model_transaction_policy { decoupled: true }")
+    lines.append("parameters [")
+    params = sorted(cfg.parameters().items())
+    for i, (key, value) in enumerate(params):
+        sep = "," if i < len(params) - 1 else ""
+        lines.append(f"  {{ key: {_q(key)} value: {{ string_value: {_q(value)} }} }}{sep}")
+    lines.append("]")
+    return "\n".join(lines) + "\n"
+
+
+def model_repository_configs(cfg: ChatModelConfig) -> dict[str, str]:
+    """Map model name -> config.pbtxt text for every model of the chat repository."""
+    files = {MODEL_NAME: render_config_pbtxt(cfg, name=MODEL_NAME, decoupled=False)}
+    if cfg.streaming:
+        files[STREAM_MODEL_NAME] = render_config_pbtxt(cfg, name=STREAM_MODEL_NAME, decoupled=True)
+    return files
+
+
+def configmap_key(model_name: str) -> str:
+    """ConfigMap key under which a model's config.pbtxt is stored (keys cannot hold '/')."""
+    return f"{model_name}.config.pbtxt"

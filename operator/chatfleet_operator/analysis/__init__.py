@@ -1,0 +1,1 @@
+"""Release analysis (provider protocol, Prometheus provider, pure assessor): comes with the release issue."""

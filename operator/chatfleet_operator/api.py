@@ -1,0 +1,101 @@
+"""Names of the API: group/version/plural, label and annotation keys, condition types, reasons."""
+
+from __future__ import annotations
+
+import json
+
+GROUP = "chatfleet.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "ChatbotService"
+PLURAL = "chatbotservices"
+SINGULAR = "chatbotservice"
+SHORT_NAMES = ("cbs",)
+CATEGORY = "chatfleet"
+
+#: Field manager name used for server-side apply and status writes.
+FIELD_MANAGER = "chatfleet-operator"
+
+# Labels (decided with the lead; the release issue relies on them).
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_INSTANCE = "app.kubernetes.io/instance"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+LABEL_SERVICE = f"{GROUP}/service"
+LABEL_TRACK = f"{GROUP}/track"
+LABEL_REVISION = f"{GROUP}/revision"
+NAME_VALUE = "chatbotservice"
+MANAGED_BY_VALUE = "chatfleet-operator"
+
+TRACK_STABLE = "stable"
+TRACK_CANARY = "canary"
+TRACK_PREVIEW = "preview"
+
+# Annotations.
+#: Hash of the desired manifest last applied to an owned object (drift and no-op detection).
+ANNOTATION_DESIRED_HASH = f"{GROUP}/desired-hash"
+#: Hash of the Triton ConfigMap content on the pod template, so a config change rolls the pods.
+ANNOTATION_CONFIG_HASH = f"{GROUP}/config-hash"
+
+# GPU node labels (NVIDIA GPU feature discovery) and the extended resource.
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
+
+# Condition types (adjectives, Kubernetes conventions; kstatus reads Ready/Reconciling/Stalled).
+COND_READY = "Ready"
+COND_RECONCILING = "Reconciling"
+COND_STALLED = "Stalled"
+COND_DEGRADED = "Degraded"
+COND_AVAILABLE = "Available"
+
+
+class Reason:
+    """CamelCase condition and event reasons (one place, so docs and tests can list them)."""
+
+    # Ready / Reconciling
+    READY = "Ready"
+    PROGRESSING = "Progressing"
+    ROLLING_OUT = "RollingOut"
+    SCALING = "Scaling"
+    WAITING_FOR_PODS = "WaitingForPods"
+    RECONCILED = "Reconciled"
+    # Problems (Stalled=True, Ready=False)
+    NO_MATCHING_GPU_NODES = "NoMatchingGPUNodes"
+    INSUFFICIENT_GPUS = "InsufficientGPUs"
+    SECRET_NOT_FOUND = "SecretNotFound"
+    IMAGE_PULL_FAILED = "ImagePullFailed"
+    UNSCHEDULABLE = "Unschedulable"
+    PROGRESS_DEADLINE_EXCEEDED = "ProgressDeadlineExceeded"
+    CREATE_CONTAINER_CONFIG_ERROR = "CreateContainerConfigError"
+    APPLY_FAILED = "ApplyFailed"
+    # Degraded
+    CRASH_LOOP = "CrashLoopBackOff"
+    PODS_NOT_READY = "PodsNotReady"
+    HEALTHY = "Healthy"
+    # Events only
+    REVISION_READY = "RevisionReady"
+
+
+class Phase:
+    """Values of status.phase, derived from conditions for printer columns only."""
+
+    PENDING = "Pending"
+    PROGRESSING = "Progressing"
+    READY = "Ready"
+    DEGRADED = "Degraded"
+    FAILED = "Failed"
+
+
+class ApiError(Exception):
+    """A non-2xx answer of the API server (raised by kube.py, understood by the reconciler)."""
+
+    def __init__(self, status: int, reason: str, body: str = "") -> None:
+        self.status, self.reason, self.body = status, reason, body
+        message = body
+        try:
+            message = json.loads(body).get("message", body)
+        except (ValueError, AttributeError):
+            pass
+        super().__init__(f"{status} {reason}: {message}")
+        self.message = message

@@ -1,0 +1,34 @@
+"""Pure builders: typed spec + settings -> Kubernetes manifest dicts. No API calls, no kopf."""
+
+from chatfleet_operator.builders.common import (
+    configmap_name,
+    deployment_name,
+    desired_hash,
+    endpoint,
+    owner_reference,
+    revision_hash,
+    selector_labels,
+    service_name,
+)
+from chatfleet_operator.builders.deployment import build_deployment
+from chatfleet_operator.builders.hpa import build_hpa
+from chatfleet_operator.builders.pdb import build_pdb
+from chatfleet_operator.builders.service import build_service
+from chatfleet_operator.builders.tritonconfig import build_triton_configmap, chat_model_config
+
+__all__ = [
+    "build_deployment",
+    "build_hpa",
+    "build_pdb",
+    "build_service",
+    "build_triton_configmap",
+    "chat_model_config",
+    "configmap_name",
+    "deployment_name",
+    "desired_hash",
+    "endpoint",
+    "owner_reference",
+    "revision_hash",
+    "selector_labels",
+    "service_name",
+]

@@ -1,0 +1,259 @@
+"""The Deployment of Triton pods: two containers from one image, per docs/pod-contract.md."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from chatfleet_operator import api
+from chatfleet_operator.builders.common import (
+    common_labels,
+    configmap_name,
+    deployment_name,
+    object_meta,
+    selector_labels,
+    with_desired_hash,
+)
+from chatfleet_operator.builders.tritonconfig import WEIGHTS_DIR
+from chatfleet_operator.settings import PodSettings
+from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
+
+CONFIG_DIR = "/etc/chatfleet/triton"
+REPOSITORY_DIR = "/tmp/model-repository"
+HTTP_PORT, GRPC_PORT, METRICS_PORT, CHAT_PORT = 8000, 8001, 8002, 8080
+
+#: Tolerated on every GPU pod: the taint GPU node pools commonly carry.
+GPU_TOLERATION = {"key": api.GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
+
+
+def _probe(path: str, port: str, period: int, failures: int) -> dict[str, Any]:
+    """HTTP GET probe."""
+    return {
+        "httpGet": {"path": path, "port": port},
+        "periodSeconds": period,
+        "timeoutSeconds": 5,
+        "failureThreshold": failures,
+    }
+
+
+def _container_security() -> dict[str, Any]:
+    """Restricted container security context: no privilege escalation, capabilities dropped."""
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
+def _weights_volume(spec: ChatbotServiceSpec, pod: PodSettings) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(volume, mount) for the weights: PVC or host path read-only, or an emptyDir the launcher fills."""
+    model = spec.model
+    mount: dict[str, Any] = {"name": "weights", "mountPath": WEIGHTS_DIR}
+    if model.pvc is not None:
+        volume = {
+            "name": "weights",
+            "persistentVolumeClaim": {"claimName": model.pvc.claim_name, "readOnly": True},
+        }
+        mount["readOnly"] = True
+        if model.pvc.sub_path:
+            mount["subPath"] = model.pvc.sub_path
+    elif model.host_path is not None:
+        volume = {"name": "weights", "hostPath": {"path": model.host_path, "type": "Directory"}}
+        mount["readOnly"] = True
+    else:
+        volume = {"name": "weights", "emptyDir": {"sizeLimit": pod.weights_cache_size}}
+    return volume, mount
+
+
+def _triton_container(ref: ObjectRef, spec: ChatbotServiceSpec, pod: PodSettings) -> dict[str, Any]:
+    """The `triton` container: the launcher execs tritonserver with GPUs, config and weights mounted."""
+    rt, res = spec.runtime, spec.resources
+    _, weights_mount = _weights_volume(spec, pod)
+    env = [{"name": "CHATFLEET_MODEL_NAME", "value": ref.name}]
+    if spec.model.uri:
+        env += [
+            {"name": "CHATFLEET_MODEL_URI", "value": spec.model.uri},
+            {"name": "CHATFLEET_MODEL_REVISION", "value": spec.model.revision},
+        ]
+    env.append({"name": "HOME", "value": "/tmp"})
+    container: dict[str, Any] = {
+        "name": "triton",
+        "image": rt.image,
+        "imagePullPolicy": rt.image_pull_policy,
+        "command": [
+            "python3",
+            "-m",
+            "chatfleet_runtime.launch",
+            f"--config-dir={CONFIG_DIR}",
+            f"--repository={REPOSITORY_DIR}",
+            f"--http-port={HTTP_PORT}",
+            f"--grpc-port={GRPC_PORT}",
+            f"--metrics-port={METRICS_PORT}",
+        ],
+        "ports": [
+            {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
+            {"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
+        ],
+        "env": env,
+        "resources": {
+            "requests": {"cpu": res.cpu, "memory": res.memory, api.GPU_RESOURCE: str(res.gpus_per_replica)},
+            "limits": {"cpu": res.cpu, "memory": res.memory, api.GPU_RESOURCE: str(res.gpus_per_replica)},
+        },
+        "volumeMounts": [
+            {"name": "triton-config", "mountPath": CONFIG_DIR, "readOnly": True},
+            weights_mount,
+            {"name": "dshm", "mountPath": "/dev/shm"},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+        "startupProbe": _probe("/v2/health/ready", "http", 10, pod.startup_failure_threshold),
+        "readinessProbe": _probe("/v2/health/ready", "http", 10, 3),
+        "livenessProbe": _probe("/v2/health/live", "http", 15, 3),
+        "securityContext": _container_security(),
+    }
+    if spec.model.credentials_secret:
+        container["envFrom"] = [{"secretRef": {"name": spec.model.credentials_secret}}]
+    return container
+
+
+def _chat_api_container(ref: ObjectRef, spec: ChatbotServiceSpec, pod: PodSettings) -> dict[str, Any]:
+    """The `chat-api` container: OpenAI-style HTTP API relaying to Triton over local gRPC."""
+    rt = spec.runtime
+    env: list[dict[str, Any]] = [
+        {"name": "CHATFLEET_MODEL_NAME", "value": ref.name},
+        {"name": "CHATFLEET_SESSION_TTL_SECONDS", "value": str(rt.sessions.ttl_seconds)},
+        {"name": "CHATFLEET_HISTORY_TURNS", "value": str(rt.sessions.history_turns)},
+        {"name": "CHATFLEET_REQUEST_TIMEOUT_SECONDS", "value": str(rt.request_timeout_seconds)},
+        {"name": "CHATFLEET_FALLBACK_TEXT", "value": rt.fallback_text},
+    ]
+    if rt.sessions.redis is not None:
+        env.append(
+            {
+                "name": "CHATFLEET_REDIS_URL",
+                "valueFrom": {
+                    "secretKeyRef": {"name": rt.sessions.redis.secret_name, "key": rt.sessions.redis.key}
+                },
+            }
+        )
+    env.append({"name": "HOME", "value": "/tmp"})
+    return {
+        "name": "chat-api",
+        "image": rt.image,
+        "imagePullPolicy": rt.image_pull_policy,
+        "command": [
+            "python3",
+            "-m",
+            "chatfleet_runtime.api",
+            "--host=0.0.0.0",
+            f"--port={CHAT_PORT}",
+            f"--triton-grpc=127.0.0.1:{GRPC_PORT}",
+        ],
+        "ports": [{"name": "chat", "containerPort": CHAT_PORT, "protocol": "TCP"}],
+        "env": env,
+        "resources": {
+            "requests": {"cpu": pod.chat_api_cpu, "memory": pod.chat_api_memory},
+            "limits": {"cpu": pod.chat_api_cpu, "memory": pod.chat_api_memory},
+        },
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp", "subPath": "chat-api"}],
+        "readinessProbe": _probe("/readyz", "chat", 5, 3),
+        "livenessProbe": _probe("/healthz", "chat", 15, 3),
+        "securityContext": _container_security(),
+    }
+
+
+def build_pod_template(
+    ref: ObjectRef,
+    spec: ChatbotServiceSpec,
+    pod: PodSettings,
+    *,
+    track: str,
+    revision: str,
+    config_hash: str,
+) -> dict[str, Any]:
+    """Pod template: podMetadata first, then our labels and annotations (ours win on conflicts)."""
+    res = spec.resources
+    labels = {
+        **spec.pod_metadata.labels,
+        **common_labels(ref),
+        **selector_labels(ref, track),
+        api.LABEL_REVISION: revision,
+    }
+    annotations = {
+        **spec.pod_metadata.annotations,
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(METRICS_PORT),
+        "prometheus.io/path": "/metrics",
+        api.ANNOTATION_CONFIG_HASH: config_hash,
+    }
+    node_selector = dict(res.node_selector)
+    if res.gpu_product:
+        node_selector[api.GPU_PRODUCT_LABEL] = res.gpu_product
+    weights_volume, _ = _weights_volume(spec, pod)
+    pod_spec: dict[str, Any] = {
+        "containers": [_triton_container(ref, spec, pod), _chat_api_container(ref, spec, pod)],
+        "tolerations": [GPU_TOLERATION, *[dict(t) for t in res.tolerations if dict(t) != GPU_TOLERATION]],
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": pod.run_as_user,
+            "runAsGroup": pod.run_as_user,
+            "fsGroup": pod.run_as_user,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": pod.termination_grace_seconds,
+        "topologySpreadConstraints": [
+            {
+                "maxSkew": 1,
+                "topologyKey": "kubernetes.io/hostname",
+                "whenUnsatisfiable": "ScheduleAnyway",
+                "labelSelector": {"matchLabels": selector_labels(ref, track)},
+            }
+        ],
+        "volumes": [
+            {"name": "triton-config", "configMap": {"name": configmap_name(ref)}},
+            weights_volume,
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": res.shm_size}},
+            {"name": "tmp", "emptyDir": {"sizeLimit": pod.tmp_size}},
+        ],
+    }
+    if node_selector:
+        pod_spec["nodeSelector"] = node_selector
+    if spec.runtime.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": n} for n in spec.runtime.image_pull_secrets]
+    return {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod_spec}
+
+
+def build_deployment(
+    ref: ObjectRef,
+    spec: ChatbotServiceSpec,
+    pod: PodSettings,
+    *,
+    revision: str,
+    config_hash: str,
+    track: str = api.TRACK_STABLE,
+    replicas: int | None = None,
+) -> dict[str, Any]:
+    """Deployment of one track; `replicas=None` leaves the count to the HPA (autoscaled)."""
+    deployment_spec: dict[str, Any] = {
+        "selector": {"matchLabels": selector_labels(ref, track)},
+        "revisionHistoryLimit": pod.revision_history_limit,
+        "progressDeadlineSeconds": spec.analysis.progress_deadline_seconds,
+        "strategy": {
+            "type": "RollingUpdate",
+            "rollingUpdate": {"maxSurge": pod.max_surge, "maxUnavailable": pod.max_unavailable},
+        },
+        "template": build_pod_template(
+            ref, spec, pod, track=track, revision=revision, config_hash=config_hash
+        ),
+    }
+    if replicas is not None:
+        deployment_spec = {"replicas": replicas, **deployment_spec}
+    extra = {api.LABEL_TRACK: track, api.LABEL_REVISION: revision, "app.kubernetes.io/component": "server"}
+    return with_desired_hash(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": object_meta(ref, deployment_name(ref, track), extra),
+            "spec": deployment_spec,
+        }
+    )

@@ -1,0 +1,61 @@
+"""The HorizontalPodAutoscaler (autoscaling/v2), only when spec.scaling.autoscale is set."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from chatfleet_operator.builders.common import (
+    deployment_name,
+    object_meta,
+    seconds_quantity,
+    with_desired_hash,
+)
+from chatfleet_operator.settings import HpaMetricSettings
+from chatfleet_operator.spec import Autoscale, ObjectRef
+
+
+def _pods_metric(name: str, average_value: str) -> dict[str, Any]:
+    """One `Pods` metric with an AverageValue target."""
+    return {
+        "type": "Pods",
+        "pods": {"metric": {"name": name}, "target": {"type": "AverageValue", "averageValue": average_value}},
+    }
+
+
+def hpa_metrics(autoscale: Autoscale, names: HpaMetricSettings) -> list[dict[str, Any]]:
+    """The HPA metrics for the targets that are set, e.g. queue time 50 ms -> averageValue '50m' (s)."""
+    t = autoscale.targets
+    metrics = []
+    if t.gpu_utilization_percent is not None:
+        metrics.append(_pods_metric(names.gpu_utilization, str(t.gpu_utilization_percent)))
+    if t.queue_time_milliseconds is not None:
+        metrics.append(_pods_metric(names.queue_time, seconds_quantity(t.queue_time_milliseconds)))
+    if t.request_latency_milliseconds is not None:
+        metrics.append(_pods_metric(names.request_latency, seconds_quantity(t.request_latency_milliseconds)))
+    if t.in_flight_requests is not None:
+        metrics.append(_pods_metric(names.in_flight, str(t.in_flight_requests)))
+    return metrics
+
+
+def build_hpa(ref: ObjectRef, autoscale: Autoscale, names: HpaMetricSettings) -> dict[str, Any]:
+    """HPA scaling the stable Deployment between minReplicas and maxReplicas."""
+    return with_desired_hash(
+        {
+            "apiVersion": "autoscaling/v2",
+            "kind": "HorizontalPodAutoscaler",
+            "metadata": object_meta(ref, deployment_name(ref)),
+            "spec": {
+                "scaleTargetRef": {
+                    "apiVersion": "apps/v1",
+                    "kind": "Deployment",
+                    "name": deployment_name(ref),
+                },
+                "minReplicas": autoscale.min_replicas,
+                "maxReplicas": autoscale.max_replicas,
+                "metrics": hpa_metrics(autoscale, names),
+                "behavior": {
+                    "scaleDown": {"stabilizationWindowSeconds": autoscale.scale_down_stabilization_seconds},
+                },
+            },
+        }
+    )

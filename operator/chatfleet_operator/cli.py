@@ -1,0 +1,81 @@
+"""Command line: `python -m chatfleet_operator.cli run [--namespace NS ...]` runs the operator."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import resource
+import sys
+
+from chatfleet_operator.settings import RuntimeSettings, Settings
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse the command line."""
+    parser = argparse.ArgumentParser(prog="chatfleet-operator", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the operator in the foreground against the current KUBECONFIG")
+    run.add_argument(
+        "--namespace", "-n", action="append", default=[], help="watch only this namespace (repeatable)"
+    )
+    run.add_argument("--workers", type=int, default=None, help="threads for API calls (default 16)")
+    run.add_argument("--verbose", "-v", action="store_true", help="debug logging")
+    run.add_argument(
+        "--stats-file", default=None, help="write pass/latency/write counters here on exit (JSON)"
+    )
+    sub.add_parser("version", help="print the version")
+    return parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Configure the API client, install the Controller, and run kopf until SIGINT/SIGTERM."""
+    import kopf
+
+    from chatfleet_operator import kube, main
+    from chatfleet_operator.reconcile import Controller
+
+    runtime = RuntimeSettings(namespaces=tuple(args.namespace))
+    if args.workers:
+        runtime = RuntimeSettings(namespaces=runtime.namespaces, workers=args.workers)
+    settings = Settings(runtime=runtime)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    kube.configure(pool_size=max(32, settings.runtime.workers * 2))
+    controller = Controller(settings, kube)
+    main.install(controller)
+    kopf.configure(verbose=args.verbose)
+    namespaces = list(settings.runtime.namespaces)
+    try:
+        asyncio.run(kopf.operator(standalone=True, clusterwide=not namespaces, namespaces=namespaces or None))
+    finally:
+        if args.stats_file:
+            from chatfleet_operator.reconcile import stats
+
+            data = {
+                **stats(controller),
+                "writes": dict(kube.WRITES),
+                "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            }
+            with open(args.stats_file, "w") as fh:
+                json.dump(data, fh)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `chatfleet-operator`."""
+    args = parse_args(argv)
+    if args.command == "version":
+        from chatfleet_operator import __version__
+
+        print(__version__)
+        return 0
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

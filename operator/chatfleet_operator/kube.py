@@ -1,0 +1,194 @@
+"""The ONLY module that calls the Kubernetes API (import-linter keeps it so).
+
+It owns server-side apply, 404/409 tolerance and the write counters the benchmark reads. Every call is
+blocking (the kubernetes client is synchronous); the reconciler runs it in a thread pool.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections import Counter
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import quote
+
+import kubernetes
+from kubernetes.client import ApiClient, Configuration
+
+from chatfleet_operator import api
+from chatfleet_operator.api import ApiError
+
+log = logging.getLogger(__name__)
+
+#: kind -> (API path prefix, plural) of every kind the operator reads or writes.
+KINDS: dict[str, tuple[str, str]] = {
+    "ConfigMap": ("/api/v1", "configmaps"),
+    "Service": ("/api/v1", "services"),
+    "Secret": ("/api/v1", "secrets"),
+    "Event": ("/api/v1", "events"),
+    "Deployment": ("/apis/apps/v1", "deployments"),
+    "HorizontalPodAutoscaler": ("/apis/autoscaling/v2", "horizontalpodautoscalers"),
+    "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),
+    api.KIND: (f"/apis/{api.API_VERSION}", api.PLURAL),
+}
+
+#: Write requests sent, by "VERB Kind" (read by tests and the benchmark through the operator's log).
+WRITES: Counter[str] = Counter()
+_lock = threading.Lock()
+_client: ApiClient | None = None
+
+
+def configure(kubeconfig: str | None = None, pool_size: int = 32) -> None:
+    """Load credentials once: in-cluster if available, else the kubeconfig (KUBECONFIG or ~/.kube/config)."""
+    global _client
+    config = Configuration()
+    try:
+        kubernetes.config.load_incluster_config(client_configuration=config)
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=config)
+    config.connection_pool_maxsize = pool_size
+    _client = ApiClient(configuration=config)
+
+
+def _api() -> ApiClient:
+    """The shared client, configured on first use."""
+    if _client is None:
+        configure()
+    assert _client is not None
+    return _client
+
+
+def request(
+    method: str,
+    path: str,
+    body: Any = None,
+    query: Mapping[str, str] | None = None,
+    content_type: str = "application/json",
+) -> dict[str, Any]:
+    """One API request; returns the decoded JSON body or raises ApiError."""
+    client = _api()
+    headers = {"Accept": "application/json", "Content-Type": content_type}
+    payload = json.dumps(body) if body is not None else None
+    _, url, headers, _, _ = client.param_serialize(
+        method,
+        path,
+        query_params=list((query or {}).items()),
+        header_params=headers,
+        auth_settings=["BearerToken"],
+    )
+    response = client.call_api(method, url, header_params=headers, body=payload, _request_timeout=30)
+    data = response.read()
+    if not 200 <= response.status < 300:
+        raise ApiError(response.status, response.reason or "", data.decode(errors="replace") if data else "")
+    return json.loads(data) if data else {}
+
+
+def _count(verb: str, kind: str) -> None:
+    """Count one write request."""
+    with _lock:
+        WRITES[f"{verb} {kind}"] += 1
+
+
+def object_path(kind: str, namespace: str, name: str | None = None) -> str:
+    """REST path of a namespaced object (or its collection when name is None)."""
+    prefix, plural = KINDS[kind]
+    path = f"{prefix}/namespaces/{quote(namespace)}/{plural}"
+    return f"{path}/{quote(name)}" if name else path
+
+
+def apply(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """Server-side apply of an owned object (force: the operator owns the fields it sets)."""
+    meta = manifest["metadata"]
+    _count("APPLY", manifest["kind"])
+    return request(
+        "PATCH",
+        object_path(manifest["kind"], meta["namespace"], meta["name"]),
+        body=manifest,
+        query={"fieldManager": api.FIELD_MANAGER, "force": "true"},
+        content_type="application/apply-patch+yaml",
+    )
+
+
+def delete(kind: str, namespace: str, name: str) -> None:
+    """Delete an object; already gone is fine."""
+    _count("DELETE", kind)
+    try:
+        request("DELETE", object_path(kind, namespace, name), body={"propagationPolicy": "Background"})
+    except ApiError as exc:
+        if exc.status != 404:
+            raise
+
+
+def patch_status(namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any] | None:
+    """JSON merge patch of a ChatbotService's status subresource; None if the object is gone."""
+    _count("PATCH", "status")
+    try:
+        return request(
+            "PATCH",
+            object_path(api.KIND, namespace, name) + "/status",
+            body={"status": patch},
+            content_type="application/merge-patch+json",
+        )
+    except ApiError as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def secret_exists(namespace: str, name: str) -> bool:
+    """Whether a Secret exists (its content is never read into the operator)."""
+    try:
+        request("GET", object_path("Secret", namespace, name))
+        return True
+    except ApiError as exc:
+        if exc.status == 404:
+            return False
+        raise
+
+
+def get(kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+    """Read one object; None when it does not exist."""
+    try:
+        return request("GET", object_path(kind, namespace, name))
+    except ApiError as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def post_event(
+    involved: Mapping[str, Any], type_: str, reason: str, message: str, now: datetime | None = None
+) -> None:
+    """Post a core/v1 Event about a ChatbotService (failures are logged, never raised)."""
+    meta = involved["metadata"]
+    stamp = (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    event = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+        "involvedObject": {
+            "apiVersion": api.API_VERSION,
+            "kind": api.KIND,
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "uid": meta.get("uid"),
+            "resourceVersion": meta.get("resourceVersion"),
+        },
+        "type": type_,
+        "reason": reason,
+        "message": message[:1024],
+        "source": {"component": api.FIELD_MANAGER},
+        "reportingComponent": api.FIELD_MANAGER,
+        "reportingInstance": api.FIELD_MANAGER,
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }
+    _count("POST", "Event")
+    try:
+        request("POST", object_path("Event", meta["namespace"]), body=event)
+    except ApiError as exc:
+        log.warning("Failed to post event %s on %s/%s: %s", reason, meta["namespace"], meta["name"], exc)

@@ -1,0 +1,163 @@
+"""kopf registrations only: each handler is one line of docstring and delegates to the Controller.
+
+The Controller is created by `cli.py` (which wires the API module in) and installed with `install()`
+before kopf starts, so this module never imports the Kubernetes client.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+
+from chatfleet_operator import api
+from chatfleet_operator.reconcile import Controller, owner_key, trim
+from chatfleet_operator.rollout.facts import node_facts, pod_facts
+
+MANAGED = {api.LABEL_MANAGED_BY: api.MANAGED_BY_VALUE}
+OWNED = {api.LABEL_SERVICE: kopf.PRESENT}
+CBS = (api.GROUP, api.VERSION, api.PLURAL)
+
+_controller: Controller | None = None
+
+
+def install(controller: Controller) -> None:
+    """Install the Controller the handlers delegate to (called by cli before kopf starts)."""
+    global _controller
+    _controller = controller
+
+
+def ctl(kwargs: dict[str, Any]) -> Controller:
+    """The installed Controller, with kopf's indexes attached."""
+    assert _controller is not None, "chatfleet_operator.main.install() was not called"
+    _controller.use_indexes(kwargs)
+    return _controller
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    """Tune kopf so that steady state writes nothing: no log events, annotation-only bookkeeping."""
+    settings.posting.enabled = False
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="operator.chatfleet.io")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="operator.chatfleet.io", key="last-handled-configuration"
+    )
+    settings.watching.server_timeout = 600
+    settings.networking.error_backoffs = (1, 2, 4, 8, 16, 30)
+
+
+# Watch caches (kopf indexes). kopf fills them all before any handler runs, so a restarted operator
+# sees every owned object before its first pass, and plans no spurious writes.
+
+
+@kopf.index(*CBS)
+def cbs_index(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    """Index ChatbotServices by (namespace, name)."""
+    return {(namespace, name): trim(body)}
+
+
+@kopf.index("apps", "v1", "deployments", labels=MANAGED)
+def deployment_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
+    """Index owned Deployments by owner."""
+    key = owner_key(namespace, labels)
+    return {key: trim(body)} if key else None
+
+
+@kopf.index("", "v1", "configmaps", labels=MANAGED)
+def configmap_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
+    """Index owned ConfigMaps by owner."""
+    key = owner_key(namespace, labels)
+    return {key: trim(body)} if key else None
+
+
+@kopf.index("", "v1", "services", labels=MANAGED)
+def service_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
+    """Index owned Services by owner."""
+    key = owner_key(namespace, labels)
+    return {key: trim(body)} if key else None
+
+
+@kopf.index("autoscaling", "v2", "horizontalpodautoscalers", labels=MANAGED)
+def hpa_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
+    """Index owned HPAs by owner."""
+    key = owner_key(namespace, labels)
+    return {key: trim(body)} if key else None
+
+
+@kopf.index("policy", "v1", "poddisruptionbudgets", labels=MANAGED)
+def pdb_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
+    """Index owned PodDisruptionBudgets by owner."""
+    key = owner_key(namespace, labels)
+    return {key: trim(body)} if key else None
+
+
+@kopf.index("", "v1", "pods", labels=OWNED)
+def pod_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
+    """Index pods of ChatbotServices by owner, reduced to PodFacts."""
+    key = owner_key(namespace, labels)
+    return {key: pod_facts(body)} if key else None
+
+
+@kopf.index("", "v1", "nodes")
+def node_index(body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    """Index nodes, reduced to NodeFacts (GPU product, allocatable GPUs)."""
+    return {"nodes": node_facts(body)}
+
+
+# The ChatbotService itself.
+
+
+@kopf.on.resume(*CBS)
+@kopf.on.create(*CBS)
+@kopf.on.update(*CBS)
+async def reconcile(body: kopf.Body, retry: int, **kwargs: Any) -> None:
+    """Reconcile a ChatbotService; unsatisfiable specs retry with a growing delay."""
+    await ctl(kwargs).handle(body, retry)
+
+
+@kopf.on.event(*CBS)
+async def chatbotservice_event(type: str, body: kopf.Body, namespace: str, name: str, **kwargs: Any) -> None:
+    """Trigger a pass on a spec change not yet observed (also while kopf's retry is backing off)."""
+    if type == "DELETED":
+        ctl(kwargs).forget((namespace, name))
+    elif body.get("metadata", {}).get("generation") != (body.get("status") or {}).get("observedGeneration"):
+        ctl(kwargs).trigger((namespace, name))
+
+
+# Owned objects and pods: any change (a pod got Ready, a hand edit, a deletion) triggers the owner.
+
+
+@kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
+async def deployment_event(namespace: str, labels: kopf.Labels, **kwargs: Any) -> None:
+    """Trigger the owner of a changed Deployment."""
+    ctl(kwargs).trigger(owner_key(namespace, labels))
+
+
+@kopf.on.event("", "v1", "configmaps", labels=MANAGED)
+async def configmap_event(namespace: str, labels: kopf.Labels, **kwargs: Any) -> None:
+    """Trigger the owner of a changed ConfigMap."""
+    ctl(kwargs).trigger(owner_key(namespace, labels))
+
+
+@kopf.on.event("", "v1", "services", labels=MANAGED)
+async def service_event(namespace: str, labels: kopf.Labels, **kwargs: Any) -> None:
+    """Trigger the owner of a changed Service."""
+    ctl(kwargs).trigger(owner_key(namespace, labels))
+
+
+@kopf.on.event("autoscaling", "v2", "horizontalpodautoscalers", labels=MANAGED)
+async def hpa_event(namespace: str, labels: kopf.Labels, **kwargs: Any) -> None:
+    """Trigger the owner of a changed HPA."""
+    ctl(kwargs).trigger(owner_key(namespace, labels))
+
+
+@kopf.on.event("policy", "v1", "poddisruptionbudgets", labels=MANAGED)
+async def pdb_event(namespace: str, labels: kopf.Labels, **kwargs: Any) -> None:
+    """Trigger the owner of a changed PodDisruptionBudget."""
+    ctl(kwargs).trigger(owner_key(namespace, labels))
+
+
+@kopf.on.event("", "v1", "pods", labels=OWNED)
+async def pod_event(namespace: str, labels: kopf.Labels, **kwargs: Any) -> None:
+    """Trigger the owner of a changed pod (readiness, scheduling, image pulls, restarts)."""
+    ctl(kwargs).trigger(owner_key(namespace, labels))

@@ -1,0 +1,385 @@
+"""Orchestration of one reconcile pass, and the per-object controller that serializes passes.
+
+Data flows one way: observe (watch caches, snapshotted on the event loop) -> plan (pure builders and
+planner) -> apply (kube.py, in a worker thread) -> compute status (pure) -> one status write, skipped
+when unchanged -> events from the old -> new status difference.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+import kopf
+
+from chatfleet_operator import api
+from chatfleet_operator.api import ApiError
+from chatfleet_operator.builders import (
+    build_deployment,
+    build_hpa,
+    build_pdb,
+    build_service,
+    build_triton_configmap,
+    endpoint,
+    revision_hash,
+)
+from chatfleet_operator.builders.tritonconfig import config_hash
+from chatfleet_operator.rollout.diagnose import Problem, diagnose, referenced_secrets
+from chatfleet_operator.rollout.facts import NodeFacts, PodFacts, deployment_facts
+from chatfleet_operator.rollout.plan import Action, plan_children
+from chatfleet_operator.rollout.status import Observation, compute_status, status_events, status_patch
+from chatfleet_operator.settings import Settings
+from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
+
+log = logging.getLogger("chatfleet")
+
+Key = tuple[str, str]  # (namespace, ChatbotService name)
+
+#: Owned kinds the planner may delete when no longer desired (the HPA when autoscaling is turned off).
+DELETABLE_KINDS = ("HorizontalPodAutoscaler",)
+#: Index names registered in main.py, by child kind.
+CHILD_INDEXES = {
+    "ConfigMap": "configmap_index",
+    "Deployment": "deployment_index",
+    "Service": "service_index",
+    "HorizontalPodAutoscaler": "hpa_index",
+    "PodDisruptionBudget": "pdb_index",
+}
+
+
+def trim(body: Mapping[str, Any]) -> dict[str, Any]:
+    """Keep what comparison and facts need from a watched object (drops managedFields to save memory)."""
+    meta = dict(body.get("metadata", {}))
+    meta.pop("managedFields", None)
+    out = {k: v for k, v in body.items() if k not in ("metadata",)}
+    out["metadata"] = meta
+    return dict(out)
+
+
+def owner_key(namespace: str | None, labels: Mapping[str, str]) -> Key | None:
+    """(namespace, owner) of an owned object from its chatfleet.io/service label."""
+    owner = labels.get(api.LABEL_SERVICE)
+    return (namespace, owner) if namespace and owner else None
+
+
+def _rv(body: Mapping[str, Any]) -> int:
+    """resourceVersion as an int for ordering (opaque by contract, numeric with etcd)."""
+    value = str(body.get("metadata", {}).get("resourceVersion", "0"))
+    return int(value) if value.isdigit() else 0
+
+
+@dataclass
+class Snapshot:
+    """What one pass observes: owned objects by (kind, name), pods, nodes. Taken on the event loop."""
+
+    children: dict[tuple[str, str], Mapping[str, Any]] = field(default_factory=dict)
+    pods: list[PodFacts] = field(default_factory=list)
+    nodes: list[NodeFacts] = field(default_factory=list)
+
+
+class World:
+    """The watch caches (kopf indexes) plus the objects this process has just written."""
+
+    def __init__(self) -> None:
+        self.indexes: Mapping[str, Any] = {}
+        self._recent: dict[tuple[str, str, str], tuple[int, Mapping[str, Any] | None]] = {}
+        self._lock = threading.Lock()
+
+    def remember(self, kind: str, namespace: str, name: str, body: Mapping[str, Any] | None, rv: int) -> None:
+        """Record an object we wrote (or a tombstone), newer than the watch cache until its event arrives."""
+        with self._lock:
+            self._recent[(kind, namespace, name)] = (rv, body)
+
+    def forget(self, namespace: str, owner: str) -> None:
+        """Drop remembered writes of one owner (when it is deleted)."""
+        with self._lock:
+            for key in [k for k in self._recent if k[1] == namespace and k[2].startswith(owner)]:
+                del self._recent[key]
+
+    def _store(self, index: str, key: Any) -> list[Any]:
+        """Values of one index key (empty when unknown)."""
+        idx = self.indexes.get(index)
+        if idx is None or key not in idx:
+            return []
+        return list(idx[key])
+
+    def body(self, key: Key) -> Mapping[str, Any] | None:
+        """The latest ChatbotService body, or None once deleted."""
+        values = self._store("cbs_index", key)
+        return values[0] if values else None
+
+    def snapshot(self, key: Key) -> Snapshot:
+        """Copy what a pass needs out of the indexes (call on the event loop thread)."""
+        snap = Snapshot()
+        for kind, index in CHILD_INDEXES.items():
+            for body in self._store(index, key):
+                snap.children[(kind, body["metadata"]["name"])] = body
+        with self._lock:
+            for (kind, ns, name), (rv, body) in self._recent.items():
+                if ns != key[0] or ((kind, name) not in snap.children and body is None):
+                    continue
+                current = snap.children.get((kind, name))
+                if current is not None and _rv(current) >= rv:
+                    continue
+                if body is None:
+                    snap.children.pop((kind, name), None)
+                elif (body.get("metadata", {}).get("labels") or {}).get(api.LABEL_SERVICE) == key[1]:
+                    snap.children[(kind, name)] = body
+        snap.pods = self._store("pod_index", key)
+        snap.nodes = self._store("node_index", "nodes")
+        return snap
+
+
+@dataclass
+class Outcome:
+    """Result of one pass."""
+
+    problems: list[Problem]
+    writes: int
+    status: dict[str, Any]
+
+
+def desired_children(
+    ref: ObjectRef, spec: ChatbotServiceSpec, raw_spec: Mapping[str, Any], settings: Settings, snap: Snapshot
+) -> tuple[list[dict[str, Any]], str, int]:
+    """(desired manifests, revision, desired replicas) of one ChatbotService. Pure."""
+    revision = revision_hash(raw_spec)
+    configmap = build_triton_configmap(ref, spec)
+    autoscale = spec.scaling.autoscale
+    replicas = None if autoscale else spec.scaling.replicas
+    deployment = build_deployment(
+        ref,
+        spec,
+        settings.pod,
+        revision=revision,
+        config_hash=config_hash(configmap["data"]),
+        replicas=replicas,
+    )
+    desired = [configmap, deployment, build_service(ref), build_pdb(ref)]
+    if autoscale is not None:
+        desired.append(build_hpa(ref, autoscale, settings.hpa_metrics))
+        current = snap.children.get(("Deployment", ref.name))
+        observed = (current or {}).get("spec", {}).get("replicas")
+        desired_replicas = max(autoscale.min_replicas, min(autoscale.max_replicas, int(observed or 0)))
+    else:
+        desired_replicas = spec.scaling.replicas
+    return desired, revision, desired_replicas
+
+
+class Client(Protocol):
+    """The API calls a pass makes (kube.py in production, a fake in unit tests)."""
+
+    def apply(self, manifest: Mapping[str, Any]) -> dict[str, Any]: ...
+    def delete(self, kind: str, namespace: str, name: str) -> None: ...
+    def patch_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any] | None: ...
+    def secret_exists(self, namespace: str, name: str) -> bool: ...
+    def post_event(
+        self, involved: Mapping[str, Any], type_: str, reason: str, message: str, now: datetime | None = None
+    ) -> None: ...
+
+
+def _apply(client: Client, action: Action, world: World, snap: Snapshot, namespace: str) -> str | None:
+    """Run one planned write; return a problem message when the API refuses it as invalid."""
+    key = (action.kind, action.name)
+    try:
+        if action.verb == "delete":
+            client.delete(action.kind, namespace, action.name)
+            world.remember(action.kind, namespace, action.name, None, 1 << 62)
+            snap.children.pop(key, None)
+            log.info("Deleted %s %s/%s (%s)", action.kind, namespace, action.name, action.why)
+            return None
+        assert action.manifest is not None
+        result = trim(client.apply(action.manifest))
+        world.remember(action.kind, namespace, action.name, result, _rv(result))
+        snap.children[key] = result
+        verb = "Created" if action.why == "missing" else "Updated"
+        log.info("%s %s %s/%s (%s)", verb, action.kind, namespace, action.name, action.why)
+    except ApiError as exc:
+        if exc.status in (400, 422):
+            return f"{action.kind} {action.name} was refused by the API server: {exc.message}"
+        raise
+    return None
+
+
+def reconcile_pass(
+    client: Client, body: Mapping[str, Any], snap: Snapshot, world: World, settings: Settings, now: datetime
+) -> Outcome:
+    """One level-triggered pass over one ChatbotService (blocking; runs in a worker thread)."""
+    ref = ObjectRef.from_body(body)
+    raw_spec = body.get("spec") or {}
+    spec = ChatbotServiceSpec.from_dict(raw_spec)
+    old_status = body.get("status") or {}
+
+    # 1. Observe what the caches cannot tell: do the referenced Secrets exist?
+    missing = [name for name in referenced_secrets(spec) if not client.secret_exists(ref.namespace, name)]
+
+    # 2. Plan (pure): desired children vs observed ones.
+    desired, revision, desired_replicas = desired_children(ref, spec, raw_spec, settings, snap)
+    actions = plan_children(desired, snap.children, DELETABLE_KINDS)
+
+    # 3. Apply: only what differs. An invalid object is a problem for the user, not a crash.
+    refused = [msg for action in actions if (msg := _apply(client, action, world, snap, ref.namespace))]
+
+    # 4. Compute the whole new status (pure) from the freshest view of the Deployment.
+    dep_body = snap.children.get(("Deployment", ref.name))
+    dep = deployment_facts(dep_body) if dep_body is not None else None
+    problems = diagnose(spec, snap.nodes, snap.pods, dep, missing)
+    problems += [Problem(api.Reason.APPLY_FAILED, msg) for msg in refused]
+    obs = Observation(
+        generation=ref.generation,
+        revision=revision,
+        desired_replicas=desired_replicas,
+        gpus_per_replica=spec.resources.gpus_per_replica,
+        endpoint=endpoint(ref, settings.runtime.cluster_domain),
+        selector=f"{api.LABEL_SERVICE}={ref.name},{api.LABEL_TRACK}={api.TRACK_STABLE}",
+        deployment=dep,
+        pods=[p for p in snap.pods if p.track == api.TRACK_STABLE],
+        problems=problems,
+    )
+    new_status = compute_status(old_status, obs, now)
+
+    # 5. One status write, only when something changed; then events from the difference.
+    patch = status_patch(old_status, new_status)
+    writes = len(actions)
+    if patch and client.patch_status(ref.namespace, ref.name, patch) is not None:
+        writes += 1
+        ready = next(c for c in new_status["conditions"] if c["type"] == api.COND_READY)
+        log.info(
+            "Updated status of ChatbotService %s/%s: phase=%s ready=%s (%s)",
+            ref.namespace,
+            ref.name,
+            new_status["phase"],
+            ready["status"],
+            ready["reason"],
+        )
+    for event in status_events(old_status, new_status):
+        client.post_event(body, event.type, event.reason, event.message, now)
+        log.info(
+            "Posted %s event %s on ChatbotService %s/%s", event.type, event.reason, ref.namespace, ref.name
+        )
+    return Outcome(problems=problems, writes=writes, status=new_status)
+
+
+def backoff_delay(retry: int, base: float, ceiling: float) -> float:
+    """Growing retry delay: base * 2**retry, capped; e.g. base 5: 5, 10, 20, 40, ... 300."""
+    return float(min(ceiling, base * (2 ** min(retry, 16))))
+
+
+class Controller:
+    """Serializes passes per ChatbotService and coalesces bursts of watch events into one pass."""
+
+    def __init__(
+        self, settings: Settings, client: Client, clock: Callable[[], datetime] = lambda: datetime.now(UTC)
+    ) -> None:
+        self.settings = settings
+        self.client = client
+        self.world = World()
+        self.clock = clock
+        self.executor = ThreadPoolExecutor(
+            max_workers=settings.runtime.workers, thread_name_prefix="reconcile"
+        )
+        self._locks: dict[Key, asyncio.Lock] = {}
+        self._pending: set[Key] = set()
+        self._failures: dict[Key, int] = {}
+        self.passes = 0
+        self.latencies: list[float] = []
+
+    def use_indexes(self, indexes: Mapping[str, Any]) -> None:
+        """Keep references to kopf's index objects (they live as long as the operator)."""
+        if not self.world.indexes:
+            self.world.indexes = {k: v for k, v in indexes.items() if k.endswith("_index")}
+
+    async def run_pass(self, key: Key, body: Mapping[str, Any] | None = None) -> Outcome | None:
+        """Run one pass for `key` under its lock, on the freshest cached body."""
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            body = self.world.body(key) or body
+            if body is None or body.get("metadata", {}).get("deletionTimestamp"):
+                return None
+            snap = self.world.snapshot(key)
+            started = time.monotonic()
+            loop = asyncio.get_running_loop()
+            outcome = await loop.run_in_executor(
+                self.executor,
+                reconcile_pass,
+                self.client,
+                body,
+                snap,
+                self.world,
+                self.settings,
+                self.clock(),
+            )
+            self.passes += 1
+            self.latencies.append(time.monotonic() - started)
+            if len(self.latencies) > 100_000:
+                del self.latencies[:50_000]
+            return outcome
+
+    async def handle(self, body: Mapping[str, Any], retry: int) -> None:
+        """kopf handler body: one pass; unsatisfiable -> kopf.TemporaryError with a growing delay."""
+        meta = body["metadata"]
+        key = (meta["namespace"], meta["name"])
+        outcome = await self.run_pass(key, body)
+        if outcome is not None and outcome.problems:
+            delay = backoff_delay(retry, self.settings.retry.base_delay, self.settings.retry.max_delay)
+            reasons = ", ".join(sorted({p.reason for p in outcome.problems}))
+            raise kopf.TemporaryError(
+                f"Waiting for {reasons} to be resolved; retrying in {delay:.0f}s", delay=delay
+            )
+
+    def trigger(self, key: Key | None) -> None:
+        """Ask for a pass soon (debounced); repeated asks before it runs are merged."""
+        if key is None or key in self._pending:
+            return
+        self._pending.add(key)
+        loop = asyncio.get_running_loop()
+        loop.call_later(self.settings.retry.trigger_debounce, lambda: loop.create_task(self._triggered(key)))
+
+    async def _triggered(self, key: Key) -> None:
+        """A triggered pass; API failures retry with backoff (kopf handlers retry their own)."""
+        self._pending.discard(key)
+        try:
+            await self.run_pass(key)
+            self._failures.pop(key, None)
+        except Exception as exc:
+            failures = self._failures[key] = self._failures.get(key, 0) + 1
+            delay = backoff_delay(failures - 1, 1.0, self.settings.retry.max_delay)
+            log.warning("Failed to reconcile ChatbotService %s/%s (retry in %.0fs): %s", *key, delay, exc)
+            loop = asyncio.get_running_loop()
+            loop.call_later(delay, self.trigger, key)
+
+    def forget(self, key: Key) -> None:
+        """Drop per-object state once a ChatbotService is deleted."""
+        self._locks.pop(key, None)
+        self._failures.pop(key, None)
+        self.world.forget(*key)
+
+
+def keys_of(bodies: Iterable[Mapping[str, Any]]) -> list[Key]:
+    """(namespace, name) of each body."""
+    return [(b["metadata"]["namespace"], b["metadata"]["name"]) for b in bodies]
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile, e.g. percentile([1, 2, 3, 4], 0.5) == 2."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = max(0, min(len(ordered) - 1, round(q * len(ordered) + 0.5) - 1))
+    return ordered[rank]
+
+
+def stats(controller: Controller) -> dict[str, Any]:
+    """Pass count and latency percentiles (seconds) of one operator process."""
+    return {
+        "passes": controller.passes,
+        "latency_p50_s": percentile(controller.latencies, 0.5),
+        "latency_p99_s": percentile(controller.latencies, 0.99),
+    }

@@ -1,0 +1,1 @@
+"""Pure planning: cluster facts, diagnosis, the apply plan, status and conditions. No API, no kopf."""

@@ -1,0 +1,157 @@
+"""Why a valid spec cannot be satisfied, from cluster facts. Pure: facts in, problems out."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from chatfleet_operator import api
+from chatfleet_operator.api import Reason
+from chatfleet_operator.rollout.facts import IMAGE_PULL_REASONS, DeploymentFacts, NodeFacts, PodFacts
+from chatfleet_operator.spec import ChatbotServiceSpec
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One reason the ChatbotService cannot become Ready without the user acting."""
+
+    reason: str
+    message: str
+
+
+def referenced_secrets(spec: ChatbotServiceSpec) -> dict[str, str]:
+    """Secret name -> the spec field naming it (only Secrets the pods cannot start without)."""
+    refs: dict[str, str] = {}
+    if spec.runtime.sessions.redis is not None:
+        refs[spec.runtime.sessions.redis.secret_name] = "spec.runtime.sessions.redis.secretName"
+    if spec.model.credentials_secret:
+        refs[spec.model.credentials_secret] = "spec.model.credentialsSecret"
+    return refs
+
+
+def candidate_nodes(spec: ChatbotServiceSpec, nodes: Iterable[NodeFacts]) -> list[NodeFacts]:
+    """Schedulable nodes whose labels match the node selector and GPU product."""
+    selector: dict[str, str] = dict(spec.resources.node_selector)
+    if spec.resources.gpu_product:
+        selector[api.GPU_PRODUCT_LABEL] = spec.resources.gpu_product
+    return [n for n in nodes if n.schedulable and all(n.labels.get(k) == v for k, v in selector.items())]
+
+
+def placement_problems(spec: ChatbotServiceSpec, nodes: Iterable[NodeFacts]) -> list[Problem]:
+    """No node of the product, or no node with enough allocatable GPUs for one replica."""
+    nodes = list(nodes)
+    res = spec.resources
+    candidates = candidate_nodes(spec, nodes)
+    if not candidates:
+        products = sorted({n.gpu_product for n in nodes if n.gpu_product})
+        known = ", ".join(products) if products else "none"
+        if res.gpu_product:
+            what = f"{api.GPU_PRODUCT_LABEL}={res.gpu_product} (spec.resources.gpuProduct)"
+        else:
+            what = "the labels of spec.resources.nodeSelector"
+        return [
+            Problem(
+                Reason.NO_MATCHING_GPU_NODES, f"No schedulable node has {what}; GPU products present: {known}"
+            )
+        ]
+    largest = max(n.allocatable_gpus for n in candidates)
+    if res.gpus_per_replica > largest:
+        return [
+            Problem(
+                Reason.INSUFFICIENT_GPUS,
+                f"spec.resources.gpusPerReplica={res.gpus_per_replica} exceeds the largest matching node "
+                f"({largest} allocatable {api.GPU_RESOURCE})",
+            )
+        ]
+    return []
+
+
+def secret_problems(spec: ChatbotServiceSpec, missing: Iterable[str]) -> list[Problem]:
+    """One problem per referenced Secret that does not exist."""
+    refs = referenced_secrets(spec)
+    return [
+        Problem(
+            Reason.SECRET_NOT_FOUND, f"Secret {name!r} named by {refs.get(name, 'the spec')} does not exist"
+        )
+        for name in sorted(missing)
+    ]
+
+
+def pod_problems(
+    spec: ChatbotServiceSpec, pods: Iterable[PodFacts], deployment: DeploymentFacts | None
+) -> list[Problem]:
+    """Image pull failures, config errors, unschedulable pods, and a passed progress deadline."""
+    problems: list[Problem] = []
+    seen: set[str] = set()
+    for pod in sorted(pods, key=lambda p: p.name):
+        if pod.deleting:
+            continue
+        if pod.waiting_reason in IMAGE_PULL_REASONS and Reason.IMAGE_PULL_FAILED not in seen:
+            seen.add(Reason.IMAGE_PULL_FAILED)
+            detail = f": {pod.waiting_message}" if pod.waiting_message else ""
+            problems.append(
+                Problem(
+                    Reason.IMAGE_PULL_FAILED,
+                    f"Image {spec.runtime.image!r} (spec.runtime.image) cannot be pulled "
+                    f"({pod.waiting_reason}){detail}",
+                )
+            )
+        elif (
+            pod.waiting_reason == "CreateContainerConfigError"
+            and Reason.CREATE_CONTAINER_CONFIG_ERROR not in seen
+        ):
+            seen.add(Reason.CREATE_CONTAINER_CONFIG_ERROR)
+            problems.append(
+                Problem(Reason.CREATE_CONTAINER_CONFIG_ERROR, f"Pod {pod.name}: {pod.waiting_message}")
+            )
+        elif pod.unschedulable_message and Reason.UNSCHEDULABLE not in seen:
+            seen.add(Reason.UNSCHEDULABLE)
+            problems.append(
+                Problem(
+                    Reason.UNSCHEDULABLE, f"Pod {pod.name} cannot be scheduled: {pod.unschedulable_message}"
+                )
+            )
+    if deployment is not None and deployment.deadline_exceeded and not deployment.rolled_out:
+        problems.append(
+            Problem(
+                Reason.PROGRESS_DEADLINE_EXCEEDED,
+                f"Deployment {deployment.name} made no progress within spec.analysis.progressDeadlineSeconds="
+                f"{spec.analysis.progress_deadline_seconds}s ({deployment.available}/{deployment.desired} available)",
+            )
+        )
+    return problems
+
+
+def diagnose(
+    spec: ChatbotServiceSpec,
+    nodes: Iterable[NodeFacts],
+    pods: Iterable[PodFacts],
+    deployment: DeploymentFacts | None,
+    missing_secrets: Iterable[str] = (),
+) -> list[Problem]:
+    """All problems, most fundamental first (placement, secrets, then pods)."""
+    return [
+        *placement_problems(spec, nodes),
+        *secret_problems(spec, missing_secrets),
+        *pod_problems(spec, pods, deployment),
+    ]
+
+
+def crashlooping(pods: Iterable[PodFacts], revision: str) -> list[PodFacts]:
+    """Pods of `revision` that restart and are not ready (CrashLoopBackOff or restarting)."""
+    return [
+        p
+        for p in pods
+        if not p.deleting
+        and p.revision == revision
+        and not p.ready
+        and (p.waiting_reason == "CrashLoopBackOff" or p.restarts > 0)
+    ]
+
+
+def group_pods(pods: Iterable[PodFacts]) -> Mapping[str, list[PodFacts]]:
+    """Pods by revision."""
+    out: dict[str, list[PodFacts]] = {}
+    for p in pods:
+        out.setdefault(p.revision, []).append(p)
+    return out

@@ -1,0 +1,150 @@
+"""Small, immutable summaries of what the operator observes (nodes, pods, Deployments).
+
+Watch handlers reduce full objects to these so the in-memory indexes stay small at 1,000s of objects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from chatfleet_operator import api
+
+#: Waiting reasons that mean the image cannot be pulled (the user must fix the image or its secret).
+IMAGE_PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"})
+
+
+def parse_int(value: Any, default: int = 0) -> int:
+    """Integer of a quantity-like value ('8', 8, None); `default` when unparsable."""
+    try:
+        return int(str(value))
+    except (TypeError, ValueError):
+        return default
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What placement needs to know about one node."""
+
+    name: str
+    labels: Mapping[str, str]
+    allocatable_gpus: int
+    schedulable: bool = True
+
+    @property
+    def gpu_product(self) -> str | None:
+        """NVIDIA GPU product label, if any."""
+        return self.labels.get(api.GPU_PRODUCT_LABEL)
+
+
+def node_facts(body: Mapping[str, Any]) -> NodeFacts:
+    """Summarize a Node object."""
+    meta, spec, status = body.get("metadata", {}), body.get("spec", {}), body.get("status", {})
+    return NodeFacts(
+        name=meta.get("name", ""),
+        labels=dict(meta.get("labels") or {}),
+        allocatable_gpus=parse_int((status.get("allocatable") or {}).get(api.GPU_RESOURCE)),
+        schedulable=not spec.get("unschedulable", False),
+    )
+
+
+@dataclass(frozen=True)
+class PodFacts:
+    """What diagnosis needs to know about one pod of a ChatbotService."""
+
+    name: str
+    revision: str
+    track: str
+    phase: str
+    ready: bool
+    node_name: str = ""
+    unschedulable_message: str = ""
+    waiting_reason: str = ""
+    waiting_message: str = ""
+    restarts: int = 0
+    deleting: bool = False
+
+
+def pod_facts(body: Mapping[str, Any]) -> PodFacts:
+    """Summarize a Pod object (first container waiting reason wins)."""
+    meta, spec, status = body.get("metadata", {}), body.get("spec", {}), body.get("status", {})
+    labels = meta.get("labels") or {}
+    ready = False
+    unschedulable = ""
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "Ready":
+            ready = cond.get("status") == "True"
+        if (cond.get("type"), cond.get("status"), cond.get("reason")) == (
+            "PodScheduled",
+            "False",
+            "Unschedulable",
+        ):
+            unschedulable = cond.get("message") or "the scheduler found no fitting node"
+    waiting_reason = waiting_message = ""
+    restarts = 0
+    for cs in status.get("containerStatuses") or []:
+        restarts += int(cs.get("restartCount") or 0)
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") and waiting.get("reason") != "ContainerCreating" and not waiting_reason:
+            waiting_reason, waiting_message = waiting["reason"], waiting.get("message") or ""
+    return PodFacts(
+        name=meta.get("name", ""),
+        revision=labels.get(api.LABEL_REVISION, ""),
+        track=labels.get(api.LABEL_TRACK, ""),
+        phase=status.get("phase") or "Pending",
+        ready=ready,
+        node_name=spec.get("nodeName") or "",
+        unschedulable_message=unschedulable,
+        waiting_reason=waiting_reason,
+        waiting_message=waiting_message,
+        restarts=restarts,
+        deleting=bool(meta.get("deletionTimestamp")),
+    )
+
+
+@dataclass(frozen=True)
+class DeploymentFacts:
+    """Rollout state of one Deployment, from its status."""
+
+    name: str
+    generation: int
+    observed_generation: int
+    desired: int
+    replicas: int
+    ready: int
+    available: int
+    updated: int
+    revision: str
+    deadline_exceeded: bool = False
+
+    @property
+    def rolled_out(self) -> bool:
+        """The controller saw the newest spec and all pods run it and are available."""
+        return (
+            self.observed_generation >= self.generation
+            and self.updated >= self.desired
+            and self.replicas <= self.updated
+            and self.available >= self.desired
+        )
+
+
+def deployment_facts(body: Mapping[str, Any]) -> DeploymentFacts:
+    """Summarize a Deployment's status."""
+    meta, spec, status = body.get("metadata", {}), body.get("spec", {}), body.get("status") or {}
+    deadline = any(
+        c.get("type") == "Progressing" and c.get("reason") == "ProgressDeadlineExceeded"
+        for c in status.get("conditions") or []
+    )
+    return DeploymentFacts(
+        name=meta.get("name", ""),
+        generation=int(meta.get("generation") or 0),
+        observed_generation=int(status.get("observedGeneration") or 0),
+        desired=int(spec.get("replicas", 1) if spec.get("replicas") is not None else 1),
+        replicas=int(status.get("replicas") or 0),
+        ready=int(status.get("readyReplicas") or 0),
+        available=int(status.get("availableReplicas") or 0),
+        updated=int(status.get("updatedReplicas") or 0),
+        revision=(meta.get("labels") or {}).get(api.LABEL_REVISION, ""),
+        deadline_exceeded=deadline,
+    )

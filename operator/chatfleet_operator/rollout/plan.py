@@ -1,0 +1,127 @@
+"""The apply plan: which owned objects to write or delete, from desired vs observed. Pure.
+
+A pass that finds every desired manifest already contained in the observed object plans nothing, so
+steady state writes nothing. "Contained" is a subset test: fields the apiserver defaults (or other
+controllers add) are ignored; quantities compare by value ("0.5" == "500m"); a missing empty or false
+field equals an empty or false desired one.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+_QUANTITY = re.compile(r"^([+-]?[0-9.]+)([eE][+-]?[0-9]+|[numkMGTPE]|[KMGTPE]i)?$")
+_SUFFIX = {
+    "n": Decimal("1e-9"),
+    "u": Decimal("1e-6"),
+    "m": Decimal("1e-3"),
+    "": Decimal(1),
+    "k": Decimal("1e3"),
+    "M": Decimal("1e6"),
+    "G": Decimal("1e9"),
+    "T": Decimal("1e12"),
+    "P": Decimal("1e15"),
+    "E": Decimal("1e18"),
+    "Ki": Decimal(2**10),
+    "Mi": Decimal(2**20),
+    "Gi": Decimal(2**30),
+    "Ti": Decimal(2**40),
+    "Pi": Decimal(2**50),
+    "Ei": Decimal(2**60),
+}
+
+
+def parse_quantity(value: str) -> Decimal | None:
+    """Value of a Kubernetes quantity, e.g. '500m' -> 0.5, '1Gi' -> 1073741824; None if not one."""
+    match = _QUANTITY.match(value.strip())
+    if not match:
+        return None
+    number, suffix = match.group(1), match.group(2) or ""
+    try:
+        if suffix[:1] in ("e", "E"):
+            return Decimal(number) * (Decimal(10) ** int(suffix[1:]))
+        return Decimal(number) * _SUFFIX[suffix]
+    except (InvalidOperation, KeyError):
+        return None
+
+
+def _scalar_equal(desired: Any, observed: Any) -> bool:
+    """Equal scalars, or equal quantities written differently."""
+    if desired == observed:
+        return True
+    if isinstance(desired, (str, int)) and isinstance(observed, (str, int)) and not isinstance(desired, bool):
+        a, b = parse_quantity(str(desired)), parse_quantity(str(observed))
+        return a is not None and a == b
+    return False
+
+
+def _is_empty(value: Any) -> bool:
+    """Values the apiserver drops on output (omitempty)."""
+    return value is None or value is False or value == 0 or value == "" or value == {} or value == []
+
+
+def contains(observed: Any, desired: Any) -> bool:
+    """True when every field of `desired` is present and equal in `observed` (lists: same length)."""
+    if isinstance(desired, Mapping):
+        if not isinstance(observed, Mapping):
+            return _is_empty(desired) and observed is None
+        return all(
+            contains(observed[key], value) if key in observed else _is_empty(value)
+            for key, value in desired.items()
+        )
+    if isinstance(desired, Sequence) and not isinstance(desired, str):
+        if not isinstance(observed, Sequence) or isinstance(observed, str):
+            return _is_empty(desired) and observed is None
+        return len(desired) == len(observed) and all(
+            contains(o, d) for o, d in zip(observed, desired, strict=True)
+        )
+    if observed is None:
+        return _is_empty(desired)
+    return _scalar_equal(desired, observed)
+
+
+def object_key(manifest: Mapping[str, Any]) -> tuple[str, str]:
+    """(kind, name) identifying an owned object inside one namespace."""
+    return manifest["kind"], manifest["metadata"]["name"]
+
+
+@dataclass(frozen=True)
+class Action:
+    """One write: `apply` a desired manifest (server-side apply) or `delete` an object no longer wanted."""
+
+    verb: str
+    kind: str
+    name: str
+    manifest: Mapping[str, Any] | None = None
+    why: str = ""
+
+
+def plan_children(
+    desired: Sequence[Mapping[str, Any]],
+    observed: Mapping[tuple[str, str], Mapping[str, Any]],
+    owned_kinds: Sequence[str] = (),
+) -> list[Action]:
+    """Applies for missing or drifted objects, deletes for observed owned objects not desired.
+
+    Example: desired [ConfigMap a], observed {} -> [apply ConfigMap a (created)];
+    observed {(ConfigMap, a): same} -> []; observed {(HorizontalPodAutoscaler, x): ...} with
+    owned_kinds=['HorizontalPodAutoscaler'] and no desired HPA -> [delete HorizontalPodAutoscaler x].
+    """
+    actions: list[Action] = []
+    wanted = set()
+    for manifest in desired:
+        key = object_key(manifest)
+        wanted.add(key)
+        current = observed.get(key)
+        if current is None:
+            actions.append(Action("apply", key[0], key[1], manifest, "missing"))
+        elif not contains(current, manifest):
+            actions.append(Action("apply", key[0], key[1], manifest, "drifted"))
+    for key in sorted(observed):
+        if key[0] in owned_kinds and key not in wanted:
+            actions.append(Action("delete", key[0], key[1], None, "not desired"))
+    return actions

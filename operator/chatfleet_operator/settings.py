@@ -1,0 +1,86 @@
+"""Operator settings: grouped dataclasses, passed into builders and the reconciler (never globals)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class PodSettings:
+    """What every Triton pod gets besides the spec."""
+
+    chat_api_cpu: str = "500m"
+    """CPU request and limit of the chat-api sidecar container (quantity). Small: it only relays."""
+    chat_api_memory: str = "512Mi"
+    """Memory request and limit of the chat-api sidecar container (quantity)."""
+    run_as_user: int = 1000
+    """UID the containers run as (non-root; the runtime image owns /tmp and the model dirs for it)."""
+    termination_grace_seconds: int = 60
+    """Grace period for in-flight generations to finish before a pod is killed, in seconds."""
+    startup_failure_threshold: int = 60
+    """Startup probe failures allowed (period 10 s), i.e. up to 10 minutes for weights to load."""
+    tmp_size: str = "1Gi"
+    """Size limit of the writable /tmp emptyDir (root filesystem is read-only), quantity."""
+    weights_cache_size: str = "100Gi"
+    """Size limit of the emptyDir the launcher downloads URI weights into, quantity."""
+    revision_history_limit: int = 3
+    """Old ReplicaSets kept per Deployment."""
+    max_surge: int | str = 1
+    """Deployment rolling update maxSurge: one extra GPU pod at a time."""
+    max_unavailable: int | str = 0
+    """Deployment rolling update maxUnavailable: never below the desired serving capacity."""
+
+
+@dataclass(frozen=True)
+class HpaMetricSettings:
+    """Per-pod metric names the HPA targets (served by a Prometheus adapter; see docs/metrics.md)."""
+
+    gpu_utilization: str = "chatfleet_gpu_utilization_percent"
+    """Pods metric: GPU utilization of the pod's GPUs, percent (0-100)."""
+    queue_time: str = "chatfleet_queue_time_seconds"
+    """Pods metric: average time a request waits in Triton's queue, seconds."""
+    request_latency: str = "chatfleet_request_latency_seconds"
+    """Pods metric: average end-to-end request latency, seconds."""
+    in_flight: str = "chatfleet_inflight_requests"
+    """Pods metric: requests being served or queued per pod."""
+
+
+@dataclass(frozen=True)
+class RetrySettings:
+    """Backoff for unsatisfiable specs and API failures (kopf.TemporaryError delays)."""
+
+    base_delay: float = 5.0
+    """First retry delay in seconds; doubles on every retry."""
+    max_delay: float = 300.0
+    """Retry delay ceiling in seconds (5 minutes): slow enough to never hot-loop."""
+    trigger_debounce: float = 0.2
+    """Seconds to coalesce bursts of child events before a triggered reconcile runs."""
+
+
+@dataclass(frozen=True)
+class RuntimeSettings:
+    """How the operator process runs."""
+
+    namespaces: tuple[str, ...] = ()
+    """Namespaces to watch; empty means cluster-wide."""
+    workers: int = int(os.environ.get("CHATFLEET_WORKERS", "16"))
+    """Threads for blocking API calls (env CHATFLEET_WORKERS, default 16)."""
+    default_image: str = "ghcr.io/chatfleet/chatfleet-runtime:0.1.0"
+    """Triton+runtime image used when spec.runtime.image is empty (must match the CRD default)."""
+    cluster_domain: str = "cluster.local"
+    """DNS domain of the cluster, used in status.endpoint."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """All settings of one operator process."""
+
+    pod: PodSettings = field(default_factory=PodSettings)
+    """Pod-level defaults."""
+    hpa_metrics: HpaMetricSettings = field(default_factory=HpaMetricSettings)
+    """HPA metric names."""
+    retry: RetrySettings = field(default_factory=RetrySettings)
+    """Backoff policy."""
+    runtime: RuntimeSettings = field(default_factory=RuntimeSettings)
+    """Process-level settings."""

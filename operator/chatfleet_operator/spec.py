@@ -1,0 +1,351 @@
+"""Typed, read-only views of a ChatbotService spec, with every default in one place.
+
+The CRD carries the same defaults (the apiserver fills them in); they are repeated here so that builders
+work on partial specs in unit tests and on objects stored before a default existed. A unit test checks
+that both sets of defaults agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_IMAGE = "ghcr.io/chatfleet/chatfleet-runtime:0.1.0"
+DEFAULT_FALLBACK_TEXT = "Sorry, I cannot answer right now. Please try again in a moment."
+DEFAULT_PROMETHEUS = "http://prometheus.monitoring.svc:9090"
+
+
+def _m(d: Mapping[str, Any] | None, key: str) -> Mapping[str, Any]:
+    """Sub-mapping of `d` at `key`, empty when absent or null."""
+    value = (d or {}).get(key)
+    return value if isinstance(value, Mapping) else {}
+
+
+def _v(d: Mapping[str, Any], key: str, default: Any) -> Any:
+    """Value at `key`, or `default` when absent or null."""
+    value = d.get(key)
+    return default if value is None else value
+
+
+@dataclass(frozen=True)
+class PvcSource:
+    """Weights on a PersistentVolumeClaim."""
+
+    claim_name: str
+    sub_path: str = ""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """spec.model: where the weights come from and how prompts are shaped."""
+
+    uri: str | None = None
+    pvc: PvcSource | None = None
+    host_path: str | None = None
+    revision: str = "main"
+    tokenizer: str | None = None
+    chat_template: str | None = None
+    max_context_tokens: int = 2048
+    credentials_secret: str | None = None
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ModelSpec:
+        """Parse spec.model."""
+        pvc = _m(d, "pvc")
+        return cls(
+            uri=d.get("uri") or None,
+            pvc=PvcSource(pvc["claimName"], _v(pvc, "subPath", "")) if pvc.get("claimName") else None,
+            host_path=d.get("hostPath") or None,
+            revision=_v(d, "revision", "main"),
+            tokenizer=d.get("tokenizer") or None,
+            chat_template=d.get("chatTemplate") or None,
+            max_context_tokens=int(_v(d, "maxContextTokens", 2048)),
+            credentials_secret=d.get("credentialsSecret") or None,
+        )
+
+
+@dataclass(frozen=True)
+class DynamicBatching:
+    """spec.runtime.dynamicBatching."""
+
+    max_batch_size: int = 8
+    preferred_batch_sizes: tuple[int, ...] = ()
+    max_queue_delay_us: int = 10_000
+
+
+@dataclass(frozen=True)
+class RedisRef:
+    """spec.runtime.sessions.redis: a Secret key holding the Redis URL."""
+
+    secret_name: str
+    key: str = "url"
+
+
+@dataclass(frozen=True)
+class Sessions:
+    """spec.runtime.sessions."""
+
+    history_turns: int = 5
+    ttl_seconds: int = 3600
+    redis: RedisRef | None = None
+
+
+@dataclass(frozen=True)
+class RuntimeSpec:
+    """spec.runtime: the Triton image and how it serves the model."""
+
+    image: str = DEFAULT_IMAGE
+    image_pull_policy: str = "IfNotPresent"
+    image_pull_secrets: tuple[str, ...] = ()
+    precision: str = "fp16"
+    dynamic_batching: DynamicBatching = field(default_factory=DynamicBatching)
+    instances_per_gpu: int = 1
+    max_new_tokens: int = 256
+    streaming: bool = True
+    request_timeout_seconds: int = 60
+    fallback_text: str = DEFAULT_FALLBACK_TEXT
+    sessions: Sessions = field(default_factory=Sessions)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> RuntimeSpec:
+        """Parse spec.runtime."""
+        db = _m(d, "dynamicBatching")
+        ss = _m(d, "sessions")
+        redis = _m(ss, "redis")
+        return cls(
+            image=_v(d, "image", DEFAULT_IMAGE) or DEFAULT_IMAGE,
+            image_pull_policy=_v(d, "imagePullPolicy", "IfNotPresent"),
+            image_pull_secrets=tuple(_v(d, "imagePullSecrets", ())),
+            precision=_v(d, "precision", "fp16"),
+            dynamic_batching=DynamicBatching(
+                max_batch_size=int(_v(db, "maxBatchSize", 8)),
+                preferred_batch_sizes=tuple(int(s) for s in _v(db, "preferredBatchSizes", ())),
+                max_queue_delay_us=int(_v(db, "maxQueueDelayMicroseconds", 10_000)),
+            ),
+            instances_per_gpu=int(_v(d, "instancesPerGPU", 1)),
+            max_new_tokens=int(_v(d, "maxNewTokens", 256)),
+            streaming=bool(_v(d, "streaming", True)),
+            request_timeout_seconds=int(_v(d, "requestTimeoutSeconds", 60)),
+            fallback_text=_v(d, "fallbackText", DEFAULT_FALLBACK_TEXT),
+            sessions=Sessions(
+                history_turns=int(_v(ss, "historyTurns", 5)),
+                ttl_seconds=int(_v(ss, "ttlSeconds", 3600)),
+                redis=RedisRef(redis["secretName"], _v(redis, "key", "url"))
+                if redis.get("secretName")
+                else None,
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class ResourcesSpec:
+    """spec.resources: GPUs, CPU, memory and placement of each replica."""
+
+    gpus_per_replica: int = 1
+    gpu_product: str | None = None
+    cpu: str = "4"
+    memory: str = "32Gi"
+    shm_size: str = "2Gi"
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ResourcesSpec:
+        """Parse spec.resources (quantities given as numbers become strings)."""
+        return cls(
+            gpus_per_replica=int(_v(d, "gpusPerReplica", 1)),
+            gpu_product=d.get("gpuProduct") or None,
+            cpu=str(_v(d, "cpu", "4")),
+            memory=str(_v(d, "memory", "32Gi")),
+            shm_size=str(_v(d, "shmSize", "2Gi")),
+            node_selector=dict(_v(d, "nodeSelector", {})),
+            tolerations=tuple(dict(t) for t in _v(d, "tolerations", ())),
+        )
+
+
+@dataclass(frozen=True)
+class AutoscaleTargets:
+    """spec.scaling.autoscale.targets: per-pod averages the HPA keeps under; None = not used."""
+
+    gpu_utilization_percent: int | None = None
+    queue_time_milliseconds: int | None = None
+    request_latency_milliseconds: int | None = None
+    in_flight_requests: int | None = None
+
+
+@dataclass(frozen=True)
+class Autoscale:
+    """spec.scaling.autoscale."""
+
+    min_replicas: int = 1
+    max_replicas: int = 4
+    targets: AutoscaleTargets = field(default_factory=lambda: AutoscaleTargets(gpu_utilization_percent=80))
+    scale_down_stabilization_seconds: int = 300
+
+
+@dataclass(frozen=True)
+class ScalingSpec:
+    """spec.scaling: fixed replicas, or an autoscale range (then an HPA owns the replica count)."""
+
+    replicas: int = 1
+    autoscale: Autoscale | None = None
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ScalingSpec:
+        """Parse spec.scaling."""
+        a = d.get("autoscale")
+        autoscale = None
+        if isinstance(a, Mapping):
+            t = a.get("targets")
+            targets = (
+                AutoscaleTargets(
+                    gpu_utilization_percent=t.get("gpuUtilizationPercent"),
+                    queue_time_milliseconds=t.get("queueTimeMilliseconds"),
+                    request_latency_milliseconds=t.get("requestLatencyMilliseconds"),
+                    in_flight_requests=t.get("inFlightRequests"),
+                )
+                if isinstance(t, Mapping) and any(v is not None for v in t.values())
+                else AutoscaleTargets(gpu_utilization_percent=80)
+            )
+            autoscale = Autoscale(
+                min_replicas=int(_v(a, "minReplicas", 1)),
+                max_replicas=int(_v(a, "maxReplicas", 4)),
+                targets=targets,
+                scale_down_stabilization_seconds=int(_v(a, "scaleDownStabilizationSeconds", 300)),
+            )
+        return cls(replicas=int(_v(d, "replicas", 1)), autoscale=autoscale)
+
+
+@dataclass(frozen=True)
+class CanaryStep:
+    """One canary step: shift `weight` percent of traffic, pause, optionally analyse."""
+
+    weight: int
+    pause_seconds: int = 60
+    analysis: bool = True
+
+
+DEFAULT_CANARY_STEPS = (CanaryStep(10), CanaryStep(50), CanaryStep(100, 0, True))
+
+
+@dataclass(frozen=True)
+class RolloutSpec:
+    """spec.rollout: how a new revision replaces the stable one (behaviour comes with the release issue)."""
+
+    strategy: str = "canary"
+    canary_steps: tuple[CanaryStep, ...] = DEFAULT_CANARY_STEPS
+    blue_green_auto_promotion: bool = False
+    blue_green_auto_promotion_seconds: int = 0
+    blue_green_preview_replicas: int = 1
+    blue_green_scale_down_delay_seconds: int = 30
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> RolloutSpec:
+        """Parse spec.rollout."""
+        canary = _m(d, "canary")
+        bg = _m(d, "blueGreen")
+        steps = canary.get("steps")
+        return cls(
+            strategy=_v(d, "strategy", "canary"),
+            canary_steps=tuple(
+                CanaryStep(int(s["weight"]), int(_v(s, "pauseSeconds", 60)), bool(_v(s, "analysis", True)))
+                for s in steps
+            )
+            if steps
+            else DEFAULT_CANARY_STEPS,
+            blue_green_auto_promotion=bool(_v(bg, "autoPromotion", False)),
+            blue_green_auto_promotion_seconds=int(_v(bg, "autoPromotionSeconds", 0)),
+            blue_green_preview_replicas=int(_v(bg, "previewReplicas", 1)),
+            blue_green_scale_down_delay_seconds=int(_v(bg, "scaleDownDelaySeconds", 30)),
+        )
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """spec.analysis.thresholds: a measurement over any of these fails a check."""
+
+    error_rate_percent: float = 1.0
+    latency_p99_milliseconds: int = 5000
+    time_to_first_token_p99_milliseconds: int = 1000
+
+
+@dataclass(frozen=True)
+class AnalysisSpec:
+    """spec.analysis: where metrics come from and what counts as healthy."""
+
+    prometheus_address: str = DEFAULT_PROMETHEUS
+    interval_seconds: int = 30
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    failure_limit: int = 2
+    consecutive_error_limit: int = 4
+    progress_deadline_seconds: int = 600
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> AnalysisSpec:
+        """Parse spec.analysis."""
+        t = _m(d, "thresholds")
+        return cls(
+            prometheus_address=_v(d, "prometheusAddress", DEFAULT_PROMETHEUS),
+            interval_seconds=int(_v(d, "intervalSeconds", 30)),
+            thresholds=Thresholds(
+                error_rate_percent=float(_v(t, "errorRatePercent", 1.0)),
+                latency_p99_milliseconds=int(_v(t, "latencyP99Milliseconds", 5000)),
+                time_to_first_token_p99_milliseconds=int(_v(t, "timeToFirstTokenP99Milliseconds", 1000)),
+            ),
+            failure_limit=int(_v(d, "failureLimit", 2)),
+            consecutive_error_limit=int(_v(d, "consecutiveErrorLimit", 4)),
+            progress_deadline_seconds=int(_v(d, "progressDeadlineSeconds", 600)),
+        )
+
+
+@dataclass(frozen=True)
+class PodMetadata:
+    """spec.podMetadata: labels and annotations copied onto the pod template."""
+
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ChatbotServiceSpec:
+    """The whole spec of one ChatbotService, defaults applied."""
+
+    model: ModelSpec = field(default_factory=ModelSpec)
+    runtime: RuntimeSpec = field(default_factory=RuntimeSpec)
+    resources: ResourcesSpec = field(default_factory=ResourcesSpec)
+    scaling: ScalingSpec = field(default_factory=ScalingSpec)
+    rollout: RolloutSpec = field(default_factory=RolloutSpec)
+    analysis: AnalysisSpec = field(default_factory=AnalysisSpec)
+    pod_metadata: PodMetadata = field(default_factory=PodMetadata)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None) -> ChatbotServiceSpec:
+        """Parse a (possibly partial) spec mapping."""
+        d = d or {}
+        pm = _m(d, "podMetadata")
+        return cls(
+            model=ModelSpec.from_dict(_m(d, "model")),
+            runtime=RuntimeSpec.from_dict(_m(d, "runtime")),
+            resources=ResourcesSpec.from_dict(_m(d, "resources")),
+            scaling=ScalingSpec.from_dict(_m(d, "scaling")),
+            rollout=RolloutSpec.from_dict(_m(d, "rollout")),
+            analysis=AnalysisSpec.from_dict(_m(d, "analysis")),
+            pod_metadata=PodMetadata(dict(_v(pm, "labels", {})), dict(_v(pm, "annotations", {}))),
+        )
+
+
+@dataclass(frozen=True)
+class ObjectRef:
+    """Identity of one ChatbotService: what owner references and names are built from."""
+
+    namespace: str
+    name: str
+    uid: str
+    generation: int = 1
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> ObjectRef:
+        """Identity from an object body."""
+        meta = body.get("metadata", {})
+        return cls(meta["namespace"], meta["name"], meta.get("uid", ""), int(meta.get("generation") or 1))

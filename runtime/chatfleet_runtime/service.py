@@ -1,0 +1,228 @@
+"""The chat model service: everything the Triton model does, in plain Python (no Triton imports).
+
+``model.py`` (the Triton adapter) only converts tensors and sends responses; this module parses the
+model parameters, loads the model once, validates and renders each request, runs one batched generate
+per dynamic batch, and reports metrics through an observer. Tests drive it directly.
+
+Request wire format (Triton inputs, see ``tritonconfig``):
+
+- ``MESSAGES``: UTF-8 JSON list of ``{role, content}`` (or plain text, taken as one user message).
+- ``PARAMETERS`` (optional): UTF-8 JSON object with ``max_tokens``, ``temperature``, ``top_p``, ``stop``,
+  ``seed``, ``session_id`` (enables prefix reuse for the conversation) and ``prefix_cache`` (bool).
+
+Errors caused by the request start with ``invalid_request:`` so the chat API can map them to HTTP 400.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from chatfleet_runtime.generation import BatchGenerator, GenerationRequest, GenerationResult
+from chatfleet_runtime.prefix_cache import PrefixCache
+from chatfleet_runtime.prompting import (
+    RequestError,
+    parse_sampling,
+    render_prompt,
+    validate_messages,
+    validate_session_id,
+)
+
+log = logging.getLogger(__name__)
+INVALID = "invalid_request: "
+
+
+class Observer(Protocol):
+    """Metric sink (the Triton adapter implements it with pb_utils metrics)."""
+
+    def batch(self, rows: int, generate_s: float, tokens: int) -> None: ...
+    def finished(self, result: GenerationResult) -> None: ...
+    def cache(self, cache: PrefixCache) -> None: ...
+
+
+class NullObserver:
+    """Observer that records nothing."""
+
+    def batch(self, rows: int, generate_s: float, tokens: int) -> None:
+        """Ignore a batch."""
+
+    def finished(self, result: GenerationResult) -> None:
+        """Ignore a finished row."""
+
+    def cache(self, cache: PrefixCache) -> None:
+        """Ignore cache statistics."""
+
+
+@dataclass(frozen=True)
+class ServiceSettings:
+    """The model's config.pbtxt parameters, typed."""
+
+    model_dir: str
+    tokenizer_dir: str
+    precision: str = "fp32"
+    kind: str = "KIND_CPU"
+    max_new_tokens: int = 256
+    max_context_tokens: int = 2048
+    prefix_cache_entries: int = 64
+    prefix_cache_bytes: int = 256 * 2**20
+    chat_template: str | None = None
+    torch_threads: int = 0
+    default_max_tokens: int = 64
+    warmup: bool = True
+
+    @classmethod
+    def from_parameters(cls, params: Mapping[str, str], kind: str = "KIND_CPU") -> ServiceSettings:
+        """Build settings from config.pbtxt string parameters (unknown keys are ignored)."""
+
+        def num(key: str, default: int) -> int:
+            return int(params.get(key, default))
+
+        model_dir = params.get("model_dir") or "/models/weights"
+        return cls(
+            model_dir=model_dir,
+            tokenizer_dir=params.get("tokenizer_dir") or model_dir,
+            precision=params.get("precision", "fp32"),
+            kind=kind,
+            max_new_tokens=num("max_new_tokens", 256),
+            max_context_tokens=num("max_context_tokens", 2048),
+            prefix_cache_entries=num("prefix_cache_entries", 64),
+            prefix_cache_bytes=num("prefix_cache_bytes", 256 * 2**20),
+            chat_template=params.get("chat_template") or None,
+            torch_threads=num("torch_threads", 0),
+            default_max_tokens=num("default_max_tokens", 64),
+            warmup=params.get("warmup", "true").lower() != "false",
+        )
+
+
+def parameters_from_model_config(model_config: Mapping[str, Any]) -> dict[str, str]:
+    """Flatten Triton's JSON model config ``parameters`` into {key: string_value}."""
+    return {k: v.get("string_value", "") for k, v in (model_config.get("parameters") or {}).items()}
+
+
+def instance_kind(model_config: Mapping[str, Any]) -> str:
+    """KIND_GPU or KIND_CPU from the instance group of a Triton model config."""
+    groups = model_config.get("instance_group") or [{}]
+    return "KIND_GPU" if groups[0].get("kind") == "KIND_GPU" else "KIND_CPU"
+
+
+@dataclass
+class Prepared:
+    """A validated request ready for the batch, or the error message to answer with."""
+
+    request: GenerationRequest | None = None
+    error: str | None = None
+
+
+def _decode(raw: Any) -> str:
+    if isinstance(raw, bytes):
+        return raw.decode("utf-8")
+    return str(raw)
+
+
+class ChatService:
+    """Loads the model once and serves batches of chat requests."""
+
+    def __init__(
+        self, settings: ServiceSettings, observer: Observer | None = None, *, model=None, tokenizer=None
+    ):
+        from chatfleet_runtime import loading
+
+        self.settings = settings
+        self.observer = observer or NullObserver()
+        loading.set_threads(settings.torch_threads)
+        import torch
+
+        self.placement = loading.choose_placement(
+            settings.precision,
+            settings.kind,
+            cuda_available=torch.cuda.is_available(),
+            bf16_supported=torch.cuda.is_available() and torch.cuda.is_bf16_supported(),
+        )
+        if self.placement.reason:
+            log.warning("placement: %s", self.placement.reason)
+        self.tokenizer = tokenizer or loading.load_tokenizer(settings.tokenizer_dir, settings.chat_template)
+        self.model = model or loading.load_model(settings.model_dir, self.placement)
+        self.prefix_cache = PrefixCache(settings.prefix_cache_entries, settings.prefix_cache_bytes)
+        self.generator = BatchGenerator(self.model, self.tokenizer, prefix_cache=self.prefix_cache)
+        if settings.warmup:
+            self.warmup()
+
+    def warmup(self) -> GenerationResult:
+        """Run one short generation so the first real request does not pay for lazy initialisation."""
+        prep = self.prepare(
+            b'[{"role":"user","content":"warm-up"}]', b'{"max_tokens":2,"prefix_cache":false}'
+        )
+        assert prep.request is not None, prep.error
+        return self.generator.generate([prep.request])[0]
+
+    def prepare(
+        self,
+        messages_raw: Any,
+        params_raw: Any = None,
+        *,
+        on_text: Callable[[str], None] | None = None,
+        is_cancelled: Callable[[], bool] | None = None,
+    ) -> Prepared:
+        """Validate one request's inputs and render its prompt; never raises for bad input."""
+        try:
+            text = _decode(messages_raw)
+            try:
+                messages = json.loads(text)
+            except json.JSONDecodeError:
+                messages = [{"role": "user", "content": text}]
+            if isinstance(messages, str):
+                messages = [{"role": "user", "content": messages}]
+            messages = validate_messages(messages)
+            params: dict[str, Any] = {}
+            if params_raw not in (None, b"", ""):
+                try:
+                    params = json.loads(_decode(params_raw))
+                except json.JSONDecodeError as exc:
+                    raise RequestError(f"parameters: not valid JSON ({exc.msg})") from exc
+            sampling = parse_sampling(
+                params,
+                max_new_tokens_limit=self.settings.max_new_tokens,
+                default_max_tokens=self.settings.default_max_tokens,
+            )
+            session_id = params.get("session_id")
+            if session_id is not None:
+                validate_session_id(session_id)
+            prompt = render_prompt(
+                self.tokenizer,
+                messages,
+                max_context_tokens=self.settings.max_context_tokens,
+                max_new_tokens=sampling.max_new_tokens,
+            )
+            use_cache = params.get("prefix_cache", True)
+            if not isinstance(use_cache, bool):
+                raise RequestError("prefix_cache: must be true or false")
+        except (RequestError, UnicodeDecodeError) as exc:
+            return Prepared(error=INVALID + str(exc))
+        return Prepared(
+            GenerationRequest(
+                prompt_ids=prompt.ids,
+                params=sampling,
+                session_id=session_id,
+                system_len=prompt.system_len,
+                use_prefix_cache=use_cache,
+                on_text=on_text,
+                is_cancelled=is_cancelled,
+            )
+        )
+
+    def run(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        """One batched generate for all prepared requests; reports batch, row and cache metrics."""
+        if not requests:
+            return []
+        t0 = time.perf_counter()
+        results = self.generator.generate(requests)
+        tokens = sum(len(r.token_ids) for r in results)
+        self.observer.batch(len(requests), time.perf_counter() - t0, tokens)
+        for result in results:
+            self.observer.finished(result)
+        self.observer.cache(self.prefix_cache)
+        return results

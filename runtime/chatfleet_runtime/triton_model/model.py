@@ -1,0 +1,203 @@
+"""Triton Python-backend adapter for the chat model (both `chat` and the decoupled `chat_stream`).
+
+Thin by design: ``initialize`` parses the config and loads once (through ``ChatService``), ``execute``
+turns the dynamic batch into one ``ChatService.run`` call and answers every request exactly once; errors
+go into the response, never raised. In decoupled mode every request gets text deltas as they are
+generated and always a final response flagged ``TRITONSERVER_RESPONSE_COMPLETE_FINAL``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+from chatfleet_runtime.service import (
+    ChatService,
+    ServiceSettings,
+    instance_kind,
+    parameters_from_model_config,
+)
+
+log = logging.getLogger("chatfleet.model")
+
+BATCH_BUCKETS = [1, 2, 4, 8, 16, 32, 64]
+SECONDS_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30]
+
+
+class TritonObserver:
+    """Exports the service's metrics on Triton's metrics endpoint (pb_utils custom metrics)."""
+
+    def __init__(self, model: str, version: str):
+        labels = {"model": model, "version": version}
+        mf = pb_utils.MetricFamily
+
+        # Families must outlive their metrics: keep every one referenced.
+        self._families = []
+
+        def family(name, desc, kind):
+            fam = mf(name=name, description=desc, kind=kind)
+            self._families.append(fam)
+            return fam
+
+        self.batch_rows = family(
+            "chatfleet_model_batch_size",
+            "Requests per batched generate (one per dynamic batch)",
+            mf.HISTOGRAM,
+        ).Metric(labels=labels, buckets=BATCH_BUCKETS)
+        self.generate_s = family(
+            "chatfleet_model_generate_seconds", "Wall time of one batched generate", mf.HISTOGRAM
+        ).Metric(labels=labels, buckets=SECONDS_BUCKETS)
+        self.ttft = family(
+            "chatfleet_model_time_to_first_token_seconds",
+            "From the start of the batch's generate to a row's first token (queue time is nv_inference_queue_duration_us)",
+            mf.HISTOGRAM,
+        ).Metric(labels=labels, buckets=SECONDS_BUCKETS)
+        self.tokens = family("chatfleet_model_generated_tokens_total", "Tokens generated", mf.COUNTER).Metric(
+            labels=labels
+        )
+        self.finish = family("chatfleet_model_finished_total", "Rows finished, by finish reason", mf.COUNTER)
+        self.finish_metrics = {
+            r: self.finish.Metric(labels={**labels, "reason": r}) for r in ("stop", "length", "cancelled")
+        }
+        self.cache_hits = family(
+            "chatfleet_model_prefix_cache_hits_total", "Prefill that reused a cached KV prefix", mf.COUNTER
+        ).Metric(labels=labels)
+        self.cache_misses = family(
+            "chatfleet_model_prefix_cache_misses_total", "Prefix look-ups without a usable entry", mf.COUNTER
+        ).Metric(labels=labels)
+        self.cache_reused = family(
+            "chatfleet_model_prefix_cache_reused_tokens_total",
+            "Prompt tokens not recomputed thanks to the cache",
+            mf.COUNTER,
+        ).Metric(labels=labels)
+        self.cache_entries = family(
+            "chatfleet_model_prefix_cache_entries",
+            "Entries (conversations + system prompts) in the KV prefix cache",
+            mf.GAUGE,
+        ).Metric(labels=labels)
+        self.cache_bytes = family(
+            "chatfleet_model_prefix_cache_bytes", "Bytes held by the KV prefix cache", mf.GAUGE
+        ).Metric(labels=labels)
+        self._seen = (0, 0, 0)
+
+    def batch(self, rows, generate_s, tokens):
+        """Record one batched generate."""
+        self.batch_rows.observe(rows)
+        self.generate_s.observe(generate_s)
+        self.tokens.increment(tokens)
+
+    def finished(self, result):
+        """Record one finished row."""
+        if result.first_token_s is not None:
+            self.ttft.observe(result.first_token_s)
+        metric = self.finish_metrics.get(result.finish_reason)
+        if metric is not None:
+            metric.increment(1)
+
+    def cache(self, cache):
+        """Record the prefix cache's counters (as deltas) and gauges."""
+        hits, misses, reused = cache.hits, cache.misses, cache.reused_tokens
+        h0, m0, r0 = self._seen
+        if hits > h0:
+            self.cache_hits.increment(hits - h0)
+        if misses > m0:
+            self.cache_misses.increment(misses - m0)
+        if reused > r0:
+            self.cache_reused.increment(reused - r0)
+        self._seen = (hits, misses, reused)
+        self.cache_entries.set(len(cache))
+        self.cache_bytes.set(cache.nbytes)
+
+
+def _outputs(text: str, num_tokens: int, finish: str):
+    return [
+        pb_utils.Tensor("TEXT", np.array([text.encode("utf-8")], dtype=np.object_)),
+        pb_utils.Tensor("NUM_TOKENS", np.array([num_tokens], dtype=np.int32)),
+        pb_utils.Tensor("FINISH_REASON", np.array([finish.encode("utf-8")], dtype=np.object_)),
+    ]
+
+
+def _scalar(request, name):
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    if tensor is None:
+        return None
+    return tensor.as_numpy().reshape(-1)[0]
+
+
+class TritonPythonModel:
+    """The chat model: one batched generate per dynamic batch; streaming when decoupled."""
+
+    def initialize(self, args):
+        """Parse the model config and load the model once (with a warm-up generation)."""
+        config = json.loads(args["model_config"])
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
+        settings = ServiceSettings.from_parameters(
+            parameters_from_model_config(config), instance_kind(config)
+        )
+        observer = TritonObserver(args["model_name"], args.get("model_version", "1"))
+        self.service = ChatService(settings, observer)
+
+    def execute(self, requests):
+        """Answer every request of the batch exactly once (decoupled: deltas, then a final flag)."""
+        prepared, senders = [], []
+        for request in requests:
+            sender = request.get_response_sender() if self.decoupled else None
+            senders.append(sender)
+            try:
+                prepared.append(
+                    self.service.prepare(
+                        _scalar(request, "MESSAGES"),
+                        _scalar(request, "PARAMETERS"),
+                        on_text=self._streamer(sender) if sender is not None else None,
+                        is_cancelled=sender.is_cancelled if sender is not None else request.is_cancelled,
+                    )
+                )
+            except Exception as exc:  # never let one request break the batch
+                log.exception("prepare failed")
+                from chatfleet_runtime.service import Prepared
+
+                prepared.append(Prepared(error=f"internal: {exc}"))
+        good = [p.request for p in prepared if p.request is not None]
+        try:
+            results = iter(self.service.run(good))
+            error = None
+        except Exception as exc:
+            log.exception("generate failed")
+            results, error = iter(()), f"internal: generate failed: {exc}"
+        responses = []
+        for prep, sender in zip(prepared, senders, strict=True):
+            if prep.request is None or error is not None:
+                response = pb_utils.InferenceResponse(error=pb_utils.TritonError(prep.error or error))
+            else:
+                result = next(results)
+                text = "" if self.decoupled else result.text
+                response = pb_utils.InferenceResponse(
+                    _outputs(text, len(result.token_ids), result.finish_reason)
+                )
+            if sender is None:
+                responses.append(response)
+                continue
+            try:
+                sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            except Exception:  # the client went away: nothing left to answer
+                log.info("final response not delivered (client gone)")
+        return None if self.decoupled else responses
+
+    @staticmethod
+    def _streamer(sender):
+        count = {"n": 0}
+
+        def on_text(delta: str) -> None:
+            count["n"] += 1
+            try:
+                sender.send(pb_utils.InferenceResponse(_outputs(delta, count["n"], "")))
+            except Exception:
+                pass  # cancelled or gone; is_cancelled ends the row
+
+        return on_text
+
+    def finalize(self):
+        """Release the model."""
+        self.service = None

@@ -1,0 +1,112 @@
+# Chatfleet: `make help` is the map.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+PYTEST  := $(VENV)/bin/pytest
+STAMP   := $(VENV)/.installed-$(shell cat pyproject.toml 2>/dev/null | sha1sum | cut -c1-12)
+PLATFORM := $(PY) -m chatfleet_platform.cli
+export PYTHONUNBUFFERED := 1
+
+##@ Start here
+
+.PHONY: demo
+demo: setup ## The main job on the local platform: GPU nodes, the fleet, a chat, a bad canary rolled back
+	$(PY) -m chatfleet_platform.demo
+
+.PHONY: test
+test: setup lint contracts ## Everything: install, lint, layering contracts, unit + integration + e2e tests
+	$(PYTEST) tests
+
+.PHONY: help
+help: ## This list
+	@awk 'BEGIN {FS = ":.*##"; printf "Usage: make \033[36m<target>\033[0m\n"} \
+	  /^[a-zA-Z_0-9-]+:.*?##/ { printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2 } \
+	  /^##@/ { printf "\n\033[1m%s\033[0m\n", substr($$0, 5) }' $(MAKEFILE_LIST)
+
+##@ Setup (each target installs what it needs; `make test` and `make demo` call them)
+
+.PHONY: setup
+setup: venv system-deps platform-build ## Python packages, Debian packages and the platform binaries
+
+.PHONY: venv
+venv: $(STAMP) ## Virtual environment with the operator, runtime and dev extras (pinned)
+
+$(STAMP): pyproject.toml
+	@command -v python3 >/dev/null || { echo "error: python3 (>= 3.11) is missing"; exit 1; }
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q -U pip setuptools wheel || { echo "error: cannot reach the Python package registry to install pip/setuptools"; exit 1; }
+	$(PY) -m pip install -q -e '.[operator,runtime,dev]' || { echo "error: pip could not install the pinned packages of pyproject.toml (is the Python package registry reachable?)"; exit 1; }
+	@rm -f $(VENV)/.installed-* && touch $@
+
+.PHONY: system-deps
+system-deps: ## Debian packages the tests start on 127.0.0.1: prometheus, redis-server
+	@bash hack/install-system-deps.sh
+
+.PHONY: platform-build
+platform-build: ## Build etcd, Kubernetes, kwok and helm from the Go module proxy (cached by version)
+	@bash hack/build-platform.sh
+
+##@ Local platform
+
+.PHONY: cluster-up
+cluster-up: setup ## Start the local Kubernetes with simulated GPU nodes; prints `export KUBECONFIG=...`
+	@$(PLATFORM) up
+
+.PHONY: cluster-down
+cluster-down: ## Stop exactly what cluster-up started and remove its folder
+	@$(PLATFORM) down
+
+.PHONY: cluster-status
+cluster-status: ## Show the local platform's processes, ports and nodes
+	@$(PLATFORM) status
+
+##@ Development
+
+.PHONY: lint
+lint: venv ## ruff
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+.PHONY: fmt
+fmt: venv ## Format and fix with ruff
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+.PHONY: contracts
+contracts: venv ## import-linter: the layering of STYLE.md (one API module, pure builders)
+	$(VENV)/bin/lint-imports
+
+.PHONY: unit
+unit: venv ## Unit tests only (no platform)
+	$(PYTEST) tests/unit
+
+.PHONY: run
+run: venv ## Run the operator in the foreground against the current KUBECONFIG
+	$(PY) -m chatfleet_operator.cli run
+
+.PHONY: serve
+serve: venv system-deps ## Run the runtime locally (Triton + chat API + Redis) on a tiny model; prints CHAT_API=...
+	$(PY) -m chatfleet_runtime.serve
+
+##@ Benchmarks (apart from tests; each prints a table and writes bench-results/*.json)
+
+.PHONY: bench
+bench: bench-platform bench-operator bench-runtime bench-rollout ## All benchmarks
+
+.PHONY: bench-platform
+bench-platform: setup ## Platform: cold build, warm start-to-ready, memory at rest, 1,000 GPU pods on 250 nodes
+	$(PY) bench/platform_bench.py
+
+.PHONY: bench-operator
+bench-operator: setup ## Operator: 200 and 1,000 ChatbotServices to Ready, reconcile latency, API writes
+	$(PY) bench/operator_bench.py
+
+.PHONY: bench-runtime
+bench-runtime: setup ## Runtime vs naive transformers generate: tokens/s and latency at 1/8/32 conversations
+	$(PY) bench/runtime_bench.py
+
+.PHONY: bench-rollout
+bench-rollout: setup ## Rollback time vs Flagger's and Argo Rollouts' rules; 5-step canary; false rollbacks
+	$(PY) bench/rollout_bench.py

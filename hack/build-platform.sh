@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Build the local platform's binaries (etcd, kube-apiserver, kube-controller-manager,
+# kube-scheduler, kubectl, kwok, helm) from the Go module proxy, once, into a cache
+# outside the repository keyed by version:  $CHATFLEET_CACHE/bin/<name>-<version>/<name>
+# A second run finds every binary and builds nothing.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=versions.env
+. "$here/versions.env"
+CACHE=${CHATFLEET_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/chatfleet}
+BIN=$CACHE/bin
+WORK=$CACHE/build
+export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-buildvcs=false
+
+say() { printf '[build] %s\n' "$*" >&2; }
+die() { printf '[build] error: %s\n' "$*" >&2; exit 1; }
+
+command -v go >/dev/null 2>&1 || die "the Go toolchain is missing: install Go >= 1.26 (it builds Kubernetes, etcd, kwok and helm from the Go module proxy)"
+gominor=$(go env GOVERSION | sed -E 's/^go1\.([0-9]+).*/\1/')
+[ "${gominor:-0}" -ge 26 ] || die "Go $(go env GOVERSION) is too old: helm v$HELM_VERSION needs Go >= 1.26"
+
+# probe the module proxy once, so an unreachable registry gives one clear message
+probe_proxy() {
+  local out
+  if ! out=$(cd "$(mktemp -d)" && go mod download -json "k8s.io/kubernetes@v$K8S_VERSION" 2>&1); then
+    die "cannot reach the Go module proxy ($(go env GOPROXY)) to fetch k8s.io/kubernetes@v$K8S_VERSION: $(printf '%s' "$out" | tail -n 1)"
+  fi
+  printf '%s' "$out"
+}
+
+have() { [ -x "$BIN/$1-$2/$1" ]; }
+
+build_k8s() {
+  local v=$K8S_VERSION minor all=1 out
+  out="$BIN/kubernetes-$v"
+  for c in kube-apiserver kube-controller-manager kube-scheduler kubectl; do [ -x "$out/$c" ] || all=0; done
+  [ $all = 1 ] && { say "kubernetes v$v cached"; return; }
+  say "building kubernetes v$v (kube-apiserver, kube-controller-manager, kube-scheduler, kubectl); cold: 20-40 min on 2 cores"
+  minor=${v#1.}; minor=${minor%%.*}
+  local kmod d="$WORK/kubernetes-$v"
+  kmod=$(probe_proxy | python3 -c 'import json,sys;print(json.load(sys.stdin)["GoMod"])')
+  mkdir -p "$d" "$out.tmp" && cd "$d"
+  {
+    printf 'module example.local/kubebins\n\ngo 1.24.0\n\ngodebug default=go1.24\n\nrequire k8s.io/kubernetes v%s\n\nreplace (\n' "$v"
+    grep -E '^[[:space:]]+k8s\.io/[A-Za-z0-9._-]+ v0\.0\.0$' "$kmod" | awk -v ver="v0.${v#1.}" '{printf "\t%s => %s %s\n", $1, $1, ver}'
+    printf ')\n\ntool (\n'
+    for c in kube-apiserver kube-controller-manager kube-scheduler kubectl; do printf '\tk8s.io/kubernetes/cmd/%s\n' "$c"; done
+    printf ')\n'
+  } > go.mod
+  go mod tidy
+  local ldf="-s -w" p bd
+  bd=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ldf="$ldf -X $p.gitVersion=v$v -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean -X $p.buildDate=$bd"
+  done
+  for c in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+    say "  go build $c"
+    go build -trimpath -ldflags "$ldf" -o "$out.tmp/$c" "k8s.io/kubernetes/cmd/$c"
+  done
+  rm -rf "$out" && mv "$out.tmp" "$out"
+  "$out/kube-apiserver" --version >&2
+}
+
+build_etcd() {
+  local v=$ETCD_VERSION out d
+  out="$BIN/etcd-$v" d="$WORK/etcd-$v"
+  have etcd "$v" && { say "etcd v$v cached"; return; }
+  say "building etcd v$v"
+  mkdir -p "$d" "$out.tmp" && cd "$d"
+  printf 'module example.local/etcdbin\n\ngo 1.25.0\n\nrequire go.etcd.io/etcd/server/v3 v%s\n\ntool go.etcd.io/etcd/server/v3\n' "$v" > go.mod
+  go mod tidy
+  go build -trimpath -ldflags "-s -w" -o "$out.tmp/etcd" go.etcd.io/etcd/server/v3
+  rm -rf "$out" && mv "$out.tmp" "$out"
+}
+
+build_kwok() {
+  local v=$KWOK_VERSION out
+  out="$BIN/kwok-$v"
+  have kwok "$v" && { say "kwok v$v cached"; return; }
+  say "building kwok v$v"
+  mkdir -p "$out.tmp"
+  GOBIN="$out.tmp" go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@v$v"
+  rm -rf "$out" && mv "$out.tmp" "$out"
+}
+
+build_helm() {
+  local v=$HELM_VERSION out kmin=${K8S_VERSION#1.}
+  out="$BIN/helm-$v"
+  kmin=${kmin%%.*}
+  have helm "$v" && { say "helm v$v cached"; return; }
+  say "building helm v$v"
+  mkdir -p "$out.tmp"
+  GOBIN="$out.tmp" go install -trimpath -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=v$v \
+    -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$kmin \
+    -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$kmin" \
+    "helm.sh/helm/v3/cmd/helm@v$v"
+  rm -rf "$out" && mv "$out.tmp" "$out"
+}
+
+targets=${*:-etcd kwok helm kubernetes}
+start=$(date +%s)
+for t in $targets; do
+  case $t in
+    etcd) build_etcd ;; kwok) build_kwok ;; helm) build_helm ;; kubernetes) build_k8s ;;
+    *) die "unknown component '$t' (etcd, kwok, helm, kubernetes)" ;;
+  esac
+done
+say "done in $(( $(date +%s) - start ))s; binaries under $BIN"

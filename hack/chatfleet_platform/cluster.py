@@ -1,0 +1,407 @@
+"""The local Kubernetes: etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok GPU nodes.
+
+All on 127.0.0.1 with ports picked free, certificates made here, and all state in one working folder:
+
+    workdir/state.json    ports and PIDs of what we started (the only processes `down` will stop)
+    workdir/pki/          CA, serving, admin and service-account keys
+    workdir/kubeconfig    admin kubeconfig (system:masters)
+    workdir/etcd/         etcd data
+    workdir/logs/*.log    one log per process
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import ssl
+import subprocess
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from . import nodes as nodes_mod
+from . import pki, procs
+from .config import REPO_ROOT, Binaries, PlatformError, read_versions, require_binaries
+
+STAGES_FILE = Path(__file__).with_name("kwok-stages.yaml")
+SERVICE_CIDR = "10.0.0.0/24"
+POD_CIDR = "10.244.0.0/16"
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+CONTROLLERS = (
+    "deployment-controller,replicaset-controller,garbage-collector-controller,namespace-controller,"
+    "serviceaccount-controller,serviceaccount-token-controller,horizontal-pod-autoscaler-controller,"
+    "node-lifecycle-controller,pod-garbage-collector-controller,endpointslice-controller,"
+    "endpoints-controller,root-ca-certificate-publisher-controller,clusterrole-aggregation-controller,"
+    "resourcequota-controller,job-controller,statefulset-controller,daemonset-controller,"
+    "disruption-controller,taint-eviction-controller,ttl-after-finished-controller,"
+    "persistentvolume-binder-controller"
+)
+
+
+def default_workdir() -> Path:
+    """Working folder of `make cluster-up`: $CHATFLEET_CLUSTER_DIR or <repo>/.work/cluster."""
+    return Path(os.environ.get("CHATFLEET_CLUSTER_DIR") or REPO_ROOT / ".work" / "cluster")
+
+
+Progress = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+@dataclass
+class Cluster:
+    """One local cluster living in `workdir`."""
+
+    workdir: Path = field(default_factory=default_workdir)
+    progress: Progress = _quiet
+
+    def __post_init__(self) -> None:
+        self.workdir = Path(self.workdir).resolve()
+
+    # ---- paths and state -------------------------------------------------------------------------
+    @property
+    def kubeconfig(self) -> Path:
+        """The admin kubeconfig."""
+        return self.workdir / "kubeconfig"
+
+    @property
+    def state_file(self) -> Path:
+        return self.workdir / "state.json"
+
+    def state(self) -> dict:
+        """The recorded ports and PIDs ({} when never started)."""
+        try:
+            return json.loads(self.state_file.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def _save(self, state: dict) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2, sort_keys=True))
+        tmp.replace(self.state_file)
+
+    def log(self, name: str) -> Path:
+        """Log file of a component."""
+        return self.workdir / "logs" / f"{name}.log"
+
+    @property
+    def server(self) -> str:
+        """The API server URL."""
+        return f"https://127.0.0.1:{self.state()['ports']['apiserver']}"
+
+    @property
+    def binaries(self) -> Binaries:
+        return require_binaries()
+
+    @property
+    def env(self) -> dict[str, str]:
+        """Environment for tools and tests: KUBECONFIG set and kubectl/helm on PATH."""
+        bins = self.binaries
+        path = os.pathsep.join([*map(str, bins.bin_dirs), os.environ.get("PATH", "")])
+        return {**os.environ, "KUBECONFIG": str(self.kubeconfig), "PATH": path}
+
+    def running(self) -> dict[str, bool]:
+        """Component -> whether our recorded process is alive."""
+        return {c: procs.is_ours(self._proc(c)) for c in COMPONENTS}
+
+    def _proc(self, name: str) -> procs.Proc | None:
+        return procs.Proc.from_json(self.state().get("pids", {}).get(name))
+
+    def is_up(self) -> bool:
+        """All components alive and the API server ready."""
+        if not all(self.running().values()):
+            return False
+        try:
+            return self._readyz()
+        except Exception:
+            return False
+
+    # ---- kubectl -----------------------------------------------------------------------------------
+    def kubectl(
+        self,
+        *args: str,
+        check: bool = True,
+        input: str | None = None,
+        namespace: str | None = None,
+        timeout: float = 120,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run kubectl against this cluster; raises PlatformError with stderr when check fails."""
+        argv = [str(self.binaries.kubectl), *(["-n", namespace] if namespace else []), *args]
+        res = subprocess.run(argv, input=input, capture_output=True, text=True, env=self.env, timeout=timeout)
+        if check and res.returncode != 0:
+            raise PlatformError(f"kubectl {' '.join(args)} failed: {res.stderr.strip()}")
+        return res
+
+    def apply(self, manifests: Sequence[dict], *, namespace: str | None = None) -> None:
+        """kubectl apply a list of manifests (server-side)."""
+        text = yaml.safe_dump_all(list(manifests), sort_keys=False)
+        self.kubectl(
+            "apply", "--server-side", "--force-conflicts", "-f", "-", input=text, namespace=namespace
+        )
+
+    # ---- lifecycle ---------------------------------------------------------------------------------
+    def up(self, *, nodes: int = 4, taint: bool = False, timeout: float = 120) -> float:
+        """Start everything (harmless when already running); returns seconds to ready."""
+        t0 = time.monotonic()
+        bins = self.binaries
+        if self.is_up():
+            self.progress(f"cluster already running in {self.workdir}")
+            return 0.0
+        if self.state():
+            self.progress("found a partly running cluster: stopping what is left and starting afresh")
+            self.down()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        ports = {
+            "etcd_client": procs.free_port(),
+            "etcd_peer": procs.free_port(),
+            "etcd_metrics": procs.free_port(),
+            "apiserver": procs.free_port(6443),
+            "controller_manager": procs.free_port(),
+            "scheduler": procs.free_port(),
+        }
+        if len(set(ports.values())) != len(ports):
+            raise PlatformError(f"port selection collided: {ports}; try again")
+        state = {"ports": ports, "pids": {}, "versions": read_versions(), "nodes": nodes}
+        self._save(state)
+
+        pki_dir = self.workdir / "pki"
+        pki.generate(pki_dir)
+        self.kubeconfig.write_text(pki.kubeconfig(f"https://127.0.0.1:{ports['apiserver']}", pki_dir))
+        self.kubeconfig.chmod(0o600)
+        self.progress(f"certificates and kubeconfig written to {self.workdir}")
+
+        def launch(name: str, argv: list[str]) -> procs.Proc:
+            proc = procs.start(name, argv, log=self.log(name), cwd=self.workdir)
+            state["pids"][name] = proc.to_json()
+            self._save(state)
+            return proc
+
+        # 1. etcd
+        proc = launch("etcd", self._etcd_args(bins, ports))
+        dt = procs.wait_for(
+            "etcd",
+            lambda: _http_ok(f"http://127.0.0.1:{ports['etcd_metrics']}/readyz"),
+            timeout=30,
+            log=self.log("etcd"),
+            proc=proc,
+        )
+        self.progress(f"etcd ready on 127.0.0.1:{ports['etcd_client']} ({dt:.1f}s)")
+
+        # 2. kube-apiserver
+        proc = launch("kube-apiserver", self._apiserver_args(bins, ports, pki_dir))
+        dt = procs.wait_for(
+            "kube-apiserver",
+            self._readyz,
+            timeout=timeout,
+            log=self.log("kube-apiserver"),
+            proc=proc,
+        )
+        self.progress(f"kube-apiserver ready on https://127.0.0.1:{ports['apiserver']} ({dt:.1f}s)")
+
+        # 3. controller-manager and scheduler
+        kcm = launch("kube-controller-manager", self._kcm_args(bins, ports, pki_dir))
+        scheduler = launch("kube-scheduler", self._scheduler_args(bins, ports))
+
+        # 4. kwok with our stages, then the GPU nodes
+        stages = self.workdir / "kwok-stages.yaml"
+        stages.write_text(STAGES_FILE.read_text())
+        kwok = launch(
+            "kwok",
+            [
+                str(bins.kwok),
+                f"--kubeconfig={self.kubeconfig}",
+                f"--config={stages}",
+                "--manage-all-nodes=true",
+                f"--cidr={POD_CIDR}",
+                "--node-ip=10.0.0.2",
+                "--node-lease-duration-seconds=40",
+            ],
+        )
+        fleet = nodes_mod.fleet(nodes, taint=taint)
+        self.add_nodes(fleet)
+        dt = procs.wait_for(
+            "GPU nodes",
+            lambda: self._ready_nodes() >= nodes,
+            timeout=timeout,
+            log=self.log("kwok"),
+            proc=kwok,
+            interval=0.3,
+        )
+        self.progress(f"{nodes} simulated GPU nodes Ready ({dt:.1f}s)")
+        procs.wait_for(
+            "default ServiceAccount",
+            lambda: self.kubectl("get", "serviceaccount", "default", check=False).returncode == 0,
+            timeout=timeout,
+            log=self.log("kube-controller-manager"),
+            proc=kcm,
+        )
+        procs.wait_for(
+            "kube-scheduler",
+            lambda: _http_ok(f"https://127.0.0.1:{ports['scheduler']}/healthz", insecure=True),
+            timeout=timeout,
+            log=self.log("kube-scheduler"),
+            proc=scheduler,
+        )
+        total = time.monotonic() - t0
+        self.progress(f"cluster ready in {total:.1f}s")
+        return total
+
+    def add_nodes(self, manifests: Sequence[dict]) -> None:
+        """Create Node objects with their status (kwok keeps capacity and marks them Ready)."""
+        text = yaml.safe_dump_all(list(manifests), sort_keys=False)
+        res = self.kubectl("create", "-f", "-", input=text, check=False)
+        if res.returncode != 0 and "AlreadyExists" not in res.stderr:
+            raise PlatformError(f"creating GPU nodes failed: {res.stderr.strip()}")
+
+    def down(self) -> list[str]:
+        """Stop exactly the processes we recorded (reverse start order) and remove the folder."""
+        stopped = []
+        for name in reversed(COMPONENTS):
+            proc = self._proc(name)
+            if procs.stop(proc):
+                stopped.append(name)
+                self.progress(f"stopped {name} (pid {proc.pid})")
+        if self.workdir.exists():
+            _rmtree(self.workdir)
+        return stopped
+
+    # ---- health ------------------------------------------------------------------------------------
+    def _ssl(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(self.workdir / "pki" / "ca.crt"))
+        ctx.load_cert_chain(str(self.workdir / "pki" / "admin.crt"), str(self.workdir / "pki" / "admin.key"))
+        return ctx
+
+    def _readyz(self) -> bool:
+        with urllib.request.urlopen(f"{self.server}/readyz", context=self._ssl(), timeout=3) as r:
+            return r.status == 200
+
+    def _ready_nodes(self) -> int:
+        res = self.kubectl("get", "nodes", "-l", f"{nodes_mod.FLEET_LABEL}=true", "-o", "json", check=False)
+        if res.returncode != 0:
+            return 0
+        count = 0
+        for n in json.loads(res.stdout)["items"]:
+            conds = {c["type"]: c["status"] for c in n.get("status", {}).get("conditions", [])}
+            count += conds.get("Ready") == "True"
+        return count
+
+    @property
+    def gpu_products(self) -> dict[str, int]:
+        """GPU product -> GPUs per node in this fleet."""
+        return nodes_mod.products(nodes_mod.fleet(self.state().get("nodes", 4)))
+
+    def memory_rss_mib(self) -> dict[str, float]:
+        """Resident memory of each running component, in MiB."""
+        out = {}
+        for name in COMPONENTS:
+            proc = self._proc(name)
+            if procs.is_ours(proc):
+                for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
+                    if line.startswith("VmRSS:"):
+                        out[name] = int(line.split()[1]) / 1024
+        return out
+
+    # ---- component flags ---------------------------------------------------------------------------
+    def _etcd_args(self, b: Binaries, p: dict) -> list[str]:
+        peer = f"http://127.0.0.1:{p['etcd_peer']}"
+        client = f"http://127.0.0.1:{p['etcd_client']}"
+        return [
+            str(b.etcd),
+            "--name=node0",
+            f"--data-dir={self.workdir / 'etcd'}",
+            f"--listen-client-urls={client}",
+            f"--advertise-client-urls={client}",
+            f"--listen-peer-urls={peer}",
+            f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=node0={peer}",
+            f"--listen-metrics-urls=http://127.0.0.1:{p['etcd_metrics']}",
+            "--auto-compaction-retention=1",
+            "--quota-backend-bytes=8589934592",
+            "--unsafe-no-fsync",
+            "--log-level=warn",
+        ]
+
+    def _apiserver_args(self, b: Binaries, p: dict, k: Path) -> list[str]:
+        return [
+            str(b.kube_apiserver),
+            f"--etcd-servers=http://127.0.0.1:{p['etcd_client']}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={p['apiserver']}",
+            "--advertise-address=127.0.0.1",
+            "--endpoint-reconciler-type=none",
+            f"--tls-cert-file={k / 'apiserver.crt'}",
+            f"--tls-private-key-file={k / 'apiserver.key'}",
+            f"--client-ca-file={k / 'ca.crt'}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={k / 'sa.pub'}",
+            f"--service-account-signing-key-file={k / 'sa.key'}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--authorization-mode=RBAC",
+            "--allow-privileged=true",
+            "--profiling=false",
+            "--max-requests-inflight=800",
+            "--max-mutating-requests-inflight=400",
+            "--v=0",
+        ]
+
+    def _kcm_args(self, b: Binaries, p: dict, k: Path) -> list[str]:
+        kc = str(self.kubeconfig)
+        return [
+            str(b.kube_controller_manager),
+            f"--kubeconfig={kc}",
+            f"--authentication-kubeconfig={kc}",
+            f"--authorization-kubeconfig={kc}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={p['controller_manager']}",
+            "--leader-elect=false",
+            f"--service-account-private-key-file={k / 'sa.key'}",
+            f"--root-ca-file={k / 'ca.crt'}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            f"--controllers={CONTROLLERS}",
+            "--kube-api-qps=200",
+            "--kube-api-burst=400",
+            "--concurrent-deployment-syncs=10",
+            "--concurrent-replicaset-syncs=10",
+            "--horizontal-pod-autoscaler-sync-period=15s",
+            "--profiling=false",
+            "--v=0",
+        ]
+
+    def _scheduler_args(self, b: Binaries, p: dict) -> list[str]:
+        kc = str(self.kubeconfig)
+        return [
+            str(b.kube_scheduler),
+            f"--kubeconfig={kc}",
+            f"--authentication-kubeconfig={kc}",
+            f"--authorization-kubeconfig={kc}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={p['scheduler']}",
+            "--leader-elect=false",
+            "--kube-api-qps=200",
+            "--kube-api-burst=400",
+            "--profiling=false",
+            "--v=0",
+        ]
+
+
+def _http_ok(url: str, insecure: bool = False) -> bool:
+    ctx = None
+    if insecure:
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    with urllib.request.urlopen(url, timeout=2, context=ctx) as r:
+        return r.status == 200
+
+
+def _rmtree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)

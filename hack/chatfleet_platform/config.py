@@ -1,0 +1,101 @@
+"""Where things are: pinned versions, the binary cache, the repository."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+VERSIONS_FILE = REPO_ROOT / "hack" / "versions.env"
+BUILD_SCRIPT = REPO_ROOT / "hack" / "build-platform.sh"
+
+
+class PlatformError(RuntimeError):
+    """A problem the user must act on; its message says what and how."""
+
+
+def read_versions(path: Path = VERSIONS_FILE) -> dict[str, str]:
+    """Parse KEY=VALUE lines of versions.env (comments and blanks ignored)."""
+    out: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            key, value = line.split("=", 1)
+            out[key.strip()] = value.strip()
+    return out
+
+
+def cache_dir() -> Path:
+    """The binary cache, outside the repository: $CHATFLEET_CACHE or ~/.cache/chatfleet."""
+    env = os.environ.get("CHATFLEET_CACHE")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "chatfleet"
+
+
+@dataclass(frozen=True)
+class Binaries:
+    """Paths of the platform's executables, keyed by the pinned versions."""
+
+    etcd: Path
+    kube_apiserver: Path
+    kube_controller_manager: Path
+    kube_scheduler: Path
+    kubectl: Path
+    kwok: Path
+    helm: Path
+
+    def missing(self, names: tuple[str, ...] | None = None) -> list[str]:
+        """Names of binaries (all, or those named) that are not built yet."""
+        return [
+            name
+            for name, path in vars(self).items()
+            if (names is None or name in names) and not os.access(path, os.X_OK)
+        ]
+
+    @property
+    def bin_dirs(self) -> list[Path]:
+        """Folders to put on PATH so kubectl and helm are found."""
+        return sorted({p.parent for p in vars(self).values()})
+
+
+def binaries(versions: dict[str, str] | None = None) -> Binaries:
+    """Where the pinned binaries live (built or not)."""
+    v = versions or read_versions()
+    b = cache_dir() / "bin"
+    k8s = b / f"kubernetes-{v['K8S_VERSION']}"
+    return Binaries(
+        etcd=b / f"etcd-{v['ETCD_VERSION']}" / "etcd",
+        kube_apiserver=k8s / "kube-apiserver",
+        kube_controller_manager=k8s / "kube-controller-manager",
+        kube_scheduler=k8s / "kube-scheduler",
+        kubectl=k8s / "kubectl",
+        kwok=b / f"kwok-{v['KWOK_VERSION']}" / "kwok",
+        helm=b / f"helm-{v['HELM_VERSION']}" / "helm",
+    )
+
+
+CLUSTER_BINARIES = ("etcd", "kube_apiserver", "kube_controller_manager", "kube_scheduler", "kubectl", "kwok")
+
+
+def require_binaries(names: tuple[str, ...] = CLUSTER_BINARIES) -> Binaries:
+    """The binaries, or a PlatformError naming what is missing (of `names`) and how to build it."""
+    bins = binaries()
+    missing = bins.missing(names)
+    if missing:
+        raise PlatformError(
+            f"platform binaries not built: {', '.join(missing)}; run `make platform-build` "
+            f"(builds from the Go module proxy into {cache_dir() / 'bin'})"
+        )
+    return bins
+
+
+def require_tool(name: str, hint: str) -> str:
+    """Path of an executable on PATH, or a PlatformError that names it and how to install it."""
+    path = shutil.which(name)
+    if not path:
+        raise PlatformError(f"{name} is missing: {hint}")
+    return path

@@ -1,0 +1,137 @@
+"""A throwaway certificate authority, serving and client certificates, and the kubeconfig."""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+SERVICE_IP = "10.0.0.1"
+API_DNS_NAMES = (
+    "localhost",
+    "kubernetes",
+    "kubernetes.default",
+    "kubernetes.default.svc",
+    "kubernetes.default.svc.cluster.local",
+)
+
+
+def _key() -> rsa.RSAPrivateKey:
+    return rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+
+def _name(cn: str, org: str | None = None) -> x509.Name:
+    attrs = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, org)] if org else []
+    return x509.Name([*attrs, x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+
+def _cert(subject, public_key, issuer, issuer_key, *, ca=False, usage=None, sans=None) -> x509.Certificate:
+    now = datetime.datetime.now(datetime.UTC)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(public_key)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=3650))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_encipherment=not ca,
+                key_cert_sign=ca,
+                crl_sign=ca,
+                content_commitment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+    )
+    if usage:
+        builder = builder.add_extension(x509.ExtendedKeyUsage(usage), critical=False)
+    if sans:
+        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+    return builder.sign(issuer_key, hashes.SHA256())
+
+
+def _write_key(path: Path, key: rsa.RSAPrivateKey) -> None:
+    path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.TraditionalOpenSSL,
+            serialization.NoEncryption(),
+        )
+    )
+    path.chmod(0o600)
+
+
+def _write_cert(path: Path, cert: x509.Certificate) -> None:
+    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+
+
+def generate(pki_dir: Path) -> None:
+    """Write ca, apiserver, admin and service-account key material into pki_dir (idempotent)."""
+    pki_dir.mkdir(parents=True, exist_ok=True)
+    if (pki_dir / "admin.crt").exists():
+        return
+    ca_key = _key()
+    ca_name = _name("chatfleet-local-ca")
+    ca = _cert(ca_name, ca_key.public_key(), ca_name, ca_key, ca=True)
+    _write_key(pki_dir / "ca.key", ca_key)
+    _write_cert(pki_dir / "ca.crt", ca)
+
+    srv_key = _key()
+    sans = [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ("127.0.0.1", SERVICE_IP)]
+    sans += [x509.DNSName(n) for n in API_DNS_NAMES]
+    srv = _cert(
+        _name("kube-apiserver"),
+        srv_key.public_key(),
+        ca_name,
+        ca_key,
+        usage=[ExtendedKeyUsageOID.SERVER_AUTH],
+        sans=sans,
+    )
+    _write_key(pki_dir / "apiserver.key", srv_key)
+    _write_cert(pki_dir / "apiserver.crt", srv)
+
+    adm_key = _key()
+    adm = _cert(
+        _name("kubernetes-admin", "system:masters"),
+        adm_key.public_key(),
+        ca_name,
+        ca_key,
+        usage=[ExtendedKeyUsageOID.CLIENT_AUTH],
+    )
+    _write_key(pki_dir / "admin.key", adm_key)
+    _write_cert(pki_dir / "admin.crt", adm)
+
+    sa_key = _key()
+    _write_key(pki_dir / "sa.key", sa_key)
+    (pki_dir / "sa.pub").write_bytes(
+        sa_key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+
+
+def kubeconfig(server: str, pki_dir: Path, namespace: str = "default") -> str:
+    """A kubeconfig (YAML text) for the admin identity against server."""
+    return (
+        "apiVersion: v1\nkind: Config\n"
+        "clusters:\n- name: chatfleet-local\n  cluster:\n"
+        f"    server: {server}\n    certificate-authority: {pki_dir / 'ca.crt'}\n"
+        "users:\n- name: chatfleet-admin\n  user:\n"
+        f"    client-certificate: {pki_dir / 'admin.crt'}\n    client-key: {pki_dir / 'admin.key'}\n"
+        "contexts:\n- name: chatfleet-local\n  context:\n"
+        f"    cluster: chatfleet-local\n    user: chatfleet-admin\n    namespace: {namespace}\n"
+        "current-context: chatfleet-local\n"
+    )

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Install the Debian packages the tests and the demo start themselves on 127.0.0.1
+# (prometheus, redis-server) when they are missing. Their packaged system services are not used.
+set -euo pipefail
+need=()
+command -v prometheus   >/dev/null 2>&1 || need+=(prometheus)
+command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+command -v openssl      >/dev/null 2>&1 || need+=(openssl)
+[ ${#need[@]} -eq 0 ] && exit 0
+echo "[deps] installing Debian packages: ${need[*]}"
+if ! command -v apt-get >/dev/null 2>&1; then
+  echo "error: ${need[*]} missing and apt-get is not available: install them with your package manager" >&2; exit 1
+fi
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+# policy-rc.d keeps the packages from starting their own system services on 0.0.0.0
+if [ -z "$SUDO" ] && [ ! -e /usr/sbin/policy-rc.d ]; then printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod +x /usr/sbin/policy-rc.d; trap 'rm -f /usr/sbin/policy-rc.d' EXIT; fi
+$SUDO apt-get update -qq || { echo "error: apt-get update failed: the Debian package registry is unreachable" >&2; exit 1; }
+$SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null \
+  || { echo "error: apt-get could not install ${need[*]}" >&2; exit 1; }
+# stop packaged services if an init system started them anyway (only those packages' own units)
+for svc in prometheus redis-server; do
+  if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet "$svc" 2>/dev/null; then $SUDO systemctl stop "$svc" || true; fi
+done

@@ -1,0 +1,78 @@
+"""Shared fixtures: the local platform (one cluster per test session), namespaces, Redis and Prometheus.
+
+The cluster starts only when a test asks for it, lives in .work/test-cluster (ports picked free, so a
+`make cluster-up` cluster can run beside it) and is torn down at the end of the session, also when tests
+fail. Binaries are built on first use if `make platform-build` has not run.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from chatfleet_platform import services
+from chatfleet_platform.cluster import Cluster
+from chatfleet_platform.config import BUILD_SCRIPT, REPO_ROOT, binaries
+
+WORK = REPO_ROOT / ".work"
+
+
+def _progress(msg: str) -> None:
+    print(f"[platform] {msg}", flush=True)
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    """A running local cluster with 4 simulated GPU nodes (kubeconfig, kubectl, env)."""
+    if binaries().missing():
+        subprocess.run(["bash", str(BUILD_SCRIPT)], check=True)
+    c = Cluster(WORK / "test-cluster", progress=_progress)
+    try:
+        c.up(nodes=4)
+        yield c
+    finally:
+        c.down()
+
+
+@pytest.fixture
+def namespace(cluster: Cluster) -> Iterator[str]:
+    """A fresh namespace whose default ServiceAccount exists; deleted afterwards (not waited for)."""
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    cluster.kubectl("create", "namespace", name)
+    assert services.wait_until(
+        lambda: cluster.kubectl("get", "sa", "default", namespace=name, check=False).returncode == 0, 30
+    ), f"default ServiceAccount never appeared in {name}"
+    try:
+        yield name
+    finally:
+        cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory) -> Iterator[services.Redis]:
+    """A real redis-server on 127.0.0.1 for the whole session."""
+    with services.Redis(tmp_path_factory.mktemp("redis")) as r:
+        yield r
+
+
+@pytest.fixture
+def make_prometheus(tmp_path: Path):
+    """Factory: start a real Prometheus scraping the given targets; stopped after the test."""
+    started: list[services.Prometheus] = []
+
+    def make(targets=(), scrape_configs=None, scrape_interval="1s") -> services.Prometheus:
+        p = services.Prometheus(
+            tmp_path / f"prometheus-{len(started)}",
+            targets=targets,
+            scrape_configs=scrape_configs or [],
+            scrape_interval=scrape_interval,
+        ).start()
+        started.append(p)
+        return p
+
+    yield make
+    for p in started:
+        p.stop()

@@ -1,0 +1,216 @@
+"""The local platform behaves like a GPU cluster: scheduling by product, failure on purpose, GC, HPA.
+
+Test design: one session cluster (tests/conftest.py); each test works in its own namespace and waits
+with bounded polling, never on wall-clock assertions.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import pytest
+import redis
+from chatfleet_platform import nodes
+from chatfleet_platform.services import wait_until
+
+pytestmark = [pytest.mark.cluster]
+
+H100 = "NVIDIA-H100-80GB-HBM3"
+
+
+def deployment(
+    name: str, *, gpus: int = 1, product: str | None = None, health: str | None = None, deadline: int = 600
+) -> dict:
+    labels = {"app": name}
+    if health:
+        labels["sim.chatfleet.io/health"] = health
+    spec: dict = {
+        "containers": [
+            {
+                "name": "triton",
+                "image": "chatfleet/runtime:test",
+                "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
+            }
+        ]
+    }
+    if product:
+        spec["nodeSelector"] = {nodes.GPU_PRODUCT: product}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": 1,
+            "progressDeadlineSeconds": deadline,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": labels}, "spec": spec},
+        },
+    }
+
+
+def pods(cluster, namespace: str, app: str) -> list[dict]:
+    out = cluster.kubectl("get", "pods", "-l", f"app={app}", "-o", "json", namespace=namespace).stdout
+    return json.loads(out)["items"]
+
+
+def ready(pod: dict) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions", []))
+
+
+def test_nodes_are_ready_with_gpu_feature_discovery_labels(cluster):
+    out = json.loads(cluster.kubectl("get", "nodes", "-o", "json").stdout)["items"]
+    assert len(out) == 4
+    products = {n["metadata"]["labels"][nodes.GPU_PRODUCT] for n in out}
+    assert len(products) >= 2
+    for n in out:
+        assert n["status"]["allocatable"][nodes.GPU_RESOURCE] == n["metadata"]["labels"][nodes.GPU_COUNT]
+        assert nodes.GPU_MEMORY in n["metadata"]["labels"]
+
+
+def test_cluster_up_again_is_harmless(cluster):
+    before = cluster.state()["pids"]
+    assert cluster.up() == 0.0
+    assert cluster.state()["pids"] == before
+    assert all(cluster.running().values())
+
+
+def test_gpu_pod_lands_on_a_node_of_the_requested_product_and_is_ready(cluster, namespace):
+    cluster.apply([deployment("h100", product=H100)], namespace=namespace)
+    cluster.kubectl("rollout", "status", "deployment/h100", "--timeout=60s", namespace=namespace)
+    (pod,) = pods(cluster, namespace, "h100")
+    node = json.loads(cluster.kubectl("get", "node", pod["spec"]["nodeName"], "-o", "json").stdout)
+    assert node["metadata"]["labels"][nodes.GPU_PRODUCT] == H100
+    assert ready(pod)
+
+
+def test_more_gpus_than_any_node_stays_pending_with_the_schedulers_reason(cluster, namespace):
+    cluster.apply([deployment("greedy", gpus=9)], namespace=namespace)
+
+    def reason():
+        ps = pods(cluster, namespace, "greedy")
+        if not ps:
+            return None
+        for c in ps[0]["status"].get("conditions", []):
+            if c["type"] == "PodScheduled" and c["status"] == "False":
+                return c.get("message", "")
+        return None
+
+    message = wait_until(reason, 60)
+    assert message and "Insufficient nvidia.com/gpu" in message
+    assert pods(cluster, namespace, "greedy")[0]["status"]["phase"] == "Pending"
+
+
+def test_pod_marked_unready_never_becomes_ready_and_deployment_exceeds_its_deadline(cluster, namespace):
+    cluster.apply([deployment("bad", health="unready", deadline=5)], namespace=namespace)
+
+    def progressing():
+        d = json.loads(cluster.kubectl("get", "deployment", "bad", "-o", "json", namespace=namespace).stdout)
+        for c in d.get("status", {}).get("conditions", []):
+            if c["type"] == "Progressing" and c["status"] == "False":
+                return c["reason"]
+        return None
+
+    assert wait_until(progressing, 90) == "ProgressDeadlineExceeded"
+    (pod,) = pods(cluster, namespace, "bad")
+    assert pod["status"]["phase"] == "Running" and not ready(pod)
+
+
+def test_pod_marked_crashloop_is_ready_first_then_crash_loops(cluster, namespace):
+    cluster.apply([deployment("flaky", health="crashloop")], namespace=namespace)
+    assert wait_until(lambda: any(ready(p) for p in pods(cluster, namespace, "flaky")), 60)
+
+    def crashlooping():
+        for p in pods(cluster, namespace, "flaky"):
+            for cs in p["status"].get("containerStatuses", []):
+                waiting = cs.get("state", {}).get("waiting", {})
+                if waiting.get("reason") == "CrashLoopBackOff" and cs["restartCount"] > 0 and not ready(p):
+                    return True
+        return False
+
+    assert wait_until(crashlooping, 60)
+
+
+def test_pod_marked_imagepull_waits_with_err_image_pull(cluster, namespace):
+    cluster.apply([deployment("noimage", health="imagepull")], namespace=namespace)
+
+    def waiting_reason():
+        for p in pods(cluster, namespace, "noimage"):
+            for cs in p["status"].get("containerStatuses", []):
+                return cs.get("state", {}).get("waiting", {}).get("reason")
+        return None
+
+    assert wait_until(waiting_reason, 60) == "ErrImagePull"
+    assert not any(ready(p) for p in pods(cluster, namespace, "noimage"))
+
+
+def test_a_running_pod_can_be_flipped_unready_by_annotation(cluster, namespace):
+    cluster.apply([deployment("flip")], namespace=namespace)
+    cluster.kubectl("rollout", "status", "deployment/flip", "--timeout=60s", namespace=namespace)
+    (pod,) = pods(cluster, namespace, "flip")
+    cluster.kubectl(
+        "annotate", "pod", pod["metadata"]["name"], "sim.chatfleet.io/force-unready=true", namespace=namespace
+    )
+    assert wait_until(lambda: not any(ready(p) for p in pods(cluster, namespace, "flip")), 30)
+
+
+def test_deleting_the_owner_garbage_collects_its_children(cluster, namespace):
+    cluster.apply([deployment("owner")], namespace=namespace)
+    cluster.kubectl("rollout", "status", "deployment/owner", "--timeout=60s", namespace=namespace)
+    assert pods(cluster, namespace, "owner")
+    cluster.kubectl("delete", "deployment", "owner", "--wait=false", namespace=namespace)
+
+    def gone():
+        rs = cluster.kubectl(
+            "get", "replicasets", "-l", "app=owner", "-o", "name", namespace=namespace
+        ).stdout
+        return not rs.strip() and not pods(cluster, namespace, "owner")
+
+    assert wait_until(gone, 60)
+
+
+def test_autoscaling_v2_hpa_is_accepted(cluster, namespace):
+    cluster.apply([deployment("scaled")], namespace=namespace)
+    hpa = {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": "scaled"},
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "scaled"},
+            "minReplicas": 1,
+            "maxReplicas": 4,
+            "metrics": [
+                {
+                    "type": "Pods",
+                    "pods": {
+                        "metric": {"name": "nv_inference_pending_request_count"},
+                        "target": {"type": "AverageValue", "averageValue": "4"},
+                    },
+                }
+            ],
+        },
+    }
+    cluster.apply([hpa], namespace=namespace)
+    got = json.loads(cluster.kubectl("get", "hpa", "scaled", "-o", "json", namespace=namespace).stdout)
+    assert got["spec"]["metrics"][0]["pods"]["metric"]["name"] == "nv_inference_pending_request_count"
+
+
+@pytest.mark.redis
+def test_redis_answers_on_loopback(redis_server):
+    client = redis.Redis.from_url(redis_server.url)
+    assert client.ping()
+    assert redis_server.url.startswith("redis://127.0.0.1:")
+
+
+@pytest.mark.prometheus
+def test_prometheus_scrapes_itself_on_loopback(make_prometheus):
+    prom = make_prometheus()
+    prom.reload(targets=[prom.url.removeprefix("http://")])
+
+    def up():
+        url = f"{prom.url}/api/v1/query?query=up"
+        with urllib.request.urlopen(url, timeout=5) as r:
+            result = json.load(r)["data"]["result"]
+        return result and result[0]["value"][1] == "1"
+
+    assert wait_until(up, 30)

@@ -7,6 +7,7 @@ PY      := $(VENV)/bin/python
 PYTEST  := $(VENV)/bin/pytest
 STAMP   := $(VENV)/.installed-$(shell cat pyproject.toml 2>/dev/null | sha1sum | cut -c1-12)
 PLATFORM := $(PY) -m chatfleet_platform.cli
+NODES   ?= 4
 export PYTHONUNBUFFERED := 1
 
 ##@ Start here
@@ -51,8 +52,8 @@ platform-build: ## Build etcd, Kubernetes, kwok and helm from the Go module prox
 ##@ Local platform
 
 .PHONY: cluster-up
-cluster-up: setup ## Start the local Kubernetes with simulated GPU nodes; prints `export KUBECONFIG=...`
-	@$(PLATFORM) up
+cluster-up: setup ## Start the local Kubernetes with NODES (4) simulated GPU nodes; prints `export KUBECONFIG=...`
+	@$(PLATFORM) up --nodes $(NODES)
 
 .PHONY: cluster-down
 cluster-down: ## Stop exactly what cluster-up started and remove its folder

@@ -260,9 +260,29 @@ class Cluster:
         if res.returncode != 0 and "AlreadyExists" not in res.stderr:
             raise PlatformError(f"creating GPU nodes failed: {res.stderr.strip()}")
 
+    def start_extra(self, name: str, argv: Sequence[str], *, env: dict[str, str] | None = None) -> procs.Proc:
+        """Start a further process (the operator, the runtime) that `down` will stop with the cluster."""
+        proc = procs.start(name, argv, log=self.log(name), env=env or self.env, cwd=REPO_ROOT)
+        state = self.state()
+        state.setdefault("extras", {})[name] = proc.to_json()
+        self._save(state)
+        return proc
+
+    def stop_extra(self, name: str) -> bool:
+        """Stop a process started with start_extra; whether it was running."""
+        state = self.state()
+        proc = procs.Proc.from_json(state.get("extras", {}).pop(name, None))
+        self._save(state)
+        return procs.stop(proc)
+
     def down(self) -> list[str]:
-        """Stop exactly the processes we recorded (reverse start order) and remove the folder."""
+        """Stop exactly the processes we recorded (extras first, then reverse start order), remove the folder."""
         stopped = []
+        for name, value in self.state().get("extras", {}).items():
+            proc = procs.Proc.from_json(value)
+            if procs.stop(proc):
+                stopped.append(name)
+                self.progress(f"stopped {name} (pid {proc.pid})")
         for name in reversed(COMPONENTS):
             proc = self._proc(name)
             if procs.stop(proc):

@@ -1,0 +1,119 @@
+"""Conversation history in Redis: a sliding window of turns with a TTL, shared by every replica.
+
+Key ``chatfleet:session:<model>:<id>`` is a Redis list, one JSON turn per element
+(``{"messages": [...], "reply": "..."}``), trimmed to the last N turns and expiring TTL seconds after
+the last write. Redis trouble never fails a chat turn: reads return no history, writes are skipped, and
+``on_error(op)`` is called so the API can count it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def history_messages(turns: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
+    """Flatten stored turns into chat messages (each turn's messages, then the assistant reply)."""
+    out: list[dict[str, str]] = []
+    for turn in turns:
+        out.extend({"role": m["role"], "content": m["content"]} for m in turn.get("messages", []))
+        if turn.get("reply"):
+            out.append({"role": "assistant", "content": turn["reply"]})
+    return out
+
+
+def compose(
+    request_messages: Sequence[dict[str, str]], history: Sequence[dict[str, str]]
+) -> list[dict[str, str]]:
+    """Prompt messages for a turn: the request's system messages, the history, then the new messages."""
+    system = [m for m in request_messages if m["role"] == "system"]
+    new = [m for m in request_messages if m["role"] != "system"]
+    return [*system, *history, *new]
+
+
+class SessionStore:
+    """Redis-backed history (redis.asyncio client); None client means sessions without memory."""
+
+    def __init__(
+        self,
+        client,
+        *,
+        namespace: str = "chat",
+        ttl_s: int = 3600,
+        turns: int = 5,
+        on_error: Callable[[str], None] | None = None,
+    ):
+        self.client = client
+        self.prefix = f"chatfleet:session:{namespace}:"
+        self.ttl_s = ttl_s
+        self.turns = turns
+        self.on_error = on_error or (lambda op: None)
+
+    def key(self, session_id: str) -> str:
+        """Redis key of a conversation."""
+        return self.prefix + session_id
+
+    async def history(self, session_id: str) -> tuple[list[dict[str, str]], bool]:
+        """(messages of the last N turns, ok); ok is False when Redis could not be read."""
+        if self.client is None or self.turns <= 0:
+            return [], self.client is not None
+        try:
+            raw = await self.client.lrange(self.key(session_id), -self.turns, -1)
+        except Exception as exc:  # any Redis failure: answer without history
+            log.warning("session history unavailable: %s", exc)
+            self.on_error("read")
+            return [], False
+        turns = []
+        for item in raw:
+            try:
+                turns.append(json.loads(item))
+            except (TypeError, ValueError):
+                continue
+        return history_messages(turns), True
+
+    async def append(self, session_id: str, messages: Sequence[dict[str, str]], reply: str) -> bool:
+        """Add a turn, trim to the window and refresh the TTL in one transaction; False on Redis error."""
+        if self.client is None or self.turns <= 0:
+            return False
+        turn = json.dumps({"messages": list(messages), "reply": reply, "at": round(time.time(), 3)})
+        key = self.key(session_id)
+        try:
+            async with self.client.pipeline(transaction=True) as pipe:
+                pipe.rpush(key, turn)
+                pipe.ltrim(key, -self.turns, -1)
+                pipe.expire(key, self.ttl_s)
+                await pipe.execute()
+        except Exception as exc:
+            log.warning("session history not saved: %s", exc)
+            self.on_error("write")
+            return False
+        return True
+
+
+class ActiveSessions:
+    """Conversations seen by this replica within the TTL (for the active-sessions gauge)."""
+
+    def __init__(self, ttl_s: float, clock: Callable[[], float] = time.monotonic, limit: int = 100_000):
+        self.ttl_s = ttl_s
+        self.clock = clock
+        self.limit = limit
+        self._seen: dict[str, float] = {}
+
+    def touch(self, session_id: str) -> None:
+        """Mark a conversation active now."""
+        self._seen.pop(session_id, None)
+        self._seen[session_id] = self.clock()
+        if len(self._seen) > self.limit:
+            self._seen.pop(next(iter(self._seen)))
+
+    def count(self) -> int:
+        """Active conversations (expired ones are pruned)."""
+        cutoff = self.clock() - self.ttl_s
+        for sid in [s for s, t in self._seen.items() if t < cutoff]:
+            del self._seen[sid]
+        return len(self._seen)

@@ -1,0 +1,274 @@
+"""Local processes for tests, `make serve`, the demo and the benchmark: Redis, Triton, the chat API.
+
+Everything binds 127.0.0.1 on free ports, runs in its own process group and is stopped by PID (even on
+failure). The one-call entry point is ``local_runtime()``::
+
+    with local_runtime(workdir) as rt:          # tiny model + Redis + Triton + chat API
+        print(send_chat(rt.api_url, "Hello!"))   # -> the assistant's reply (str)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from chatfleet_runtime.tritonconfig import ChatModelConfig
+from chatfleet_runtime.tritonhome import TritonServer, free_port, local_repository
+
+
+def _stop(proc: subprocess.Popen | None, timeout: float = 10.0) -> None:
+    """SIGTERM the process group by PID, SIGKILL after timeout."""
+    if proc is None or proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(5)
+
+
+def _wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None, what: str = "server") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as resp:
+                if resp.status == 200:
+                    return
+        except (OSError, urllib.error.HTTPError):
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"{what} not ready at {url} after {timeout:.0f}s")
+
+
+@dataclass
+class RedisServer:
+    """A redis-server on 127.0.0.1 with its own data folder (no persistence)."""
+
+    workdir: Path
+    port: int = 0
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        """redis:// URL of the server."""
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout: float = 10.0) -> RedisServer:
+        """Start (foreground process, own group) and wait for PING."""
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise FileNotFoundError("redis-server is not installed (make system-deps)")
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.port = self.port or free_port()
+        self.proc = subprocess.Popen(
+            [
+                binary,
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.workdir),
+                "--logfile",
+                str(self.workdir / "redis.log"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        import redis
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if redis.Redis(port=self.port, socket_timeout=0.5).ping():
+                    return self
+            except redis.RedisError:
+                time.sleep(0.1)
+        raise TimeoutError("redis-server did not answer PING")
+
+    def stop(self) -> None:
+        """Stop by PID."""
+        _stop(self.proc)
+        self.proc = None
+
+
+@contextlib.contextmanager
+def redis_server(workdir: Path) -> Iterator[RedisServer]:
+    """A running RedisServer, stopped on exit."""
+    server = RedisServer(Path(workdir))
+    try:
+        yield server.start()
+    finally:
+        server.stop()
+
+
+@dataclass
+class ChatApiProcess:
+    """``python -m chatfleet_runtime.api`` as a subprocess on 127.0.0.1."""
+
+    triton_grpc: str
+    env: dict[str, str]
+    log_path: Path | None = None
+    port: int = 0
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        """Base URL of the chat API."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 60.0, wait_ready: bool = True) -> ChatApiProcess:
+        """Start and (by default) wait for /readyz."""
+        self.port = self.port or free_port()
+        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "chatfleet_runtime.api",
+                "--host=127.0.0.1",
+                f"--port={self.port}",
+                f"--triton-grpc={self.triton_grpc}",
+            ],
+            env={**os.environ, **self.env},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        if out is not subprocess.DEVNULL:
+            out.close()
+        _wait_http(
+            f"{self.url}/readyz" if wait_ready else f"{self.url}/healthz", timeout, self.proc, "chat API"
+        )
+        return self
+
+    def stop(self) -> None:
+        """Stop by PID."""
+        _stop(self.proc)
+        self.proc = None
+
+
+def tiny_model(cache_dir: Path, size: str = "tiny") -> Path:
+    """Build (once) and return the tiny model folder under cache_dir."""
+    from chatfleet_runtime.tiny import build_tiny_model
+
+    return build_tiny_model(Path(cache_dir) / f"{size}-model", size=size)
+
+
+def model_config(model_dir: Path, **overrides: Any) -> ChatModelConfig:
+    """A CPU ChatModelConfig for local runs (batch up to 32, 2048-token context)."""
+    params = {"torch_threads": str(overrides.pop("torch_threads", 1))}
+    params.update(overrides.pop("extra_parameters", {}))
+    defaults: dict[str, Any] = {
+        "model_dir": str(model_dir),
+        "kind": "KIND_CPU",
+        "max_batch_size": 32,
+        "max_queue_delay_us": 5_000,
+        "max_new_tokens": 256,
+        "max_context_tokens": 2048,
+        "extra_parameters": params,
+    }
+    defaults.update(overrides)
+    return ChatModelConfig(**defaults)
+
+
+@dataclass
+class LocalRuntime:
+    """Handles of a running local runtime."""
+
+    workdir: Path
+    model_dir: Path
+    triton: TritonServer
+    redis: RedisServer | None
+    api: ChatApiProcess
+
+    @property
+    def api_url(self) -> str:
+        """Base URL of the chat API (OpenAI-compatible under /v1)."""
+        return self.api.url
+
+
+@contextlib.contextmanager
+def local_runtime(
+    workdir: Path,
+    *,
+    model_dir: Path | None = None,
+    with_redis: bool = True,
+    api_env: dict[str, str] | None = None,
+    config: ChatModelConfig | None = None,
+) -> Iterator[LocalRuntime]:
+    """Tiny model + Redis + Triton + chat API, all on 127.0.0.1; everything stopped on exit."""
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    model_dir = Path(model_dir) if model_dir else tiny_model(workdir)
+    cfg = config or model_config(model_dir)
+    repo = local_repository(workdir / "model-repository", cfg)
+    triton = TritonServer(repo, home=workdir / "triton-home", log_path=workdir / "tritonserver.log")
+    redis_srv = RedisServer(workdir / "redis") if with_redis else None
+    api = None
+    try:
+        triton.start()
+        if redis_srv is not None:
+            redis_srv.start()
+        triton.wait_ready()
+        env = {"CHATFLEET_MODEL_NAME": "chatfleet-tiny", "CHATFLEET_MAX_NEW_TOKENS": str(cfg.max_new_tokens)}
+        if redis_srv is not None:
+            env["CHATFLEET_REDIS_URL"] = redis_srv.url
+        env.update(api_env or {})
+        api = ChatApiProcess(triton.grpc_url, env, log_path=workdir / "chat-api.log")
+        api.start()
+        yield LocalRuntime(workdir, model_dir, triton, redis_srv, api)
+    finally:
+        if api is not None:
+            api.stop()
+        triton.stop()
+        if redis_srv is not None:
+            redis_srv.stop()
+
+
+def post_json(
+    url: str, body: Any, timeout: float = 60.0, headers: dict[str, str] | None = None
+) -> tuple[int, dict]:
+    """POST JSON with the standard library; returns (status, parsed body) for 2xx and 4xx/5xx alike."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(
+        url, data=data, headers={"Content-Type": "application/json", **(headers or {})}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read() or b"{}")
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"{}")
+
+
+def send_chat(api_url: str, text: str, *, session_id: str | None = None, max_tokens: int = 32) -> str:
+    """Send one user message to the chat API and return the assistant's reply."""
+    body: dict[str, Any] = {"messages": [{"role": "user", "content": text}], "max_tokens": max_tokens}
+    if session_id:
+        body["session_id"] = session_id
+    status, reply = post_json(f"{api_url}/v1/chat/completions", body)
+    if status != 200:
+        raise RuntimeError(f"chat API answered {status}: {reply}")
+    return reply["choices"][0]["message"]["content"]

@@ -40,18 +40,14 @@ def run(args: argparse.Namespace) -> int:
     if args.workers:
         runtime = RuntimeSettings(namespaces=runtime.namespaces, workers=args.workers)
     settings = Settings(runtime=runtime)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    kopf.configure(verbose=args.verbose)  # kopf's log format on the root logger
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     kube.configure(pool_size=max(32, settings.runtime.workers * 2))
     controller = Controller(settings, kube)
     main.install(controller)
-    kopf.configure(verbose=args.verbose)
     namespaces = list(settings.runtime.namespaces)
     try:
-        asyncio.run(kopf.operator(standalone=True, clusterwide=not namespaces, namespaces=namespaces or None))
+        asyncio.run(kopf.operator(standalone=True, clusterwide=not namespaces, namespaces=namespaces))
     finally:
         if args.stats_file:
             from chatfleet_operator.reconcile import stats

@@ -71,7 +71,7 @@ def request(
     """One API request; returns the decoded JSON body or raises ApiError."""
     client = _api()
     headers = {"Accept": "application/json", "Content-Type": content_type}
-    payload = json.dumps(body) if body is not None else None
+    payload = body
     _, url, headers, _, _ = client.param_serialize(
         method,
         path,

@@ -66,6 +66,8 @@ def _is_empty(value: Any) -> bool:
 
 def contains(observed: Any, desired: Any) -> bool:
     """True when every field of `desired` is present and equal in `observed` (lists: same length)."""
+    if desired is None:
+        return True
     if isinstance(desired, Mapping):
         if not isinstance(observed, Mapping):
             return _is_empty(desired) and observed is None

@@ -1,0 +1,277 @@
+"""Builders: one test class per builder, table-driven. Pure: no cluster."""
+
+from __future__ import annotations
+
+import pytest
+from chatfleet_operator import api
+from chatfleet_operator.builders import (
+    build_deployment,
+    build_hpa,
+    build_pdb,
+    build_service,
+    build_triton_configmap,
+    chat_model_config,
+    revision_hash,
+)
+from chatfleet_operator.builders.common import desired_hash, owner_reference, seconds_quantity
+from chatfleet_operator.settings import HpaMetricSettings, PodSettings
+from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
+
+REF = ObjectRef("ns", "bot", "uid-1", 3)
+
+
+def spec_of(**parts) -> ChatbotServiceSpec:
+    """Spec with a default model and the given parts."""
+    return ChatbotServiceSpec.from_dict({"model": {"uri": "hf://org/m"}, **parts})
+
+
+def deployment(**parts):
+    """Deployment built from spec parts."""
+    spec = spec_of(**parts)
+    replicas = None if spec.scaling.autoscale else spec.scaling.replicas
+    return build_deployment(REF, spec, PodSettings(), revision="abc", config_hash="cfg", replicas=replicas)
+
+
+def containers(dep):
+    """Containers by name."""
+    return {c["name"]: c for c in dep["spec"]["template"]["spec"]["containers"]}
+
+
+class TestTritonConfigMap:
+    def test_keys_come_from_the_runtime_generator(self):
+        cm = build_triton_configmap(REF, spec_of())
+        assert cm["metadata"]["name"] == "bot-triton"
+        assert sorted(cm["data"]) == ["chat.config.pbtxt", "chat_stream.config.pbtxt"]
+
+    @pytest.mark.parametrize(
+        ("runtime", "expected"),
+        [
+            pytest.param({"dynamicBatching": {"maxBatchSize": 32}}, "max_batch_size: 32", id="max-batch"),
+            pytest.param(
+                {"dynamicBatching": {"maxBatchSize": 16, "preferredBatchSizes": [4, 8]}},
+                "preferred_batch_size: [ 4, 8 ]",
+                id="preferred",
+            ),
+            pytest.param(
+                {"dynamicBatching": {"maxQueueDelayMicroseconds": 500}},
+                "max_queue_delay_microseconds: 500",
+                id="queue-delay",
+            ),
+            pytest.param({"instancesPerGPU": 3}, "count: 3 kind: KIND_GPU", id="instances-per-gpu"),
+            pytest.param({"precision": "bf16"}, '"bf16"', id="precision"),
+            pytest.param({"maxNewTokens": 99}, '"99"', id="max-new-tokens"),
+        ],
+    )
+    def test_spec_reaches_config_pbtxt(self, runtime, expected):
+        cm = build_triton_configmap(REF, spec_of(runtime=runtime))
+        assert expected in cm["data"]["chat.config.pbtxt"]
+
+    def test_streaming_off_drops_the_stream_model(self):
+        cm = build_triton_configmap(REF, spec_of(runtime={"streaming": False}))
+        assert list(cm["data"]) == ["chat.config.pbtxt"]
+
+    def test_tokenizer_uri_and_path(self):
+        assert (
+            chat_model_config(spec_of(model={"uri": "hf://a/b", "tokenizer": "/tok"})).tokenizer_dir == "/tok"
+        )
+        cfg = chat_model_config(spec_of(model={"uri": "hf://a/b", "tokenizer": "hf://a/tok"}))
+        assert cfg.tokenizer_dir is None and cfg.extra_parameters["tokenizer_uri"] == "hf://a/tok"
+
+    def test_owned_and_hashed(self):
+        cm = build_triton_configmap(REF, spec_of())
+        assert cm["metadata"]["ownerReferences"] == [owner_reference(REF)]
+        assert cm["metadata"]["annotations"][api.ANNOTATION_DESIRED_HASH] == desired_hash(cm)
+
+
+class TestDeployment:
+    def test_pod_contract_containers(self):
+        c = containers(deployment())
+        assert c["triton"]["command"][:3] == ["python3", "-m", "chatfleet_runtime.launch"]
+        assert "--config-dir=/etc/chatfleet/triton" in c["triton"]["command"]
+        assert [p["containerPort"] for p in c["triton"]["ports"]] == [8000, 8001, 8002]
+        assert c["chat-api"]["command"][:3] == ["python3", "-m", "chatfleet_runtime.api"]
+        assert c["chat-api"]["ports"] == [{"name": "chat", "containerPort": 8080, "protocol": "TCP"}]
+
+    @pytest.mark.parametrize(
+        ("resources", "gpus", "selector"),
+        [
+            pytest.param({}, "1", None, id="defaults"),
+            pytest.param(
+                {"gpusPerReplica": 4, "gpuProduct": "NVIDIA-H100-80GB-HBM3"},
+                "4",
+                {api.GPU_PRODUCT_LABEL: "NVIDIA-H100-80GB-HBM3"},
+                id="product",
+            ),
+            pytest.param(
+                {"gpuProduct": "NVIDIA-L4", "nodeSelector": {"zone": "a"}},
+                "1",
+                {"zone": "a", api.GPU_PRODUCT_LABEL: "NVIDIA-L4"},
+                id="product-and-selector",
+            ),
+        ],
+    )
+    def test_gpus_and_placement(self, resources, gpus, selector):
+        dep = deployment(resources=resources)
+        pod = dep["spec"]["template"]["spec"]
+        limits = containers(dep)["triton"]["resources"]["limits"]
+        assert limits[api.GPU_RESOURCE] == gpus
+        assert pod.get("nodeSelector") == selector
+
+    def test_tolerates_gpu_taint_and_extra(self):
+        extra = {"key": "dedicated", "operator": "Equal", "value": "llm", "effect": "NoSchedule"}
+        tolerations = deployment(resources={"tolerations": [extra]})["spec"]["template"]["spec"][
+            "tolerations"
+        ]
+        assert tolerations[0] == {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+        assert tolerations[1] == extra
+
+    def test_shm_is_memory_backed(self):
+        volumes = {
+            v["name"]: v
+            for v in deployment(resources={"shmSize": "8Gi"})["spec"]["template"]["spec"]["volumes"]
+        }
+        assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "8Gi"}
+        assert volumes["triton-config"]["configMap"]["name"] == "bot-triton"
+
+    @pytest.mark.parametrize(
+        ("model", "volume_key", "read_only"),
+        [
+            pytest.param({"uri": "hf://a/b"}, "emptyDir", None, id="uri"),
+            pytest.param(
+                {"pvc": {"claimName": "w", "subPath": "m"}}, "persistentVolumeClaim", True, id="pvc"
+            ),
+            pytest.param({"hostPath": "/models/x"}, "hostPath", True, id="host-path"),
+        ],
+    )
+    def test_weights_source(self, model, volume_key, read_only):
+        dep = build_deployment(
+            REF, ChatbotServiceSpec.from_dict({"model": model}), PodSettings(), revision="r", config_hash="c"
+        )
+        volumes = {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}
+        assert volume_key in volumes["weights"]
+        mount = next(m for m in containers(dep)["triton"]["volumeMounts"] if m["name"] == "weights")
+        assert mount["mountPath"] == "/models/weights" and mount.get("readOnly") == read_only
+
+    def test_probes_on_triton_health(self):
+        triton = containers(deployment())["triton"]
+        assert triton["startupProbe"]["httpGet"]["path"] == "/v2/health/ready"
+        assert triton["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+        assert triton["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+
+    def test_security_context(self):
+        dep = deployment()
+        assert dep["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
+        for c in containers(dep).values():
+            assert c["securityContext"]["allowPrivilegeEscalation"] is False
+            assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+    def test_pod_metadata_and_ours_win(self):
+        dep = deployment(
+            podMetadata={"labels": {"sim.chatfleet.io/health": "unready"}, "annotations": {"a": "b"}}
+        )
+        meta = dep["spec"]["template"]["metadata"]
+        assert meta["labels"]["sim.chatfleet.io/health"] == "unready"
+        assert meta["labels"][api.LABEL_TRACK] == "stable" and meta["labels"][api.LABEL_REVISION] == "abc"
+        assert meta["annotations"]["a"] == "b"
+        assert meta["annotations"]["prometheus.io/scrape"] == "true"
+        assert meta["annotations"]["prometheus.io/port"] == "8002"
+
+    @pytest.mark.parametrize(
+        ("scaling", "replicas"),
+        [
+            pytest.param({}, 1, id="default"),
+            pytest.param({"replicas": 3}, 3, id="fixed"),
+            pytest.param(
+                {"autoscale": {"minReplicas": 1, "maxReplicas": 3}}, None, id="autoscaled-left-to-hpa"
+            ),
+        ],
+    )
+    def test_replicas(self, scaling, replicas):
+        assert deployment(scaling=scaling)["spec"].get("replicas") == replicas
+
+    def test_spread_and_env(self):
+        dep = deployment(runtime={"sessions": {"redis": {"secretName": "r"}}})
+        spread = dep["spec"]["template"]["spec"]["topologySpreadConstraints"][0]
+        assert spread["topologyKey"] == "kubernetes.io/hostname"
+        env = {e["name"]: e for e in containers(dep)["chat-api"]["env"]}
+        assert env["CHATFLEET_REDIS_URL"]["valueFrom"]["secretKeyRef"] == {"name": "r", "key": "url"}
+        assert env["CHATFLEET_MODEL_NAME"]["value"] == "bot"
+
+    def test_progress_deadline_from_analysis(self):
+        assert deployment(analysis={"progressDeadlineSeconds": 42})["spec"]["progressDeadlineSeconds"] == 42
+
+
+class TestService:
+    def test_ports_and_selector(self):
+        svc = build_service(REF)
+        assert [(p["name"], p["port"]) for p in svc["spec"]["ports"]] == [
+            ("http", 8000),
+            ("grpc", 8001),
+            ("metrics", 8002),
+            ("chat", 8080),
+        ]
+        assert svc["spec"]["selector"] == {api.LABEL_SERVICE: "bot", api.LABEL_TRACK: "stable"}
+
+
+class TestHpa:
+    @pytest.mark.parametrize(
+        ("targets", "expected"),
+        [
+            pytest.param(
+                {"gpuUtilizationPercent": 70}, [("chatfleet_gpu_utilization_percent", "70")], id="gpu"
+            ),
+            pytest.param(
+                {"queueTimeMilliseconds": 50}, [("chatfleet_queue_time_seconds", "50m")], id="queue"
+            ),
+            pytest.param(
+                {"requestLatencyMilliseconds": 2000},
+                [("chatfleet_request_latency_seconds", "2")],
+                id="latency",
+            ),
+            pytest.param({"inFlightRequests": 8}, [("chatfleet_inflight_requests", "8")], id="in-flight"),
+        ],
+    )
+    def test_metrics(self, targets, expected):
+        spec = spec_of(scaling={"autoscale": {"minReplicas": 2, "maxReplicas": 5, "targets": targets}})
+        assert spec.scaling.autoscale is not None
+        hpa = build_hpa(REF, spec.scaling.autoscale, HpaMetricSettings())
+        got = [
+            (m["pods"]["metric"]["name"], m["pods"]["target"]["averageValue"]) for m in hpa["spec"]["metrics"]
+        ]
+        assert got == expected
+        assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 5)
+        assert hpa["spec"]["scaleTargetRef"]["name"] == "bot"
+
+    @pytest.mark.parametrize(
+        ("ms", "quantity"),
+        [
+            pytest.param(50, "50m", id="50ms"),
+            pytest.param(1000, "1", id="1s"),
+            pytest.param(1500, "1500m", id="1.5s"),
+        ],
+    )
+    def test_seconds_quantity(self, ms, quantity):
+        assert seconds_quantity(ms) == quantity
+
+
+class TestPdb:
+    def test_max_unavailable_one(self):
+        pdb = build_pdb(REF)
+        assert pdb["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": {api.LABEL_SERVICE: "bot"}}}
+
+
+class TestRevisionHash:
+    @pytest.mark.parametrize(
+        ("change", "same"),
+        [
+            pytest.param({"scaling": {"replicas": 5}}, True, id="scaling-is-not-a-revision"),
+            pytest.param({"rollout": {"strategy": "blueGreen"}}, True, id="rollout-is-not-a-revision"),
+            pytest.param({"runtime": {"image": "x:2"}}, False, id="image"),
+            pytest.param({"resources": {"gpusPerReplica": 2}}, False, id="resources"),
+            pytest.param({"podMetadata": {"labels": {"a": "b"}}}, False, id="pod-metadata"),
+            pytest.param({"model": {"uri": "hf://x/y"}}, False, id="model"),
+        ],
+    )
+    def test_which_changes_make_a_revision(self, change, same):
+        base = {"model": {"uri": "hf://a/b"}}
+        assert (revision_hash(base) == revision_hash({**base, **change})) is same

@@ -1,0 +1,151 @@
+"""One reconcile pass against a fake API client: create, no-op, drift, unsatisfiable, backoff.
+
+Test design: the fake client records writes and plays the API server (apply returns the object with a
+resourceVersion); a second pass observes what the first one wrote, as the watch caches would.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from chatfleet_operator.api import ApiError, Reason
+from chatfleet_operator.reconcile import Snapshot, World, backoff_delay, reconcile_pass
+from chatfleet_operator.rollout.facts import NodeFacts
+from chatfleet_operator.settings import Settings
+from operator_helpers import as_observed, cbs_body
+
+NOW = datetime(2026, 11, 21, 10, 0, tzinfo=UTC)
+NODES = [NodeFacts("gpu-node-0", {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}, 8)]
+
+
+class FakeClient:
+    """Records writes; applies echo the manifest back with a growing resourceVersion."""
+
+    def __init__(self, secrets: tuple[str, ...] = (), refuse: int | None = None) -> None:
+        self.secrets, self.refuse = set(secrets), refuse
+        self.writes: list[tuple[str, Any]] = []
+        self.rv = 100
+
+    def apply(self, manifest):
+        if self.refuse:
+            raise ApiError(self.refuse, "Invalid", '{"message": "spec.template: bad"}')
+        self.rv += 1
+        self.writes.append(("apply", (manifest["kind"], manifest["metadata"]["name"])))
+        return as_observed(manifest, self.rv)
+
+    def delete(self, kind, namespace, name):
+        self.writes.append(("delete", (kind, name)))
+
+    def patch_status(self, namespace, name, patch):
+        self.writes.append(("status", patch))
+        return {}
+
+    def secret_exists(self, namespace, name):
+        return name in self.secrets
+
+    def post_event(self, involved, type_, reason, message, now=None):
+        self.writes.append(("event", (type_, reason)))
+
+
+def run(body, client, snap=None):
+    """One pass."""
+    return reconcile_pass(client, body, snap or Snapshot(nodes=NODES), World(), Settings(), NOW)
+
+
+class TestReconcilePass:
+    def test_create_writes_children_and_one_status(self):
+        client = FakeClient()
+        outcome = run(cbs_body(), client)
+        kinds = [w[1][0] for w in client.writes if w[0] == "apply"]
+        assert kinds == ["ConfigMap", "Deployment", "Service", "PodDisruptionBudget"]
+        assert [w[0] for w in client.writes].count("status") == 1
+        assert outcome.problems == [] and outcome.status["phase"] == "Progressing"
+
+    def test_second_pass_writes_nothing(self):
+        client = FakeClient()
+        snap = Snapshot(nodes=NODES)
+        body = cbs_body()
+        outcome = reconcile_pass(client, body, snap, World(), Settings(), NOW)
+        body["status"] = outcome.status
+        client.writes.clear()
+        reconcile_pass(client, body, snap, World(), Settings(), NOW)
+        assert client.writes == []
+
+    def test_drift_is_put_back(self):
+        client = FakeClient()
+        snap = Snapshot(nodes=NODES)
+        body = cbs_body()
+        body["status"] = reconcile_pass(client, body, snap, World(), Settings(), NOW).status
+        snap.children[("ConfigMap", "bot-triton")]["data"]["chat.config.pbtxt"] = "edited by hand"
+        del snap.children[("Service", "bot")]
+        client.writes.clear()
+        reconcile_pass(client, body, snap, World(), Settings(), NOW)
+        assert sorted(w[1] for w in client.writes if w[0] == "apply") == [
+            ("ConfigMap", "bot-triton"),
+            ("Service", "bot"),
+        ]
+
+    def test_autoscale_adds_hpa_and_turning_it_off_deletes_it(self):
+        client = FakeClient()
+        snap = Snapshot(nodes=NODES)
+        body = cbs_body(
+            {"model": {"uri": "hf://a/b"}, "scaling": {"autoscale": {"minReplicas": 1, "maxReplicas": 2}}}
+        )
+        body["status"] = reconcile_pass(client, body, snap, World(), Settings(), NOW).status
+        assert ("HorizontalPodAutoscaler", "bot") in snap.children
+        client.writes.clear()
+        body = {**body, "spec": {"model": {"uri": "hf://a/b"}, "scaling": {"replicas": 2}}}
+        reconcile_pass(client, body, snap, World(), Settings(), NOW)
+        assert ("delete", ("HorizontalPodAutoscaler", "bot")) in client.writes
+
+    @pytest.mark.parametrize(
+        ("spec", "reason"),
+        [
+            pytest.param(
+                {"model": {"uri": "hf://a/b"}, "resources": {"gpuProduct": "NVIDIA-B200"}},
+                Reason.NO_MATCHING_GPU_NODES,
+                id="no-such-product",
+            ),
+            pytest.param(
+                {"model": {"uri": "hf://a/b"}, "resources": {"gpusPerReplica": 16}},
+                Reason.INSUFFICIENT_GPUS,
+                id="too-many-gpus",
+            ),
+            pytest.param(
+                {"model": {"uri": "hf://a/b"}, "runtime": {"sessions": {"redis": {"secretName": "nope"}}}},
+                Reason.SECRET_NOT_FOUND,
+                id="missing-secret",
+            ),
+        ],
+    )
+    def test_unsatisfiable_sets_stalled_and_one_warning(self, spec, reason):
+        client = FakeClient()
+        outcome = run(cbs_body(spec), client)
+        assert [p.reason for p in outcome.problems] == [reason]
+        stalled = next(c for c in outcome.status["conditions"] if c["type"] == "Stalled")
+        assert (stalled["status"], stalled["reason"]) == ("True", reason)
+        assert [w[1] for w in client.writes if w[0] == "event"] == [("Warning", reason)]
+
+    def test_invalid_object_is_a_problem_not_a_crash(self):
+        outcome = run(cbs_body(), FakeClient(refuse=422))
+        assert {p.reason for p in outcome.problems} == {Reason.APPLY_FAILED}
+
+    def test_server_errors_propagate_for_retry(self):
+        with pytest.raises(ApiError):
+            run(cbs_body(), FakeClient(refuse=500))
+
+
+class TestBackoff:
+    @pytest.mark.parametrize(
+        ("retry", "delay"),
+        [
+            pytest.param(0, 5, id="first"),
+            pytest.param(1, 10, id="second"),
+            pytest.param(3, 40, id="fourth"),
+            pytest.param(10, 300, id="capped"),
+        ],
+    )
+    def test_delay_grows_and_caps(self, retry, delay):
+        assert backoff_delay(retry, 5, 300) == delay

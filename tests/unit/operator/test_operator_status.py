@@ -1,0 +1,133 @@
+"""Status: conditions (lastTransitionTime only on flips), phase, the single patch, and events."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from chatfleet_operator.api import Reason
+from chatfleet_operator.rollout.diagnose import Problem
+from chatfleet_operator.rollout.facts import DeploymentFacts
+from chatfleet_operator.rollout.status import (
+    Observation,
+    compute_status,
+    derive_phase,
+    get_condition,
+    merge_conditions,
+    status_events,
+    status_patch,
+)
+
+NOW = datetime(2026, 11, 21, 10, 0, 0, tzinfo=UTC)
+LATER = NOW + timedelta(minutes=5)
+
+
+def dep(available=1, desired=1, updated=1, replicas=1, revision="r1", gen=1, observed=1, deadline=False):
+    """Deployment facts."""
+    return DeploymentFacts(
+        "bot", gen, observed, desired, replicas, available, available, updated, revision, deadline
+    )
+
+
+def obs(deployment=None, problems=(), revision="r1", generation=1, desired=1, pods=()):
+    """Observation with sane defaults."""
+    return Observation(
+        generation=generation,
+        revision=revision,
+        desired_replicas=desired,
+        gpus_per_replica=2,
+        endpoint="http://bot.ns.svc.cluster.local:8080",
+        selector="chatfleet.io/service=bot,chatfleet.io/track=stable",
+        deployment=deployment,
+        pods=pods,
+        problems=problems,
+    )
+
+
+class TestMergeConditions:
+    def test_transition_time_kept_unless_status_flips(self):
+        old = [{"type": "Ready", "status": "False", "reason": "A", "message": "", "lastTransitionTime": "t0"}]
+        same = merge_conditions(
+            old, [{"type": "Ready", "status": "False", "reason": "B", "message": "x"}], NOW
+        )
+        flipped = merge_conditions(
+            old, [{"type": "Ready", "status": "True", "reason": "B", "message": "x"}], NOW
+        )
+        assert same[0]["lastTransitionTime"] == "t0"
+        assert flipped[0]["lastTransitionTime"] == "2026-11-21T10:00:00Z"
+
+
+class TestComputeStatus:
+    @pytest.mark.parametrize(
+        ("observation", "ready", "reason", "phase"),
+        [
+            pytest.param(obs(None), "False", Reason.PROGRESSING, "Progressing", id="no-deployment-yet"),
+            pytest.param(
+                obs(dep(available=0)), "False", Reason.WAITING_FOR_PODS, "Progressing", id="pods-coming"
+            ),
+            pytest.param(obs(dep()), "True", Reason.READY, "Ready", id="ready"),
+            pytest.param(
+                obs(dep(revision="r0")), "False", Reason.ROLLING_OUT, "Progressing", id="new-revision"
+            ),
+            pytest.param(
+                obs(dep(), problems=[Problem(Reason.NO_MATCHING_GPU_NODES, "no node")]),
+                "False",
+                Reason.NO_MATCHING_GPU_NODES,
+                "Failed",
+                id="stalled",
+            ),
+        ],
+    )
+    def test_ready_reason_phase(self, observation, ready, reason, phase):
+        status = compute_status({}, observation, NOW)
+        cond = get_condition(status, "Ready")
+        assert (cond["status"], cond["reason"], status["phase"]) == (ready, reason, phase)
+        assert cond["observedGeneration"] == 1 and status["observedGeneration"] == 1
+
+    def test_unchanged_facts_make_an_empty_patch(self):
+        first = compute_status({}, obs(dep()), NOW)
+        second = compute_status(first, obs(dep()), LATER)
+        assert status_patch(first, second) == {}
+
+    def test_gpus_and_endpoint(self):
+        status = compute_status({}, obs(dep(replicas=3, available=3, desired=3, updated=3), desired=3), NOW)
+        assert status["gpus"] == 6 and status["endpoint"].startswith("http://bot.ns.svc")
+        assert status["stableRevision"] == "r1"
+
+    def test_stable_revision_kept_while_rolling(self):
+        old = compute_status({}, obs(dep()), NOW)
+        new = compute_status(old, obs(dep(revision="r1"), revision="r2", generation=2), LATER)
+        assert new["stableRevision"] == "r1" and new["updateRevision"] == "r2"
+
+
+class TestDerivePhase:
+    @pytest.mark.parametrize(
+        ("conditions", "phase"),
+        [
+            pytest.param([], "Pending", id="nothing"),
+            pytest.param([("Stalled", "True"), ("Ready", "True")], "Failed", id="stalled-wins"),
+            pytest.param([("Degraded", "True")], "Degraded", id="degraded"),
+            pytest.param([("Ready", "True")], "Ready", id="ready"),
+            pytest.param([("Reconciling", "True")], "Progressing", id="reconciling"),
+        ],
+    )
+    def test_phase(self, conditions, phase):
+        status = {"conditions": [{"type": t, "status": s} for t, s in conditions]}
+        assert derive_phase(status) == phase
+
+
+class TestStatusEvents:
+    def test_warning_once_per_distinct_problem(self):
+        stalled = compute_status({}, obs(dep(), problems=[Problem(Reason.SECRET_NOT_FOUND, "m")]), NOW)
+        assert [(e.type, e.reason) for e in status_events({}, stalled)] == [
+            ("Warning", Reason.SECRET_NOT_FOUND)
+        ]
+        again = compute_status(stalled, obs(dep(), problems=[Problem(Reason.SECRET_NOT_FOUND, "m")]), LATER)
+        assert status_events(stalled, again) == []
+        other = compute_status(stalled, obs(dep(), problems=[Problem(Reason.INSUFFICIENT_GPUS, "m")]), LATER)
+        assert [e.reason for e in status_events(stalled, other)] == [Reason.INSUFFICIENT_GPUS]
+
+    def test_normal_event_when_a_revision_is_ready(self):
+        ready = compute_status({}, obs(dep()), NOW)
+        assert [(e.type, e.reason) for e in status_events({}, ready)] == [("Normal", Reason.REVISION_READY)]
+        assert status_events(ready, compute_status(ready, obs(dep()), LATER)) == []

@@ -14,7 +14,7 @@ export PYTHONUNBUFFERED := 1
 
 .PHONY: demo
 demo: setup ## The main job on the local platform: GPU nodes, the fleet, a chat, a bad canary rolled back
-	$(PY) -m chatfleet_platform.demo
+	@$(PY) -m chatfleet_platform.demo
 
 .PHONY: test
 test: setup lint contracts ## Everything: install, lint, layering contracts, unit + integration + e2e tests

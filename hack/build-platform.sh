@@ -19,12 +19,17 @@ command -v go >/dev/null 2>&1 || die "the Go toolchain is missing: install Go >=
 gominor=$(go env GOVERSION | sed -E 's/^go1\.([0-9]+).*/\1/')
 [ "${gominor:-0}" -ge 26 ] || die "Go $(go env GOVERSION) is too old: helm v$HELM_VERSION needs Go >= 1.26"
 
-# probe the module proxy once, so an unreachable registry gives one clear message
+# k8s.io/kubernetes's go.mod from the module proxy (one clear message when the proxy is unreachable)
+KMOD_JSON=""
 probe_proxy() {
+  [ -n "$KMOD_JSON" ] && { printf '%s' "$KMOD_JSON"; return; }
   local out
   if ! out=$(cd "$(mktemp -d)" && go mod download -json "k8s.io/kubernetes@v$K8S_VERSION" 2>&1); then
-    die "cannot reach the Go module proxy ($(go env GOPROXY)) to fetch k8s.io/kubernetes@v$K8S_VERSION: $(printf '%s' "$out" | tail -n 1)"
+    die "cannot reach the Go module proxy ($(go env GOPROXY)) to fetch k8s.io/kubernetes@v$K8S_VERSION: $(printf '%s' "$out" | python3 -c 'import json,sys
+try: print(json.load(sys.stdin).get("Error", ""))
+except Exception: print("no answer")' 2>/dev/null)"
   fi
+  KMOD_JSON=$out
   printf '%s' "$out"
 }
 
@@ -41,7 +46,7 @@ build_k8s() {
   local t0; t0=$(date +%s)
   minor=${v#1.}; minor=${minor%%.*}
   local kmod d="$WORK/kubernetes-$v"
-  kmod=$(probe_proxy | python3 -c 'import json,sys;print(json.load(sys.stdin)["GoMod"])')
+  kmod=$(printf '%s' "$KMOD_JSON" | python3 -c 'import json,sys;print(json.load(sys.stdin)["GoMod"])')
   mkdir -p "$d" "$out.tmp" && cd "$d"
   {
     printf 'module example.local/kubebins\n\ngo 1.24.0\n\ngodebug default=go1.24\n\nrequire k8s.io/kubernetes v%s\n\nreplace (\n' "$v"
@@ -109,6 +114,18 @@ build_helm() {
 
 targets=${*:-etcd kwok helm kubernetes}
 start=$(date +%s)
+cached() {
+  case $1 in
+    etcd) have etcd "$ETCD_VERSION" ;; kwok) have kwok "$KWOK_VERSION" ;; helm) have helm "$HELM_VERSION" ;;
+    kubernetes) [ -x "$BIN/kubernetes-$K8S_VERSION/kubectl" ] && [ -x "$BIN/kubernetes-$K8S_VERSION/kube-apiserver" ] \
+      && [ -x "$BIN/kubernetes-$K8S_VERSION/kube-controller-manager" ] && [ -x "$BIN/kubernetes-$K8S_VERSION/kube-scheduler" ] ;;
+    *) return 1 ;;
+  esac
+}
+need=0
+for t in $targets; do cached "$t" || need=1; done
+if [ $need = 0 ]; then say "all cached under $BIN ($targets)"; exit 0; fi
+KMOD_JSON=$(probe_proxy)
 for t in $targets; do
   case $t in
     etcd) build_etcd ;; kwok) build_kwok ;; helm) build_helm ;; kubernetes) build_k8s ;;

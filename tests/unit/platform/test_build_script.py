@@ -1,0 +1,49 @@
+"""hack/build-platform.sh fails with one clear message naming what is missing."""
+
+import os
+import shutil
+import subprocess
+
+import pytest
+from chatfleet_platform.config import BUILD_SCRIPT
+
+
+def run(env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(BUILD_SCRIPT), "etcd"], env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_missing_go_toolchain_is_named(tmp_path):
+    env = {**os.environ, "PATH": "/usr/bin:/bin", "CHATFLEET_CACHE": str(tmp_path)}
+    if shutil.which("go", path=env["PATH"]):
+        pytest.skip("go is installed in /usr/bin")
+    res = run(env)
+    assert res.returncode == 1
+    assert "the Go toolchain is missing" in res.stderr
+
+
+def test_unreachable_module_proxy_is_named(tmp_path):
+    env = {
+        **os.environ,
+        "CHATFLEET_CACHE": str(tmp_path / "cache"),
+        "GOMODCACHE": str(tmp_path / "mod"),
+        "GOPROXY": "http://127.0.0.1:9",
+    }
+    res = run(env)
+    subprocess.run(["chmod", "-R", "u+w", str(tmp_path)], check=False)
+    assert res.returncode == 1
+    assert "cannot reach the Go module proxy (http://127.0.0.1:9)" in res.stderr
+    assert res.stderr.count("error:") == 1
+
+
+def test_cached_binaries_build_nothing(tmp_path):
+    cache = tmp_path / "cache"
+    for name, version in (("etcd", "3.6.10"),):
+        d = cache / "bin" / f"{name}-{version}"
+        d.mkdir(parents=True)
+        (d / name).write_text("#!/bin/sh\n")
+        (d / name).chmod(0o755)
+    res = run({**os.environ, "CHATFLEET_CACHE": str(cache), "GOPROXY": "off"})
+    assert res.returncode == 0, res.stderr
+    assert "all cached" in res.stderr

@@ -99,9 +99,11 @@ class World:
 
     def forget(self, namespace: str, owner: str) -> None:
         """Drop remembered writes of one owner (when it is deleted)."""
+        names = (owner, f"{owner}-triton", f"{owner}-{api.TRACK_CANARY}", f"{owner}-{api.TRACK_PREVIEW}")
         with self._lock:
-            for key in [k for k in self._recent if k[1] == namespace and k[2].startswith(owner)]:
-                del self._recent[key]
+            for kind in (*CHILD_INDEXES, api.KIND):
+                for name in names:
+                    self._recent.pop((kind, namespace, name), None)
 
     def _store(self, index: str, key: Any) -> list[Any]:
         """Values of one index key (empty when unknown)."""
@@ -110,10 +112,17 @@ class World:
             return []
         return list(idx[key])
 
-    def body(self, key: Key) -> Mapping[str, Any] | None:
-        """The latest ChatbotService body, or None once deleted."""
+    def body(self, key: Key, given: Mapping[str, Any] | None = None) -> Mapping[str, Any] | None:
+        """The freshest ChatbotService body: the watch cache, the handler's, or our last status write."""
         values = self._store("cbs_index", key)
-        return values[0] if values else None
+        candidates = [b for b in (values[0] if values else None, given) if b is not None]
+        if not candidates:
+            return None  # deleted (or never seen)
+        with self._lock:
+            _, written = self._recent.get((api.KIND, *key), (0, None))
+        if written is not None:
+            candidates.append(written)
+        return max(candidates, key=_rv)
 
     def snapshot(self, key: Key) -> Snapshot:
         """Copy what a pass needs out of the indexes (call on the event loop thread)."""
@@ -121,17 +130,25 @@ class World:
         for kind, index in CHILD_INDEXES.items():
             for body in self._store(index, key):
                 snap.children[(kind, body["metadata"]["name"])] = body
+        namespace, owner = key
+        candidates = (owner, f"{owner}-triton", f"{owner}-{api.TRACK_CANARY}", f"{owner}-{api.TRACK_PREVIEW}")
         with self._lock:
-            for (kind, ns, name), (rv, body) in self._recent.items():
-                if ns != key[0] or ((kind, name) not in snap.children and body is None):
-                    continue
-                current = snap.children.get((kind, name))
-                if current is not None and _rv(current) >= rv:
-                    continue
-                if body is None:
-                    snap.children.pop((kind, name), None)
-                elif (body.get("metadata", {}).get("labels") or {}).get(api.LABEL_SERVICE) == key[1]:
-                    snap.children[(kind, name)] = body
+            for kind in CHILD_INDEXES:
+                for name in candidates:
+                    entry = self._recent.get((kind, namespace, name))
+                    if entry is None:
+                        continue
+                    rv, written = entry
+                    current = snap.children.get((kind, name))
+                    if written is None:  # a tombstone: hide the deleted object until the cache drops it
+                        if current is not None and _rv(current) <= rv:
+                            del snap.children[(kind, name)]
+                        else:
+                            del self._recent[(kind, namespace, name)]
+                    elif current is not None and _rv(current) >= rv:
+                        del self._recent[(kind, namespace, name)]  # the cache caught up
+                    else:
+                        snap.children[(kind, name)] = written
         snap.pods = self._store("pod_index", key)
         snap.nodes = self._store("node_index", "nodes")
         return snap
@@ -191,7 +208,7 @@ def _apply(client: Client, action: Action, world: World, snap: Snapshot, namespa
     try:
         if action.verb == "delete":
             client.delete(action.kind, namespace, action.name)
-            world.remember(action.kind, namespace, action.name, None, 1 << 62)
+            world.remember(action.kind, namespace, action.name, None, _rv(snap.children.get(key) or {}))
             snap.children.pop(key, None)
             log.info("Deleted %s %s/%s (%s)", action.kind, namespace, action.name, action.why)
             return None
@@ -248,7 +265,10 @@ def reconcile_pass(
     # 5. One status write, only when something changed; then events from the difference.
     patch = status_patch(old_status, new_status)
     writes = len(actions)
-    if patch and client.patch_status(ref.namespace, ref.name, patch) is not None:
+    written = client.patch_status(ref.namespace, ref.name, patch) if patch else None
+    if written:
+        world.remember(api.KIND, ref.namespace, ref.name, trim(written), _rv(written))
+    if patch and written is not None:
         writes += 1
         ready = next(c for c in new_status["conditions"] if c["type"] == api.COND_READY)
         log.info(
@@ -300,7 +320,7 @@ class Controller:
         """Run one pass for `key` under its lock, on the freshest cached body."""
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
-            body = self.world.body(key) or body
+            body = self.world.body(key, body)
             if body is None or body.get("metadata", {}).get("deletionTimestamp"):
                 return None
             snap = self.world.snapshot(key)

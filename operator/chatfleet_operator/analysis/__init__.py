@@ -1,1 +1,1 @@
-"""Release analysis (provider protocol, Prometheus provider, pure assessor): comes with the release issue."""
+"""Release analysis: PromQL queries (pure), the Prometheus provider (the only HTTP here), a pure assessor."""

@@ -1,0 +1,160 @@
+"""The Prometheus provider: the only module of the operator that queries metrics. Measurements never raise.
+
+A measurement is a handful of instant queries through prometheus-api-client (canary and stable of each
+check, plus the canary's request rate). Any failure -- connection refused, timeout, HTTP 4xx/5xx, a
+malformed answer -- becomes Sample(error=...), which the assessor counts as an Error, never a pass.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
+
+from prometheus_api_client import PrometheusConnect
+from urllib3.util.retry import Retry
+
+from chatfleet_operator.analysis import queries
+from chatfleet_operator.analysis.assess import Check, Sample
+from chatfleet_operator.analysis.queries import Target
+
+log = logging.getLogger("chatfleet.analysis")
+
+#: Seconds one query may take before the measurement counts as an error.
+QUERY_TIMEOUT_SECONDS = 5
+
+
+@dataclass(frozen=True)
+class MetricQuery:
+    """One check and how to get its figure for a track."""
+
+    check: Check
+    promql: Callable[[Target, int], str]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything one measurement needs: where, which tracks, which checks, which window."""
+
+    address: str
+    namespace: str
+    service: str
+    canary_track: str
+    stable_track: str
+    window_seconds: int
+    metrics: tuple[MetricQuery, ...]
+
+
+def default_metrics(analysis: Any) -> tuple[MetricQuery, ...]:
+    """Error rate, P99 latency, P99 TTFT and the spec's custom queries, with absolute/relative limits."""
+    t = analysis.thresholds
+    rel = getattr(analysis, "relative", None)
+    out = [
+        MetricQuery(
+            Check(
+                "error rate",
+                "%",
+                max_value=t.error_rate_percent,
+                max_increase_over_stable=getattr(rel, "error_rate_increase_percent", None),
+            ),
+            queries.error_rate_percent,
+        ),
+        MetricQuery(
+            Check(
+                "P99 latency",
+                "ms",
+                max_value=float(t.latency_p99_milliseconds),
+                max_ratio_to_stable=getattr(rel, "latency_p99_ratio", None),
+            ),
+            queries.latency_p99,
+        ),
+        MetricQuery(
+            Check(
+                "P99 time to first token",
+                "ms",
+                max_value=float(t.time_to_first_token_p99_milliseconds),
+                max_ratio_to_stable=getattr(rel, "ttft_p99_ratio", None),
+            ),
+            queries.ttft_p99,
+        ),
+    ]
+    for custom in getattr(analysis, "custom_queries", ()) or ():
+        query = custom.query
+        out.append(
+            MetricQuery(
+                Check(
+                    custom.name,
+                    custom.unit,
+                    max_value=custom.max_value,
+                    min_value=custom.min_value,
+                    max_ratio_to_stable=custom.max_ratio_to_stable,
+                ),
+                lambda tgt, w, q=query: queries.render_custom(q, tgt, w),
+            )
+        )
+    return tuple(out)
+
+
+class Provider(Protocol):
+    """Anything that can take one measurement (Prometheus here, a fake in unit tests)."""
+
+    def measure(self, plan: Plan, now: datetime) -> Sample: ...
+
+
+def _scalar(result: Sequence[Mapping[str, Any]]) -> float | None:
+    """The value of an instant-vector answer with one series; None when empty or NaN."""
+    if not result:
+        return None
+    value = float(result[0]["value"][1])
+    return value if math.isfinite(value) else None
+
+
+class PrometheusProvider:
+    """Measures with prometheus-api-client; one client per address, no retries (the next interval is one)."""
+
+    def __init__(self, timeout: float = QUERY_TIMEOUT_SECONDS) -> None:
+        self.timeout = timeout
+        self._clients: dict[str, PrometheusConnect] = {}
+
+    def _client(self, address: str) -> PrometheusConnect:
+        """Cached client of one Prometheus."""
+        if address not in self._clients:
+            self._clients[address] = PrometheusConnect(
+                url=address.rstrip("/"), disable_ssl=True, retry=Retry(total=0), timeout=self.timeout
+            )
+        return self._clients[address]
+
+    def query(self, address: str, promql: str) -> float | None:
+        """One instant query (raises on any failure; measure() catches)."""
+        return _scalar(self._client(address).custom_query(promql))
+
+    def measure(self, plan: Plan, now: datetime) -> Sample:
+        """One measurement of canary vs stable; Sample(error=...) on any failure, never raises."""
+        canary = Target(plan.namespace, plan.service, plan.canary_track)
+        stable = Target(plan.namespace, plan.service, plan.stable_track)
+        try:
+            rps = self.query(plan.address, queries.request_rate(canary, plan.window_seconds)) or 0.0
+            canary_figures: dict[str, float | None] = {}
+            stable_figures: dict[str, float | None] = {}
+            for metric in plan.metrics:
+                name = metric.check.name
+                canary_figures[name] = self.query(plan.address, metric.promql(canary, plan.window_seconds))
+                stable_figures[name] = self.query(plan.address, metric.promql(stable, plan.window_seconds))
+            return Sample(now, rps, canary_figures, stable_figures)
+        except Exception as exc:  # never raise: an unreachable Prometheus is an Error measurement
+            message = f"Prometheus at {plan.address} did not answer: {_short(exc)}"
+            log.info("Measured %s/%s: %s", plan.namespace, plan.service, message)
+            return Sample(now, error=message)
+
+
+def _short(exc: BaseException) -> str:
+    """First line of an exception, without the long urllib3 chains."""
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if "Connection refused" in str(exc) or "NewConnectionError" in str(exc):
+        return "connection refused"
+    if "timed out" in str(exc).lower():
+        return "timed out"
+    return text[:200]

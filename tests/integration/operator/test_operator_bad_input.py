@@ -1,0 +1,95 @@
+"""Valid but unsatisfiable specs end in a condition and one Warning event, with backoff; pods that never
+get Ready or crash loop show in the conditions; other ChatbotServices are unaffected.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from operator_it import chatbot, wait_until
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+
+def stalled(kube, name: str, reason: str, timeout: float = 30) -> dict:
+    """Wait for Stalled=True with that reason; return the condition."""
+    ok = wait_until(
+        lambda: (
+            (c := kube.condition(name, "Stalled")).get("status") == "True" and c.get("reason") == reason and c
+        ),
+        timeout,
+    )
+    assert ok, f"{name}: no Stalled {reason}; conditions: {kube.get('chatbotservice', name).get('status')}"
+    return ok
+
+
+@pytest.mark.parametrize(
+    ("resources", "reason", "words"),
+    [
+        pytest.param(
+            {"gpuProduct": "NVIDIA-B200"}, "NoMatchingGPUNodes", "NVIDIA-B200", id="no-node-with-product"
+        ),
+        pytest.param(
+            {"gpusPerReplica": 16}, "InsufficientGPUs", "gpusPerReplica=16", id="more-gpus-than-any-node"
+        ),
+    ],
+)
+def test_unsatisfiable_placement(kube, resources, reason, words):
+    kube.apply(chatbot("good"), chatbot("bad", resources=resources))
+    cond = stalled(kube, "bad", reason)
+    assert words in cond["message"]
+    ready = kube.condition("bad", "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", reason)
+    assert kube.get("chatbotservice", "bad")["status"]["phase"] == "Failed"
+    kube.wait_ready("good")  # the other ChatbotService is unaffected
+    time.sleep(6)  # a retry or two happen; still one event, no hot loop
+    warnings = [e for e in kube.events("bad") if e["type"] == "Warning" and e["reason"] == reason]
+    assert len(warnings) == 1 and warnings[0].get("count", 1) == 1
+
+
+def test_missing_secret_then_created(kube):
+    kube.apply(chatbot("bot", runtime={"sessions": {"redis": {"secretName": "redis-url"}}}))
+    cond = stalled(kube, "bot", "SecretNotFound")
+    assert "spec.runtime.sessions.redis.secretName" in cond["message"]
+    assert any(e["reason"] == "SecretNotFound" for e in kube.events("bot"))
+    kube.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "redis-url"},
+            "stringData": {"url": "redis://r:6379"},
+        }
+    )
+    kube.wait_ready("bot", timeout=60)  # picked up by the backoff retry (5 s, 10 s, 20 s ...)
+    assert kube.condition("bot", "Stalled")["status"] == "False"
+
+
+def test_fixing_the_spec_recovers_without_waiting_for_backoff(kube):
+    kube.apply(chatbot("bot", resources={"gpuProduct": "NVIDIA-B200"}))
+    stalled(kube, "bot", "NoMatchingGPUNodes")
+    kube.apply(chatbot("bot", resources={"gpuProduct": "NVIDIA-L4"}))
+    kube.wait_ready("bot", timeout=20)
+
+
+def test_pods_that_never_get_ready_stall_at_the_progress_deadline(kube):
+    kube.apply(
+        chatbot(
+            "bot",
+            podMetadata={"labels": {"sim.chatfleet.io/health": "unready"}},
+            analysis={"progressDeadlineSeconds": 10},
+        )
+    )
+    assert wait_until(lambda: kube.condition("bot", "Reconciling").get("status") == "True", 20)
+    assert kube.condition("bot", "Ready")["status"] == "False"
+    cond = stalled(kube, "bot", "ProgressDeadlineExceeded", timeout=60)
+    assert "progressDeadlineSeconds=10" in cond["message"]
+
+
+def test_crash_looping_pods_make_it_degraded(kube):
+    kube.apply(chatbot("bot", podMetadata={"labels": {"sim.chatfleet.io/health": "crashloop"}}))
+    ok = wait_until(lambda: kube.condition("bot", "Degraded").get("status") == "True", 60)
+    assert ok, kube.get("chatbotservice", "bot").get("status")
+    assert kube.condition("bot", "Degraded")["reason"] == "CrashLoopBackOff"
+    assert kube.condition("bot", "Ready")["status"] == "False"
+    assert kube.get("chatbotservice", "bot")["status"]["phase"] == "Degraded"

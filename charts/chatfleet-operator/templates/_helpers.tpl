@@ -1,0 +1,74 @@
+{{/* Chart name, truncated to a DNS label. */}}
+{{- define "chatfleet.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Full name: release name, plus the chart name unless the release name already holds it. */}}
+{{- define "chatfleet.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 52 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 52 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 52 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Labels on every object. */}}
+{{- define "chatfleet.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "chatfleet.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: chatfleet
+{{- end }}
+
+{{/* Labels selecting the operator's pods. */}}
+{{- define "chatfleet.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "chatfleet.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{/* The ServiceAccount the operator runs as. */}}
+{{- define "chatfleet.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "chatfleet.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The operator image: repository@digest, else repository:tag (tag defaults to appVersion). */}}
+{{- define "chatfleet.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* Watched namespaces, one per line (scope namespaces only; default the release namespace). */}}
+{{- define "chatfleet.watchNamespaces" -}}
+{{- if eq .Values.watch.scope "namespaces" }}
+{{- $namespaces := .Values.watch.namespaces | default (list .Release.Namespace) }}
+{{- range $namespaces }}
+{{ . }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Whether kopf peering (hot standby) is on: more than one replica. */}}
+{{- define "chatfleet.peering" -}}
+{{- if gt (int .Values.replicaCount) 1 }}true{{ end }}
+{{- end }}
+
+{{/* Checks across values that the JSON schema cannot phrase clearly. */}}
+{{- define "chatfleet.validate" -}}
+{{- if and (eq .Values.watch.scope "cluster") .Values.watch.namespaces }}
+{{- fail "watch.namespaces is set but watch.scope is cluster (which watches every namespace): set watch.scope=namespaces to watch only the listed namespaces, or empty watch.namespaces" }}
+{{- end }}
+{{- end }}

@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -272,3 +273,39 @@ def send_chat(api_url: str, text: str, *, session_id: str | None = None, max_tok
     if status != 200:
         raise RuntimeError(f"chat API answered {status}: {reply}")
     return reply["choices"][0]["message"]["content"]
+
+
+def metric_value(url: str, name: str, **labels: str) -> float:
+    """Sum of a Prometheus metric's samples matching labels (0 when absent)."""
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        head, _, value = line.rpartition(" ")
+        if all(f'{k}="{v}"' in head for k, v in labels.items()):
+            total += float(value)
+    return total
+
+
+def run_concurrently(fn, n: int) -> list:
+    """Run fn(i) in n threads at once; return results in order (exceptions re-raised)."""
+    results: list = [None] * n
+    errors: list = []
+    barrier = threading.Barrier(n)
+
+    def work(i):
+        try:
+            barrier.wait(10)
+            results[i] = fn(i)
+        except Exception as exc:  # collected and re-raised in the test thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    if errors:
+        raise errors[0]
+    return results

@@ -1,0 +1,203 @@
+"""Monitoring: the PrometheusRule passes `promtool test rules`, the monitors and the dashboard query real names.
+
+Test design: the rules are rendered by `helm template` (default thresholds) and unpacked into a plain rule
+file beside the promtool test file (tests/chart/prometheus/), so promtool checks what the chart ships,
+thresholds substituted.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from chart_helpers import CHART, one, render
+
+TESTS = Path(__file__).parent / "prometheus" / "chatfleet_rules_test.yaml"
+ALL_ON = [
+    "monitoring.fleetPodMonitor.enabled=true",
+    "monitoring.operatorPodMonitor.enabled=true",
+    "monitoring.prometheusRule.enabled=true",
+    "monitoring.kubeStateMetrics.enabled=true",
+    "monitoring.dashboard.enabled=true",
+]
+#: Series the rules and the dashboard may read: the runtime's (runtime/chatfleet_runtime/metrics.py and the
+#: Triton model), Triton's built-ins, kube-state-metrics' ChatbotService series (files/kube-state-metrics.yaml)
+#: and the rules' own recordings.
+KNOWN_PREFIXES = ("chatfleet_", "nv_", "chatbotservice:")
+
+
+def promtool() -> str:
+    """promtool, or skip."""
+    path = shutil.which("promtool")
+    if path is None:
+        pytest.skip("promtool is missing: run `make system-deps` (Debian package prometheus)")
+    return path
+
+
+def rule_groups(sets: list[str]) -> list[dict]:
+    """spec.groups of the rendered PrometheusRule."""
+    return one(render(["monitoring.prometheusRule.enabled=true", *sets]), "PrometheusRule")["spec"]["groups"]
+
+
+def write_rules(tmp_path: Path, sets: list[str]) -> Path:
+    """Rule file + promtool test file side by side in tmp_path; returns the test file."""
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": rule_groups(sets)}))
+    shutil.copy(TESTS, tmp_path / TESTS.name)
+    return tmp_path / TESTS.name
+
+
+def test_rules_pass_promtool_check(tmp_path: Path) -> None:
+    write_rules(tmp_path, [])
+    proc = subprocess.run(
+        [promtool(), "check", "rules", str(tmp_path / "rules.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_alerts_pass_promtool_unit_tests(tmp_path: Path) -> None:
+    test_file = write_rules(tmp_path, [])
+    proc = subprocess.run(
+        [promtool(), "test", "rules", test_file.name],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "SUCCESS" in proc.stdout
+
+
+def test_unit_tests_notice_a_changed_threshold(tmp_path: Path) -> None:
+    """The promtool tests are sharp: a latency threshold of 2 s no longer fires on the 0.995 s service."""
+    test_file = write_rules(tmp_path, ["monitoring.prometheusRule.latencyP99Seconds=2"])
+    proc = subprocess.run(
+        [promtool(), "test", "rules", test_file.name],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode != 0
+    assert "ChatbotServiceHighLatency" in proc.stdout + proc.stderr
+
+
+def test_every_expected_alert_exists_and_is_tested() -> None:
+    alerts = {r["alert"] for g in rule_groups([]) for r in g["rules"] if "alert" in r}
+    assert alerts == {
+        "ChatbotServiceHighLatency",
+        "ChatbotServiceHighErrorRate",
+        "ChatbotServiceGPUSaturated",
+        "ChatbotServiceTrafficDrop",
+        "ChatbotServiceReleaseRolledBack",
+    }
+    tests = yaml.safe_load(TESTS.read_text())["tests"]
+    tested = {t["alertname"] for group in tests for t in group.get("alert_rule_test", [])}
+    assert tested == alerts
+    # every alert has a case where it fires
+    firing = {t["alertname"] for g in tests for t in g.get("alert_rule_test", []) if t["exp_alerts"]}
+    assert firing == alerts
+
+
+def test_alert_labels_are_configurable() -> None:
+    groups = rule_groups(["monitoring.prometheusRule.alertLabels.team=ml-platform"])
+    for rule in (r for g in groups for r in g["rules"] if "alert" in r):
+        assert rule["labels"]["team"] == "ml-platform"
+        assert rule["labels"]["severity"] in ("warning", "critical")
+        assert {"summary", "description"} <= rule["annotations"].keys()
+
+
+def metric_names(expr: str) -> set[str]:
+    """Metric names in a PromQL expression (identifiers followed by { or [ or a space, minus keywords)."""
+    words = set(re.findall(r"\b([a-zA-Z_:][a-zA-Z0-9_:]*)\s*[{\[]", expr))
+    words |= set(re.findall(r"\b((?:chatfleet_|nv_|chatbotservice:)[a-zA-Z0-9_:]*)", expr))
+    return {w for w in words if w.startswith(KNOWN_PREFIXES) or "_" in w} - {"label_values"}
+
+
+def test_rules_and_dashboard_read_only_known_series() -> None:
+    docs = render(ALL_ON)
+    exprs = [r["expr"] for g in one(docs, "PrometheusRule")["spec"]["groups"] for r in g["rules"]]
+    dashboard = json.loads(
+        one([d for d in docs if d["metadata"]["name"].endswith("-dashboard")], "ConfigMap")["data"][
+            "chatfleet-fleets.json"
+        ]
+    )
+    exprs += [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    names = set().union(*(metric_names(e) for e in exprs))
+    unknown = {n for n in names if not n.startswith(KNOWN_PREFIXES)}
+    assert not unknown, f"series of unknown origin: {unknown}"
+
+
+def test_dashboard_covers_the_required_panels() -> None:
+    dashboard = json.loads((CHART / "files" / "dashboard.json").read_text())
+    titles = " | ".join(p["title"] for p in dashboard["panels"]).lower()
+    for topic in (
+        "latency",
+        "time to first token",
+        "tokens per second",
+        "gpu utilization",
+        "batch size",
+        "canary weight",
+    ):
+        assert topic in titles, f"no panel about {topic}"
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids)), "panel ids must be unique"
+    assert dashboard["uid"] == "chatfleet-fleets"
+
+
+def test_fleet_podmonitor_scrapes_both_ports_with_service_labels() -> None:
+    docs = render(["monitoring.fleetPodMonitor.enabled=true"])
+    monitor = next(d for d in docs if d["kind"] == "PodMonitor")
+    assert monitor["spec"]["namespaceSelector"] == {"any": True}
+    endpoints = monitor["spec"]["podMetricsEndpoints"]
+    assert [e["port"] for e in endpoints] == ["metrics", "chat"]
+    for e in endpoints:
+        targets = {r["targetLabel"] for r in e["relabelings"]}
+        assert targets == {"chatbotservice", "track", "revision"}
+    scoped = render(
+        ["monitoring.fleetPodMonitor.enabled=true", "watch.scope=namespaces", "watch.namespaces={a,b}"]
+    )
+    monitor = next(d for d in scoped if d["kind"] == "PodMonitor")
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["a", "b"]}
+
+
+def test_kube_state_metrics_config_exposes_the_series_the_rules_use() -> None:
+    docs = render(["monitoring.kubeStateMetrics.enabled=true"])
+    config = yaml.safe_load(one(docs, "ConfigMap")["data"]["chatbotservice.yaml"])
+    (resource,) = config["spec"]["resources"]
+    assert resource["groupVersionKind"] == {
+        "group": "chatfleet.io",
+        "version": "v1alpha1",
+        "kind": "ChatbotService",
+    }
+    names = {f"{resource['metricNamePrefix']}_{m['name']}" for m in resource["metrics"]}
+    for needed in (
+        "chatfleet_chatbotservice_abort_info",
+        "chatfleet_chatbotservice_canary_weight",
+        "chatfleet_chatbotservice_failed_checks",
+        "chatfleet_chatbotservice_release_info",
+    ):
+        assert needed in names
+    crd = yaml.safe_load((CHART / "crds" / "chatfleet.io_chatbotservices.yaml").read_text())
+    status = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    for metric in resource["metrics"]:
+        spec = metric["each"].get("gauge") or metric["each"].get("info")
+        paths = [spec["path"]] if "path" in spec else list(spec.get("labelsFromPath", {}).values())
+        for path in paths:
+            if path and path[0] == "status":
+                assert path[1] in status, (
+                    f"{metric['name']} reads status.{path[1]}, which the CRD does not define"
+                )
+
+
+def test_monitoring_is_off_by_default() -> None:
+    kinds = {d["kind"] for d in render()}
+    assert not kinds & {"PodMonitor", "ServiceMonitor", "PrometheusRule"}
+    assert all(not d["metadata"]["name"].endswith(("-dashboard", "-kube-state-metrics")) for d in render())

@@ -1,0 +1,256 @@
+"""Release scenarios on the pure planner, narrated tick by tick with an injected clock (1 tick = 1 s).
+
+Test design: `World` (release_sim.py) plays the cluster and Prometheus; each test sets a scenario knob
+(canary health, error rate, Prometheus up) and asserts what status says after the ticks that matter.
+Steps: 20% (pause 10 s), 50% (pause 10 s), 100%; analysis every 10 s, failureLimit 2, deadline 30 s.
+"""
+
+from __future__ import annotations
+
+from chatfleet_operator.rollout.release import (
+    PROGRESSING,
+    PROMOTING,
+    ROLLED_BACK,
+    SWITCHED,
+    ReleaseReason,
+)
+from chatfleet_operator.rollout.traffic import HTTPROUTE, REPLACE_IN_PLACE
+from release_sim import World, spec_dict, world
+
+
+def promoted(w: World) -> bool:
+    return w.status.get("stableRevision") == "B"
+
+
+def test_healthy_canary_promotes_through_every_step():
+    w = world()
+    # tick 1: spec revision B != stable A -> the release starts at step 1 (20%), the canary is created.
+    p = w.tick()
+    assert w.phase == PROGRESSING and p.canary_weight == 20 and p.canary_replicas == 1
+    assert p.events[0].reason == ReleaseReason.STARTED
+    weights = set()
+    # ticks 2..: pause 10 s + a passing analysis per step, then 50%, then 100%, then promotion.
+    w.run_until(lambda w: weights.add(w.status.get("canaryWeight")) or promoted(w), max_ticks=120)
+    assert {20, 50, 100} <= weights
+    assert w.status["releaseHistory"][0]["result"] == "Promoted"
+    assert "release" not in w.status and w.plans[-1].canary_replicas == 0 and w.plans[-1].stable_from_spec
+    assert w.status["canaryWeight"] == 0
+
+
+def test_error_rate_regression_rolls_back_in_failure_limit_checks():
+    w = world()
+    w.error_rate = 4.2
+    # tick 1: release starts; tick 2: canary Ready -> first measurement (4.2% > 1%): failed 1 of 2.
+    w.tick()
+    w.tick()
+    assert w.status["release"]["analysis"]["failed"] == 1 and w.phase == PROGRESSING
+    # tick 12: second failed check -> rollback: traffic to stable, canary to zero, Stalled, Warning.
+    n = w.run_until(lambda w: w.phase == ROLLED_BACK)
+    assert n == 10
+    plan = w.plans[-1]
+    assert plan.canary_replicas == 0 and plan.canary_weight == 0 and plan.stable_replicas == 2
+    assert not plan.stable_from_spec
+    assert plan.gate.kind == "stalled"
+    assert "error rate 4.2% > 1%" in plan.gate.message and "in 2 of 2 checks" in plan.gate.message
+    assert [e.type for e in plan.events] == ["Warning"]
+    # ticks later: the rolled-back revision is not retried while the spec stays on it.
+    for _ in range(30):
+        assert w.tick().canary_replicas == 0
+    assert w.measured == 2
+    # a new spec revision C starts a new release.
+    w.update = "C"
+    w.error_rate = 0.1
+    assert w.tick().release["revision"] == "C"
+
+
+def test_latency_regression_alone_rolls_back():
+    w = world()
+    w.latency = 900.0  # error rate fine, P99 900 ms > 500 ms
+    w.run_until(lambda w: w.phase == ROLLED_BACK)
+    assert "P99 latency 900ms > 500ms" in w.status["abortReason"]
+    assert "error rate" not in w.status["abortReason"]
+
+
+def test_canary_pods_never_ready_roll_back_at_the_deadline():
+    w = world()
+    w.canary_health = "unready"
+    # ticks 1-30: waiting for canary pods; no measurement is taken without a Ready pod.
+    n = w.run_until(lambda w: w.phase == ROLLED_BACK)
+    assert 30 <= n <= 32 and w.measured == 0
+    assert "0/1 pods Ready after progressDeadlineSeconds (30s)" in w.status["abortReason"]
+
+
+def test_crash_looping_canary_rolls_back_without_waiting_for_metrics():
+    w = world()
+    w.tick()
+    w.canary_health = "crashloop"
+    # tick 2: the canary pod goes into CrashLoopBackOff (seen by the next pass);
+    # tick 3: rollback on this very pass, with no measurement needed.
+    w.tick()
+    w.tick()
+    assert w.phase == ROLLED_BACK and "crash-looping" in w.status["abortReason"]
+
+
+def test_no_traffic_pauses_instead_of_promoting():
+    w = world()
+    w.error_rate = None  # no requests reach the canary
+    for _ in range(100):
+        w.tick()
+    # never promoted, never rolled back: paused on step 1 with the reason in status.
+    assert w.phase == PROGRESSING and w.status["currentStepIndex"] == 0
+    assert w.gate == ReleaseReason.NO_TRAFFIC
+    assert w.status["release"]["analysis"]["inconclusive"] >= 9
+    # traffic arrives -> the next passing measurement moves on.
+    w.error_rate = 0.1
+    w.run_until(promoted, max_ticks=100)
+
+
+def test_prometheus_down_pauses_with_a_condition_and_resumes():
+    w = world()
+    w.tick()
+    w.prometheus_up = False
+    # ticks: errors 1, 2, 3 > consecutiveErrorLimit 2 -> paused with AnalysisError; never a rollback.
+    w.run_until(
+        lambda w: (
+            w.gate == ReleaseReason.ANALYSIS_ERROR
+            and w.status["release"]["analysis"]["consecutiveErrors"] > 2
+        )
+    )
+    assert "did not answer" in w.plans[-1].gate.message
+    for _ in range(60):
+        w.tick()
+    assert w.phase == PROGRESSING and w.status["currentStepIndex"] == 0
+    # Prometheus returns -> the release resumes and promotes.
+    w.prometheus_up = True
+    w.run_until(promoted, max_ticks=100)
+
+
+def test_operator_restart_resumes_from_status():
+    w = world()
+    w.run_until(lambda w: w.status.get("currentStepIndex") == 1)
+    # "kill the operator": a fresh World that only keeps status and the cluster's Deployments.
+    w2 = World(spec=w.spec, now=w.now, status=dict(w.status))
+    w2.stable, w2.canary = w.stable, w.canary
+    p = w2.tick()
+    assert p.canary_weight == 50 and w2.status["currentStepIndex"] == 1 and not p.events
+    w2.run_until(promoted, max_ticks=100)
+    assert [h["result"] for h in w2.status["releaseHistory"]] == ["Promoted"]
+
+
+def test_manual_abort():
+    w = world()
+    w.tick()
+    w.set_rollout(abort="B")
+    w.tick()
+    assert w.phase == ROLLED_BACK and "aborted by spec.rollout.abort=B" in w.status["abortReason"]
+
+
+def test_manual_promote_skips_remaining_steps():
+    w = world()
+    w.tick()
+    w.set_rollout(promote="B")
+    w.tick()
+    assert w.phase == PROMOTING and w.status["canaryWeight"] == 100
+    w.tick()
+    assert promoted(w)
+
+
+def test_manual_pause_and_resume():
+    w = world()
+    w.tick()
+    w.set_rollout(paused=True)
+    for _ in range(60):
+        w.tick()
+    assert w.status["currentStepIndex"] == 0 and w.gate == ReleaseReason.PAUSED
+    w.set_rollout(paused=False)
+    w.run_until(promoted, max_ticks=100)
+
+
+def test_returning_to_the_stable_revision_skips_analysis():
+    w = world()
+    w.tick()
+    w.update = "A"
+    p = w.tick()
+    assert not p.in_release and p.canary_replicas == 0
+    assert w.status["releaseHistory"][0]["result"] == "Cancelled"
+
+
+def test_no_spare_gpu_auto_replaces_in_place():
+    w = world()
+    w.canary_health = "nogpu"
+    # tick 1: surge asks for an extra canary pod; tick 2: it cannot be scheduled -> waiting for GPUs.
+    w.tick()
+    w.tick()
+    assert w.gate == ReleaseReason.WAITING_FOR_GPUS and w.status["release"]["waitingForGPUs"]
+    assert w.status["release"]["capacity"] == REPLACE_IN_PLACE
+    # the next pass gives one stable pod's GPUs to the canary: stable 1 + canary 1 == 2 GPUs' worth.
+    p = w.tick()
+    assert (p.stable_replicas, p.canary_replicas) == (1, 1)
+    # (the freed GPU lets the pod schedule) -> the release goes on and promotes; never a deadline rollback.
+    w.canary_health = "ok"
+    w.run_until(promoted, max_ticks=100)
+
+
+def test_explicit_surge_waits_for_gpus_without_rolling_back():
+    w = world(rollout={"gpuCapacity": "Surge"})
+    w.canary_health = "nogpu"
+    for _ in range(60):
+        w.tick()
+    assert w.phase == PROGRESSING and w.gate == ReleaseReason.WAITING_FOR_GPUS
+
+
+def test_httproute_keeps_stable_full_size_and_weights_exact():
+    w = world(traffic=HTTPROUTE, total=4)
+    p = w.tick()
+    assert (p.stable_replicas, p.canary_replicas, p.canary_weight) == (4, 1, 20)
+    assert w.status["release"]["traffic"] == HTTPROUTE
+
+
+def bg(**kw) -> World:
+    rollout = {
+        "strategy": "blueGreen",
+        "blueGreen": {"autoPromotion": True, "scaleDownDelaySeconds": 10, "previewReplicas": 1},
+    }
+    rollout["blueGreen"].update(kw)
+    return World(spec=spec_dict(**rollout))
+
+
+def test_blue_green_promotion():
+    w = bg()
+    # tick 1: the preview (1 replica) starts; the active Service stays on A.
+    p = w.tick()
+    assert p.canary_replicas == 1 and p.active_revision == "A"
+    # ticks: preview Ready, analysis passes -> preview grows to full size -> the active Service switches.
+    w.run_until(lambda w: w.phase == SWITCHED)
+    p = w.plans[-1]
+    assert p.active_revision == "B" and p.stable_replicas == 2 and not p.stable_from_spec
+    # scale-down delay 10 s: the old revision stays for an instant rollback, then stable moves to B.
+    w.run_until(promoted, max_ticks=30)
+    assert w.plans[-1].canary_replicas == 0
+
+
+def test_blue_green_manual_promotion_waits():
+    w = bg(autoPromotion=False)
+    for _ in range(30):
+        w.tick()
+    assert w.gate == ReleaseReason.AWAITING_PROMOTION and w.plans[-1].active_revision == "A"
+    w.set_rollout(promote="B")
+    w.run_until(promoted, max_ticks=40)
+
+
+def test_blue_green_pre_promotion_failure():
+    w = bg()
+    w.error_rate = 5.0
+    w.run_until(lambda w: w.phase == ROLLED_BACK)
+    p = w.plans[-1]
+    assert p.active_revision == "A" and p.canary_replicas == 0 and "error rate 5% > 1%" in p.gate.message
+
+
+def test_blue_green_crash_after_switch_switches_back_at_once():
+    w = bg(scaleDownDelaySeconds=30)
+    w.run_until(lambda w: w.phase == SWITCHED)
+    w.canary_health = "crashloop"
+    w.tick()  # the new active pods crash (seen by the next pass)
+    w.tick()  # -> the active Service goes back to A at once; the old pods never left
+    p = w.plans[-1]
+    assert w.phase == ROLLED_BACK and p.active_revision == "A" and p.stable_replicas == 2

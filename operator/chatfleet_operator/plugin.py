@@ -1,17 +1,221 @@
-"""`kubectl chatbot` plugin (stub): prints ChatbotServices and their status. The release issue extends it."""
+"""`kubectl chatbot`: release status as a readable tree, promote, abort, pause, resume, history.
+
+Manual control writes the same spec fields a GitOps commit would (docs/releases.md), so Git and kubectl
+are one mechanism and the operator has one place to read intents from:
+  promote NAME  -> spec.rollout.promote = <revision under release>   (skip the remaining steps)
+  abort NAME    -> spec.rollout.abort   = <revision under release>   (roll back now)
+  pause NAME    -> spec.rollout.paused  = true
+  resume NAME   -> spec.rollout.paused  = false
+Naming the revision makes an intent one-shot: it cannot touch a later release.
+API access goes through chatfleet_operator.kube (the one module that talks to the API).
+"""
 
 from __future__ import annotations
 
-import subprocess
+import argparse
+import json
+import os
 import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from chatfleet_operator import api, kube
+
+
+def current_namespace() -> str:
+    """Namespace of the kubeconfig's current context (default when none)."""
+    path = os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or str(Path.home() / ".kube" / "config")
+    try:
+        cfg = yaml.safe_load(Path(path).read_text()) or {}
+    except OSError:
+        return "default"
+    current = cfg.get("current-context")
+    for ctx in cfg.get("contexts") or []:
+        if ctx.get("name") == current:
+            return (ctx.get("context") or {}).get("namespace") or "default"
+    return "default"
+
+
+def get_service(namespace: str, name: str) -> dict[str, Any]:
+    """The ChatbotService, or exit with a clear message."""
+    body = kube.get(api.KIND, namespace, name)
+    if body is None:
+        raise SystemExit(f"error: chatbotservice {namespace}/{name} not found")
+    return body
+
+
+def patch_rollout(namespace: str, name: str, fields: dict[str, Any]) -> None:
+    """JSON merge patch of spec.rollout (the GitOps fields)."""
+    kube.request(
+        "PATCH",
+        kube.object_path(api.KIND, namespace, name),
+        body={"spec": {"rollout": fields}},
+        content_type="application/merge-patch+json",
+    )
+
+
+def _ago(value: Any, now: datetime) -> str:
+    """'12s ago' from an RFC 3339 timestamp ('' when absent)."""
+    if not value:
+        return ""
+    try:
+        t = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        return str(value)
+    return f"{max(0, int((now - t).total_seconds()))}s ago"
+
+
+def _cond(status: dict[str, Any], ctype: str) -> dict[str, Any]:
+    """A condition by type ({} when absent)."""
+    return next((c for c in status.get("conditions") or [] if c.get("type") == ctype), {})
+
+
+def _figure(f: dict[str, Any]) -> str:
+    """One analysis figure as text."""
+    unit = f.get("unit", "")
+    canary = f"{f['canary']:g}{unit}" if "canary" in f else "no data"
+    limit = f" {'<=' if f.get('ok') else '>'} {f['limit']:g}{unit}" if "limit" in f else ""
+    stable = f" (stable {f['stable']:g}{unit})" if "stable" in f else ""
+    mark = "ok " if f.get("ok") else "BAD"
+    return f"[{mark}] {f.get('metric')} {canary}{limit}{stable}"
+
+
+def render_tree(body: dict[str, Any], pods: list[dict[str, Any]], now: datetime | None = None) -> str:
+    """The status tree of one ChatbotService (pure, so it is unit-tested)."""
+    now = now or datetime.now(UTC)
+    meta, spec, st = body.get("metadata", {}), body.get("spec") or {}, body.get("status") or {}
+    ready = _cond(st, api.COND_READY)
+    lines = [
+        f"ChatbotService {meta.get('namespace')}/{meta.get('name')}   phase {st.get('phase', '?')}   "
+        f"Ready {ready.get('status', '?')} ({ready.get('reason', '')})"
+    ]
+    rel = st.get("release") or {}
+    stable, update = st.get("stableRevision", "-"), st.get("updateRevision", "-")
+    items: list[tuple[str, list[str]]] = []
+    revs = f"stable {stable}"
+    if rel:
+        revs += f" -> {rel.get('revision')} ({rel.get('strategy')}, traffic {rel.get('traffic')}"
+        revs += f", GPUs {rel.get('capacity')})"
+    elif update != stable:
+        revs += f", spec {update}"
+    items.append((f"Revisions: {revs}", []))
+    if rel:
+        steps = ((spec.get("rollout") or {}).get("canary") or {}).get("steps") or []
+        idx = int(rel.get("stepIndex") or 0)
+        sub = []
+        if rel.get("strategy") != "blueGreen" and steps:
+            marks = []
+            for i, s in enumerate(steps):
+                mark = (
+                    "done" if i < idx or rel.get("phase") != "Progressing" else "now" if i == idx else "next"
+                )
+                marks.append(f"{s.get('weight')}% {mark}")
+            sub.append("Steps: " + ", ".join(marks))
+        if rel.get("waitingForGPUs"):
+            sub.append("WAITING FOR GPUs: pods of the new revision cannot be scheduled")
+        if rel.get("message"):
+            sub.append(f"Message: {rel['message']}")
+        weight = st.get("canaryWeight", 0)
+        head = f"Release: {rel.get('phase')}, step {idx + 1}, weight {weight}%"
+        if rel.get("effectiveWeight") is not None and rel.get("traffic") == "ReplicaRatio":
+            head += f" (effective {rel['effectiveWeight']}% by replicas)"
+        head += f", started {_ago(rel.get('startedAt'), now)}"
+        items.append((head, sub))
+        a = rel.get("analysis") or {}
+        ahead = (
+            f"Analysis: {a.get('checks', 0)} checks, {a.get('failed', 0)} failed, {a.get('errors', 0)} errors, "
+            f"{a.get('inconclusive', 0)} inconclusive; last {a.get('lastVerdict', '-')} "
+            f"{_ago(a.get('lastMeasuredAt'), now)}"
+        )
+        asub = [_figure(f) for f in a.get("figures") or []]
+        if a.get("lastVerdict") in ("Error", "Inconclusive") and a.get("lastMessage"):
+            asub.append(a["lastMessage"])
+        items.append((ahead, asub))
+    if st.get("abortReason") and (rel.get("phase") == "RolledBack" or not rel):
+        items.append((f"Last rollback: {st['abortReason']}", []))
+    by_track: dict[str, list[int]] = {}
+    for p in pods:
+        labels = p.get("metadata", {}).get("labels") or {}
+        track = labels.get(api.LABEL_TRACK, "?")
+        ok = any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in (p.get("status") or {}).get("conditions") or []
+        )
+        counts = by_track.setdefault(f"{track} {labels.get(api.LABEL_REVISION, '')}", [0, 0])
+        counts[0] += int(ok)
+        counts[1] += 1
+    pods_text = ", ".join(f"{k}: {r}/{n} Ready" for k, (r, n) in sorted(by_track.items())) or "none"
+    items.append((f"Pods: {pods_text}", []))
+    for i, (head, sub) in enumerate(items):
+        last = i == len(items) - 1
+        lines.append(("`-- " if last else "|-- ") + head)
+        for j, s in enumerate(sub):
+            lines.append(("    " if last else "|   ") + ("`-- " if j == len(sub) - 1 else "|-- ") + s)
+    return "\n".join(lines)
+
+
+def render_history(body: dict[str, Any]) -> str:
+    """status.releaseHistory as a table, newest first."""
+    rows = [("REVISION", "RESULT", "AT", "MESSAGE")]
+    for h in (body.get("status") or {}).get("releaseHistory") or []:
+        rows.append((h.get("revision", ""), h.get("result", ""), h.get("at", ""), h.get("message", "")))
+    if len(rows) == 1:
+        return "no releases yet"
+    widths = [max(len(str(r[i])) for r in rows) for i in range(3)]
+    return "\n".join("  ".join(str(r[i]).ljust(widths[i]) for i in range(3)) + "  " + str(r[3]) for r in rows)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Print `kubectl get chatbotservices -o wide` for the given arguments (e.g. -n NS, NAME)."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if args[:1] == ["status"]:
-        args = args[1:]
-    return subprocess.call(["kubectl", "get", "chatbotservices.chatfleet.io", "-o", "wide", *args])
+    """Entry point of `kubectl chatbot` (installed as kubectl-chatbot)."""
+    parser = argparse.ArgumentParser(prog="kubectl chatbot", description="Chatfleet releases from kubectl")
+    parser.add_argument(
+        "command", choices=["status", "promote", "abort", "pause", "resume", "history", "get"]
+    )
+    parser.add_argument("name", nargs="?")
+    parser.add_argument("-n", "--namespace", default=None)
+    parser.add_argument("-o", "--output", choices=["tree", "json"], default="tree")
+    parser.add_argument("--kubeconfig", default=None)
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.kubeconfig:
+        kube.configure(args.kubeconfig)
+    ns = args.namespace or current_namespace()
+    if args.command == "get" or not args.name:
+        items = kube.request("GET", kube.object_path(api.KIND, ns)).get("items", [])
+        for b in items:
+            st = b.get("status") or {}
+            print(
+                f"{b['metadata']['name']:<30} {st.get('phase', '?'):<12} stable={st.get('stableRevision', '-')}"
+                f" canary={st.get('canaryRevision', '-')} weight={st.get('canaryWeight', 0)}%"
+            )
+        return 0
+    body = get_service(ns, args.name)
+    st = body.get("status") or {}
+    rel = st.get("release") or {}
+    revision = rel.get("revision") if rel.get("phase") not in (None, "RolledBack") else None
+    if args.command == "status":
+        if args.output == "json":
+            print(json.dumps(st, indent=2))
+            return 0
+        selector = f"{api.LABEL_SERVICE}={args.name}"
+        pods = kube.request("GET", f"/api/v1/namespaces/{ns}/pods", query={"labelSelector": selector})
+        print(render_tree(body, pods.get("items", [])))
+        return 0
+    if args.command == "history":
+        print(render_history(body))
+        return 0
+    if args.command in ("promote", "abort"):
+        if not revision:
+            print(f"error: no release in progress on {ns}/{args.name}", file=sys.stderr)
+            return 1
+        patch_rollout(ns, args.name, {args.command: revision})
+        print(f"chatbotservice {ns}/{args.name}: {args.command} revision {revision} requested")
+        return 0
+    patch_rollout(ns, args.name, {"paused": args.command == "pause"})
+    print(f"chatbotservice {ns}/{args.name}: release {'paused' if args.command == 'pause' else 'resumed'}")
+    return 0
 
 
 if __name__ == "__main__":

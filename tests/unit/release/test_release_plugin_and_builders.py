@@ -1,0 +1,135 @@
+"""The plugin's tree and history rendering, and the release builders (HTTPRoute, track Services)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from chatfleet_operator.builders.release import (
+    TRACK_HEADER,
+    build_httproute,
+    build_selector_service,
+    keep_template,
+    retarget_configmap,
+)
+from chatfleet_operator.plugin import render_history, render_tree
+from chatfleet_operator.spec import ObjectRef
+
+REF = ObjectRef("ns", "bot", "uid-1")
+NOW = datetime(2026, 11, 21, 10, 0, 30, tzinfo=UTC)
+
+
+def body() -> dict:
+    return {
+        "metadata": {"namespace": "ns", "name": "bot"},
+        "spec": {"rollout": {"canary": {"steps": [{"weight": 20}, {"weight": 50}, {"weight": 100}]}}},
+        "status": {
+            "phase": "Progressing",
+            "conditions": [{"type": "Ready", "status": "False", "reason": "Releasing"}],
+            "stableRevision": "aaa",
+            "updateRevision": "bbb",
+            "canaryWeight": 50,
+            "release": {
+                "revision": "bbb",
+                "strategy": "canary",
+                "phase": "Progressing",
+                "traffic": "ReplicaRatio",
+                "capacity": "Surge",
+                "stepIndex": 1,
+                "effectiveWeight": 50,
+                "startedAt": "2026-11-21T10:00:00Z",
+                "message": "Step 2/3: weight 50%, 8s of pause left, then a passing analysis",
+                "analysis": {
+                    "checks": 4,
+                    "failed": 1,
+                    "errors": 0,
+                    "inconclusive": 1,
+                    "lastVerdict": "Successful",
+                    "lastMeasuredAt": "2026-11-21T10:00:27Z",
+                    "figures": [
+                        {
+                            "metric": "error rate",
+                            "canary": 0.4,
+                            "stable": 0.1,
+                            "limit": 1,
+                            "unit": "%",
+                            "ok": True,
+                        }
+                    ],
+                },
+            },
+            "releaseHistory": [
+                {
+                    "revision": "zzz",
+                    "result": "RolledBack",
+                    "at": "2026-11-21T09:00:00Z",
+                    "message": "error rate 4.2% > 1%",
+                }
+            ],
+        },
+    }
+
+
+def pod(track: str, rev: str, ready: bool) -> dict:
+    return {
+        "metadata": {"labels": {"chatfleet.io/track": track, "chatfleet.io/revision": rev}},
+        "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+    }
+
+
+def test_tree_shows_step_weights_and_figures():
+    text = render_tree(
+        body(), [pod("stable", "aaa", True), pod("canary", "bbb", True), pod("canary", "bbb", False)], NOW
+    )
+    assert "stable aaa -> bbb (canary, traffic ReplicaRatio, GPUs Surge)" in text
+    assert "20% done, 50% now, 100% next" in text
+    assert "weight 50% (effective 50% by replicas)" in text
+    assert "[ok ] error rate 0.4% <= 1% (stable 0.1%)" in text
+    assert "4 checks, 1 failed, 0 errors, 1 inconclusive; last Successful 3s ago" in text
+    assert "canary bbb: 1/2 Ready" in text and "stable aaa: 1/1 Ready" in text
+
+
+def test_history_table():
+    text = render_history(body())
+    assert text.splitlines()[1].split()[:2] == ["zzz", "RolledBack"]
+    assert render_history({"status": {}}) == "no releases yet"
+
+
+def test_httproute_weights_and_pinning_rules():
+    route = build_httproute(REF, stable_weight=80, canary_weight=20, gateway_name="gw")
+    rules = route["spec"]["rules"]
+    assert rules[-1]["backendRefs"] == [
+        {"name": "bot", "port": 8080, "weight": 80},
+        {"name": "bot-canary", "port": 8080, "weight": 20},
+    ]
+    pinned = {r["matches"][0]["headers"][0]["value"]: r["backendRefs"][0]["name"] for r in rules[:-1]}
+    assert pinned == {"canary": "bot-canary", "stable": "bot"}
+    assert rules[0]["matches"][0]["headers"][0]["name"] == TRACK_HEADER
+    assert route["spec"]["parentRefs"][0]["name"] == "gw"
+    no_canary = build_httproute(REF, stable_weight=100, canary_weight=0, gateway_name="gw")
+    assert len(no_canary["spec"]["rules"]) == 2
+
+
+def test_selector_service_affinity():
+    svc = build_selector_service(REF, "bot", {"chatfleet.io/service": "bot"}, affinity_seconds=3600)
+    assert svc["spec"]["selector"] == {"chatfleet.io/service": "bot"}
+    assert svc["spec"]["sessionAffinityConfig"]["clientIP"]["timeoutSeconds"] == 3600
+
+
+def test_keep_template_and_retarget_configmap():
+    desired = {
+        "kind": "Deployment",
+        "metadata": {"name": "bot", "labels": {"chatfleet.io/revision": "new"}, "annotations": {}},
+        "spec": {
+            "replicas": 2,
+            "template": {
+                "metadata": {"labels": {"chatfleet.io/revision": "new"}},
+                "spec": {"volumes": [{"name": "triton-config", "configMap": {"name": "bot-triton"}}]},
+            },
+        },
+    }
+    observed = {"spec": {"template": {"metadata": {"labels": {"chatfleet.io/revision": "old"}}, "spec": {}}}}
+    kept = keep_template(observed, desired, 3)
+    assert kept["spec"]["replicas"] == 3 and kept["metadata"]["labels"]["chatfleet.io/revision"] == "old"
+    assert kept["spec"]["template"]["metadata"]["labels"]["chatfleet.io/revision"] == "old"
+    moved = retarget_configmap(desired, REF, "bot-canary-triton")
+    assert moved["spec"]["template"]["spec"]["volumes"][0]["configMap"]["name"] == "bot-canary-triton"

@@ -1,0 +1,66 @@
+"""Gateway API CRDs for the release tests and the demo, from the Go module `sigs.k8s.io/gateway-api`.
+
+`go mod download -json sigs.k8s.io/gateway-api@<GATEWAY_API_VERSION>` fetches the module once into the Go
+module cache (outside the repository); the standard-channel CRDs are read from its
+config/crd/standard/ folder and never committed. Install/uninstall go through the cluster's kubectl.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .config import PlatformError
+
+#: Pinned Gateway API release (standard channel: HTTPRoute v1 with weighted backendRefs).
+GATEWAY_API_VERSION = "v1.3.0"
+MODULE = "sigs.k8s.io/gateway-api"
+CRD_NAMES = (
+    "gatewayclasses.gateway.networking.k8s.io",
+    "gateways.gateway.networking.k8s.io",
+    "httproutes.gateway.networking.k8s.io",
+    "grpcroutes.gateway.networking.k8s.io",
+    "referencegrants.gateway.networking.k8s.io",
+)
+
+
+def crd_dir(version: str = GATEWAY_API_VERSION) -> Path:
+    """config/crd/standard of the module, downloaded through the Go module proxy on first use."""
+    with tempfile.TemporaryDirectory() as tmp:
+        res = subprocess.run(
+            ["go", "mod", "download", "-json", f"{MODULE}@{version}"],
+            cwd=tmp,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=None,
+        )
+    try:
+        info = json.loads(res.stdout)
+    except ValueError:
+        info = {}
+    if res.returncode != 0 or not info.get("Dir"):
+        detail = info.get("Error") or res.stderr.strip() or res.stdout.strip()
+        raise PlatformError(f"cannot fetch {MODULE}@{version} from the Go module proxy: {detail}")
+    path = Path(info["Dir"]) / "config" / "crd" / "standard"
+    if not path.is_dir():
+        raise PlatformError(f"{MODULE}@{version} has no config/crd/standard folder")
+    return path
+
+
+def install(cluster: Any, version: str = GATEWAY_API_VERSION) -> None:
+    """Apply the standard-channel CRDs and wait until they are Established."""
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd_dir(version)))
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", *[f"crd/{n}" for n in CRD_NAMES])
+
+
+def uninstall(cluster: Any) -> None:
+    """Delete the CRDs again (the cluster is shared by the whole test session)."""
+    cluster.kubectl("delete", "crd", "--ignore-not-found", "--wait=true", *CRD_NAMES, check=False)
+
+
+if __name__ == "__main__":
+    print(crd_dir())

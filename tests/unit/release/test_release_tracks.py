@@ -1,0 +1,96 @@
+"""release_children: the steady-state children rewritten for a release (stable kept, canary added, split)."""
+
+from __future__ import annotations
+
+import copy
+from datetime import UTC, datetime
+
+from chatfleet_operator.builders import revision_hash
+from chatfleet_operator.reconcile import Snapshot, desired_children
+from chatfleet_operator.rollout.facts import PodFacts
+from chatfleet_operator.rollout.tracks import release_children, release_status
+from chatfleet_operator.settings import Settings
+from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
+
+REF = ObjectRef("ns", "bot", "uid-1", 2)
+NOW = datetime(2026, 11, 21, 10, 0, tzinfo=UTC)
+OLD = {"model": {"uri": "hf://org/m", "revision": "v1"}, "scaling": {"replicas": 2}}
+NEW = {**OLD, "model": {"uri": "hf://org/m", "revision": "v2"}}
+
+
+def base(raw):
+    spec = ChatbotServiceSpec.from_dict(raw)
+    desired, rev, total = desired_children(REF, spec, raw, Settings(), Snapshot())
+    return spec, desired, rev, total
+
+
+def observed(raw):
+    """The children as the cluster holds them after a steady state on `raw`."""
+    _, desired, rev, _ = base(raw)
+    return {(m["kind"], m["metadata"]["name"]): copy.deepcopy(m) for m in desired}, rev
+
+
+def by_key(desired):
+    return {(m["kind"], m["metadata"]["name"]): m for m in desired}
+
+
+def run(raw, children, pods, status, traffic="ReplicaRatio"):
+    spec, desired, rev, total = base(raw)
+    return rev, release_children(
+        REF,
+        spec,
+        raw,
+        desired,
+        children,
+        pods,
+        status,
+        update_revision=rev,
+        total=total,
+        traffic=traffic,
+        gateway_name="gw",
+        now=NOW,
+    )
+
+
+def test_steady_state_is_the_base_with_a_both_tracks_service():
+    children, rev = observed(OLD)
+    _, out = run(OLD, children, [], {"stableRevision": rev})
+    d = by_key(out.desired)
+    assert not out.plan.in_release
+    assert d[("Deployment", "bot")]["spec"]["replicas"] == 2
+    assert d[("Service", "bot")]["spec"]["selector"] == {"chatfleet.io/service": "bot"}
+    assert ("Deployment", "bot-canary") not in d
+
+
+def test_release_keeps_stable_template_and_adds_the_canary():
+    children, old_rev = observed(OLD)
+    pods = [PodFacts(f"bot-{i}", old_rev, "stable", "Running", True) for i in range(2)]
+    new_rev, out = run(NEW, children, pods, {"stableRevision": old_rev})
+    assert new_rev != old_rev == revision_hash(OLD)
+    d = by_key(out.desired)
+    stable = d[("Deployment", "bot")]
+    assert stable["spec"]["template"]["metadata"]["labels"]["chatfleet.io/revision"] == old_rev
+    assert ("ConfigMap", "bot-triton") not in d  # stable's config left alone
+    canary = d[("Deployment", "bot-canary")]
+    assert canary["spec"]["replicas"] == 1
+    assert canary["spec"]["selector"]["matchLabels"]["chatfleet.io/track"] == "canary"
+    assert canary["spec"]["template"]["metadata"]["labels"]["chatfleet.io/revision"] == new_rev
+    vols = {v["name"]: v for v in canary["spec"]["template"]["spec"]["volumes"]}
+    assert vols["triton-config"]["configMap"]["name"] == "bot-canary-triton"
+    assert ("ConfigMap", "bot-canary-triton") in d
+    kinds = [m["kind"] for m in out.desired]
+    assert kinds.index("Service") < kinds.index("Deployment")  # traffic objects first
+    status = release_status({"conditions": []}, {}, out, 2, new_rev, NOW)
+    assert status["canaryRevision"] == new_rev and status["release"]["phase"] == "Progressing"
+    assert {c["type"]: c["reason"] for c in status["conditions"]}["Reconciling"] == "Releasing"
+
+
+def test_httproute_mode_builds_route_and_track_services():
+    children, old_rev = observed(OLD)
+    pods = [PodFacts(f"bot-{i}", old_rev, "stable", "Running", True) for i in range(2)]
+    _, out = run(NEW, children, pods, {"stableRevision": old_rev}, traffic="HTTPRoute")
+    d = by_key(out.desired)
+    route = d[("HTTPRoute", "bot")]
+    assert [b["weight"] for b in route["spec"]["rules"][-1]["backendRefs"]] == [90, 10]
+    assert d[("Service", "bot-canary")]["spec"]["selector"]["chatfleet.io/track"] == "canary"
+    assert d[("Service", "bot")]["spec"]["selector"]["chatfleet.io/track"] == "stable"

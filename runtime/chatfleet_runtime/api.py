@@ -480,9 +480,11 @@ def create_app(settings: ApiSettings, backend=None, redis_client=None):
             finish, num_tokens, last = "", 0, time.monotonic()
             completed = False
 
-            def sse(delta: dict[str, Any], finish_reason: str | None) -> str:
+            def sse(delta: dict[str, Any], finish_reason: str | None, usage: dict | None = None) -> str:
                 chunk = dict(chunk_id)
                 chunk["choices"] = [{"index": 0, "delta": delta, "finish_reason": finish_reason}]
+                if usage is not None:
+                    chunk["usage"] = usage
                 return f"data: {json.dumps(chunk)}\n\n"
 
             try:
@@ -507,7 +509,8 @@ def create_app(settings: ApiSettings, backend=None, redis_client=None):
                     last = now
                 if finish != "length" or num_tokens:
                     breaker.record_success()
-                yield sse({}, "length" if finish == "length" else "stop")
+                usage = {"completion_tokens": num_tokens, "total_tokens": num_tokens}
+                yield sse({}, "length" if finish == "length" else "stop", usage)
                 yield "data: [DONE]\n\n"
                 completed = True
             except BackendError:

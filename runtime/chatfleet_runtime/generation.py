@@ -62,7 +62,11 @@ class IncrementalDetokenizer:
 
     def add(self, token_id: int) -> str:
         """Append a token and return the newly complete text (may be empty)."""
-        self.ids.append(token_id)
+        return self.extend([token_id])
+
+    def extend(self, token_ids: Sequence[int]) -> str:
+        """Append tokens and return the newly complete text (may be empty)."""
+        self.ids.extend(token_ids)
         decode = self.tokenizer.decode
         prefix = decode(self.ids[self.prefix_offset : self.read_offset], skip_special_tokens=True)
         new = decode(self.ids[self.prefix_offset :], skip_special_tokens=True)
@@ -133,9 +137,22 @@ class _Row:
         self.start = start
         self.first_token_s: float | None = None
         self.rng = None
+        self.pending: list[int] = []
+        self.unsent = ""
+        self.last_sent: float | None = None
 
-    def emit(self, text: str) -> None:
-        if text and self.req.on_text is not None:
+    def flush_tokens(self) -> None:
+        """Detokenize pending tokens and run them through the stop matcher."""
+        if self.pending:
+            self.unsent += self.stop.feed(self.detok.extend(self.pending))
+            self.pending = []
+
+    def send(self, now: float, interval_s: float, force: bool = False) -> None:
+        """Stream unsent text: the first piece at once, then at most once per interval, all of it when forced."""
+        if self.req.on_text is None or not self.unsent:
+            return
+        if force or self.last_sent is None or now - self.last_sent >= interval_s:
+            text, self.unsent, self.last_sent = self.unsent, "", now
             self.req.on_text(text)
 
 
@@ -150,6 +167,7 @@ class BatchGenerator:
         prefix_cache: PrefixCache | None = None,
         suppress_special_tokens: bool = True,
         cancel_check_every: int = 4,
+        stream_interval_s: float = 0.0,
         clock: Callable[[], float] = time.perf_counter,
     ):
         import torch
@@ -159,6 +177,7 @@ class BatchGenerator:
         self.tokenizer = tokenizer
         self.prefix_cache = prefix_cache
         self.cancel_check_every = max(1, cancel_check_every)
+        self.stream_interval_s = stream_interval_s
         self.clock = clock
         self.device = next(model.parameters()).device
         eos = model.generation_config.eos_token_id if model.generation_config is not None else None
@@ -341,11 +360,19 @@ class BatchGenerator:
                 if tok in self.eos_ids:
                     row.finish = "stop"
                 else:
-                    row.emit(row.stop.feed(row.detok.add(tok)))
+                    row.pending.append(tok)
+                    # Text is needed now only for stop sequences or a due stream chunk; else it waits.
+                    streaming_due = row.req.on_text is not None and (
+                        row.last_sent is None or now - row.last_sent >= self.stream_interval_s
+                    )
+                    if row.stop.stops or streaming_due:
+                        row.flush_tokens()
                     if row.stop.stopped:
                         row.finish = "stop"
                     elif len(row.generated) >= row.req.params.max_new_tokens:
                         row.finish = "length"
+                    else:
+                        row.send(now, self.stream_interval_s)
                 if row.finish is None and row.req.is_cancelled and step % self.cancel_check_every == 0:
                     try:
                         if row.req.is_cancelled():
@@ -356,7 +383,9 @@ class BatchGenerator:
                     keep.append(b)
                     continue
                 if row.finish != "cancelled":
-                    row.emit(row.stop.flush())
+                    row.flush_tokens()
+                    row.unsent += row.stop.flush()
+                    row.send(now, self.stream_interval_s, force=True)
                 self._store_session(row, cache, mask, b)
             if not keep:
                 break

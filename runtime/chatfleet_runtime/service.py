@@ -73,6 +73,7 @@ class ServiceSettings:
     torch_threads: int = 0
     default_max_tokens: int = 64
     warmup: bool = True
+    stream_interval_ms: int = 20
 
     @classmethod
     def from_parameters(cls, params: Mapping[str, str], kind: str = "KIND_CPU") -> ServiceSettings:
@@ -95,6 +96,7 @@ class ServiceSettings:
             torch_threads=num("torch_threads", 0),
             default_max_tokens=num("default_max_tokens", 64),
             warmup=params.get("warmup", "true").lower() != "false",
+            stream_interval_ms=num("stream_interval_ms", 20),
         )
 
 
@@ -147,7 +149,12 @@ class ChatService:
         self.tokenizer = tokenizer or loading.load_tokenizer(settings.tokenizer_dir, settings.chat_template)
         self.model = model or loading.load_model(settings.model_dir, self.placement)
         self.prefix_cache = PrefixCache(settings.prefix_cache_entries, settings.prefix_cache_bytes)
-        self.generator = BatchGenerator(self.model, self.tokenizer, prefix_cache=self.prefix_cache)
+        self.generator = BatchGenerator(
+            self.model,
+            self.tokenizer,
+            prefix_cache=self.prefix_cache,
+            stream_interval_s=settings.stream_interval_ms / 1000,
+        )
         if settings.warmup:
             self.warmup()
 

@@ -1,0 +1,423 @@
+"""Runtime benchmark: the chat runtime vs a naive transformers baseline, same model, same machine.
+
+(a) the runtime: Redis + the real tritonserver (dynamic batching, one generate per batch) + the chat API,
+    driven over HTTP with streaming (server-sent events), like a real client;
+(b) the baseline: ``model.generate()`` per request, one request at a time, in process (a FIFO worker).
+
+At 1, 8 and 32 concurrent conversations (closed loop): tokens per second, time to first token p50/p99
+and whole-response latency p50/p99. Multi-turn: second-turn latency at about 1,000 tokens of history with
+KV-prefix reuse vs recompute (the same request to Triton with ``prefix_cache: false``).
+
+Writes bench-results/runtime.json and bench-results/runtime.png and prints a table with ratios.
+CPU only: no GPU machine is lent to this task.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import queue
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "runtime"))
+
+from chatfleet_runtime.testing import local_runtime, model_config, tiny_model  # noqa: E402
+
+CONCURRENCY = (1, 8, 32)
+MAX_TOKENS = 32
+
+
+def pct(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of a non-empty list."""
+    ordered = sorted(values)
+    k = max(0, min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1))))
+    return ordered[k]
+
+
+def summarize(samples: list[dict], wall_s: float) -> dict:
+    """tokens/s over the wall time, TTFT and latency percentiles in milliseconds."""
+    tokens = sum(s["tokens"] for s in samples)
+    ttft = [s["ttft"] * 1000 for s in samples]
+    lat = [s["latency"] * 1000 for s in samples]
+    return {
+        "requests": len(samples),
+        "tokens": tokens,
+        "wall_s": round(wall_s, 3),
+        "tokens_per_s": round(tokens / wall_s, 1),
+        "ttft_ms_p50": round(pct(ttft, 50), 1),
+        "ttft_ms_p99": round(pct(ttft, 99), 1),
+        "latency_ms_p50": round(pct(lat, 50), 1),
+        "latency_ms_p99": round(pct(lat, 99), 1),
+    }
+
+
+def prompt_for(conv: int, turn: int) -> list[dict[str, str]]:
+    """A distinct short user message per conversation and turn."""
+    return [
+        {"role": "user", "content": f"Conversation {conv}, question {turn}: how do pods scale on Kubernetes?"}
+    ]
+
+
+# ---- (a) the runtime ------------------------------------------------------------------------------
+
+
+async def runtime_level(api_url: str, concurrency: int, per_conv: int) -> dict:
+    """Closed loop: `concurrency` conversations, each sending `per_conv` streamed requests in sequence."""
+    import httpx
+
+    samples: list[dict] = []
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
+    async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+
+        async def conversation(conv: int) -> None:
+            for turn in range(per_conv):
+                body = {"messages": prompt_for(conv, turn), "max_tokens": MAX_TOKENS, "stream": True}
+                t0 = time.perf_counter()
+                first = None
+                tokens = 0
+                async with client.stream("POST", f"{api_url}/v1/chat/completions", json=body) as resp:
+                    resp.raise_for_status()
+                    async for line in resp.aiter_lines():
+                        if not line.startswith("data: ") or line == "data: [DONE]":
+                            continue
+                        event = json.loads(line[6:])
+                        if event.get("chatfleet", {}).get("fallback"):
+                            raise RuntimeError(f"fallback answer during the benchmark: {event['chatfleet']}")
+                        if first is None and event["choices"][0]["delta"].get("content"):
+                            first = time.perf_counter()
+                        if "usage" in event:
+                            tokens = event["usage"]["completion_tokens"]
+                end = time.perf_counter()
+                samples.append({"ttft": (first or end) - t0, "latency": end - t0, "tokens": tokens})
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(conversation(c) for c in range(concurrency)))
+        wall = time.perf_counter() - t0
+    return summarize(samples, wall)
+
+
+def multiturn(triton_grpc: str, tokenizer, reps: int) -> dict:
+    """Second-turn latency at ~1,000 tokens of history: prefix reuse (session) vs recompute."""
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(triton_grpc)
+
+    def call(messages, params) -> tuple[float, str]:
+        a = grpcclient.InferInput("MESSAGES", [1, 1], "BYTES")
+        a.set_data_from_numpy(np.array([[json.dumps(messages).encode()]], dtype=np.object_))
+        b = grpcclient.InferInput("PARAMETERS", [1, 1], "BYTES")
+        b.set_data_from_numpy(np.array([[json.dumps(params).encode()]], dtype=np.object_))
+        t0 = time.perf_counter()
+        res = client.infer("chat", [a, b])
+        return time.perf_counter() - t0, res.as_numpy("TEXT")[0].decode("utf-8", "replace")
+
+    system = {"role": "system", "content": "You are the Chatfleet assistant. Answer briefly."}
+    # About 1,000 tokens of history: grow the filler until the second-turn prompt reaches it.
+    sentences: list[str] = []
+    while len(tokenizer(" ".join(sentences), add_special_tokens=False)["input_ids"]) < 960:
+        sentences.append(f"Fact {len(sentences)}: the cluster has {len(sentences) * 7} pods.")
+    filler = " ".join(sentences)
+    reuse, recompute, history_tokens = [], [], 0
+    for rep in range(reps):
+        sid = f"bench-mt-{rep}-{time.time_ns()}"
+        turn1 = [system, {"role": "user", "content": f"[{rep}] Remember this: {filler}"}]
+        _, reply = call(turn1, {"max_tokens": 16, "session_id": sid})
+        turn2 = [
+            *turn1,
+            {"role": "assistant", "content": reply},
+            {"role": "user", "content": "Summarize it."},
+        ]
+        ids = tokenizer.apply_chat_template(turn2, tokenize=False, add_generation_prompt=True)
+        history_tokens = len(tokenizer(ids, add_special_tokens=False)["input_ids"])
+        # Alternate the order so neither variant always runs on a warmer machine.
+        order = [("reuse", {"session_id": sid}), ("recompute", {"prefix_cache": False})]
+        for kind, extra in order if rep % 2 == 0 else order[::-1]:
+            dt, _ = call(turn2, {"max_tokens": 16, **extra})
+            (reuse if kind == "reuse" else recompute).append(dt * 1000)
+    client.close()
+    r50, c50 = statistics.median(reuse), statistics.median(recompute)
+    return {
+        "history_tokens": history_tokens,
+        "max_tokens": 16,
+        "repetitions": reps,
+        "reuse_ms_p50": round(r50, 1),
+        "recompute_ms_p50": round(c50, 1),
+        "ratio": round(r50 / c50, 3),
+    }
+
+
+# ---- (b) the naive baseline -------------------------------------------------------------------------
+
+
+def baseline(model_dir: Path, levels: dict[int, int], threads: int) -> dict[int, dict]:
+    """transformers generate() per request, one at a time (FIFO worker), clients submitting concurrently."""
+    import torch
+    from chatfleet_runtime.loading import choose_placement, load_model, load_tokenizer
+    from transformers.generation.streamers import BaseStreamer
+
+    torch.set_num_threads(threads)
+    tokenizer = load_tokenizer(model_dir)
+    model = load_model(model_dir, choose_placement("fp32", "KIND_CPU", cuda_available=False))
+    specials = [i for i in tokenizer.all_special_ids if i != tokenizer.eos_token_id]
+
+    class FirstToken(BaseStreamer):
+        def __init__(self):
+            self.calls = 0
+            self.first: float | None = None
+
+        def put(self, value):
+            self.calls += 1
+            if self.calls == 2 and self.first is None:  # call 1 is the prompt
+                self.first = time.perf_counter()
+
+        def end(self):
+            pass
+
+    jobs: queue.Queue = queue.Queue()
+
+    def worker() -> None:
+        torch.set_num_threads(threads)  # OpenMP thread counts are per thread: set it where generate runs
+        while True:
+            job = jobs.get()
+            if job is None:
+                return
+            messages, t_submit, done = job
+            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            ids = torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]])
+            streamer = FirstToken()
+            with torch.inference_mode():
+                out = model.generate(
+                    ids,
+                    attention_mask=torch.ones_like(ids),
+                    max_new_tokens=MAX_TOKENS,
+                    do_sample=False,
+                    suppress_tokens=specials,
+                    streamer=streamer,
+                    pad_token_id=tokenizer.pad_token_id,
+                )
+            tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+            end = time.perf_counter()
+            done(
+                {
+                    "ttft": (streamer.first or end) - t_submit,
+                    "latency": end - t_submit,
+                    "tokens": out.shape[1] - ids.shape[1],
+                }
+            )
+
+    thread = threading.Thread(target=worker, daemon=True)
+    thread.start()
+
+    def submit_and_wait(messages) -> dict:
+        box: queue.Queue = queue.Queue()
+        jobs.put((messages, time.perf_counter(), box.put))
+        return box.get()
+
+    submit_and_wait(prompt_for(0, 0))  # warm-up
+    results = {}
+    for concurrency, per_conv in levels.items():
+        samples: list[dict] = []
+        lock = threading.Lock()
+
+        def conversation(conv: int, per_conv: int = per_conv, samples: list = samples, lock=lock) -> None:
+            for turn in range(per_conv):
+                s = submit_and_wait(prompt_for(conv, turn))
+                with lock:
+                    samples.append(s)
+
+        t0 = time.perf_counter()
+        clients = [threading.Thread(target=conversation, args=(c,)) for c in range(concurrency)]
+        for c in clients:
+            c.start()
+        for c in clients:
+            c.join()
+        results[concurrency] = summarize(samples, time.perf_counter() - t0)
+        print(f"  baseline c={concurrency}: {results[concurrency]}", flush=True)
+    jobs.put(None)
+    thread.join(10)
+    return results
+
+
+# ---- report --------------------------------------------------------------------------------------
+
+
+def table(result: dict) -> str:
+    """The side-by-side table with ratios."""
+    rt, bl = result["runtime"], result["baseline"]
+    lines = [
+        f"chatfleet runtime benchmark - model {result['model']['size']} ({result['model']['parameters']:,} params), "
+        f"{result['machine']['device']}, {result['machine']['cpus']} CPUs, torch threads {result['config']['torch_threads']}",
+        "NOTE: CPU only - no GPU machine is lent to this task.",
+        "",
+        f"{'conc':>4} | {'tok/s runtime':>13} {'baseline':>9} {'ratio':>6} | {'TTFT p50 rt':>11} {'bl':>8} | "
+        f"{'TTFT p99 rt':>11} {'bl':>8} | {'lat p50 rt':>10} {'bl':>8} | {'lat p99 rt':>10} {'bl':>8}",
+    ]
+    for c in CONCURRENCY:
+        r, b = rt[str(c)], bl[str(c)]
+        lines.append(
+            f"{c:>4} | {r['tokens_per_s']:>13.0f} {b['tokens_per_s']:>9.0f} {r['tokens_per_s'] / b['tokens_per_s']:>5.1f}x | "
+            f"{r['ttft_ms_p50']:>9.1f}ms {b['ttft_ms_p50']:>6.1f}ms | {r['ttft_ms_p99']:>9.1f}ms {b['ttft_ms_p99']:>6.1f}ms | "
+            f"{r['latency_ms_p50']:>8.1f}ms {b['latency_ms_p50']:>6.1f}ms | {r['latency_ms_p99']:>8.1f}ms {b['latency_ms_p99']:>6.1f}ms"
+        )
+    g = result["goals"]
+    mt = result["multiturn"]
+    lines += [
+        "",
+        f"goal 1: tokens/s at 32 conversations >= 10x baseline: {g['throughput_ratio_32']:.1f}x -> {'MET' if g['throughput_met'] else 'NOT MET'}",
+        f"goal 2: p50 latency at 32 <= 1.5x baseline single-request p50: {g['latency_ratio_32_vs_baseline_1']:.2f}x "
+        f"-> {'MET' if g['latency_met'] else 'NOT MET'}",
+        f"goal 3: second turn at {mt['history_tokens']} tokens of history, prefix reuse vs recompute (p50 of {mt['repetitions']}): "
+        f"{mt['reuse_ms_p50']:.1f}ms vs {mt['recompute_ms_p50']:.1f}ms = {mt['ratio']:.2f}x -> {'MET' if g['prefix_met'] else 'NOT MET'} (goal <= 0.5x)",
+    ]
+    return "\n".join(lines)
+
+
+def plot(result: dict, path: Path) -> None:
+    """PNG with throughput, TTFT and latency curves and the multi-turn bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 4, figsize=(18, 4.2))
+    xs = list(CONCURRENCY)
+    for label, key, style in (("runtime", "runtime", "o-"), ("baseline", "baseline", "s--")):
+        data = result[key]
+        axes[0].plot(xs, [data[str(c)]["tokens_per_s"] for c in xs], style, label=label)
+        axes[1].plot(xs, [data[str(c)]["ttft_ms_p50"] for c in xs], style, label=f"{label} p50")
+        axes[1].plot(xs, [data[str(c)]["ttft_ms_p99"] for c in xs], style, alpha=0.5, label=f"{label} p99")
+        axes[2].plot(xs, [data[str(c)]["latency_ms_p50"] for c in xs], style, label=f"{label} p50")
+        axes[2].plot(xs, [data[str(c)]["latency_ms_p99"] for c in xs], style, alpha=0.5, label=f"{label} p99")
+    for ax, title, unit in (
+        (axes[0], "throughput", "tokens/s"),
+        (axes[1], "time to first token", "ms"),
+        (axes[2], "whole response latency", "ms"),
+    ):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(xs, [str(x) for x in xs])
+        ax.set_xlabel("concurrent conversations")
+        ax.set_ylabel(unit)
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0].set_yscale("log")
+    mt = result["multiturn"]
+    axes[3].bar(
+        ["prefix reuse", "recompute"],
+        [mt["reuse_ms_p50"], mt["recompute_ms_p50"]],
+        color=["tab:green", "tab:gray"],
+    )
+    axes[3].set_title(f"2nd turn at {mt['history_tokens']} tokens history (p50)")
+    axes[3].set_ylabel("ms")
+    fig.suptitle(
+        f"chatfleet runtime vs naive generate() - {result['model']['size']} model, CPU only (no GPU lent)"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run both sides, write the JSON and PNG, print the table."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--size", choices=("tiny", "small"), default="tiny", help="model built by chatfleet_runtime.tiny"
+    )
+    parser.add_argument("--workdir", default=str(ROOT / ".work" / "bench-runtime"))
+    parser.add_argument("--out", default=str(ROOT / "bench-results"))
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads, both sides (1 is fastest on a busy 2-core box)"
+    )
+    parser.add_argument("--quick", action="store_true", help="fewer requests (smoke run)")
+    args = parser.parse_args(argv)
+    workdir, out = Path(args.workdir), Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    per_conv = {1: 12, 8: 6, 32: 4} if not args.quick else {1: 3, 8: 2, 32: 1}
+    model_dir = tiny_model(workdir, size=args.size)
+
+    from chatfleet_runtime.loading import load_tokenizer
+
+    tokenizer = load_tokenizer(model_dir)
+    cfg = model_config(
+        model_dir, max_batch_size=32, max_queue_delay_us=2_000, max_new_tokens=64, torch_threads=args.threads
+    )
+    print(f"(a) runtime: Triton + chat API + Redis on {args.size} model ...", flush=True)
+    runtime: dict[str, dict] = {}
+    with local_runtime(workdir / "rt", model_dir=model_dir, config=cfg) as rt:
+        asyncio.run(runtime_level(rt.api_url, 4, 2))  # warm-up
+        for c in CONCURRENCY:
+            runtime[str(c)] = asyncio.run(runtime_level(rt.api_url, c, per_conv[c]))
+            print(f"  runtime c={c}: {runtime[str(c)]}", flush=True)
+        print("multi-turn: prefix reuse vs recompute ...", flush=True)
+        mt = multiturn(rt.triton.grpc_url, tokenizer, reps=4 if args.quick else 8)
+        print(f"  {mt}", flush=True)
+    print("(b) baseline: transformers generate() per request, one at a time ...", flush=True)
+    bl = {
+        str(c): v for c, v in baseline(model_dir, {c: per_conv[c] for c in CONCURRENCY}, args.threads).items()
+    }
+
+    import torch
+    from transformers import AutoConfig
+
+    n_params = sum(
+        p.numel()
+        for p in __import__("safetensors.torch", fromlist=["load_file"])
+        .load_file(str(model_dir / "model.safetensors"))
+        .values()
+    )
+    thr = runtime["32"]["tokens_per_s"] / bl["32"]["tokens_per_s"]
+    lat = runtime["32"]["latency_ms_p50"] / bl["1"]["latency_ms_p50"]
+    result = {
+        "machine": {
+            "device": "cpu",
+            "gpu": None,
+            "note": "CPU only: no GPU machine is lent to this task",
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "torch": torch.__version__,
+        },
+        "model": {
+            "size": args.size,
+            "parameters": n_params,
+            "config": AutoConfig.from_pretrained(model_dir).to_dict().get("hidden_size"),
+        },
+        "config": {
+            "max_tokens": MAX_TOKENS,
+            "torch_threads": args.threads,
+            "max_batch_size": cfg.max_batch_size,
+            "max_queue_delay_us": cfg.max_queue_delay_us,
+            "requests_per_conversation": per_conv,
+            "runtime_path": "HTTP chat API, stream=true (SSE) -> gRPC -> Triton chat_stream",
+            "baseline_path": "in-process model.generate(), one request at a time (FIFO)",
+        },
+        "runtime": runtime,
+        "baseline": bl,
+        "multiturn": mt,
+        "goals": {
+            "throughput_ratio_32": round(thr, 2),
+            "throughput_met": thr >= 10,
+            "latency_ratio_32_vs_baseline_1": round(lat, 2),
+            "latency_met": lat <= 1.5,
+            "prefix_ratio": mt["ratio"],
+            "prefix_met": mt["ratio"] <= 0.5,
+        },
+    }
+    (out / "runtime.json").write_text(json.dumps(result, indent=2) + "\n")
+    plot(result, out / "runtime.png")
+    print()
+    print(table(result))
+    print(f"\nwrote {out / 'runtime.json'} and {out / 'runtime.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

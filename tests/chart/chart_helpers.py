@@ -18,6 +18,9 @@ from chatfleet_platform.config import REPO_ROOT, binaries
 CHART = REPO_ROOT / "charts" / "chatfleet-operator"
 HELM = binaries().helm
 
+#: (apiGroup, resource, verb)
+Perm = tuple[str, str, str]
+
 #: Value sets every rendering test runs through (id -> --set flags).
 VALUE_SETS: dict[str, list[str]] = {
     "default": [],
@@ -84,3 +87,14 @@ def one(docs: Iterable[Mapping[str, Any]], kind: str) -> dict[str, Any]:
     found = find(docs, kind)
     assert len(found) == 1, f"expected one {kind}, found {len(found)}"
     return found[0]
+
+
+def granted(rules: Iterable[Mapping[str, Any]]) -> set[Perm]:
+    """Expand RBAC rules into (group, resource, verb) triples."""
+    return {
+        (group, resource, verb)
+        for rule in rules
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }

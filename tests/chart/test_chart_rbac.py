@@ -13,14 +13,11 @@ sends is recorded, and none is refused.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
 from typing import Any
 
 import pytest
-from chart_helpers import find, render
+from chart_helpers import Perm, find, granted, render
 
-#: (apiGroup, resource, verb)
-Perm = tuple[str, str, str]
 CLUSTER_SCOPED = {("", "nodes"), ("", "namespaces"), ("apiextensions.k8s.io", "customresourcedefinitions")}
 
 
@@ -68,17 +65,6 @@ def operator_permissions(*, scope: str, peering: bool) -> set[Perm]:
         plural = "clusterkopfpeerings" if scope == "cluster" else "kopfpeerings"
         used |= {("kopf.dev", plural, v) for v in ("list", "watch", "patch")}
     return used
-
-
-def granted(rules: Iterable[Mapping[str, Any]]) -> set[Perm]:
-    """Expand RBAC rules into (group, resource, verb) triples."""
-    return {
-        (group, resource, verb)
-        for rule in rules
-        for group in rule["apiGroups"]
-        for resource in rule["resources"]
-        for verb in rule["verbs"]
-    }
 
 
 def rules_of(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:

@@ -1,0 +1,400 @@
+"""The chart on the local platform: server-side dry run, install/upgrade/uninstall, and the RBAC proof.
+
+Test design: each test installs its own release (unique name) into its own namespace and removes both.
+The CRDs are cluster-wide and shared with the other suites; Helm never deletes them, and neither do we.
+The RBAC proof runs the real operator as a subprocess with a kubeconfig holding a token of the chart's
+ServiceAccount, pointed at a recording proxy (chart_apiproxy.py), and drives one ChatbotService through
+create -> Ready -> release -> delete; every request is recorded with its answer, none may be refused,
+and every granted permission must have been used.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from chart_apiproxy import RecordingProxy
+from chart_helpers import CHART, VALUE_SETS, granted, helm, render_text, set_flags
+from chatfleet_platform import services
+from chatfleet_platform.config import REPO_ROOT
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+CRD_NAME = "chatbotservices.chatfleet.io"
+#: Granted permissions that no request exercises, each with its reason (keep this list short).
+UNOBSERVED_BY_DESIGN = {
+    # Checked by the OwnerReferencesPermissionEnforcement admission plugin when an owned object sets
+    # blockOwnerDeletion; that plugin is off on the local platform, on in OpenShift and many others.
+    ("chatfleet.io", "chatbotservices/finalizers", "update"): "admission-time check, not a request",
+}
+
+
+def unique(prefix: str) -> str:
+    """A unique DNS label."""
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+@pytest.fixture
+def release_ns(cluster) -> Iterator[str]:
+    """A namespace for a release (the `namespace` fixture is the one the operator watches)."""
+    name = unique("cfsys")
+    cluster.kubectl("create", "namespace", name)
+    try:
+        yield name
+    finally:
+        cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def helm_env(cluster) -> dict[str, str]:
+    """helm against the local cluster."""
+    return {**cluster.env, "HELM_CACHE_HOME": str(REPO_ROOT / ".work" / "helm-cache")}
+
+
+def uninstall(cluster, release: str, namespace: str) -> None:
+    """helm uninstall, tolerating an already removed release."""
+    helm(
+        "uninstall",
+        release,
+        "-n",
+        namespace,
+        "--wait",
+        "--timeout",
+        "60s",
+        check=False,
+        env=helm_env(cluster),
+    )
+
+
+def apply_chart_crds(cluster) -> None:
+    """The chart's CRDs, Established (idempotent; shared by every suite)."""
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds"))
+    for name in (CRD_NAME, "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"):
+        cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+
+
+DRY_RUN_SETS = [
+    pytest.param(sets, id=name)
+    for name, sets in VALUE_SETS.items()
+    if name not in ("monitoring", "namespaces")
+]
+
+
+@pytest.mark.parametrize("sets", DRY_RUN_SETS)
+def test_rendered_manifests_pass_server_side_dry_run(cluster, namespace: str, sets: list[str]) -> None:
+    apply_chart_crds(cluster)
+    text = render_text(
+        [*sets, f"watch.namespaces={{{namespace}}}"] if "watch.scope=namespaces" in sets else sets,
+        namespace=namespace,
+        release=unique("dry"),
+    )
+    proc = cluster.kubectl(
+        "apply", "--dry-run=server", "--validate=strict", "-f", "-", input=text, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "created (server dry run)" in proc.stdout
+
+
+def test_install_upgrade_uninstall(cluster, release_ns: str) -> None:
+    env, release = helm_env(cluster), unique("cf")
+    try:
+        # install: CRDs from crds/ (kept if they exist), the operator's Deployment available.
+        out = helm(
+            "install", release, str(CHART), "-n", release_ns, "--wait", "--timeout", "120s", env=env
+        ).stdout
+        assert f"kubectl -n {release_ns} rollout status deployment/{release}-chatfleet-operator" in out
+        assert "helm show crds" in out  # NOTES explain CRD upgrades
+        cluster.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+        dep = json.loads(
+            cluster.kubectl(
+                "get", "deployment", f"{release}-chatfleet-operator", "-o", "json", namespace=release_ns
+            ).stdout
+        )
+        assert dep["status"].get("availableReplicas") == 1
+        assert dep["spec"]["template"]["spec"]["serviceAccountName"] == f"{release}-chatfleet-operator"
+
+        # upgrade to a hot standby pair: peering object and PDB appear.
+        helm(
+            "upgrade",
+            release,
+            str(CHART),
+            "-n",
+            release_ns,
+            "--wait",
+            "--timeout",
+            "120s",
+            *set_flags(["replicaCount=2"]),
+            env=env,
+        )
+        assert cluster.kubectl("get", "clusterkopfpeering", "chatfleet-operator", check=False).returncode == 0
+        assert (
+            cluster.kubectl("get", "pdb", f"{release}-chatfleet-operator", namespace=release_ns).returncode
+            == 0
+        )
+        replicas = cluster.kubectl(
+            "get",
+            "deployment",
+            f"{release}-chatfleet-operator",
+            "-o",
+            "jsonpath={.status.availableReplicas}",
+            namespace=release_ns,
+        ).stdout
+        assert replicas == "2"
+
+        # upgrade back to the defaults (--reset-values: a bare upgrade reuses the last values): what
+        # replicaCount=2 added is removed again.
+        helm(
+            "upgrade",
+            release,
+            str(CHART),
+            "-n",
+            release_ns,
+            "--reset-values",
+            "--wait",
+            "--timeout",
+            "120s",
+            env=env,
+        )
+        assert (
+            cluster.kubectl(
+                "get", "pdb", f"{release}-chatfleet-operator", namespace=release_ns, check=False
+            ).returncode
+            != 0
+        )
+        history = json.loads(helm("history", release, "-n", release_ns, "-o", "json", env=env).stdout)
+        assert [h["status"] for h in history] == ["superseded", "superseded", "deployed"]
+    finally:
+        uninstall(cluster, release, release_ns)
+
+    # uninstall: every templated object is gone, cluster-scoped ones included; the CRD stays (by design).
+    left = cluster.kubectl(
+        "get",
+        "deployment,serviceaccount,networkpolicy",
+        "-l",
+        f"app.kubernetes.io/instance={release}",
+        "-o",
+        "name",
+        namespace=release_ns,
+    ).stdout
+    assert left.strip() == ""
+    left = cluster.kubectl(
+        "get", "clusterrole,clusterrolebinding", "-l", f"app.kubernetes.io/instance={release}", "-o", "name"
+    ).stdout
+    assert left.strip() == ""
+    assert cluster.kubectl("get", "crd", CRD_NAME, check=False).returncode == 0
+
+
+def test_bad_values_are_refused_by_helm_install(cluster, release_ns: str) -> None:
+    proc = helm(
+        "install",
+        unique("bad"),
+        str(CHART),
+        "-n",
+        release_ns,
+        "--set",
+        "runAsUser=0",
+        check=False,
+        env=helm_env(cluster),
+    )
+    assert proc.returncode != 0
+    assert "at '/runAsUser': minimum: got 0, want 1" in proc.stderr
+
+
+# ---- the RBAC proof ------------------------------------------------------------------------------
+
+
+def sa_kubeconfig(path: Path, server: str, token: str) -> Path:
+    """A kubeconfig that authenticates with a ServiceAccount token (and nothing else)."""
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "proxy", "cluster": {"server": server}}],
+        "users": [{"name": "operator-sa", "user": {"token": token}}],
+        "contexts": [{"name": "operator-sa", "context": {"cluster": "proxy", "user": "operator-sa"}}],
+        "current-context": "operator-sa",
+    }
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return path
+
+
+def get_cbs(cluster, namespace: str, name: str) -> dict[str, Any] | None:
+    """The ChatbotService, or None."""
+    proc = cluster.kubectl("get", "chatbotservice", name, "-o", "json", namespace=namespace, check=False)
+    return json.loads(proc.stdout) if proc.returncode == 0 else None
+
+
+def condition(cluster, namespace: str, name: str, type_: str) -> dict[str, Any] | None:
+    """The condition of that type when it is True."""
+    status = (get_cbs(cluster, namespace, name) or {}).get("status") or {}
+    found = [c for c in status.get("conditions", []) if c["type"] == type_ and c["status"] == "True"]
+    return found[0] if found else None
+
+
+def ready_at(cluster, namespace: str, name: str, generation: int) -> dict[str, Any] | None:
+    """The ChatbotService when Ready=True for `generation`."""
+    body = get_cbs(cluster, namespace, name)
+    status = (body or {}).get("status") or {}
+    if status.get("observedGeneration") != generation:
+        return None
+    ready = [c for c in status.get("conditions", []) if c["type"] == "Ready"]
+    return body if ready and ready[0]["status"] == "True" else None
+
+
+@pytest.mark.timeout(300)
+def test_operator_runs_under_the_chart_serviceaccount_with_no_permission_missing_or_unused(
+    cluster, namespace: str, release_ns: str, tmp_path: Path
+) -> None:
+    env, release = helm_env(cluster), unique("rbac")
+    sets = ["watch.scope=namespaces", f"watch.namespaces={{{namespace}}}"]
+    helm(
+        "install",
+        release,
+        str(CHART),
+        "-n",
+        release_ns,
+        "--wait",
+        "--timeout",
+        "120s",
+        *set_flags(sets),
+        env=env,
+    )
+    sa = f"{release}-chatfleet-operator"
+    token = cluster.kubectl("create", "token", sa, "--duration=1h", namespace=release_ns).stdout.strip()
+    proxy = RecordingProxy(cluster.server, cluster.workdir / "pki" / "ca.crt").start()
+    kubeconfig = sa_kubeconfig(tmp_path / "operator-sa.kubeconfig", proxy.url, token)
+    log = tmp_path / "operator.log"
+    proc = None
+    try:
+        with open(log, "wb") as fh:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "chatfleet_operator.cli", "run", f"--namespace={namespace}"],
+                cwd=REPO_ROOT,
+                env={**os.environ, "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1"},
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+            )
+        started = services.wait_until(lambda: "Initial authentication has finished" in log.read_text(), 30)
+        assert started, log.read_text()[-3000:]
+
+        # create: a chatbot that autoscales and keeps sessions in Redis, whose Secret is missing at first:
+        # Stalled (SecretNotFound) with a Warning event, then Ready once the Secret exists.
+        cbs = {
+            "apiVersion": "chatfleet.io/v1alpha1",
+            "kind": "ChatbotService",
+            "metadata": {"name": "rbac-bot", "namespace": namespace},
+            "spec": {
+                "model": {"hostPath": "/models/tiny"},
+                "runtime": {"sessions": {"redis": {"secretName": "redis"}}},
+                "scaling": {"autoscale": {"minReplicas": 1, "maxReplicas": 2}},
+            },
+        }
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(cbs))
+        stalled = services.wait_until(lambda: condition(cluster, namespace, "rbac-bot", "Stalled"), 60)
+        assert stalled and stalled["reason"] == "SecretNotFound", log.read_text()[-3000:]
+        cluster.kubectl(
+            "create",
+            "secret",
+            "generic",
+            "redis",
+            "--from-literal=url=redis://redis:6379/0",
+            namespace=namespace,
+        )
+        first = services.wait_until(lambda: ready_at(cluster, namespace, "rbac-bot", 1), 90)
+        assert first, (
+            f"never Ready:\n{cluster.kubectl('get', 'cbs', 'rbac-bot', '-o', 'yaml', namespace=namespace).stdout}\n{log.read_text()[-3000:]}"
+        )
+        assert cluster.kubectl("get", "hpa", "rbac-bot", namespace=namespace, check=False).returncode == 0
+
+        # release: a new revision (generation 2) that also switches to fixed replicas (the HPA goes).
+        patch = {"spec": {"runtime": {"maxNewTokens": 128}, "scaling": {"autoscale": None, "replicas": 1}}}
+        cluster.kubectl(
+            "patch",
+            "chatbotservice",
+            "rbac-bot",
+            "--type=merge",
+            "-p",
+            json.dumps(patch),
+            namespace=namespace,
+        )
+        second = services.wait_until(lambda: ready_at(cluster, namespace, "rbac-bot", 2), 90)
+        assert second, log.read_text()[-3000:]
+        assert second["status"]["stableRevision"] != first["status"]["stableRevision"]
+        gone = services.wait_until(
+            lambda: (
+                cluster.kubectl("get", "hpa", "rbac-bot", namespace=namespace, check=False).returncode != 0
+            ),
+            30,
+        )
+        assert gone, "the HPA was not deleted"
+
+        # delete: the garbage collector removes the owned objects.
+        cluster.kubectl(
+            "delete", "chatbotservice", "rbac-bot", "--wait=true", "--timeout=60s", namespace=namespace
+        )
+        cleaned = services.wait_until(
+            lambda: (
+                cluster.kubectl(
+                    "get",
+                    "deployment,service,configmap,pdb",
+                    "-l",
+                    "chatfleet.io/service=rbac-bot",
+                    "-o",
+                    "name",
+                    namespace=namespace,
+                ).stdout.strip()
+                == ""
+            ),
+            60,
+        )
+        assert cleaned
+        time.sleep(2)  # the operator sees the deletion and goes quiet
+    finally:
+        if proc is not None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+        proxy.stop()
+        uninstall(cluster, release, release_ns)
+
+    text = log.read_text(errors="replace")
+    records = list(proxy.records)
+    (tmp_path / "requests.json").write_text(json.dumps([r.__dict__ for r in records], indent=1))
+
+    # 1. Nothing was refused, and the operator itself did the work (not another operator in the cluster).
+    refused = [f"{r.method} {r.path} -> {r.status}" for r in records if r.status in (401, 403)]
+    assert not refused, f"requests refused under the chart's ServiceAccount: {refused}"
+    assert "forbidden" not in text.lower(), text[-3000:]
+    created = {r.permission()[1] for r in records if r.creates_by_apply()}
+    assert {
+        "configmaps",
+        "deployments",
+        "services",
+        "poddisruptionbudgets",
+        "horizontalpodautoscalers",
+    } <= created
+
+    # 2. Every granted permission was used (or is listed with its reason above).
+    used = set()
+    for r in records:
+        perm = r.permission()
+        if perm is not None and r.status is not None and (r.status < 400 or r.status == 404):
+            used.add(perm[:3])
+            if r.creates_by_apply():
+                used.add((perm[0], perm[1], "create"))
+    docs = [d for d in yaml.safe_load_all(render_text(sets, release=release, namespace=release_ns)) if d]
+    perms = granted(rule for d in docs if d["kind"] in ("Role", "ClusterRole") for rule in d["rules"])
+    unused = sorted(perms - used - UNOBSERVED_BY_DESIGN.keys())
+    assert not unused, f"granted but never used in create -> Ready -> release -> delete: {unused}"

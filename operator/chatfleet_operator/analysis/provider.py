@@ -158,3 +158,19 @@ def _short(exc: BaseException) -> str:
     if "timed out" in str(exc).lower():
         return "timed out"
     return text[:200]
+
+
+def measurement_plan(
+    namespace: str, service: str, spec: Any, canary_track: str, stable_track: str = "stable"
+) -> Plan:
+    """The measurement plan of one ChatbotService from its spec (window: two intervals, at least 10 s)."""
+    a = spec.analysis
+    return Plan(
+        address=a.prometheus_address,
+        namespace=namespace,
+        service=service,
+        canary_track=canary_track,
+        stable_track=stable_track,
+        window_seconds=queries.window_seconds(a.interval_seconds),
+        metrics=default_metrics(a),
+    )

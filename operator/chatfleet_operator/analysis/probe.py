@@ -1,0 +1,75 @@
+"""Bounded probe load: when the canary has no traffic and the spec asks, send a few test prompts to it.
+
+No data is inconclusive, never a pass; with spec.analysis.probe the operator makes data instead of
+waiting: at most `requests` chat completions per interval, each with a short timeout, the whole burst
+within `budget_seconds`. The answers themselves are not judged here -- they are counted by the pods'
+own metrics, which the next measurement reads like any other traffic.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+log = logging.getLogger("chatfleet.analysis")
+
+DEFAULT_PROMPTS = ("Hello! What can you do?", "Summarize our refund policy in one sentence.")
+#: Where the probe goes: the canary's chat API inside the cluster (settings may override, e.g. in tests).
+DEFAULT_URL_TEMPLATE = "http://{service}-{track}.{namespace}.svc.{domain}:8080/v1/chat/completions"
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """How a burst went."""
+
+    sent: int
+    failed: int
+    seconds: float
+
+
+def probe_url(template: str, namespace: str, service: str, track: str, domain: str = "cluster.local") -> str:
+    """The probe URL of one track, e.g. http://bot-canary.ns.svc.cluster.local:8080/v1/chat/completions."""
+    return template.format(namespace=namespace, service=service, track=track, domain=domain)
+
+
+def send_probe(
+    url: str,
+    model: str,
+    *,
+    requests: int = 10,
+    prompts: Sequence[str] = DEFAULT_PROMPTS,
+    timeout_seconds: float = 5.0,
+    budget_seconds: float = 10.0,
+    max_tokens: int = 16,
+) -> ProbeResult:
+    """Send at most `requests` prompts within `budget_seconds`; never raises."""
+    started = time.monotonic()
+    sent = failed = 0
+    for i in range(max(0, requests)):
+        if time.monotonic() - started > budget_seconds:
+            break
+        body = {
+            "model": model,
+            "messages": [{"role": "user", "content": prompts[i % len(prompts)] if prompts else "ping"}],
+            "max_tokens": max_tokens,
+            "user": f"chatfleet-probe-{i}",
+        }
+        req = urllib.request.Request(
+            url,
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json", "X-Chatfleet-Probe": "true"},
+            method="POST",
+        )
+        sent += 1
+        try:
+            with urllib.request.urlopen(req, timeout=timeout_seconds) as r:
+                r.read()
+        except Exception:  # a failed probe is data for the metrics, not an operator error
+            failed += 1
+    result = ProbeResult(sent, failed, time.monotonic() - started)
+    log.info("Sent %d probe requests to %s (%d failed) in %.1fs", sent, url, failed, result.seconds)
+    return result

@@ -1,0 +1,130 @@
+"""End-to-end release fixtures: the CRD, one operator for e2e-* namespaces, trafficsim + Prometheus.
+
+The operator runs as a subprocess (like tests/integration/operator) but watches only namespaces named
+e2e-*, which the integration operator leaves alone, so both suites can share one session cluster.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from chatfleet_platform import services
+from chatfleet_platform.trafficsim import TrafficSim
+from release_e2e import REPO, Release, wait_until
+
+CRD = REPO / "crds" / "chatfleet.io_chatbotservices.yaml"
+E2E_NAMESPACES = "e2e-*"
+
+
+class ReleaseOperator:
+    """The operator under test (restartable, killable)."""
+
+    def __init__(self, cluster: Any, workdir: Path) -> None:
+        self.cluster, self.workdir = cluster, workdir
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    @property
+    def log(self) -> Path:
+        """Log file of the current process."""
+        return self.workdir / f"operator-{self.starts}.log"
+
+    def start(self) -> None:
+        """Start and wait until kopf watches."""
+        self.starts += 1
+        env = {
+            **os.environ,
+            **self.cluster.env,
+            "PYTHONUNBUFFERED": "1",
+        }
+        with open(self.log, "wb") as fh:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "chatfleet_operator.cli", "run", "--namespace", E2E_NAMESPACES],
+                cwd=REPO,
+                env=env,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+            )
+        ok = wait_until(
+            lambda: "Initial authentication has finished" in self.log.read_text(errors="replace"), 30
+        )
+        assert ok, self.log.read_text(errors="replace")[-3000:]
+        time.sleep(1.0)
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        """Stop by PID."""
+        if self.proc is None:
+            return
+        self.proc.send_signal(sig)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self.proc = None
+
+    def log_text(self) -> str:
+        """Current log."""
+        return self.log.read_text(errors="replace")
+
+
+@pytest.fixture(scope="session")
+def release_operator(cluster, tmp_path_factory) -> Iterator[ReleaseOperator]:
+    """The CRD applied and one operator for e2e-* namespaces."""
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
+    cluster.kubectl(
+        "wait", "--for=condition=Established", "crd/chatbotservices.chatfleet.io", "--timeout=60s"
+    )
+    op = ReleaseOperator(cluster, tmp_path_factory.mktemp("release-operator"))
+    op.start()
+    try:
+        yield op
+    finally:
+        op.stop()
+
+
+@pytest.fixture
+def e2e_namespace(cluster) -> Iterator[str]:
+    """A fresh e2e-* namespace (deleted afterwards, not waited for)."""
+    name = f"e2e-{uuid.uuid4().hex[:8]}"
+    cluster.kubectl("create", "namespace", name)
+    assert wait_until(
+        lambda: cluster.kubectl("get", "sa", "default", namespace=name, check=False).returncode == 0, 30
+    )
+    try:
+        yield name
+    finally:
+        cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture
+def traffic(e2e_namespace) -> Iterator[TrafficSim]:
+    """A trafficsim for the ChatbotService `bot`, healthy traffic on stable and canary."""
+    sim = TrafficSim(e2e_namespace, "bot").start()
+    sim.healthy(20)
+    sim.set("preview", rps=20, error_rate=0.002, latency_ms=120, ttft_ms=40)
+    try:
+        yield sim
+    finally:
+        sim.stop()
+
+
+@pytest.fixture
+def prometheus(make_prometheus, traffic) -> services.Prometheus:
+    """A real Prometheus scraping the trafficsim every second."""
+    return make_prometheus(targets=[traffic.target])
+
+
+@pytest.fixture
+def bot(release_operator, e2e_namespace, cluster) -> Release:
+    """The ChatbotService `bot` in the test's namespace (not created yet)."""
+    return Release(cluster, e2e_namespace, "bot")

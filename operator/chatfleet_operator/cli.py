@@ -6,7 +6,9 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import resource
+import signal
 import sys
 
 from chatfleet_operator.settings import RuntimeSettings, Settings
@@ -20,7 +22,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     run.add_argument(
         "--namespace", "-n", action="append", default=[], help="watch only this namespace (repeatable)"
     )
-    run.add_argument("--workers", type=int, default=None, help="threads for API calls (default 16)")
+    run.add_argument("--workers", type=int, default=None, help="threads for API calls (default 32)")
     run.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     run.add_argument(
         "--stats-file", default=None, help="write pass/latency/write counters here on exit (JSON)"
@@ -34,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     import kopf
 
     from chatfleet_operator import kube, main
-    from chatfleet_operator.reconcile import Controller
+    from chatfleet_operator.reconcile import Controller, stats
 
     runtime = RuntimeSettings(namespaces=tuple(args.namespace))
     if args.workers:
@@ -46,19 +48,24 @@ def run(args: argparse.Namespace) -> int:
     controller = Controller(settings, kube)
     main.install(controller)
     namespaces = list(settings.runtime.namespaces)
-    try:
-        asyncio.run(kopf.operator(standalone=True, clusterwide=not namespaces, namespaces=namespaces))
-    finally:
-        if args.stats_file:
-            from chatfleet_operator.reconcile import stats
 
+    def dump_stats(*_: object) -> None:
+        """Write passes, latency percentiles, write counters and memory to --stats-file."""
+        if args.stats_file:
             data = {
                 **stats(controller),
                 "writes": dict(kube.WRITES),
                 "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             }
-            with open(args.stats_file, "w") as fh:
+            with open(args.stats_file + ".tmp", "w") as fh:
                 json.dump(data, fh)
+            os.replace(args.stats_file + ".tmp", args.stats_file)
+
+    signal.signal(signal.SIGUSR1, dump_stats)  # the benchmark asks for figures mid-run
+    try:
+        asyncio.run(kopf.operator(standalone=True, clusterwide=not namespaces, namespaces=namespaces))
+    finally:
+        dump_stats()
     return 0
 
 

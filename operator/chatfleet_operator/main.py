@@ -118,9 +118,10 @@ async def reconcile(body: kopf.Body, retry: int, **kwargs: Any) -> None:
 @kopf.on.event(*CBS)
 async def chatbotservice_event(type: str, body: kopf.Body, namespace: str, name: str, **kwargs: Any) -> None:
     """Trigger a pass on a spec change not yet observed (also while kopf's retry is backing off)."""
+    observed = (body.get("status") or {}).get("observedGeneration")
     if type == "DELETED":
         ctl(kwargs).forget((namespace, name))
-    elif body.get("metadata", {}).get("generation") != (body.get("status") or {}).get("observedGeneration"):
+    elif observed is not None and body.get("metadata", {}).get("generation") != observed:
         ctl(kwargs).trigger((namespace, name))
 
 
@@ -128,36 +129,42 @@ async def chatbotservice_event(type: str, body: kopf.Body, namespace: str, name:
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
-async def deployment_event(namespace: str, labels: kopf.Labels, **kwargs: Any) -> None:
-    """Trigger the owner of a changed Deployment."""
-    ctl(kwargs).trigger(owner_key(namespace, labels))
+async def deployment_event(
+    type: str, body: kopf.Body, namespace: str, labels: kopf.Labels, **kwargs: Any
+) -> None:
+    """Trigger the owner when a Deployment's content or rollout counts changed."""
+    ctl(kwargs).child_event("Deployment", type, body, owner_key(namespace, labels))
 
 
 @kopf.on.event("", "v1", "configmaps", labels=MANAGED)
-async def configmap_event(namespace: str, labels: kopf.Labels, **kwargs: Any) -> None:
+async def configmap_event(
+    type: str, body: kopf.Body, namespace: str, labels: kopf.Labels, **kwargs: Any
+) -> None:
     """Trigger the owner of a changed ConfigMap."""
-    ctl(kwargs).trigger(owner_key(namespace, labels))
+    ctl(kwargs).child_event("ConfigMap", type, body, owner_key(namespace, labels))
 
 
 @kopf.on.event("", "v1", "services", labels=MANAGED)
-async def service_event(namespace: str, labels: kopf.Labels, **kwargs: Any) -> None:
+async def service_event(
+    type: str, body: kopf.Body, namespace: str, labels: kopf.Labels, **kwargs: Any
+) -> None:
     """Trigger the owner of a changed Service."""
-    ctl(kwargs).trigger(owner_key(namespace, labels))
+    ctl(kwargs).child_event("Service", type, body, owner_key(namespace, labels))
 
 
 @kopf.on.event("autoscaling", "v2", "horizontalpodautoscalers", labels=MANAGED)
-async def hpa_event(namespace: str, labels: kopf.Labels, **kwargs: Any) -> None:
+async def hpa_event(type: str, body: kopf.Body, namespace: str, labels: kopf.Labels, **kwargs: Any) -> None:
     """Trigger the owner of a changed HPA."""
-    ctl(kwargs).trigger(owner_key(namespace, labels))
+    ctl(kwargs).child_event("HorizontalPodAutoscaler", type, body, owner_key(namespace, labels))
 
 
 @kopf.on.event("policy", "v1", "poddisruptionbudgets", labels=MANAGED)
-async def pdb_event(namespace: str, labels: kopf.Labels, **kwargs: Any) -> None:
+async def pdb_event(type: str, body: kopf.Body, namespace: str, labels: kopf.Labels, **kwargs: Any) -> None:
     """Trigger the owner of a changed PodDisruptionBudget."""
-    ctl(kwargs).trigger(owner_key(namespace, labels))
+    ctl(kwargs).child_event("PodDisruptionBudget", type, body, owner_key(namespace, labels))
 
 
 @kopf.on.event("", "v1", "pods", labels=OWNED)
-async def pod_event(namespace: str, labels: kopf.Labels, **kwargs: Any) -> None:
-    """Trigger the owner of a changed pod (readiness, scheduling, image pulls, restarts)."""
-    ctl(kwargs).trigger(owner_key(namespace, labels))
+async def pod_event(type: str, body: kopf.Body, namespace: str, labels: kopf.Labels, **kwargs: Any) -> None:
+    """Trigger the owner when a pod shows or clears a problem (unschedulable, image pull, restarts)."""
+    ctl(kwargs).child_event("Pod", type, body, owner_key(namespace, labels))

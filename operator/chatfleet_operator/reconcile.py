@@ -32,7 +32,13 @@ from chatfleet_operator.builders import (
 )
 from chatfleet_operator.builders.tritonconfig import config_hash
 from chatfleet_operator.rollout.diagnose import Problem, diagnose, referenced_secrets
-from chatfleet_operator.rollout.facts import NodeFacts, PodFacts, deployment_facts
+from chatfleet_operator.rollout.facts import (
+    QUIET_POD,
+    NodeFacts,
+    PodFacts,
+    change_signature,
+    deployment_facts,
+)
 from chatfleet_operator.rollout.plan import Action, plan_children
 from chatfleet_operator.rollout.status import Observation, compute_status, status_events, status_patch
 from chatfleet_operator.settings import Settings
@@ -90,7 +96,21 @@ class World:
     def __init__(self) -> None:
         self.indexes: Mapping[str, Any] = {}
         self._recent: dict[tuple[str, str, str], tuple[int, Mapping[str, Any] | None]] = {}
+        self._signatures: dict[tuple[str, str, str], tuple[Any, ...]] = {}
         self._lock = threading.Lock()
+
+    def changed(self, kind: str, body: Mapping[str, Any], deleted: bool = False) -> bool:
+        """Record an object's change signature; True when it differs from the last one seen or written."""
+        meta = body.get("metadata", {})
+        key = (kind, meta.get("namespace", ""), meta.get("name", ""))
+        with self._lock:
+            if deleted:
+                before = self._signatures.pop(key, None)
+                return kind != "Pod" or (before is not None and before != QUIET_POD)
+            signature = change_signature(kind, body)
+            before = self._signatures.get(key, QUIET_POD if kind == "Pod" else None)
+            self._signatures[key] = signature
+        return signature != before
 
     def remember(self, kind: str, namespace: str, name: str, body: Mapping[str, Any] | None, rv: int) -> None:
         """Record an object we wrote (or a tombstone), newer than the watch cache until its event arrives."""
@@ -215,6 +235,7 @@ def _apply(client: Client, action: Action, world: World, snap: Snapshot, namespa
         assert action.manifest is not None
         result = trim(client.apply(action.manifest))
         world.remember(action.kind, namespace, action.name, result, _rv(result))
+        world.changed(action.kind, result)  # so the watch echo of this write triggers no pass
         snap.children[key] = result
         verb = "Created" if action.why == "missing" else "Updated"
         log.info("%s %s %s/%s (%s)", verb, action.kind, namespace, action.name, action.why)
@@ -324,23 +345,24 @@ class Controller:
             if body is None or body.get("metadata", {}).get("deletionTimestamp"):
                 return None
             snap = self.world.snapshot(key)
-            started = time.monotonic()
             loop = asyncio.get_running_loop()
-            outcome = await loop.run_in_executor(
-                self.executor,
-                reconcile_pass,
-                self.client,
-                body,
-                snap,
-                self.world,
-                self.settings,
-                self.clock(),
-            )
+            outcome, seconds = await loop.run_in_executor(self.executor, self._timed_pass, body, snap)
             self.passes += 1
-            self.latencies.append(time.monotonic() - started)
+            self.latencies.append(seconds)
             if len(self.latencies) > 100_000:
                 del self.latencies[:50_000]
             return outcome
+
+    def _timed_pass(self, body: Mapping[str, Any], snap: Snapshot) -> tuple[Outcome, float]:
+        """One pass in a worker thread, with its duration (seconds)."""
+        started = time.monotonic()
+        outcome = reconcile_pass(self.client, body, snap, self.world, self.settings, self.clock())
+        return outcome, time.monotonic() - started
+
+    def child_event(self, kind: str, event_type: str, body: Mapping[str, Any], key: Key | None) -> None:
+        """A watch event of an owned object or pod: trigger the owner only when something that matters changed."""
+        if key is not None and self.world.changed(kind, body, deleted=event_type == "DELETED"):
+            self.trigger(key)
 
     async def handle(self, body: Mapping[str, Any], retry: int) -> None:
         """kopf handler body: one pass; unsatisfiable -> kopf.TemporaryError with a growing delay."""

@@ -5,8 +5,10 @@ Watch handlers reduce full objects to these so the in-memory indexes stay small 
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from typing import Any
 
 from chatfleet_operator import api
@@ -148,3 +150,37 @@ def deployment_facts(body: Mapping[str, Any]) -> DeploymentFacts:
         revision=(meta.get("labels") or {}).get(api.LABEL_REVISION, ""),
         deadline_exceeded=deadline,
     )
+
+
+def content_signature(body: Mapping[str, Any]) -> str:
+    """Hash of what a user or the operator sets on an object (not status, not bookkeeping).
+
+    Two watch events with the same signature need no pass: a status-only update of a PDB or HPA, or the
+    echo of the operator's own write.
+    """
+    meta = body.get("metadata", {})
+    essence = {
+        "labels": meta.get("labels"),
+        "annotations": meta.get("annotations"),
+        "ownerReferences": meta.get("ownerReferences"),
+        **{k: v for k, v in body.items() if k not in ("metadata", "status", "apiVersion", "kind")},
+    }
+    return hashlib.sha256(json.dumps(essence, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def change_signature(kind: str, body: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What about an owned object or pod makes a new pass worthwhile; equal signatures -> no pass.
+
+    Deployments: their content and rollout counts. Pods: only problem signals (unschedulable, a waiting
+    reason, restarts), since healthy pod progress shows in the Deployment's counts. Others: content.
+    """
+    if kind == "Pod":
+        p = pod_facts(body)
+        return (bool(p.unschedulable_message), p.waiting_reason, p.restarts > 0, p.ready and p.restarts > 0)
+    if kind == "Deployment":
+        return (content_signature(body), astuple(deployment_facts(body)))
+    return (content_signature(body),)
+
+
+#: A healthy pod's signature: no problem signal at all.
+QUIET_POD = (False, "", False, False)

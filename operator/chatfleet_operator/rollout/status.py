@@ -208,7 +208,7 @@ class EventIntent:
 
 
 def status_events(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list[EventIntent]:
-    """Events from the old -> new difference: a Warning per new problem, a Normal when a revision is ready."""
+    """Events from the old -> new difference: one Warning per newly appeared problem (nothing else)."""
     events = []
     for ctype in (COND_STALLED, COND_DEGRADED):
         before, after = get_condition(old, ctype), get_condition(new, ctype)
@@ -216,8 +216,4 @@ def status_events(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list
             continue
         if before is None or before.get("status") != "True" or before.get("reason") != after.get("reason"):
             events.append(EventIntent("Warning", after["reason"], after["message"]))
-    old_stable = (old or {}).get("stableRevision")
-    if new.get("stableRevision") and new.get("stableRevision") != old_stable and is_true(new, COND_READY):
-        cond = get_condition(new, COND_READY) or {}
-        events.append(EventIntent("Normal", Reason.REVISION_READY, cond.get("message", "")))
     return events

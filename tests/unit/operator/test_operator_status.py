@@ -127,7 +127,6 @@ class TestStatusEvents:
         other = compute_status(stalled, obs(dep(), problems=[Problem(Reason.INSUFFICIENT_GPUS, "m")]), LATER)
         assert [e.reason for e in status_events(stalled, other)] == [Reason.INSUFFICIENT_GPUS]
 
-    def test_normal_event_when_a_revision_is_ready(self):
+    def test_no_event_when_all_is_well(self):
         ready = compute_status({}, obs(dep()), NOW)
-        assert [(e.type, e.reason) for e in status_events({}, ready)] == [("Normal", Reason.REVISION_READY)]
-        assert status_events(ready, compute_status(ready, obs(dep()), LATER)) == []
+        assert status_events({}, ready) == []

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Policy scan of the rendered Helm chart with checkov (offline: --skip-download, framework kubernetes).
+#
+# checkov pins many packages of its own, so it lives in its own virtual environment under .work/ (ignored),
+# created on first use. Renders the chart with several value sets, then scans them with charts/.checkov.yaml
+# (skips justified in docs/chart.md). Exit status: checkov's (non-zero on any failed check).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="$root/.work/checkov/venv"
+version="3.3.30"
+if [[ ! -x "$venv/bin/checkov" ]]; then
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q "checkov==$version" || { echo "error: cannot install checkov==$version from the Python package registry"; exit 1; }
+fi
+helm="$("$root/.venv/bin/python" -c 'from chatfleet_platform.config import binaries; print(binaries().helm)')"
+[[ -x "$helm" ]] || { echo "error: helm is missing at $helm: run make platform-build"; exit 1; }
+out="$(mktemp -d)"
+trap 'rm -rf "$out"' EXIT
+chart="$root/charts/chatfleet-operator"
+"$helm" template cf "$chart" -n chatfleet-system --include-crds > "$out/default.yaml"
+"$helm" template cf "$chart" -n chatfleet-system --set replicaCount=2 > "$out/ha.yaml"
+"$helm" template cf "$chart" -n chatfleet-system --set watch.scope=namespaces,replicaCount=2 > "$out/namespaces.yaml"
+"$helm" template cf "$chart" -n chatfleet-system --set monitoring.fleetPodMonitor.enabled=true,monitoring.operatorPodMonitor.enabled=true,monitoring.prometheusRule.enabled=true,monitoring.kubeStateMetrics.enabled=true,monitoring.dashboard.enabled=true > "$out/monitoring.yaml"
+exec "$venv/bin/checkov" --config-file "$root/charts/.checkov.yaml" -d "$out" "$@"

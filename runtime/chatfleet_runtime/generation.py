@@ -166,7 +166,7 @@ class BatchGenerator:
         *,
         prefix_cache: PrefixCache | None = None,
         suppress_special_tokens: bool = True,
-        cancel_check_every: int = 4,
+        cancel_check_interval_s: float = 0.05,
         stream_interval_s: float = 0.0,
         clock: Callable[[], float] = time.perf_counter,
     ):
@@ -176,7 +176,7 @@ class BatchGenerator:
         self.model = model
         self.tokenizer = tokenizer
         self.prefix_cache = prefix_cache
-        self.cancel_check_every = max(1, cancel_check_every)
+        self.cancel_check_interval_s = cancel_check_interval_s
         self.stream_interval_s = stream_interval_s
         self.clock = clock
         self.device = next(model.parameters()).device
@@ -348,9 +348,14 @@ class BatchGenerator:
         active = list(rows)
         logits, cache, mask, next_pos = self._prefill(active)
         step = 0
+        last_check = self.clock()
         while active:
             tokens = self._sample(logits, active)
             now = self.clock()
+            # is_cancelled() is an IPC round trip in Triton: ask at most every cancel_check_interval_s.
+            check_cancel = step == 0 or now - last_check >= self.cancel_check_interval_s
+            if check_cancel:
+                last_check = now
             keep: list[int] = []
             for b, (row, tok) in enumerate(zip(active, tokens, strict=True)):
                 if row.first_token_s is None:
@@ -373,7 +378,7 @@ class BatchGenerator:
                         row.finish = "length"
                     else:
                         row.send(now, self.stream_interval_s)
-                if row.finish is None and row.req.is_cancelled and step % self.cancel_check_every == 0:
+                if row.finish is None and row.req.is_cancelled and check_cancel:
                     try:
                         if row.req.is_cancelled():
                             row.finish = "cancelled"

@@ -225,6 +225,9 @@ class ChatService:
         """One batched generate for all prepared requests; reports batch, row and cache metrics."""
         if not requests:
             return []
+        if self.settings.torch_threads:
+            # OpenMP thread counts are per OS thread; the backend may call execute from another thread.
+            self.generator.torch.set_num_threads(self.settings.torch_threads)
         t0 = time.perf_counter()
         results = self.generator.generate(requests)
         tokens = sum(len(r.token_ids) for r in results)

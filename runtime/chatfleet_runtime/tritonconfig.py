@@ -17,6 +17,7 @@ Example::
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -145,3 +146,17 @@ def model_repository_configs(cfg: ChatModelConfig) -> dict[str, str]:
 def configmap_key(model_name: str) -> str:
     """ConfigMap key under which a model's config.pbtxt is stored (keys cannot hold '/')."""
     return f"{model_name}.config.pbtxt"
+
+
+_PARAM_RE = re.compile(
+    r'\{\s*key:\s*("(?:[^"\\]|\\.)*")\s*value:\s*\{\s*string_value:\s*("(?:[^"\\]|\\.)*")\s*\}\s*\}'
+)
+
+
+def parse_parameters(pbtxt: str) -> dict[str, str]:
+    """Read back the string `parameters` of a config.pbtxt rendered by `render_config_pbtxt`.
+
+    >>> parse_parameters(render_config_pbtxt(ChatModelConfig(model_dir="/w"), name="chat", decoupled=False))["model_dir"]
+    '/w'
+    """
+    return {json.loads(k): json.loads(v) for k, v in _PARAM_RE.findall(pbtxt)}

@@ -76,7 +76,8 @@ def test_stop_sequence_cuts_text(gen, tokenizer):
     assert res.finish_reason == "stop" and res.text == full[: full.find(stop)]
 
 
-def test_cancellation_ends_only_that_row(gen, tokenizer):
+def test_cancellation_ends_only_that_row(model, tokenizer):
+    gen = BatchGenerator(model, tokenizer, cancel_check_interval_s=0.0)
     p = prompt(tokenizer, "Hello")
     calls = {"n": 0}
 
@@ -168,3 +169,27 @@ def test_mixed_batch_with_and_without_cache_hits(model, tokenizer):
         for p in ps
     ]
     assert [r.token_ids for r in batch] == [r.token_ids for r in fresh]
+
+
+def test_stream_chunks_are_coalesced_by_interval(model, tokenizer):
+    """First text at once, then at most one chunk per interval: with a frozen clock, first + final only."""
+    frozen = BatchGenerator(model, tokenizer, stream_interval_s=10.0, clock=lambda: 0.0)
+    deltas: list[str] = []
+    res = frozen.generate(
+        [
+            GenerationRequest(
+                prompt(tokenizer, "Hello").ids, SamplingParams(max_new_tokens=20), on_text=deltas.append
+            )
+        ]
+    )[0]
+    assert len(deltas) == 2 and "".join(deltas) == res.text
+
+
+def test_non_streaming_text_equals_streaming_text(gen, tokenizer):
+    p = prompt(tokenizer, "Compare")
+    deltas: list[str] = []
+    streamed = gen.generate(
+        [GenerationRequest(p.ids, SamplingParams(max_new_tokens=24), on_text=deltas.append)]
+    )[0]
+    plain = gen.generate([GenerationRequest(p.ids, SamplingParams(max_new_tokens=24))])[0]
+    assert plain.text == streamed.text == "".join(deltas)

@@ -1,0 +1,115 @@
+"""Session history: composition, sliding window, TTL, and degrading when Redis fails (fake client)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from chatfleet_runtime.sessions import ActiveSessions, SessionStore, compose, history_messages
+
+
+class FakePipeline:
+    def __init__(self, redis):
+        self.redis, self.ops = redis, []
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        return False
+
+    def rpush(self, key, value):
+        self.ops.append(("rpush", key, value))
+
+    def ltrim(self, key, start, end):
+        self.ops.append(("ltrim", key, start, end))
+
+    def expire(self, key, ttl):
+        self.ops.append(("expire", key, ttl))
+
+    async def execute(self):
+        if self.redis.down:
+            raise ConnectionError("redis down")
+        for op, key, *args in self.ops:
+            if op == "rpush":
+                self.redis.lists.setdefault(key, []).append(args[0])
+            elif op == "ltrim":
+                self.redis.lists[key] = self.redis.lists[key][args[0] :]
+            else:
+                self.redis.ttl[key] = args[0]
+
+
+class FakeRedis:
+    """The three list commands and the pipeline the store uses."""
+
+    def __init__(self):
+        self.lists, self.ttl, self.down = {}, {}, False
+
+    def pipeline(self, transaction=True):
+        return FakePipeline(self)
+
+    async def lrange(self, key, start, end):
+        if self.down:
+            raise ConnectionError("redis down")
+        return self.lists.get(key, [])[start:]
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_window_and_ttl():
+    redis, errors = FakeRedis(), []
+    store = SessionStore(redis, namespace="m", ttl_s=60, turns=2, on_error=errors.append)
+    for i in range(3):
+        assert run(store.append("s", [{"role": "user", "content": f"q{i}"}], f"a{i}"))
+    history, ok = run(store.history("s"))
+    assert ok and [m["content"] for m in history] == ["q1", "a1", "q2", "a2"]
+    assert redis.ttl["chatfleet:session:m:s"] == 60 and not errors
+
+
+def test_redis_down_degrades_and_reports():
+    redis, errors = FakeRedis(), []
+    store = SessionStore(redis, on_error=errors.append)
+    redis.down = True
+    assert run(store.history("s")) == ([], False)
+    assert run(store.append("s", [{"role": "user", "content": "q"}], "a")) is False
+    assert errors == ["read", "write"]
+
+
+def test_no_redis_configured():
+    store = SessionStore(None)
+    assert run(store.history("s")) == ([], False)
+    assert run(store.append("s", [], "a")) is False
+
+
+@pytest.mark.parametrize(
+    ("request_messages", "history", "expected"),
+    [
+        pytest.param([{"role": "user", "content": "hi"}], [], ["user:hi"], id="no-history"),
+        pytest.param(
+            [{"role": "system", "content": "S"}, {"role": "user", "content": "q2"}],
+            [{"role": "user", "content": "q1"}, {"role": "assistant", "content": "a1"}],
+            ["system:S", "user:q1", "assistant:a1", "user:q2"],
+            id="system-first-then-history",
+        ),
+    ],
+)
+def test_compose(request_messages, history, expected):
+    assert [f"{m['role']}:{m['content']}" for m in compose(request_messages, history)] == expected
+
+
+def test_history_messages_skips_empty_reply():
+    turns = [{"messages": [{"role": "user", "content": "q"}], "reply": ""}]
+    assert history_messages(turns) == [{"role": "user", "content": "q"}]
+
+
+def test_active_sessions_expire():
+    now = [0.0]
+    active = ActiveSessions(ttl_s=10, clock=lambda: now[0])
+    active.touch("a")
+    now[0] = 5
+    active.touch("b")
+    assert active.count() == 2
+    now[0] = 12
+    assert active.count() == 1

@@ -16,6 +16,8 @@ import yaml
 from chart_helpers import VALUE_SETS, render_text
 from chatfleet_platform.config import REPO_ROOT
 
+pytestmark = pytest.mark.slow
+
 CONFIG = REPO_ROOT / "charts" / ".checkov.yaml"
 DOCS = REPO_ROOT / "docs" / "chart.md"
 

@@ -227,10 +227,28 @@ def sa_kubeconfig(path: Path, server: str, token: str) -> Path:
     return path
 
 
+#: Every ChatbotService body the polling below has seen (checked against kstatus' needs afterwards).
+SEEN: list[dict[str, Any]] = []
+
+
 def get_cbs(cluster, namespace: str, name: str) -> dict[str, Any] | None:
-    """The ChatbotService, or None."""
+    """The ChatbotService, or None (remembered in SEEN)."""
     proc = cluster.kubectl("get", "chatbotservice", name, "-o", "json", namespace=namespace, check=False)
-    return json.loads(proc.stdout) if proc.returncode == 0 else None
+    body = json.loads(proc.stdout) if proc.returncode == 0 else None
+    if body is not None:
+        SEEN.append(body)
+    return body
+
+
+def kstatus_invariant_broken(body: dict[str, Any]) -> str | None:
+    """Why kstatus would call this body Current while it is not Ready (None when it would not)."""
+    status = body.get("status") or {}
+    if status.get("observedGeneration") != body["metadata"]["generation"] or not status.get("conditions"):
+        return None  # kstatus: InProgress
+    true = {c["type"] for c in status["conditions"] if c["status"] == "True"}
+    if "Ready" not in true and not true & {"Reconciling", "Stalled"}:
+        return f"Ready is not True but neither Reconciling nor Stalled is: {status['conditions']}"
+    return None
 
 
 def condition(cluster, namespace: str, name: str, type_: str) -> dict[str, Any] | None:
@@ -255,6 +273,7 @@ def test_operator_runs_under_the_chart_serviceaccount_with_no_permission_missing
     cluster, namespace: str, release_ns: str, tmp_path: Path
 ) -> None:
     env, release = helm_env(cluster), unique("rbac")
+    SEEN.clear()
     sets = ["watch.scope=namespaces", f"watch.namespaces={{{namespace}}}"]
     helm(
         "install",
@@ -386,7 +405,11 @@ def test_operator_runs_under_the_chart_serviceaccount_with_no_permission_missing
         "horizontalpodautoscalers",
     } <= created
 
-    # 2. Every granted permission was used (or is listed with its reason above).
+    # 2. Every status seen lets Flux's kstatus tell Ready from not Ready (docs/gitops.md).
+    broken = [why for body in SEEN if (why := kstatus_invariant_broken(body))]
+    assert not broken, broken[:3]
+
+    # 3. Every granted permission was used (or is listed with its reason above).
     used = set()
     for r in records:
         perm = r.permission()

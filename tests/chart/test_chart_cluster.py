@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -102,6 +103,48 @@ def test_rendered_manifests_pass_server_side_dry_run(cluster, namespace: str, se
     )
     assert proc.returncode == 0, proc.stderr
     assert "created (server dry run)" in proc.stdout
+
+
+PROMETHEUS_OPERATOR = "github.com/prometheus-operator/prometheus-operator@v0.80.1"
+
+
+def prometheus_operator_crds() -> Path:
+    """The Prometheus Operator CRDs in the Go module cache, or skip (hack/chart-monitoring-crds.sh fetches them)."""
+    go = shutil.which("go")
+    if go is None:
+        pytest.skip("go is missing: cannot locate the Prometheus Operator CRDs")
+    cache = subprocess.run(
+        [go, "env", "GOMODCACHE"], capture_output=True, text=True, timeout=30
+    ).stdout.strip()
+    crds = Path(cache) / PROMETHEUS_OPERATOR / "example" / "prometheus-operator-crd"
+    if not crds.is_dir():
+        pytest.skip(
+            "the Prometheus Operator CRDs are not in the Go module cache: run hack/chart-monitoring-crds.sh"
+        )
+    return crds
+
+
+def test_monitoring_objects_pass_server_side_dry_run(cluster, namespace: str) -> None:
+    """PodMonitors and the PrometheusRule against the real monitoring.coreos.com CRDs (strict fields)."""
+    crds = prometheus_operator_crds()
+    for kind in ("podmonitors", "prometheusrules"):
+        cluster.kubectl(
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "-f",
+            str(crds / f"monitoring.coreos.com_{kind}.yaml"),
+        )
+        cluster.kubectl(
+            "wait", "--for=condition=Established", f"crd/{kind}.monitoring.coreos.com", "--timeout=60s"
+        )
+    text = render_text(VALUE_SETS["monitoring"], namespace=namespace, release=unique("mon"))
+    proc = cluster.kubectl(
+        "apply", "--dry-run=server", "--validate=strict", "-f", "-", input=text, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("podmonitor.monitoring.coreos.com/") == 2, proc.stdout
+    assert "prometheusrule.monitoring.coreos.com/" in proc.stdout, proc.stdout
 
 
 def test_install_upgrade_uninstall(cluster, release_ns: str) -> None:

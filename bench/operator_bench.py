@@ -118,7 +118,7 @@ def count_ready(cluster: Cluster, namespace: str, kind: str) -> int:
 def wait_all_ready(
     cluster: Cluster, namespace: str, kind: str, n: int, t0: float, timeout: float
 ) -> float | None:
-    """Seconds from t0 until all n are ready (polled each second); None on timeout."""
+    """Seconds from t0 until all n are ready (polled every 2 s); None on timeout."""
     last = -1
     while time.monotonic() - t0 < timeout:
         ready = count_ready(cluster, namespace, kind)
@@ -127,7 +127,7 @@ def wait_all_ready(
             last = ready
         if ready >= n:
             return time.monotonic() - t0
-        time.sleep(1.0)
+        time.sleep(2.0)
     return None
 
 
@@ -270,6 +270,13 @@ def table(result: dict) -> str:
         rows.append(
             (f"no operator: {base['deployments']} Deployments available (s)", str(base["all_ready_s"]), "")
         )
+    rows.append(
+        (
+            "host load average at start / end",
+            f"{result['load_average_at_start']:.1f} / {result['load_average_at_end']:.1f}",
+            "",
+        )
+    )
     width = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, width, strict=False)) for r in rows)
 
@@ -284,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-baseline", action="store_true", help="skip the no-operator baseline")
     args = ap.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # still stop the cluster on SIGTERM
     RESULTS.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="chatfleet-opbench-") as tmpdir:
         tmp = Path(tmpdir)
@@ -292,7 +300,12 @@ def main(argv: list[str] | None = None) -> int:
             cluster.up(nodes=args.nodes, timeout=300)
             cluster.kubectl("apply", "--server-side", "-f", str(CRD))
             cluster.kubectl("wait", "--for=condition=Established", "crd/chatbotservices.chatfleet.io")
-            result: dict = {"cpus": os.cpu_count(), "nodes": args.nodes, "fleets": []}
+            result: dict = {
+                "cpus": os.cpu_count(),
+                "load_average_at_start": os.getloadavg()[0],
+                "nodes": args.nodes,
+                "fleets": [],
+            }
             if not args.no_baseline:
                 log(f"baseline: {max(sizes)} Deployments without the operator")
                 result["baseline"] = baseline(cluster, max(sizes), tmp, args.timeout)
@@ -319,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
             }
             result["operator_max_rss_mib"] = round(final["max_rss_mib"], 1)
             result["platform"] = platform_figure()
+            result["load_average_at_end"] = os.getloadavg()[0]
         finally:
             cluster.down()
     (RESULTS / "operator.json").write_text(json.dumps(result, indent=2))

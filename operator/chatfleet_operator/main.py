@@ -168,3 +168,9 @@ async def pdb_event(type: str, body: kopf.Body, namespace: str, labels: kopf.Lab
 async def pod_event(type: str, body: kopf.Body, namespace: str, labels: kopf.Labels, **kwargs: Any) -> None:
     """Trigger the owner when a pod shows or clears a problem (unschedulable, image pull, restarts)."""
     ctl(kwargs).child_event("Pod", type, body, owner_key(namespace, labels))
+
+
+@kopf.on.event("", "v1", "nodes")
+async def node_event(type: str, body: kopf.Body, **kwargs: Any) -> None:
+    """Retry ChatbotServices waiting for a GPU node when nodes appear or change labels or GPUs."""
+    ctl(kwargs).node_event(type, body)

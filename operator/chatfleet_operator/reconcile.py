@@ -50,6 +50,8 @@ Key = tuple[str, str]  # (namespace, ChatbotService name)
 
 #: Owned kinds the planner may delete when no longer desired (the HPA when autoscaling is turned off).
 DELETABLE_KINDS = ("HorizontalPodAutoscaler",)
+#: Problems a new or relabelled node can solve (node events retry these ChatbotServices at once).
+PLACEMENT_REASONS = frozenset({api.Reason.NO_MATCHING_GPU_NODES, api.Reason.INSUFFICIENT_GPUS})
 #: Index names registered in main.py, by child kind.
 CHILD_INDEXES = {
     "ConfigMap": "configmap_index",
@@ -329,6 +331,7 @@ class Controller:
         self._locks: dict[Key, asyncio.Lock] = {}
         self._pending: set[Key] = set()
         self._failures: dict[Key, int] = {}
+        self._waiting_for_nodes: set[Key] = set()
         self.passes = 0
         self.latencies: list[float] = []
 
@@ -349,6 +352,10 @@ class Controller:
             outcome, seconds = await loop.run_in_executor(self.executor, self._timed_pass, body, snap)
             self.passes += 1
             self.latencies.append(seconds)
+            if any(p.reason in PLACEMENT_REASONS for p in outcome.problems):
+                self._waiting_for_nodes.add(key)
+            else:
+                self._waiting_for_nodes.discard(key)
             if len(self.latencies) > 100_000:
                 del self.latencies[:50_000]
             return outcome
@@ -397,8 +404,15 @@ class Controller:
             loop = asyncio.get_running_loop()
             loop.call_later(delay, self.trigger, key)
 
+    def node_event(self, event_type: str, body: Mapping[str, Any]) -> None:
+        """A node appeared, changed labels or GPUs: retry at once the ChatbotServices waiting for one."""
+        if self.world.changed("Node", body, deleted=event_type == "DELETED"):
+            for key in list(self._waiting_for_nodes):
+                self.trigger(key)
+
     def forget(self, key: Key) -> None:
         """Drop per-object state once a ChatbotService is deleted."""
+        self._waiting_for_nodes.discard(key)
         self._locks.pop(key, None)
         self._failures.pop(key, None)
         self.world.forget(*key)

@@ -172,13 +172,17 @@ def change_signature(kind: str, body: Mapping[str, Any]) -> tuple[Any, ...]:
     """What about an owned object or pod makes a new pass worthwhile; equal signatures -> no pass.
 
     Deployments: their content and rollout counts. Pods: only problem signals (unschedulable, a waiting
-    reason, restarts), since healthy pod progress shows in the Deployment's counts. Others: content.
+    reason, restarts), since healthy pod progress shows in the Deployment's counts. Nodes: labels,
+    allocatable GPUs, schedulability (not heartbeats). Others: content.
     """
     if kind == "Pod":
         p = pod_facts(body)
         return (bool(p.unschedulable_message), p.waiting_reason, p.restarts > 0, p.ready and p.restarts > 0)
     if kind == "Deployment":
         return (content_signature(body), astuple(deployment_facts(body)))
+    if kind == "Node":
+        n = node_facts(body)
+        return (tuple(sorted(n.labels.items())), n.allocatable_gpus, n.schedulable)
     return (content_signature(body),)
 
 

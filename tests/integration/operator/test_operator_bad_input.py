@@ -93,3 +93,20 @@ def test_crash_looping_pods_make_it_degraded(kube):
     assert kube.condition("bot", "Degraded")["reason"] == "CrashLoopBackOff"
     assert kube.condition("bot", "Ready")["status"] == "False"
     assert kube.get("chatbotservice", "bot")["status"]["phase"] == "Degraded"
+
+
+def test_a_new_gpu_node_unblocks_without_waiting_for_backoff(kube):
+    from chatfleet_platform.nodes import GPUProduct, gpu_node
+
+    product = "NVIDIA-GB300-TEST"
+    kube.apply(chatbot("bot", resources={"gpuProduct": product}))
+    stalled(kube, "bot", "NoMatchingGPUNodes")
+    time.sleep(6)  # past the first retry: the next one is 10 s or more away
+    node = gpu_node("gpu-node-gb300", GPUProduct(product, 4, 288000, "test"), zone="zone-a")
+    kube.cluster.add_nodes([node])
+    try:
+        assert wait_until(lambda: kube.condition("bot", "Ready").get("status") == "True", 15), kube.get(
+            "chatbotservice", "bot"
+        ).get("status")
+    finally:
+        kube.cluster.kubectl("delete", "node", "gpu-node-gb300", "--wait=false", check=False)

@@ -358,6 +358,8 @@ def test_operator_runs_under_the_chart_serviceaccount_with_no_permission_missing
                 "model": {"hostPath": "/models/tiny"},
                 "runtime": {"sessions": {"redis": {"secretName": "redis"}}},
                 "scaling": {"autoscale": {"minReplicas": 1, "maxReplicas": 2}},
+                # One unanalysed step: a release completes without a Prometheus on the local platform.
+                "rollout": {"canary": {"steps": [{"weight": 100, "pauseSeconds": 0, "analysis": False}]}},
             },
         }
         cluster.kubectl("apply", "-f", "-", input=json.dumps(cbs))

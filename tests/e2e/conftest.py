@@ -81,9 +81,20 @@ class ReleaseOperator:
 def release_operator(cluster, tmp_path_factory) -> Iterator[ReleaseOperator]:
     """The CRD applied and one operator for e2e-* namespaces."""
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-    cluster.kubectl(
-        "wait", "--for=condition=Established", "crd/chatbotservices.chatfleet.io", "--timeout=60s"
+    established = wait_until(
+        lambda: (
+            cluster.kubectl(
+                "wait",
+                "--for=condition=Established",
+                "crd/chatbotservices.chatfleet.io",
+                "--timeout=30s",
+                check=False,
+            ).returncode
+            == 0
+        ),
+        60,
     )
+    assert established, "the ChatbotService CRD never became Established"
     op = ReleaseOperator(cluster, tmp_path_factory.mktemp("release-operator"))
     op.start()
     try:

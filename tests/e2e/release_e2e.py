@@ -61,7 +61,7 @@ def bot_spec(prometheus: str, **over: Any) -> dict[str, Any]:
         },
     }
     for key, value in over.items():
-        if isinstance(value, dict) and isinstance(spec.get(key), dict):
+        if isinstance(value, dict) and isinstance(spec.get(key), dict) and key != "rollout":
             spec[key] = {**spec[key], **value}
         else:
             spec[key] = value

@@ -527,8 +527,9 @@ def _canary(inp: ReleaseInput, old: Mapping[str, Any], rel: dict[str, Any], stab
             )
         weight = 100 if idx == len(steps) - 1 or rel.get("promotedBy") else weight
         s = split(inp.total, weight, inp.traffic, capacity)
-        # In place, the canary hands its GPUs back as stable pods of the new revision get Ready.
-        canary = max(0, s.canary - inp.stable.ready) if capacity == REPLACE_IN_PLACE else s.canary
+        # In place, the canary hands its GPUs back one pod ahead of the stable pods of the new revision
+        # (e.g. total 2: canary 1 while stable has 0 Ready on it, then 0), so stable can be scheduled.
+        canary = max(0, inp.total - inp.stable.ready - 1) if capacity == REPLACE_IN_PLACE else s.canary
         gate = Gate(
             "progressing",
             ReleaseReason.PROMOTING,

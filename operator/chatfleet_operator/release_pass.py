@@ -1,0 +1,139 @@
+"""The release part of one reconcile pass: measure when due (the only I/O), then plan (pure).
+
+The reconciler calls `Releases.run` between building the steady-state children and applying them. The
+Prometheus measurement and the optional probe load happen here, in the pass's worker thread; they
+never raise (an unreachable Prometheus is an Error measurement). Everything else is the pure planner.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from chatfleet_operator.analysis.assess import INCONCLUSIVE, Measurement, assess
+from chatfleet_operator.analysis.probe import DEFAULT_URL_TEMPLATE, probe_url, send_probe
+from chatfleet_operator.analysis.provider import PrometheusProvider, Provider, measurement_plan
+from chatfleet_operator.rollout.facts import PodFacts
+from chatfleet_operator.rollout.release import EventIntent
+from chatfleet_operator.rollout.tracks import ReleaseOutcome, due, release_children, release_track
+from chatfleet_operator.rollout.traffic import HTTPROUTE, REPLICA_RATIO
+from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
+
+log = logging.getLogger("chatfleet")
+
+
+@dataclass(frozen=True)
+class ReleaseSettings:
+    """Release settings of one operator process (tests shorten or redirect them)."""
+
+    gateway_name: str = "chatfleet"
+    """Gateway (same namespace) the HTTPRoutes attach to when the cluster serves Gateway API."""
+    probe_url_template: str = DEFAULT_URL_TEMPLATE
+    """Where probe prompts go; {namespace} {service} {track} {domain} are filled in."""
+    discovery_cache_seconds: float = 10.0
+    """How long the answer 'does the cluster serve gateway.networking.k8s.io' is reused."""
+
+
+class Releases:
+    """Measures and plans releases for the passes of one operator process."""
+
+    def __init__(
+        self,
+        settings: ReleaseSettings | None = None,
+        provider: Provider | None = None,
+        serves_gateway_api: Callable[[], bool] | None = None,
+        cluster_domain: str = "cluster.local",
+    ) -> None:
+        self.settings = settings or ReleaseSettings()
+        self.provider = provider or PrometheusProvider()
+        self._serves = serves_gateway_api or (lambda: False)
+        self._cached: tuple[float, bool] | None = None
+        self.cluster_domain = cluster_domain
+
+    def traffic_mode(self) -> str:
+        """HTTPRoute when the cluster serves Gateway API (discovery, cached a few seconds), else ReplicaRatio."""
+        now = time.monotonic()
+        if self._cached is None or now - self._cached[0] > self.settings.discovery_cache_seconds:
+            try:
+                served = bool(self._serves())
+            except Exception as exc:  # discovery failing must not stop the pass
+                log.warning("Failed to discover the Gateway API group: %s", exc)
+                served = self._cached[1] if self._cached else False
+            self._cached = (now, served)
+        return HTTPROUTE if self._cached[1] else REPLICA_RATIO
+
+    def measure(
+        self,
+        ref: ObjectRef,
+        spec: ChatbotServiceSpec,
+        raw_spec: Mapping[str, Any],
+        old_status: Mapping[str, Any],
+        now: datetime,
+    ) -> Measurement:
+        """One measurement (probing first when the last one had no data and the spec asks). Never raises."""
+        track = release_track(spec)
+        probe = (raw_spec.get("analysis") or {}).get("probe") or {}
+        last = ((old_status.get("release") or {}).get("analysis") or {}).get("lastVerdict")
+        if probe.get("enabled") and last == INCONCLUSIVE:
+            template = probe.get("url") or self.settings.probe_url_template
+            url = probe_url(template, ref.namespace, ref.name, track, self.cluster_domain)
+            send_probe(
+                url,
+                ref.name,
+                requests=int(probe.get("requests") or 10),
+                prompts=tuple(probe.get("prompts") or ()) or ("Hello!",),
+                budget_seconds=min(10.0, spec.analysis.interval_seconds / 2),
+            )
+        plan = measurement_plan(ref.namespace, ref.name, spec, track)
+        sample = self.provider.measure(plan, now)
+        m = assess(sample, [q.check for q in plan.metrics])
+        log.info(
+            "Measured release of ChatbotService %s/%s: %s %s", ref.namespace, ref.name, m.verdict, m.message
+        )
+        return m
+
+    def run(
+        self,
+        ref: ObjectRef,
+        spec: ChatbotServiceSpec,
+        raw_spec: Mapping[str, Any],
+        base: Sequence[dict[str, Any]],
+        children: Mapping[tuple[str, str], Mapping[str, Any]],
+        pods: Sequence[PodFacts],
+        old_status: Mapping[str, Any],
+        *,
+        update_revision: str,
+        total: int,
+        autoscaled: bool,
+        now: datetime,
+    ) -> ReleaseOutcome:
+        """Measure if due, then plan the release and the children of this pass."""
+        measurement = None
+        if due(ref, spec, old_status, children, pods, now):
+            measurement = self.measure(ref, spec, raw_spec, old_status, now)
+        return release_children(
+            ref,
+            spec,
+            raw_spec,
+            base,
+            children,
+            pods,
+            old_status,
+            update_revision=update_revision,
+            total=total,
+            traffic=self.traffic_mode(),
+            gateway_name=self.settings.gateway_name,
+            now=now,
+            measurement=measurement,
+            autoscaled=autoscaled,
+        )
+
+
+def merge_events(status_events: Sequence[Any], release_events: Sequence[EventIntent]) -> list[Any]:
+    """Status-derived events plus the release's, without a second event of the same type and reason."""
+    seen = {(e.type, e.reason) for e in status_events}
+    return [*status_events, *[e for e in release_events if (e.type, e.reason) not in seen]]

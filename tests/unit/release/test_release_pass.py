@@ -1,0 +1,97 @@
+"""Releases.run: a measurement only when due, through the provider; discovery picks the traffic mode."""
+
+from __future__ import annotations
+
+import copy
+from datetime import UTC, datetime, timedelta
+
+from chatfleet_operator.analysis.assess import Sample
+from chatfleet_operator.reconcile import Snapshot, desired_children
+from chatfleet_operator.release_pass import Releases, merge_events
+from chatfleet_operator.rollout.facts import PodFacts
+from chatfleet_operator.rollout.release import EventIntent
+from chatfleet_operator.settings import Settings
+from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
+
+REF = ObjectRef("ns", "bot", "uid-1", 2)
+NOW = datetime(2026, 11, 21, 10, 0, tzinfo=UTC)
+OLD = {
+    "model": {"uri": "hf://org/m", "revision": "v1"},
+    "scaling": {"replicas": 2},
+    "analysis": {"intervalSeconds": 10},
+}
+NEW = {**OLD, "model": {"uri": "hf://org/m", "revision": "v2"}}
+
+
+class FakeProvider:
+    def __init__(self, sample):
+        self.sample, self.calls = sample, 0
+
+    def measure(self, plan, now):
+        self.calls += 1
+        assert plan.canary_track == "canary" and plan.window_seconds == 20
+        return self.sample(now)
+
+
+def children_and_rev(raw):
+    spec = ChatbotServiceSpec.from_dict(raw)
+    desired, rev, _ = desired_children(REF, spec, raw, Settings(), Snapshot())
+    return {(m["kind"], m["metadata"]["name"]): copy.deepcopy(m) for m in desired}, rev
+
+
+def run(releases, raw, children, pods, status, now):
+    spec = ChatbotServiceSpec.from_dict(raw)
+    desired, rev, total = desired_children(REF, spec, raw, Settings(), Snapshot())
+    return releases.run(
+        REF,
+        spec,
+        raw,
+        desired,
+        children,
+        pods,
+        status,
+        update_revision=rev,
+        total=total,
+        autoscaled=False,
+        now=now,
+    )
+
+
+def test_measures_only_when_due_and_folds_the_verdict():
+    provider = FakeProvider(lambda now: Sample(now, 5.0, {"error rate": 9.0}, {"error rate": 0.1}))
+    releases = Releases(provider=provider)
+    children, old_rev = children_and_rev(OLD)
+    # pass 1: the release starts; no canary pod Ready yet -> no measurement
+    out = run(releases, NEW, children, [], {"stableRevision": old_rev}, NOW)
+    assert provider.calls == 0 and out.plan.release["phase"] == "Progressing"
+    status = {"stableRevision": old_rev, "release": out.plan.release}
+    new_rev = out.plan.release["revision"]
+    children.update({(m["kind"], m["metadata"]["name"]): m for m in out.desired})
+    pods = [PodFacts("c-0", new_rev, "canary", "Running", True)]
+    # pass 2: canary Ready -> measured: error rate 9% > 1% -> failed 1
+    out = run(releases, NEW, children, pods, status, NOW + timedelta(seconds=1))
+    assert provider.calls == 1 and out.plan.release["analysis"]["failed"] == 1
+    status["release"] = out.plan.release
+    # pass 3, 5 s later: not due -> no query
+    run(releases, NEW, children, pods, status, NOW + timedelta(seconds=6))
+    assert provider.calls == 1
+
+
+def test_traffic_mode_from_discovery_is_cached():
+    calls = []
+    releases = Releases(
+        provider=FakeProvider(lambda now: Sample(now)), serves_gateway_api=lambda: calls.append(1) or True
+    )
+    assert releases.traffic_mode() == "HTTPRoute" and releases.traffic_mode() == "HTTPRoute"
+    assert len(calls) == 1
+    failing = Releases(provider=FakeProvider(lambda now: Sample(now)), serves_gateway_api=lambda: 1 / 0)
+    assert failing.traffic_mode() == "ReplicaRatio"
+
+
+def test_merge_events_drops_a_second_event_of_the_same_reason():
+    status_events = [EventIntent("Warning", "RolledBack", "from status")]
+    merged = merge_events(
+        status_events,
+        [EventIntent("Warning", "RolledBack", "x"), EventIntent("Normal", "ReleaseStarted", "y")],
+    )
+    assert [e.reason for e in merged] == ["RolledBack", "ReleaseStarted"]

@@ -386,6 +386,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--quick", action="store_true", help="fewer requests (smoke run)")
     parser.add_argument(
+        "--queue-delay-us",
+        type=int,
+        default=10_000,
+        help="Triton max_queue_delay_microseconds (the CRD default)",
+    )
+    parser.add_argument(
+        "--no-multiturn-small",
+        dest="multiturn_small",
+        action="store_false",
+        help="skip the small-model multi-turn run",
+    )
+    parser.add_argument(
         "--max-tokens", type=int, default=MAX_TOKENS, help="tokens generated per request (both sides)"
     )
     args = parser.parse_args(argv)

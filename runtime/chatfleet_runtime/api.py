@@ -52,7 +52,8 @@ class ApiSettings:
     request_timeout_s: float = 30.0
     fallback_text: str = DEFAULT_FALLBACK
     faq: str | None = None
-    max_new_tokens: int = 256
+    max_new_tokens: int | None = None
+    """Limit on max_tokens; None reads the chat model's `max_new_tokens` parameter from Triton (else 256)."""
     max_inflight: int = 256
     breaker_failures: int = 3
     breaker_reset_s: float = 5.0
@@ -144,6 +145,14 @@ class TritonChat:
             return bool(await self.client.is_model_ready(MODEL_NAME))
         except Exception:
             return False
+
+    async def max_new_tokens(self) -> int | None:
+        """The chat model's max_new_tokens parameter (None when it cannot be read)."""
+        try:
+            cfg = await self.client.get_model_config(MODEL_NAME, as_json=True)
+            return int(cfg["config"]["parameters"]["max_new_tokens"]["string_value"])
+        except Exception:
+            return None
 
     async def complete(self, messages, params, timeout: float) -> Chunk:
         """One non-streaming completion."""
@@ -244,10 +253,15 @@ def create_app(settings: ApiSettings, backend=None, redis_client=None):
     inflight = {"n": 0}
     state = {"ready": False}
 
+    limits = {"max_new_tokens": settings.max_new_tokens or 256}
+
     async def wait_ready() -> None:
         while not state["ready"]:
-            state["ready"] = await backend.ready()
-            if not state["ready"]:
+            ready = await backend.ready()
+            if ready and settings.max_new_tokens is None and hasattr(backend, "max_new_tokens"):
+                limits["max_new_tokens"] = await backend.max_new_tokens() or limits["max_new_tokens"]
+            state["ready"] = ready
+            if not ready:
                 await asyncio.sleep(0.5)
 
     @contextlib.asynccontextmanager
@@ -357,7 +371,7 @@ def create_app(settings: ApiSettings, backend=None, redis_client=None):
             if model != name:
                 raise RequestError(f"model: {model!r:.80} is not served here (available: {name})", 404)
             messages = validate_messages(body.get("messages"))
-            sampling = parse_sampling(body, max_new_tokens_limit=settings.max_new_tokens)
+            sampling = parse_sampling(body, max_new_tokens_limit=limits["max_new_tokens"])
             if body.get("n", 1) != 1:
                 raise RequestError("n: only 1 is supported")
             sid = None

@@ -285,6 +285,7 @@ class BatchGenerator:
             position_ids=positions,
             past_key_values=cache,
             use_cache=True,
+            logits_to_keep=1,  # only the last position's logits: no lm_head over the whole prompt
         )
         next_pos = torch.tensor([len(r.req.prompt_ids) for r in rows], dtype=torch.long, device=self.device)
         self._store_system_prefixes(rows, out.past_key_values, mask)

@@ -234,7 +234,7 @@ def local_runtime(
         if redis_srv is not None:
             redis_srv.start()
         triton.wait_ready()
-        env = {"CHATFLEET_MODEL_NAME": "chatfleet-tiny", "CHATFLEET_MAX_NEW_TOKENS": str(cfg.max_new_tokens)}
+        env = {"CHATFLEET_MODEL_NAME": "chatfleet-tiny"}
         if redis_srv is not None:
             env["CHATFLEET_REDIS_URL"] = redis_srv.url
         env.update(api_env or {})

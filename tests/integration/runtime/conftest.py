@@ -62,7 +62,6 @@ def api_env(redis_url: str | None, **extra: str) -> dict[str, str]:
     """Environment for a chat API process in tests (short deadline and breaker reset)."""
     env = {
         "CHATFLEET_MODEL_NAME": "tiny-chat",
-        "CHATFLEET_MAX_NEW_TOKENS": "64",
         "CHATFLEET_REQUEST_TIMEOUT_SECONDS": "20",
         "CHATFLEET_BREAKER_FAILURES": "2",
         "CHATFLEET_BREAKER_RESET_SECONDS": "1",

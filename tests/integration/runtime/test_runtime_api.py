@@ -118,7 +118,7 @@ def test_streaming_sse_matches_non_streaming(api):
     assert events[0]["choices"][0]["delta"]["role"] == "assistant"
     assert events[-1]["choices"][0]["finish_reason"] == "length"
     text = "".join(e["choices"][0]["delta"].get("content", "") for e in events)
-    assert len(events) >= 5
+    assert len(events) >= 3  # role chunk, text (coalesced to one chunk per 20 ms), final
     _, plain = chat(api, {"messages": user("Stream please"), "max_tokens": 10})
     assert text == plain["choices"][0]["message"]["content"]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import queue
+import time
 import urllib.request
 
 import numpy as np
@@ -134,9 +135,15 @@ def test_dynamic_batches_form_under_concurrency(triton):
             g.close()
 
     assert run_concurrently(one, 16) == [16] * 16
-    after = batch_stats(triton)
-    grown = {size: after.get(size, 0) - before.get(size, 0) for size in after}
-    assert sum(size * n for size, n in grown.items()) == 16
+    # Triton records an execution's statistics just after it releases the responses: poll briefly.
+    deadline = time.monotonic() + 10
+    while True:
+        after = batch_stats(triton)
+        grown = {size: after.get(size, 0) - before.get(size, 0) for size in after}
+        if sum(size * n for size, n in grown.items()) >= 16 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert sum(size * n for size, n in grown.items()) == 16, grown
     assert max(size for size, n in grown.items() if n > 0) > 1, grown
     rows = metric_value(triton.metrics_url, "chatfleet_model_batch_size_sum", model="chat") - rows_before
     execs = metric_value(triton.metrics_url, "chatfleet_model_batch_size_count", model="chat") - execs_before

@@ -23,6 +23,9 @@ class FakeBackend:
     async def ready(self):
         return True
 
+    async def max_new_tokens(self):
+        return 40
+
     async def close(self):
         pass
 
@@ -188,3 +191,15 @@ def test_settings_from_env():
         }
     )
     assert (s.model_name, s.history_turns, s.request_timeout_s) == ("bot", 3, 2.5)
+
+
+def test_token_limit_comes_from_triton_when_not_set(backend):
+    with TestClient(create_app(ApiSettings(model_name="m1"), backend=backend)) as c:
+        for _ in range(50):
+            if c.get("/readyz").status_code == 200:
+                break
+        r = post(c, {"messages": U, "max_tokens": 41})
+        assert (
+            r.status_code == 400
+            and r.json()["error"]["message"] == "max_tokens: 41 is more than the limit 40"
+        )

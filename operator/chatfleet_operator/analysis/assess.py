@@ -34,6 +34,7 @@ class Check:
     max_ratio_to_stable: float | None = None
     max_increase_over_stable: float | None = None
     min_value: float | None = None
+    min_failed_requests: float | None = None
 
     def limit(self, stable: float | None) -> float | None:
         """The ceiling in force: the smallest of the absolute and stable-relative ones (None: no ceiling)."""
@@ -55,6 +56,7 @@ class Sample:
     canary: Mapping[str, float | None] = field(default_factory=dict)
     stable: Mapping[str, float | None] = field(default_factory=dict)
     error: str | None = None
+    window_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -75,7 +77,11 @@ class Figure:
         op = "<=" if self.ok else ">"
         if self.limit is not None and self.ok is False and self.canary < self.limit:
             op = "<"
+        noise = self.ok and self.limit is not None and self.canary > self.limit
+        if noise:
+            op = ">"
         limit = f" {op} {fmt(self.limit, self.unit)}" if self.limit is not None else ""
+        limit += " (too few failed requests to count)" if noise else ""
         stable = f" (stable {fmt(self.stable, self.unit)})" if self.stable is not None else ""
         return f"{self.metric} {fmt(self.canary, self.unit)}{limit}{stable}"
 
@@ -117,6 +123,7 @@ def assess(sample: Sample, checks: Sequence[Check], min_requests_per_second: flo
     Examples (error rate ceiling 1%):
     - error -> Error; canary 0 req/s -> Inconclusive ("no traffic");
     - canary 4.2% -> Failed "error rate 4.2% > 1%"; canary 0.5% -> Successful;
+    - 1 failed request in 40 (2.5%) with min_failed_requests 2 -> noise, Successful;
     - a figure with no data (e.g. TTFT without streaming requests) is skipped, not failed.
     """
     if sample.error is not None:
@@ -133,7 +140,7 @@ def assess(sample: Sample, checks: Sequence[Check], min_requests_per_second: flo
         ok = True
         if canary is not None:
             if limit is not None and canary > limit:
-                ok = False
+                ok = _noise(check, canary, rps * sample.window_seconds)  # over the limit: fails unless noise
             if check.min_value is not None and canary < check.min_value:
                 ok, limit = False, check.min_value
         figures.append(Figure(check.name, canary, stable, limit, check.unit, ok))
@@ -142,6 +149,13 @@ def assess(sample: Sample, checks: Sequence[Check], min_requests_per_second: flo
         return Measurement(sample.at, FAILED, "; ".join(f.text() for f in bad), tuple(figures))
     shown = "; ".join(f.text() for f in figures if f.canary is not None) or "no figures"
     return Measurement(sample.at, SUCCESSFUL, shown, tuple(figures))
+
+
+def _noise(check: Check, percent: float, requests: float) -> bool:
+    """Too few failed requests to mean anything, e.g. 1 error in 40 requests is 2.5% but noise at min 2."""
+    if check.min_failed_requests is None or requests <= 0:
+        return False
+    return percent / 100 * requests < check.min_failed_requests
 
 
 def empty_counters() -> dict[str, Any]:

@@ -25,6 +25,9 @@ log = logging.getLogger("chatfleet.analysis")
 
 #: Seconds one query may take before the measurement counts as an error.
 QUERY_TIMEOUT_SECONDS = 5
+#: An error rate over its limit fails a check only with at least this many failed requests in the window
+#: (one failed request among a few dozen is noise, not a regression).
+MIN_FAILED_REQUESTS = 2
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,7 @@ def default_metrics(analysis: Any) -> tuple[MetricQuery, ...]:
                 "%",
                 max_value=t.error_rate_percent,
                 max_increase_over_stable=getattr(rel, "error_rate_increase_percent", None),
+                min_failed_requests=MIN_FAILED_REQUESTS,
             ),
             queries.error_rate_percent,
         ),
@@ -143,7 +147,7 @@ class PrometheusProvider:
                 name = metric.check.name
                 canary_figures[name] = self.query(plan.address, metric.promql(canary, plan.window_seconds))
                 stable_figures[name] = self.query(plan.address, metric.promql(stable, plan.window_seconds))
-            return Sample(now, rps, canary_figures, stable_figures)
+            return Sample(now, rps, canary_figures, stable_figures, window_seconds=plan.window_seconds)
         except Exception as exc:  # never raise: an unreachable Prometheus is an Error measurement
             message = f"Prometheus at {plan.address} did not answer: {_short(exc)}"
             log.info("Measured %s/%s: %s", plan.namespace, plan.service, message)

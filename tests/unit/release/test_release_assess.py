@@ -66,6 +66,20 @@ REL = Check("error rate", "%", max_increase_over_stable=0.5)
             "no figures",
             id="figure-no-data-skipped",
         ),
+        pytest.param(
+            Sample(NOW, 4.0, {"error rate": 2.5}, window_seconds=10),
+            [Check("error rate", "%", max_value=1.0, min_failed_requests=2)],
+            SUCCESSFUL,
+            "error rate 2.5% > 1% (too few failed requests to count)",
+            id="one-failed-request-in-40-is-noise",
+        ),
+        pytest.param(
+            Sample(NOW, 4.0, {"error rate": 5.0}, window_seconds=10),
+            [Check("error rate", "%", max_value=1.0, min_failed_requests=2)],
+            FAILED,
+            "error rate 5% > 1%",
+            id="two-failed-requests-in-40-fail",
+        ),
     ],
 )
 def test_assess(sample, checks, verdict, message):

@@ -110,8 +110,13 @@ def load_model(path: str | Path, placement: Placement):
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype(placement.precision))
     model = model.to(placement.device).eval()
     if placement.precision == "int8":
-        # Dynamic int8 quantization of the Linear layers: supported on x86/ARM CPUs by torch itself.
-        model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+        # Dynamic int8 quantization of the Linear layers: supported on x86/ARM CPUs by torch itself
+        # (deprecated upstream in favour of torchao, which this image does not carry).
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
     return model
 
 

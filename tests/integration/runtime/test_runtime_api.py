@@ -240,3 +240,12 @@ def test_api_metrics_are_exported(api):
         "chatfleet_breaker_state",
     ):
         assert name in text, name
+
+
+def test_demo_chat_exchange(api):
+    from chatfleet_runtime.demo import chat_exchange
+
+    lines: list[str] = []
+    summary = chat_exchange(api.url, lines.append, session_id=f"demo-{time.time_ns()}")
+    assert summary["bad_status"] == 400 and summary["reply2"]
+    assert any("history from Redis" in line for line in lines)

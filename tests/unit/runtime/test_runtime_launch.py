@@ -1,0 +1,116 @@
+"""The config generator round trip, repository assembly, the launcher (dry run) and weight loading."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from chatfleet_runtime import launch, loading
+from chatfleet_runtime.tritonconfig import (
+    ChatModelConfig,
+    configmap_key,
+    model_repository_configs,
+    parse_parameters,
+)
+from chatfleet_runtime.tritonhome import Installation, Ports, command, write_repository
+
+
+def test_parse_parameters_round_trip():
+    cfg = ChatModelConfig(
+        model_dir="/w", chat_template='{{ "a\\"b" }}\n', extra_parameters={"torch_threads": "2"}
+    )
+    params = parse_parameters(model_repository_configs(cfg)["chat"])
+    assert params == {k: str(v) for k, v in cfg.parameters().items()}
+
+
+def test_write_repository(tmp_path):
+    repo = write_repository(tmp_path / "repo", model_repository_configs(ChatModelConfig(kind="KIND_CPU")))
+    for model in ("chat", "chat_stream"):
+        assert (repo / model / "config.pbtxt").read_text().startswith(f'name: "{model}"')
+        assert "class TritonPythonModel" in (repo / model / "1" / "model.py").read_text()
+    assert "decoupled: true" in (repo / "chat_stream" / "config.pbtxt").read_text()
+
+
+def test_command_binds_given_address_and_ports(tmp_path):
+    inst = Installation(tmp_path / "tritonserver", tmp_path / "backends", None)
+    cmd = command(inst, tmp_path / "repo", Ports(1, 2, 3), "0.0.0.0")
+    assert "--http-port=1" in cmd and "--grpc-port=2" in cmd and "--metrics-port=3" in cmd
+    assert "--grpc-address=0.0.0.0" in cmd and "--disable-auto-complete-config" in cmd
+
+
+def test_launch_dry_run_builds_repository_and_fetches_weights(tmp_path, tiny_model_dir, capsys, monkeypatch):
+    weights = tmp_path / "weights"
+    config_dir = tmp_path / "cm"
+    config_dir.mkdir()
+    for model, text in model_repository_configs(
+        ChatModelConfig(model_dir=str(weights), kind="KIND_CPU")
+    ).items():
+        (config_dir / configmap_key(model)).write_text(text)
+    monkeypatch.setenv("CHATFLEET_MODEL_URI", f"file://{tiny_model_dir}")
+    rc = launch.main(
+        [
+            f"--config-dir={config_dir}",
+            f"--repository={tmp_path / 'repo'}",
+            f"--triton-home={tmp_path / 'home'}",
+            "--dry-run",
+        ]
+    )
+    assert rc == 0
+    assert (weights / "config.json").exists() and (tmp_path / "repo" / "chat" / "1" / "model.py").exists()
+    assert "--http-port=8000" in capsys.readouterr().out
+
+
+def test_launch_without_configmap_fails_clearly(tmp_path):
+    with pytest.raises(SystemExit, match=r"chat.config.pbtxt is missing"):
+        launch.main([f"--config-dir={tmp_path}", "--dry-run"])
+
+
+@pytest.mark.parametrize(
+    ("precision", "kind", "cuda", "bf16", "expected"),
+    [
+        pytest.param("fp32", "KIND_CPU", False, False, ("cpu", "fp32"), id="cpu-fp32"),
+        pytest.param("fp16", "KIND_CPU", False, False, ("cpu", "fp32"), id="cpu-fp16-falls-back"),
+        pytest.param("bf16", "KIND_GPU", False, False, ("cpu", "fp32"), id="gpu-asked-no-cuda"),
+        pytest.param("int8", "KIND_CPU", False, False, ("cpu", "int8"), id="cpu-int8"),
+        pytest.param("fp16", "KIND_GPU", True, True, ("cuda", "fp16"), id="gpu-fp16"),
+        pytest.param("bf16", "KIND_GPU", True, False, ("cuda", "fp16"), id="gpu-without-bf16"),
+        pytest.param("bf16", "KIND_GPU", True, True, ("cuda", "bf16"), id="gpu-bf16"),
+    ],
+)
+def test_choose_placement(precision, kind, cuda, bf16, expected):
+    p = loading.choose_placement(precision, kind, cuda_available=cuda, bf16_supported=bf16)
+    assert (p.device, p.precision) == expected
+
+
+@pytest.mark.parametrize(
+    ("uri", "error"),
+    [
+        pytest.param("s3://bucket/model", "scheme 's3' is not one of file, hf", id="unknown-scheme"),
+        pytest.param("/does/not/exist", "is not a folder", id="missing-path"),
+    ],
+)
+def test_resolve_model_path_errors(uri, error):
+    with pytest.raises((ValueError, FileNotFoundError), match=error):
+        loading.resolve_model_path(uri)
+
+
+def test_resolve_local_path_and_file_uri(tiny_model_dir):
+    assert loading.resolve_model_path(str(tiny_model_dir)) == tiny_model_dir
+    assert loading.resolve_model_path(f"file://{tiny_model_dir}") == tiny_model_dir
+
+
+def test_int8_on_cpu_quantizes_linear_layers(tiny_model_dir):
+    import torch
+
+    model = loading.load_model(tiny_model_dir, loading.Placement("cpu", "int8"))
+    kinds = {type(m).__module__ for m in model.modules() if "Linear" in type(m).__name__}
+    assert any("quantized" in k for k in kinds)
+    with torch.inference_mode():
+        assert model(torch.tensor([[0, 5, 6]])).logits.shape[-1] == 1024
+
+
+def test_tiny_cli(tmp_path):
+    from chatfleet_runtime import tiny
+
+    assert tiny.main([str(tmp_path / "m")]) == 0 and (tmp_path / "m" / "tokenizer.json").exists()
+    assert sys.modules["chatfleet_runtime.tiny"] is tiny

@@ -7,7 +7,6 @@ kube.py's) is recorded with its answer, and mapped to the RBAC permission it nee
 
 from __future__ import annotations
 
-import queue
 import socket
 import ssl
 import threading
@@ -157,41 +156,35 @@ class RecordingProxy:
                 continue
             with self._lock:
                 self._conns += [client, upstream]
-            pending: queue.Queue[Record] = queue.Queue()
-            threading.Thread(target=self._requests, args=(client, upstream, pending), daemon=True).start()
-            threading.Thread(target=self._answers, args=(client, upstream, pending), daemon=True).start()
+            threading.Thread(target=self._serve, args=(client, upstream), daemon=True).start()
 
-    def _requests(self, client: socket.socket, upstream: socket.socket, pending: queue.Queue[Record]) -> None:
-        reader = client.makefile("rb")
+    def _serve(self, client: socket.socket, upstream: socket.socket) -> None:
+        """One connection, one request at a time (clients do not pipeline; a TLS socket must not be read
+        and written from two threads at once): request in, record, forward, answer back, repeat."""
+        from_client = client.makefile("rb")
+        from_upstream = upstream.makefile("rb")
         try:
-            while (head := _read_head(reader)) is not None:
+            while (head := _read_head(from_client)) is not None:
                 raw, headers = head
                 method, path, _ = raw.split(b"\r\n", 1)[0].decode("latin-1").split(" ", 2)
                 record = Record(method, path, headers.get("content-type", ""))
                 with self._lock:
                     self.records.append(record)
-                pending.put(record)
                 upstream.sendall(raw)
-                _relay_body(reader, upstream, headers, to_eof=False)
+                _relay_body(from_client, upstream, headers, to_eof=False)
+                while True:
+                    answer = _read_head(from_upstream)
+                    if answer is None:
+                        return
+                    raw, headers = answer
+                    status = int(raw.split(b" ", 2)[1])
+                    client.sendall(raw)
+                    if status != 100:
+                        break
+                record.status = status
+                if method != "HEAD" and status not in (204, 304):
+                    _relay_body(from_upstream, client, headers, to_eof=True)
         except (OSError, EOFError, ValueError):
-            pass
-        finally:
-            _close(client, upstream)
-
-    def _answers(self, client: socket.socket, upstream: socket.socket, pending: queue.Queue[Record]) -> None:
-        reader = upstream.makefile("rb")
-        try:
-            while (head := _read_head(reader)) is not None:
-                raw, headers = head
-                status = int(raw.split(b" ", 2)[1])
-                if status != 100:
-                    record = pending.get(timeout=30)
-                    record.status = status
-                client.sendall(raw)
-                if status in (100, 204, 304):
-                    continue
-                _relay_body(reader, client, headers, to_eof=True)
-        except (OSError, EOFError, ValueError, queue.Empty):
             pass
         finally:
             _close(client, upstream)

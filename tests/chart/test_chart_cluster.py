@@ -14,9 +14,11 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +26,7 @@ from typing import Any
 
 import pytest
 import yaml
-from chart_apiproxy import RecordingProxy
+from chart_apiproxy import Record, RecordingProxy
 from chart_helpers import CHART, VALUE_SETS, granted, helm, render_text, set_flags
 from chatfleet_platform import services
 from chatfleet_platform.config import REPO_ROOT
@@ -466,3 +468,175 @@ def test_operator_runs_under_the_chart_serviceaccount_with_no_permission_missing
     perms = granted(rule for d in docs if d["kind"] in ("Role", "ClusterRole") for rule in d["rules"])
     unused = sorted(perms - used - UNOBSERVED_BY_DESIGN.keys())
     assert not unused, f"granted but never used in create -> Ready -> release -> delete: {unused}"
+
+
+# ---- hot standby ---------------------------------------------------------------------------------
+
+LAUNCHER = Path(__file__).parent / "peering_launcher.py"
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def healthz(port: int) -> int | None:
+    """HTTP status of kopf's liveness endpoint, None when it does not answer."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as rsp:
+            return rsp.status
+    except OSError:
+        return None
+
+
+def applied(proxy: RecordingProxy, kind: str) -> list[Record]:
+    """Server-side applies of one kind (plural) sent through a proxy."""
+    return [
+        r
+        for r in proxy.records
+        if r.method == "PATCH" and f"/{kind}/" in r.path and "apply" in r.content_type
+    ]
+
+
+@pytest.mark.timeout(300)
+def test_hot_standby_with_kopf_peering_under_the_chart_serviceaccount(
+    cluster, namespace: str, release_ns: str, tmp_path: Path
+) -> None:
+    """replicaCount=2: the standby pauses, serves its liveness probe, and takes over when the leader stops."""
+    env, release = helm_env(cluster), unique("ha")
+    sets = ["watch.scope=namespaces", f"watch.namespaces={{{namespace}}}", "replicaCount=2"]
+    helm(
+        "install",
+        release,
+        str(CHART),
+        "-n",
+        release_ns,
+        "--wait",
+        "--timeout",
+        "120s",
+        *set_flags(sets),
+        env=env,
+    )
+    # Wait out "storage is (re)initializing" of freshly created CRDs: kopf's first keep-alive is not retried
+    # (the next one comes a lifetime later), so the peering must be writable before the leader starts.
+    writable = services.wait_until(
+        lambda: (
+            cluster.kubectl(
+                "patch",
+                "kopfpeering",
+                "chatfleet-operator",
+                "--type=merge",
+                "-p",
+                "{}",
+                namespace=namespace,
+                check=False,
+            ).returncode
+            == 0
+        ),
+        30,
+    )
+    assert writable
+    sa = f"{release}-chatfleet-operator"
+    token = cluster.kubectl("create", "token", sa, "--duration=1h", namespace=release_ns).stdout.strip()
+    ca = cluster.workdir / "pki" / "ca.crt"
+    proxies = {name: RecordingProxy(cluster.server, ca).start() for name in ("leader", "standby")}
+    ports = {name: free_port() for name in proxies}
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    logs = {name: tmp_path / f"{name}.log" for name in proxies}
+
+    def start(name: str, priority: int) -> None:
+        kubeconfig = sa_kubeconfig(tmp_path / f"{name}.kubeconfig", proxies[name].url, token)
+        argv = [sys.executable, str(LAUNCHER), "chatfleet-operator", str(priority)]
+        argv += [f"http://127.0.0.1:{ports[name]}/healthz", "--", "run", f"--namespace={namespace}"]
+        with open(logs[name], "wb") as fh:
+            procs[name] = subprocess.Popen(
+                argv,
+                cwd=REPO_ROOT,
+                env={
+                    **os.environ,
+                    "KUBECONFIG": str(kubeconfig),
+                    "POD_ID": f"{release}-{name}",
+                    "PYTHONUNBUFFERED": "1",
+                },
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+            )
+        ok = services.wait_until(lambda: "Initial authentication has finished" in logs[name].read_text(), 30)
+        assert ok, logs[name].read_text()[-3000:]
+
+    def stop(name: str) -> None:
+        proc = procs.pop(name, None)
+        if proc is not None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+
+    def peers() -> dict[str, Any]:
+        body = cluster.kubectl(
+            "get", "kopfpeering", "chatfleet-operator", "-o", "json", namespace=namespace
+        ).stdout
+        return json.loads(body).get("status") or {}
+
+    try:
+        # 1. The leader (higher priority) keeps itself alive in the chart's KopfPeering.
+        start("leader", 200)
+        assert services.wait_until(lambda: f"{release}-leader" in peers(), 30), logs["leader"].read_text()[
+            -2000:
+        ]
+        # 2. The standby joins the peering and stays paused (kopf starts paused and resumes only when no
+        #    peer outranks it), and still answers its liveness probe.
+        start("standby", 100)
+        joined = services.wait_until(lambda: f"{release}-standby" in peers(), 30)
+        assert joined, logs["standby"].read_text()[-3000:]
+        assert services.wait_until(lambda: healthz(ports["standby"]) == 200, 15)
+        assert healthz(ports["leader"]) == 200
+
+        # 3. Only the leader works.
+        cbs = {
+            "apiVersion": "chatfleet.io/v1alpha1",
+            "kind": "ChatbotService",
+            "metadata": {"name": "ha-bot", "namespace": namespace},
+            "spec": {
+                "model": {"hostPath": "/models/tiny"},
+                "rollout": {"canary": {"steps": [{"weight": 100, "pauseSeconds": 0, "analysis": False}]}},
+            },
+        }
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(cbs))
+        assert services.wait_until(lambda: ready_at(cluster, namespace, "ha-bot", 1), 90), logs[
+            "leader"
+        ].read_text()[-3000:]
+        assert applied(proxies["leader"], "deployments")
+        assert not applied(proxies["standby"], "deployments"), "the paused standby wrote"
+        assert "Resuming operations" not in logs["standby"].read_text()
+
+        # 4. The leader stops (a rolling update, a drained node): the standby resumes and serves the next change.
+        stop("leader")
+        resumed = services.wait_until(lambda: "Resuming operations" in logs["standby"].read_text(), 30)
+        assert resumed, logs["standby"].read_text()[-3000:]
+        patch = {"spec": {"runtime": {"maxNewTokens": 128}}}
+        cluster.kubectl(
+            "patch", "chatbotservice", "ha-bot", "--type=merge", "-p", json.dumps(patch), namespace=namespace
+        )
+        second = services.wait_until(lambda: ready_at(cluster, namespace, "ha-bot", 2), 90)
+        assert second, logs["standby"].read_text()[-3000:]
+        assert applied(proxies["standby"], "deployments")
+    finally:
+        for name in list(procs):
+            stop(name)
+        for proxy in proxies.values():
+            proxy.stop()
+        cluster.kubectl(
+            "delete", "chatbotservice", "ha-bot", "--wait=false", namespace=namespace, check=False
+        )
+        uninstall(cluster, release, release_ns)
+
+    records = [r for proxy in proxies.values() for r in proxy.records]
+    refused = [f"{r.method} {r.path} -> {r.status}" for r in records if r.status in (401, 403)]
+    assert not refused, f"requests refused under the chart's ServiceAccount: {refused}"
+    peering = {r.permission()[:3] for r in records if r.permission() and r.permission()[0] == "kopf.dev"}
+    assert peering == {("kopf.dev", "kopfpeerings", v) for v in ("list", "watch", "patch")}

@@ -125,6 +125,24 @@ CASES = [
         id="canary-in-progress",
     ),
     pytest.param(
+        {
+            **variant(
+                Reconciling=("True", "RollingOut", "Canary 9f00aa11bb at step 1"),
+                status={"canaryRevision": "9f00aa11bb", "canaryWeight": 50, "updateRevision": "9f00aa11bb"},
+            ),
+            "spec": {"model": {"hostPath": "/models/tiny"}, "rollout": {"paused": True}},
+        },
+        "Suspended",
+        "Release paused",
+        id="release-paused",
+    ),
+    pytest.param(
+        {**READY, "spec": {"model": {"hostPath": "/models/tiny"}, "rollout": {"paused": True}}},
+        "Healthy",
+        "Ready",
+        id="paused-with-no-release-is-healthy",
+    ),
+    pytest.param(
         variant(
             Ready=("False", "WaitingForPods", "0/1 replicas available"),
             Reconciling=("True", "RollingOut", "Revision cb7321feac: 0/1 replicas available"),

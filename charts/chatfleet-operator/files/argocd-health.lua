@@ -1,7 +1,7 @@
 -- Argo CD health check for ChatbotService (chatfleet.io/v1alpha1).
 -- Install: argocd-cm key resource.customizations.health.chatfleet.io_ChatbotService (docs/gitops.md).
 -- Reads only status facts the operator writes (conditions, observedGeneration, revisions, abortReason),
--- in this order: not yet observed -> stalled -> rolled back -> degraded -> ready -> in progress.
+-- in this order: not yet observed -> stalled -> rolled back -> degraded -> paused -> ready -> in progress.
 local hs = {}
 
 local function conditions(status)
@@ -62,6 +62,14 @@ if c.Degraded ~= nil and c.Degraded.status == "True" then
 end
 
 local reconciling = c.Reconciling ~= nil and c.Reconciling.status == "True"
+local releasing = status.canaryRevision ~= nil and status.canaryRevision ~= ""
+
+-- A release paused by hand (`kubectl chatbot pause` sets spec.rollout.paused) waits for a person.
+if obj.spec ~= nil and obj.spec.rollout ~= nil and obj.spec.rollout.paused == true and (releasing or reconciling) then
+  hs.status = "Suspended"
+  hs.message = "Release paused (spec.rollout.paused): `kubectl chatbot resume` continues it"
+  return hs
+end
 if c.Ready ~= nil and c.Ready.status == "True" and not reconciling then
   hs.status = "Healthy"
   hs.message = describe(c.Ready)
@@ -69,7 +77,7 @@ if c.Ready ~= nil and c.Ready.status == "True" and not reconciling then
 end
 
 hs.status = "Progressing"
-if status.canaryRevision ~= nil and status.canaryRevision ~= "" then
+if releasing then
   hs.message = "Canary " .. status.canaryRevision .. " at " .. tostring(status.canaryWeight or 0) .. "% of traffic"
 elseif reconciling then
   hs.message = describe(c.Reconciling)

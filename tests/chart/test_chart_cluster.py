@@ -254,6 +254,41 @@ def test_bad_values_are_refused_by_helm_install(cluster, release_ns: str) -> Non
     assert "at '/runAsUser': minimum: got 0, want 1" in proc.stderr
 
 
+@pytest.mark.parametrize(
+    ("sets", "expected"),
+    [
+        pytest.param(
+            [], ["It watches ChatbotServices in every namespace.", "kubectl apply -n default"], id="cluster"
+        ),
+        pytest.param(
+            ["watch.scope=namespaces", "replicaCount=2"],
+            [
+                "It watches ChatbotServices in: {ns}.",
+                "kubectl apply -n {ns}",
+                "2 replicas run as hot standbys",
+            ],
+            id="namespaces-ha",
+        ),
+    ],
+)
+def test_notes_tell_what_to_do_next(cluster, release_ns: str, sets: list[str], expected: list[str]) -> None:
+    apply_chart_crds(cluster)  # a dry run installs no CRDs, and the peering object needs its own
+    out = helm(
+        "install",
+        unique("notes"),
+        str(CHART),
+        "-n",
+        release_ns,
+        "--dry-run=client",
+        *set_flags(sets),
+        env=helm_env(cluster),
+    ).stdout
+    notes = out.split("NOTES:", 1)[1]
+    for line in expected:
+        assert line.format(ns=release_ns) in notes, notes
+    assert "helm show crds" in notes and "Monitoring is off" in notes
+
+
 # ---- the RBAC proof ------------------------------------------------------------------------------
 
 

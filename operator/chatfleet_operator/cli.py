@@ -22,7 +22,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     run.add_argument(
         "--namespace", "-n", action="append", default=[], help="watch only this namespace (repeatable)"
     )
-    run.add_argument("--workers", type=int, default=None, help="threads for API calls (default 32)")
+    run.add_argument("--workers", type=int, default=None, help="threads for API calls (default 16)")
     run.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     run.add_argument(
         "--stats-file", default=None, help="write pass/latency/write counters here on exit (JSON)"
@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     import kopf
 
     from chatfleet_operator import kube, main
-    from chatfleet_operator.reconcile import Controller, stats
+    from chatfleet_operator.reconcile import Controller, percentile, stats
 
     runtime = RuntimeSettings(namespaces=tuple(args.namespace))
     if args.workers:
@@ -52,9 +52,13 @@ def run(args: argparse.Namespace) -> int:
     def dump_stats(*_: object) -> None:
         """Write passes, latency percentiles, write counters and memory to --stats-file."""
         if args.stats_file:
+            times = os.times()
             data = {
                 **stats(controller),
                 "writes": dict(kube.WRITES),
+                "request_p50_s": percentile(list(kube.REQUEST_SECONDS), 0.5),
+                "request_p99_s": percentile(list(kube.REQUEST_SECONDS), 0.99),
+                "cpu_seconds": times.user + times.system,
                 "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             }
             with open(args.stats_file + ".tmp", "w") as fh:

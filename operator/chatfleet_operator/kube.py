@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections import Counter
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -37,6 +38,8 @@ KINDS: dict[str, tuple[str, str]] = {
 
 #: Write requests sent, by "VERB Kind" (read by tests and the benchmark through the operator's log).
 WRITES: Counter[str] = Counter()
+#: Durations (seconds) of the most recent API requests, for the benchmark's latency figures.
+REQUEST_SECONDS: list[float] = []
 _lock = threading.Lock()
 _client: ApiClient | None = None
 
@@ -79,8 +82,13 @@ def request(
         header_params=headers,
         auth_settings=["BearerToken"],
     )
+    started = time.monotonic()
     response = client.call_api(method, url, header_params=headers, body=payload, _request_timeout=30)
     data = response.read()
+    with _lock:
+        REQUEST_SECONDS.append(time.monotonic() - started)
+        if len(REQUEST_SECONDS) > 50_000:
+            del REQUEST_SECONDS[:25_000]
     if not 200 <= response.status < 300:
         raise ApiError(response.status, response.reason or "", data.decode(errors="replace") if data else "")
     return json.loads(data) if data else {}

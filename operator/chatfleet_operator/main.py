@@ -11,6 +11,7 @@ from typing import Any
 import kopf
 
 from chatfleet_operator import api
+from chatfleet_operator.kopfext import LeanDiffBaseStorage
 from chatfleet_operator.reconcile import Controller, owner_key, trim
 from chatfleet_operator.rollout.facts import node_facts, pod_facts
 
@@ -39,7 +40,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     """Tune kopf so that steady state writes nothing: no log events, annotation-only bookkeeping."""
     settings.posting.enabled = False
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="operator.chatfleet.io")
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+    settings.persistence.diffbase_storage = LeanDiffBaseStorage(
         prefix="operator.chatfleet.io", key="last-handled-configuration"
     )
     settings.watching.server_timeout = 600

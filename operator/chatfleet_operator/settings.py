@@ -64,8 +64,8 @@ class RuntimeSettings:
 
     namespaces: tuple[str, ...] = ()
     """Namespaces to watch; empty means cluster-wide."""
-    workers: int = int(os.environ.get("CHATFLEET_WORKERS", "32"))
-    """Threads for blocking API calls (env CHATFLEET_WORKERS, default 32)."""
+    workers: int = int(os.environ.get("CHATFLEET_WORKERS", "16"))
+    """Threads for blocking API calls (env CHATFLEET_WORKERS, default 16)."""
     default_image: str = "ghcr.io/chatfleet/chatfleet-runtime:0.1.0"
     """Triton+runtime image used when spec.runtime.image is empty (must match the CRD default)."""
     cluster_domain: str = "cluster.local"

@@ -6,12 +6,13 @@ resourceVersion); a second pass observes what the first one wrote, as the watch 
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from chatfleet_operator.api import ApiError, Reason
-from chatfleet_operator.reconcile import Snapshot, World, backoff_delay, reconcile_pass
+from chatfleet_operator.reconcile import Gone, Snapshot, World, backoff_delay, reconcile_pass
 from chatfleet_operator.rollout.facts import NodeFacts
 from chatfleet_operator.settings import Settings
 from operator_helpers import as_observed, cbs_body
@@ -30,7 +31,8 @@ class FakeClient:
 
     def apply(self, manifest):
         if self.refuse:
-            raise ApiError(self.refuse, "Invalid", '{"message": "spec.template: bad"}')
+            message = getattr(self, "refuse_message", "spec.template: bad")
+            raise ApiError(self.refuse, "Invalid", json.dumps({"message": message}))
         self.rv += 1
         self.writes.append(("apply", (manifest["kind"], manifest["metadata"]["name"])))
         return as_observed(manifest, self.rv)
@@ -59,7 +61,7 @@ class TestReconcilePass:
         client = FakeClient()
         outcome = run(cbs_body(), client)
         kinds = [w[1][0] for w in client.writes if w[0] == "apply"]
-        assert kinds == ["ConfigMap", "Deployment", "Service", "PodDisruptionBudget"]
+        assert kinds == ["ConfigMap", "Deployment", "PodDisruptionBudget", "Service"]
         assert [w[0] for w in client.writes].count("status") == 1
         assert outcome.problems == [] and outcome.status["phase"] == "Progressing"
 
@@ -131,6 +133,12 @@ class TestReconcilePass:
     def test_invalid_object_is_a_problem_not_a_crash(self):
         outcome = run(cbs_body(), FakeClient(refuse=422))
         assert {p.reason for p in outcome.problems} == {Reason.APPLY_FAILED}
+
+    def test_terminating_namespace_is_gone_not_an_error(self):
+        client = FakeClient(refuse=403)
+        client.refuse_message = "unable to create new content in namespace ns because it is being terminated"
+        with pytest.raises(Gone):
+            run(cbs_body(), client)
 
     def test_server_errors_propagate_for_retry(self):
         with pytest.raises(ApiError):

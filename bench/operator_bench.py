@@ -299,7 +299,13 @@ def main(argv: list[str] | None = None) -> int:
         try:
             cluster.up(nodes=args.nodes, timeout=300)
             cluster.kubectl("apply", "--server-side", "-f", str(CRD))
-            cluster.kubectl("wait", "--for=condition=Established", "crd/chatbotservices.chatfleet.io")
+            for _ in range(60):  # the CRD's status may not exist yet right after the apply
+                established = cluster.kubectl(
+                    "wait", "--for=condition=Established", "crd/chatbotservices.chatfleet.io", check=False
+                )
+                if established.returncode == 0:
+                    break
+                time.sleep(0.5)
             result: dict = {
                 "cpus": os.cpu_count(),
                 "load_average_at_start": os.getloadavg()[0],

@@ -73,8 +73,6 @@ class Reason:
     CRASH_LOOP = "CrashLoopBackOff"
     PODS_NOT_READY = "PodsNotReady"
     HEALTHY = "Healthy"
-    # Events only
-    REVISION_READY = "RevisionReady"
 
 
 class Phase:

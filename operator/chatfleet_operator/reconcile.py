@@ -11,7 +11,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -230,13 +230,22 @@ def _namespace_gone(exc: ApiError) -> bool:
 class Client(Protocol):
     """The API calls a pass makes (kube.py in production, a fake in unit tests)."""
 
-    def apply(self, manifest: Mapping[str, Any]) -> dict[str, Any]: ...
-    def delete(self, kind: str, namespace: str, name: str) -> None: ...
-    def patch_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any] | None: ...
-    def secret_exists(self, namespace: str, name: str) -> bool: ...
+    def apply(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
+        """Server-side apply; returns the object."""
+
+    def delete(self, kind: str, namespace: str, name: str) -> None:
+        """Delete; already gone is fine."""
+
+    def patch_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Merge-patch the status; None when the object is gone."""
+
+    def secret_exists(self, namespace: str, name: str) -> bool:
+        """Whether a Secret exists."""
+
     def post_event(
         self, involved: Mapping[str, Any], type_: str, reason: str, message: str, now: datetime | None = None
-    ) -> None: ...
+    ) -> None:
+        """Post an Event about the object."""
 
 
 def _apply(client: Client, action: Action, world: World, snap: Snapshot, namespace: str) -> str | None:
@@ -437,11 +446,6 @@ class Controller:
         self._locks.pop(key, None)
         self._failures.pop(key, None)
         self.world.forget(*key)
-
-
-def keys_of(bodies: Iterable[Mapping[str, Any]]) -> list[Key]:
-    """(namespace, name) of each body."""
-    return [(b["metadata"]["namespace"], b["metadata"]["name"]) for b in bodies]
 
 
 def percentile(values: list[float], q: float) -> float:

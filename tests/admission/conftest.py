@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,17 @@ CRD = Path(__file__).resolve().parents[2] / "crds" / "chatfleet.io_chatbotservic
 def crd_installed(cluster):
     """Apply the ChatbotService CRD and wait until it is served."""
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-    cluster.kubectl(
-        "wait", "--for=condition=Established", "crd/chatbotservices.chatfleet.io", "--timeout=60s"
-    )
+    for _ in range(120):  # right after the apply the CRD may have no status yet: kubectl wait then errors
+        res = cluster.kubectl(
+            "wait",
+            "--for=condition=Established",
+            "crd/chatbotservices.chatfleet.io",
+            "--timeout=30s",
+            check=False,
+        )
+        if res.returncode == 0:
+            break
+        time.sleep(0.5)
+    else:
+        raise AssertionError(f"CRD not Established: {res.stderr}")
     return cluster

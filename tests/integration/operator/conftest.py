@@ -90,9 +90,19 @@ class OperatorProcess:
 def chatfleet_crd(cluster):
     """The ChatbotService CRD, applied once and Established."""
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-    cluster.kubectl(
-        "wait", "--for=condition=Established", "crd/chatbotservices.chatfleet.io", "--timeout=60s"
-    )
+    for _ in range(120):  # right after the apply the CRD may have no status yet: kubectl wait then errors
+        res = cluster.kubectl(
+            "wait",
+            "--for=condition=Established",
+            "crd/chatbotservices.chatfleet.io",
+            "--timeout=30s",
+            check=False,
+        )
+        if res.returncode == 0:
+            break
+        time.sleep(0.5)
+    else:
+        raise AssertionError(f"CRD not Established: {res.stderr}")
     return cluster
 
 

@@ -126,6 +126,8 @@ class StopMatcher:
 
 
 class _Row:
+    end: float | None = None
+
     def __init__(self, index: int, req: GenerationRequest, tokenizer, start: float):
         self.index = index
         self.req = req
@@ -154,6 +156,19 @@ class _Row:
         if force or self.last_sent is None or now - self.last_sent >= interval_s:
             text, self.unsent, self.last_sent = self.unsent, "", now
             self.req.on_text(text)
+
+
+@dataclass
+class _Batch:
+    """A running batch: rows, pending logits, KV cache, attention mask and next positions."""
+
+    rows: list[_Row]
+    logits: object
+    cache: object
+    mask: object
+    next_pos: object
+    last_check: float = 0.0
+    step: int = 0
 
 
 class BatchGenerator:
@@ -200,31 +215,15 @@ class BatchGenerator:
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
         """Generate for every request in one batched loop; returns results in request order."""
-        torch = self.torch
         start = self.clock()
-        rows = [_Row(i, r, self.tokenizer, start) for i, r in enumerate(requests)]
-        for row in rows:
-            if row.req.params.seed is not None:
-                row.rng = torch.Generator(device=self.device).manual_seed(row.req.params.seed)
+        rows = [self.new_row(i, r, start) for i, r in enumerate(requests)]
         if not rows:
             return []
         self.stats["batches"] += 1
         self.stats["rows"] += len(rows)
-        with torch.inference_mode():
+        with self.torch.inference_mode():
             self._run(rows)
-        end = self.clock()
-        return [
-            GenerationResult(
-                text=row.stop.text,
-                token_ids=row.generated,
-                finish_reason=row.finish or "length",
-                prompt_tokens=len(row.req.prompt_ids),
-                cached_tokens=row.cached,
-                first_token_s=row.first_token_s,
-                total_s=end - start,
-            )
-            for row in rows
-        ]
+        return [self.result(row) for row in rows]
 
     # ---- internals ----------------------------------------------------------------------------
 
@@ -345,71 +344,236 @@ class BatchGenerator:
         return out.tolist()
 
     def _run(self, rows: list[_Row]) -> None:
+        batch: _Batch | None = self._start(rows)
+        while batch is not None:
+            batch, _ = self._step(batch)
+
+    def _start(self, rows: list[_Row]) -> _Batch:
+        """Prefill rows into a new batch (logits pending for the first sampling)."""
+        logits, cache, mask, next_pos = self._prefill(rows)
+        return _Batch(list(rows), logits, cache, mask, next_pos, last_check=self.clock())
+
+    def _merge(self, a: _Batch, b: _Batch) -> _Batch:
+        """Join two batches between steps: left-pad the shorter cache (masked), concatenate rows.
+
+        Positions are explicit per row, so padding on the left changes nothing for the running rows.
+        """
         torch = self.torch
-        active = list(rows)
-        logits, cache, mask, next_pos = self._prefill(active)
-        step = 0
-        last_check = self.clock()
-        while active:
-            tokens = self._sample(logits, active)
-            now = self.clock()
-            # is_cancelled() is an IPC round trip in Triton: ask at most every cancel_check_interval_s.
-            check_cancel = step == 0 or now - last_check >= self.cancel_check_interval_s
-            if check_cancel:
-                last_check = now
-            keep: list[int] = []
-            for b, (row, tok) in enumerate(zip(active, tokens, strict=True)):
-                if row.first_token_s is None:
-                    row.first_token_s = now - row.start
-                row.generated.append(tok)
-                self.stats["tokens"] += 1
-                if tok in self.eos_ids:
-                    row.finish = "stop"
-                else:
-                    row.pending.append(tok)
-                    # Text is needed now only for stop sequences or a due stream chunk; else it waits.
-                    streaming_due = row.req.on_text is not None and (
-                        row.last_sent is None or now - row.last_sent >= self.stream_interval_s
-                    )
-                    if row.stop.stops or streaming_due:
-                        row.flush_tokens()
-                    if row.stop.stopped:
-                        row.finish = "stop"
-                    elif len(row.generated) >= row.req.params.max_new_tokens:
-                        row.finish = "length"
-                    else:
-                        row.send(now, self.stream_interval_s)
-                if row.finish is None and row.req.is_cancelled and check_cancel:
-                    try:
-                        if row.req.is_cancelled():
-                            row.finish = "cancelled"
-                    except Exception:  # a broken hook must not break the batch
-                        log.exception("is_cancelled hook failed")
-                if row.finish is None:
-                    keep.append(b)
-                    continue
-                if row.finish != "cancelled":
-                    row.flush_tokens()
-                    row.unsent += row.stop.flush()
-                    row.send(now, self.stream_interval_s, force=True)
-                self._store_session(row, cache, mask, b)
-            if not keep:
-                break
-            if len(keep) < len(active):
-                index = torch.tensor(keep, dtype=torch.long, device=self.device)
-                cache.batch_select_indices(index)
-                mask, next_pos = mask[index], next_pos[index]
-                active = [active[b] for b in keep]
-                tokens = [tokens[b] for b in keep]
-            input_ids = torch.tensor(tokens, dtype=torch.long, device=self.device).unsqueeze(-1)
-            mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
-            out = self.model(
-                input_ids=input_ids,
-                attention_mask=mask,
-                position_ids=next_pos.unsqueeze(-1),
-                past_key_values=cache,
-                use_cache=True,
+        from transformers import DynamicCache
+
+        la, lb = a.mask.shape[1], b.mask.shape[1]
+        width = max(la, lb)
+
+        def pad(t, n: int, dim: int):
+            if n == 0:
+                return t
+            shape = list(t.shape)
+            shape[dim] = n
+            return torch.cat([t.new_zeros(shape), t], dim=dim)
+
+        layers = [
+            (
+                torch.cat([pad(x.keys, width - la, 2), pad(y.keys, width - lb, 2)]),
+                torch.cat([pad(x.values, width - la, 2), pad(y.values, width - lb, 2)]),
             )
-            next_pos = next_pos + 1
-            logits, cache = out.logits[:, -1, :], out.past_key_values
-            step += 1
+            for x, y in zip(a.cache.layers, b.cache.layers, strict=True)
+        ]
+        return _Batch(
+            a.rows + b.rows,
+            torch.cat([a.logits, b.logits]),
+            DynamicCache(ddp_cache_data=layers, config=self.model.config),
+            torch.cat([pad(a.mask, width - la, 1), pad(b.mask, width - lb, 1)]),
+            torch.cat([a.next_pos, b.next_pos]),
+            last_check=min(a.last_check, b.last_check),
+            step=a.step,
+        )
+
+    def _step(self, batch: _Batch) -> tuple[_Batch | None, list[_Row]]:
+        """Sample one token per row, finish rows, drop them, run the next forward; returns finished rows."""
+        torch = self.torch
+        active, logits, cache, mask, next_pos = (
+            batch.rows,
+            batch.logits,
+            batch.cache,
+            batch.mask,
+            batch.next_pos,
+        )
+        tokens = self._sample(logits, active)
+        now = self.clock()
+        # is_cancelled() is an IPC round trip in Triton: ask at most every cancel_check_interval_s.
+        check_cancel = batch.step == 0 or now - batch.last_check >= self.cancel_check_interval_s
+        if check_cancel:
+            batch.last_check = now
+        keep: list[int] = []
+        finished: list[_Row] = []
+        for b, (row, tok) in enumerate(zip(active, tokens, strict=True)):
+            if row.first_token_s is None:
+                row.first_token_s = now - row.start
+            row.generated.append(tok)
+            self.stats["tokens"] += 1
+            if tok in self.eos_ids:
+                row.finish = "stop"
+            else:
+                row.pending.append(tok)
+                # Text is needed now only for stop sequences or a due stream chunk; else it waits.
+                streaming_due = row.req.on_text is not None and (
+                    row.last_sent is None or now - row.last_sent >= self.stream_interval_s
+                )
+                if row.stop.stops or streaming_due:
+                    row.flush_tokens()
+                if row.stop.stopped:
+                    row.finish = "stop"
+                elif len(row.generated) >= row.req.params.max_new_tokens:
+                    row.finish = "length"
+                else:
+                    row.send(now, self.stream_interval_s)
+            if row.finish is None and row.req.is_cancelled and check_cancel:
+                try:
+                    if row.req.is_cancelled():
+                        row.finish = "cancelled"
+                except Exception:  # a broken hook must not break the batch
+                    log.exception("is_cancelled hook failed")
+            if row.finish is None:
+                keep.append(b)
+                continue
+            if row.finish != "cancelled":
+                row.flush_tokens()
+                row.unsent += row.stop.flush()
+                row.send(now, self.stream_interval_s, force=True)
+            self._store_session(row, cache, mask, b)
+            row.end = now
+            finished.append(row)
+        if not keep:
+            return None, finished
+        if len(keep) < len(active):
+            index = torch.tensor(keep, dtype=torch.long, device=self.device)
+            cache.batch_select_indices(index)
+            mask, next_pos = mask[index], next_pos[index]
+            active = [active[b] for b in keep]
+            tokens = [tokens[b] for b in keep]
+        input_ids = torch.tensor(tokens, dtype=torch.long, device=self.device).unsqueeze(-1)
+        mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=next_pos.unsqueeze(-1),
+            past_key_values=cache,
+            use_cache=True,
+        )
+        batch.rows, batch.logits, batch.cache, batch.mask = (
+            active,
+            out.logits[:, -1, :],
+            out.past_key_values,
+            mask,
+        )
+        batch.next_pos, batch.step = next_pos + 1, batch.step + 1
+        return batch, finished
+
+    def result(self, row: _Row) -> GenerationResult:
+        """The GenerationResult of a finished row."""
+        return GenerationResult(
+            text=row.stop.text,
+            token_ids=row.generated,
+            finish_reason=row.finish or "length",
+            prompt_tokens=len(row.req.prompt_ids),
+            cached_tokens=row.cached,
+            first_token_s=row.first_token_s,
+            total_s=(row.end or self.clock()) - row.start,
+        )
+
+    def new_row(self, index: int, request: GenerationRequest, start: float) -> _Row:
+        """Wrap a request as a batch row (seeded generator when the request asks for one)."""
+        row = _Row(index, request, self.tokenizer, start)
+        if request.params.seed is not None:
+            row.rng = self.torch.Generator(device=self.device).manual_seed(request.params.seed)
+        return row
+
+
+class InflightEngine:
+    """Continuous (in-flight) batching: new requests join the running batch at the next step.
+
+    A background thread owns the batch. ``submit`` queues a request with a completion callback; between
+    decode steps the thread prefills whatever arrived (up to ``max_rows`` rows in all) and merges it into
+    the running batch, so a request never waits for a whole batch to finish. Used by the decoupled
+    (streaming) model, whose responses are sent from this thread.
+    """
+
+    def __init__(
+        self,
+        generator: BatchGenerator,
+        *,
+        max_rows: int = 32,
+        on_join: Callable[[int, int], None] | None = None,
+    ):
+        import queue
+        import threading
+
+        self.generator = generator
+        self.max_rows = max(1, max_rows)
+        self.on_join = on_join or (lambda rows, joined: None)
+        self._queue: queue.Queue = queue.Queue()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="chatfleet-inflight", daemon=True)
+        self._thread.start()
+
+    def submit(
+        self, request: GenerationRequest, on_done: Callable[[GenerationResult | None, Exception | None], None]
+    ) -> None:
+        """Queue a request; on_done(result, None) or on_done(None, error) is called exactly once."""
+        self._queue.put((request, on_done, self.generator.clock()))
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the thread (requests still running are answered with an error)."""
+        self._stop.set()
+        self._queue.put(None)
+        self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        import queue
+
+        torch = self.generator.torch
+        threads = torch.get_num_threads()
+        torch.set_num_threads(threads)  # OpenMP thread counts are per OS thread
+        batch: _Batch | None = None
+        callbacks: dict[int, Callable] = {}
+        while not self._stop.is_set():
+            joining = []
+            room = self.max_rows - (len(batch.rows) if batch else 0)
+            try:
+                while len(joining) < room:
+                    item = self._queue.get(block=batch is None and not joining, timeout=0.5)
+                    if item is None:
+                        break
+                    joining.append(item)
+            except queue.Empty:
+                pass
+            try:
+                with torch.inference_mode():
+                    if joining:
+                        rows = []
+                        for request, on_done, start in joining:
+                            row = self.generator.new_row(0, request, start)
+                            callbacks[id(row)] = on_done
+                            rows.append(row)
+                        new = self.generator._start(rows)
+                        batch = new if batch is None else self.generator._merge(batch, new)
+                        self.on_join(len(batch.rows), len(rows))
+                    if batch is None:
+                        continue
+                    batch, finished = self.generator._step(batch)
+                for row in finished:
+                    self._done(callbacks.pop(id(row)), self.generator.result(row), None)
+            except Exception as exc:  # answer every affected request, then carry on with an empty batch
+                log.exception("in-flight batch failed")
+                for key in list(callbacks):
+                    self._done(callbacks.pop(key), None, exc)
+                batch = None
+        for key in list(callbacks):
+            self._done(callbacks.pop(key), None, RuntimeError("engine stopped"))
+
+    @staticmethod
+    def _done(callback, result, error) -> None:
+        try:
+            callback(result, error)
+        except Exception:
+            log.exception("completion callback failed")

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from chatfleet_runtime.generation import BatchGenerator, GenerationRequest, GenerationResult
+from chatfleet_runtime.generation import BatchGenerator, GenerationRequest, GenerationResult, InflightEngine
 from chatfleet_runtime.prefix_cache import PrefixCache
 from chatfleet_runtime.prompting import (
     RequestError,
@@ -74,9 +74,15 @@ class ServiceSettings:
     default_max_tokens: int = 64
     warmup: bool = True
     stream_interval_ms: int = 20
+    inflight_batching: bool = True
+    """Streaming model: requests join the running batch between steps (continuous batching)."""
+    max_batch_size: int = 8
+    """Rows in one batch (Triton's max_batch_size; also the in-flight engine's limit)."""
 
     @classmethod
-    def from_parameters(cls, params: Mapping[str, str], kind: str = "KIND_CPU") -> ServiceSettings:
+    def from_parameters(
+        cls, params: Mapping[str, str], kind: str = "KIND_CPU", max_batch_size: int = 8
+    ) -> ServiceSettings:
         """Build settings from config.pbtxt string parameters (unknown keys are ignored)."""
 
         def num(key: str, default: int) -> int:
@@ -97,12 +103,19 @@ class ServiceSettings:
             default_max_tokens=num("default_max_tokens", 64),
             warmup=params.get("warmup", "true").lower() != "false",
             stream_interval_ms=num("stream_interval_ms", 20),
+            inflight_batching=params.get("inflight_batching", "true").lower() != "false",
+            max_batch_size=max(1, int(max_batch_size)),
         )
 
 
 def parameters_from_model_config(model_config: Mapping[str, Any]) -> dict[str, str]:
     """Flatten Triton's JSON model config ``parameters`` into {key: string_value}."""
     return {k: v.get("string_value", "") for k, v in (model_config.get("parameters") or {}).items()}
+
+
+def max_batch_size(model_config: Mapping[str, Any]) -> int:
+    """Triton's max_batch_size from a model config (1 when batching is off)."""
+    return max(1, int(model_config.get("max_batch_size") or 1))
 
 
 def instance_kind(model_config: Mapping[str, Any]) -> str:
@@ -155,8 +168,37 @@ class ChatService:
             prefix_cache=self.prefix_cache,
             stream_interval_s=settings.stream_interval_ms / 1000,
         )
+        self.engine: InflightEngine | None = None
         if settings.warmup:
             self.warmup()
+
+    def start_inflight(self) -> InflightEngine:
+        """Start the continuous-batching engine (the streaming model uses it instead of run())."""
+        if self.engine is None:
+            self.engine = InflightEngine(
+                self.generator,
+                max_rows=self.settings.max_batch_size,
+                on_join=lambda rows, joined: self.observer.batch(rows, 0.0, 0),
+            )
+        return self.engine
+
+    def submit(self, request: GenerationRequest, on_done) -> None:
+        """Hand a prepared request to the in-flight engine; on_done(result, error) is called once."""
+        assert self.engine is not None, "start_inflight() first"
+
+        def done(result, error):
+            if result is not None:
+                self.observer.finished(result)
+                self.observer.cache(self.prefix_cache)
+            on_done(result, error)
+
+        self.engine.submit(request, done)
+
+    def close(self) -> None:
+        """Stop the in-flight engine, if any."""
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
 
     def warmup(self) -> GenerationResult:
         """Run one short generation so the first real request does not pay for lazy initialisation."""

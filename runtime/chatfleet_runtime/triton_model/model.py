@@ -15,8 +15,10 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 from chatfleet_runtime.service import (
     ChatService,
+    Prepared,
     ServiceSettings,
     instance_kind,
+    max_batch_size,
     parameters_from_model_config,
 )
 
@@ -83,13 +85,15 @@ class TritonObserver:
         self._seen = (0, 0, 0)
 
     def batch(self, rows, generate_s, tokens):
-        """Record one batched generate."""
+        """Record one batched generate (in-flight batching: the batch size when requests join)."""
         self.batch_rows.observe(rows)
-        self.generate_s.observe(generate_s)
-        self.tokens.increment(tokens)
+        if generate_s > 0:
+            self.generate_s.observe(generate_s)
 
     def finished(self, result):
-        """Record one finished row."""
+        """Record one finished row (and its tokens)."""
+        if result.token_ids:
+            self.tokens.increment(len(result.token_ids))
         if result.first_token_s is not None:
             self.ttft.observe(result.first_token_s)
         metric = self.finish_metrics.get(result.finish_reason)
@@ -134,10 +138,13 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         settings = ServiceSettings.from_parameters(
-            parameters_from_model_config(config), instance_kind(config)
+            parameters_from_model_config(config), instance_kind(config), max_batch_size(config)
         )
         observer = TritonObserver(args["model_name"], args.get("model_version", "1"))
         self.service = ChatService(settings, observer)
+        self.inflight = self.decoupled and settings.inflight_batching
+        if self.inflight:
+            self.service.start_inflight()
 
     def execute(self, requests):
         """Answer every request of the batch exactly once (decoupled: deltas, then a final flag)."""
@@ -156,9 +163,18 @@ class TritonPythonModel:
                 )
             except Exception as exc:  # never let one request break the batch
                 log.exception("prepare failed")
-                from chatfleet_runtime.service import Prepared
-
                 prepared.append(Prepared(error=f"internal: {exc}"))
+        if self.inflight:
+            # Continuous batching: valid requests join the engine's running batch, which sends their
+            # deltas and final responses. Invalid ones are answered (final) right here.
+            for prep, sender in zip(prepared, senders, strict=True):
+                if prep.request is None:
+                    self._send_final(
+                        sender, pb_utils.InferenceResponse(error=pb_utils.TritonError(prep.error))
+                    )
+                else:
+                    self.service.submit(prep.request, self._finisher(sender))
+            return None
         good = [p.request for p in prepared if p.request is not None]
         try:
             results = iter(self.service.run(good))
@@ -186,6 +202,26 @@ class TritonPythonModel:
         return None if self.decoupled else responses
 
     @staticmethod
+    def _send_final(sender, response):
+        try:
+            sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        except Exception:  # the client went away: nothing left to answer
+            log.info("final response not delivered (client gone)")
+
+    def _finisher(self, sender):
+        def on_done(result, error):
+            if error is not None:
+                message = f"internal: generate failed: {error}"
+                response = pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
+            else:
+                response = pb_utils.InferenceResponse(
+                    _outputs("", len(result.token_ids), result.finish_reason)
+                )
+            self._send_final(sender, response)
+
+        return on_done
+
+    @staticmethod
     def _streamer(sender):
         count = {"n": 0}
 
@@ -199,5 +235,7 @@ class TritonPythonModel:
         return on_text
 
     def finalize(self):
-        """Release the model."""
+        """Stop the in-flight engine and release the model."""
+        if self.service is not None:
+            self.service.close()
         self.service = None

@@ -116,11 +116,23 @@ def batch_stats(triton, model="chat") -> dict[int, int]:
     return {b["batch_size"]: int(b["compute_infer"]["count"]) for b in stats["model_stats"][0]["batch_stats"]}
 
 
+def settled_stats(triton) -> dict[int, int]:
+    """Batch statistics once the previous tests' last executions have been recorded."""
+    previous = batch_stats(triton)
+    for _ in range(20):
+        time.sleep(0.25)
+        current = batch_stats(triton)
+        if current == previous:
+            return current
+        previous = current
+    return previous
+
+
 def test_dynamic_batches_form_under_concurrency(triton):
     """16 concurrent gRPC clients: Triton's statistics show executions with more than one request."""
     import tritonclient.grpc as grpcclient
 
-    before = batch_stats(triton)
+    before = settled_stats(triton)
     rows_before = metric_value(triton.metrics_url, "chatfleet_model_batch_size_sum", model="chat")
     execs_before = metric_value(triton.metrics_url, "chatfleet_model_batch_size_count", model="chat")
 

@@ -193,3 +193,74 @@ def test_non_streaming_text_equals_streaming_text(gen, tokenizer):
     )[0]
     plain = gen.generate([GenerationRequest(p.ids, SamplingParams(max_new_tokens=24))])[0]
     assert plain.text == streamed.text == "".join(deltas)
+
+
+def test_inflight_engine_joins_running_batch_with_identical_output(model, tokenizer):
+    """Requests submitted while others run join the batch mid-flight; greedy output is unchanged."""
+    import threading
+    import time
+
+    from chatfleet_runtime.generation import InflightEngine
+
+    gen = BatchGenerator(model, tokenizer, prefix_cache=PrefixCache())
+    texts = ["Hello there", "Tell me a long story about Kubernetes and pods", "Hi", "What is Triton?"]
+    prompts = [prompt(tokenizer, t) for t in texts]
+    lengths = [40, 12, 25, 30]
+    expected = [
+        gen.generate([GenerationRequest(p.ids, SamplingParams(max_new_tokens=n), use_prefix_cache=False)])[
+            0
+        ].token_ids
+        for p, n in zip(prompts, lengths, strict=True)
+    ]
+    joins: list[tuple[int, int]] = []
+    engine = InflightEngine(gen, max_rows=8, on_join=lambda rows, joined: joins.append((rows, joined)))
+    results: dict[int, object] = {}
+    done = threading.Event()
+
+    def finish(i):
+        def cb(result, error):
+            results[i] = result if error is None else error
+            if len(results) == len(prompts):
+                done.set()
+
+        return cb
+
+    try:
+        for i, (p, n) in enumerate(zip(prompts, lengths, strict=True)):
+            engine.submit(
+                GenerationRequest(p.ids, SamplingParams(max_new_tokens=n), use_prefix_cache=False), finish(i)
+            )
+            time.sleep(0.01)
+        assert done.wait(60)
+    finally:
+        engine.close()
+    assert [results[i].token_ids for i in range(len(prompts))] == expected
+    assert any(rows > joined for rows, joined in joins), joins  # someone joined a running batch
+
+
+def test_inflight_engine_reports_errors_and_keeps_serving(model, tokenizer):
+    import threading
+
+    from chatfleet_runtime.generation import InflightEngine
+
+    gen = BatchGenerator(model, tokenizer)
+    engine = InflightEngine(gen)
+    got: list = []
+    event = threading.Event()
+
+    def cb(result, error):
+        got.append((result, error))
+        event.set()
+
+    try:
+        engine.submit(
+            GenerationRequest([], SamplingParams(max_new_tokens=3)), cb
+        )  # empty prompt: prefill fails
+        assert event.wait(30)
+        assert got[0][0] is None and got[0][1] is not None
+        event.clear()
+        engine.submit(GenerationRequest(prompt(tokenizer, "ok").ids, SamplingParams(max_new_tokens=3)), cb)
+        assert event.wait(30)
+        assert got[1][1] is None and len(got[1][0].token_ids) == 3
+    finally:
+        engine.close()

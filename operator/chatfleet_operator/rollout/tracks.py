@@ -188,19 +188,23 @@ def release_children(
     else:
         traffic_objs.append(build_selector_service(ref, ref.name, selector_all, affinity_seconds=affinity))
 
-    # Rollback order: traffic first, then stable grows back, then the canary shrinks.
+    # Rollback order: traffic first (existing Services and routes), then stable grows back, then the
+    # canary shrinks. Traffic objects that do not exist yet come last, as the steady state has them:
+    # the API server allocates ClusterIPs slowly and pods should not wait behind them.
     rest = [
         m
         for key, m in by_key.items()
         if key not in (("Deployment", stable_name), ("ConfigMap", configmap_name(ref)), ("Service", ref.name))
     ]
+    exists = [(m["kind"], m["metadata"]["name"]) in children for m in traffic_objs]
     desired: list[dict[str, Any]] = []
     if stable_cm is not None:
         desired.append(stable_cm)
-    desired += traffic_objs
+    desired += [m for m, e in zip(traffic_objs, exists, strict=True) if e]
     desired.append(stable_dep)
     desired += canary_objs
     desired += rest
+    desired += [m for m, e in zip(traffic_objs, exists, strict=True) if not e]
     return ReleaseOutcome(desired=desired, plan=plan, serving_revision=serving, canary=canary)
 
 

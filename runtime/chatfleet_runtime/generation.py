@@ -509,6 +509,8 @@ class InflightEngine:
         import threading
 
         self.generator = generator
+        # OpenMP thread counts are per OS thread: take the creating thread's setting into the engine's.
+        self.threads = generator.torch.get_num_threads()
         self.max_rows = max(1, max_rows)
         self.on_join = on_join or (lambda rows, joined: None)
         self._queue: queue.Queue = queue.Queue()
@@ -532,8 +534,7 @@ class InflightEngine:
         import queue
 
         torch = self.generator.torch
-        threads = torch.get_num_threads()
-        torch.set_num_threads(threads)  # OpenMP thread counts are per OS thread
+        torch.set_num_threads(self.threads)
         batch: _Batch | None = None
         callbacks: dict[int, Callable] = {}
         while not self._stop.is_set():

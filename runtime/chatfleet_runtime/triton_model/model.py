@@ -13,6 +13,7 @@ import logging
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
+
 from chatfleet_runtime.service import (
     ChatService,
     Prepared,

@@ -362,14 +362,27 @@ def plot(result: dict, path: Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     axes[0].set_yscale("log")
-    mt = result["multiturn"]
+    groups = [("tiny", result["multiturn"]), ("small", result.get("multiturn_small_model"))]
+    groups = [(name, m) for name, m in groups if m]
+    xs3 = range(len(groups))
     axes[3].bar(
-        ["prefix reuse", "recompute"],
-        [mt["reuse_ms_p50"], mt["recompute_ms_p50"]],
-        color=["tab:green", "tab:gray"],
+        [x - 0.2 for x in xs3],
+        [m["reuse_ms_p50"] for _, m in groups],
+        0.4,
+        label="prefix reuse",
+        color="tab:green",
     )
-    axes[3].set_title(f"2nd turn at {mt['history_tokens']} tokens history (p50)")
+    axes[3].bar(
+        [x + 0.2 for x in xs3],
+        [m["recompute_ms_p50"] for _, m in groups],
+        0.4,
+        label="recompute",
+        color="tab:gray",
+    )
+    axes[3].set_xticks(list(xs3), [f"{name}\n{m['ratio']:.2f}x" for name, m in groups])
+    axes[3].set_title(f"2nd turn at ~{groups[0][1]['history_tokens']} tokens of history (p50)")
     axes[3].set_ylabel("ms")
+    axes[3].legend(fontsize=7)
     fig.suptitle(
         f"chatfleet runtime vs naive generate() - {result['model']['size']} model, CPU only (no GPU lent)"
     )

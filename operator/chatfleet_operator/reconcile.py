@@ -183,6 +183,8 @@ class Outcome:
     problems: list[Problem]
     writes: int
     status: dict[str, Any]
+    retry: bool = False
+    """An apply failed in a way worth retrying (5xx, 429, 409) even without a kopf retry."""
 
 
 def desired_children(
@@ -248,8 +250,10 @@ class Client(Protocol):
         """Post an Event about the object."""
 
 
-def _apply(client: Client, action: Action, world: World, snap: Snapshot, namespace: str) -> str | None:
-    """Run one planned write; return a problem message when the API refuses it as invalid."""
+def _apply(
+    client: Client, action: Action, world: World, snap: Snapshot, namespace: str
+) -> tuple[str, bool] | None:
+    """Run one planned write; on refusal return (problem message, worth retrying)."""
     key = (action.kind, action.name)
     try:
         if action.verb == "delete":
@@ -266,11 +270,13 @@ def _apply(client: Client, action: Action, world: World, snap: Snapshot, namespa
         verb = "Created" if action.why == "missing" else "Updated"
         log.info("%s %s %s/%s (%s)", verb, action.kind, namespace, action.name, action.why)
     except ApiError as exc:
-        if exc.status in (400, 422):
-            return f"{action.kind} {action.name} was refused by the API server: {exc.message}"
         if _namespace_gone(exc):
             raise Gone(namespace) from exc
-        raise
+        if exc.status in (400, 422):
+            return f"{action.kind} {action.name} was refused by the API server: {exc.message}", False
+        # e.g. 500 "failed to allocate a serviceIP: range is full", 429, 409: shown, and retried.
+        log.warning("Failed to apply %s %s/%s: %s", action.kind, namespace, action.name, exc)
+        return f"{action.kind} {action.name} could not be applied ({exc.status}): {exc.message}", True
     return None
 
 
@@ -291,13 +297,13 @@ def reconcile_pass(
     actions = plan_children(desired, snap.children, DELETABLE_KINDS)
 
     # 3. Apply: only what differs. An invalid object is a problem for the user, not a crash.
-    refused = [msg for action in actions if (msg := _apply(client, action, world, snap, ref.namespace))]
+    refused = [r for action in actions if (r := _apply(client, action, world, snap, ref.namespace))]
 
     # 4. Compute the whole new status (pure) from the freshest view of the Deployment.
     dep_body = snap.children.get(("Deployment", ref.name))
     dep = deployment_facts(dep_body) if dep_body is not None else None
     problems = diagnose(spec, snap.nodes, snap.pods, dep, missing)
-    problems += [Problem(api.Reason.APPLY_FAILED, msg) for msg in refused]
+    problems += [Problem(api.Reason.APPLY_FAILED, msg) for msg, _ in refused]
     obs = Observation(
         generation=ref.generation,
         revision=revision,
@@ -333,7 +339,7 @@ def reconcile_pass(
         log.info(
             "Posted %s event %s on ChatbotService %s/%s", event.type, event.reason, ref.namespace, ref.name
         )
-    return Outcome(problems=problems, writes=writes, status=new_status)
+    return Outcome(problems=problems, writes=writes, status=new_status, retry=any(t for _, t in refused))
 
 
 def backoff_delay(retry: int, base: float, ceiling: float) -> float:
@@ -425,14 +431,19 @@ class Controller:
         """A triggered pass; API failures retry with backoff (kopf handlers retry their own)."""
         self._pending.discard(key)
         try:
-            await self.run_pass(key)
-            self._failures.pop(key, None)
+            outcome = await self.run_pass(key)
         except Exception as exc:
-            failures = self._failures[key] = self._failures.get(key, 0) + 1
-            delay = backoff_delay(failures - 1, 1.0, self.settings.retry.max_delay)
-            log.warning("Failed to reconcile ChatbotService %s/%s (retry in %.0fs): %s", *key, delay, exc)
-            loop = asyncio.get_running_loop()
-            loop.call_later(delay, self.trigger, key)
+            outcome, error = None, exc
+        else:
+            error = None
+            if outcome is None or not outcome.retry:
+                self._failures.pop(key, None)
+                return
+        failures = self._failures[key] = self._failures.get(key, 0) + 1
+        delay = backoff_delay(failures - 1, 1.0, self.settings.retry.max_delay)
+        why = error or "; ".join(p.message for p in outcome.problems if p.reason == api.Reason.APPLY_FAILED)
+        log.warning("Failed to reconcile ChatbotService %s/%s (retry in %.0fs): %s", *key, delay, why)
+        asyncio.get_running_loop().call_later(delay, self.trigger, key)
 
     def node_event(self, event_type: str, body: Mapping[str, Any]) -> None:
         """A node appeared, changed labels or GPUs: retry at once the ChatbotServices waiting for one."""

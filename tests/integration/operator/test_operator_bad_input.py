@@ -110,3 +110,12 @@ def test_a_new_gpu_node_unblocks_without_waiting_for_backoff(kube):
         ).get("status")
     finally:
         kube.cluster.kubectl("delete", "node", "gpu-node-gb300", "--wait=false", check=False)
+
+
+def test_missing_image_stalls_with_image_pull_failed(kube):
+    kube.apply(chatbot("bot", podMetadata={"labels": {"sim.chatfleet.io/health": "imagepull"}}))
+    cond = stalled(kube, "bot", "ImagePullFailed", timeout=45)
+    assert "spec.runtime.image" in cond["message"] and "ErrImagePull" in cond["message"]
+    assert kube.condition("bot", "Ready")["status"] == "False"
+    warnings = [e for e in kube.events("bot") if e["reason"] == "ImagePullFailed"]
+    assert len(warnings) == 1

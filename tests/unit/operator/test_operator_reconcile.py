@@ -132,7 +132,7 @@ class TestReconcilePass:
 
     def test_invalid_object_is_a_problem_not_a_crash(self):
         outcome = run(cbs_body(), FakeClient(refuse=422))
-        assert {p.reason for p in outcome.problems} == {Reason.APPLY_FAILED}
+        assert {p.reason for p in outcome.problems} == {Reason.APPLY_FAILED} and not outcome.retry
 
     def test_terminating_namespace_is_gone_not_an_error(self):
         client = FakeClient(refuse=403)
@@ -140,9 +140,12 @@ class TestReconcilePass:
         with pytest.raises(Gone):
             run(cbs_body(), client)
 
-    def test_server_errors_propagate_for_retry(self):
-        with pytest.raises(ApiError):
-            run(cbs_body(), FakeClient(refuse=500))
+    def test_server_errors_are_a_problem_and_retried(self):
+        client = FakeClient(refuse=500)
+        client.refuse_message = "failed to allocate a serviceIP: range is full"
+        outcome = run(cbs_body(), client)
+        assert outcome.retry and {p.reason for p in outcome.problems} == {Reason.APPLY_FAILED}
+        assert "range is full" in outcome.problems[0].message
 
 
 class TestBackoff:

@@ -119,10 +119,14 @@ def render_config_pbtxt(cfg: ChatModelConfig, *, name: str, decoupled: bool) -> 
         "]",
         "dynamic_batching {",
     ]
-    if cfg.preferred_batch_sizes:
+    # The streaming model batches in flight (requests join the running batch between decode steps), so
+    # holding requests in Triton's queue would only add latency: hand them over at once.
+    inflight = decoupled and str(cfg.extra_parameters.get("inflight_batching", "true")).lower() != "false"
+    if cfg.preferred_batch_sizes and not inflight:
         sizes = ", ".join(str(s) for s in cfg.preferred_batch_sizes)
         lines.append(f"  preferred_batch_size: [ {sizes} ]")
-    lines += [f"  max_queue_delay_microseconds: {cfg.max_queue_delay_us}", "}"]
+    delay = 0 if inflight else cfg.max_queue_delay_us
+    lines += [f"  max_queue_delay_microseconds: {delay}", "}"]
     lines += [f"instance_group [ {{ count: {cfg.instance_count} kind: {cfg.kind} }} ]"]
     if decoupled:
         lines.append("model_transaction_policy { decoupled: true }")

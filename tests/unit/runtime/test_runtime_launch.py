@@ -114,3 +114,23 @@ def test_tiny_cli(tmp_path):
 
     assert tiny.main([str(tmp_path / "m")]) == 0 and (tmp_path / "m" / "tokenizer.json").exists()
     assert sys.modules["chatfleet_runtime.tiny"] is tiny
+
+
+@pytest.mark.parametrize(
+    ("extra", "stream_delay", "stream_preferred"),
+    [
+        pytest.param({}, 0, False, id="inflight-default-no-queue-delay"),
+        pytest.param({"inflight_batching": "false"}, 7000, True, id="static-keeps-queue-delay"),
+    ],
+)
+def test_stream_model_queue_delay(extra, stream_delay, stream_preferred):
+    cfg = ChatModelConfig(
+        max_batch_size=8, preferred_batch_sizes=(4,), max_queue_delay_us=7000, extra_parameters=extra
+    )
+    files = model_repository_configs(cfg)
+    assert (
+        "max_queue_delay_microseconds: 7000" in files["chat"]
+        and "preferred_batch_size: [ 4 ]" in files["chat"]
+    )
+    assert f"max_queue_delay_microseconds: {stream_delay}" in files["chat_stream"]
+    assert ("preferred_batch_size" in files["chat_stream"]) is stream_preferred

@@ -72,6 +72,7 @@ def test_no_spare_gpu(bot, prometheus, traffic):
     # tick: canary Pending (Insufficient nvidia.com/gpu) -> status says so -> Auto replaces in place:
     # one stable pod gives its GPUs to the canary pod
     bot.wait(watch, 60, "switch to replace-in-place")
-    assert "Waiting for GPUs" in bot.release().get("message", "") or seen.get("waiting")
+    # status said so: waitingForGPUs while Pending, and the note when Auto switched to in-place
+    assert seen.get("waiting") or "no spare GPU" in bot.release().get("capacityNote", "")
     new = bot.release()["revision"]
     bot.wait(promoted_to(new), 150, "promotion without a spare GPU")

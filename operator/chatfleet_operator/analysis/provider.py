@@ -156,11 +156,16 @@ class PrometheusProvider:
 
 def _short(exc: BaseException) -> str:
     """First line of an exception, without the long urllib3 chains."""
-    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    if "Connection refused" in str(exc) or "NewConnectionError" in str(exc):
+    full = str(exc)
+    text = full.splitlines()[0] if full else type(exc).__name__
+    if "Connection refused" in full:
         return "connection refused"
-    if "timed out" in str(exc).lower():
+    if "NameResolution" in full or "resolve" in full:
+        return "host name not resolved"
+    if "timed out" in full.lower() or "Timeout" in full:
         return "timed out"
+    if "Max retries exceeded" in full or "NewConnectionError" in full:
+        return "unreachable"
     return text[:200]
 
 

@@ -184,8 +184,13 @@ def _since(value: Any, now: datetime) -> float:
 
 
 def stable_revision(old_status: Mapping[str, Any], stable: Track) -> str:
-    """The revision serving now: status.stableRevision, else the stable Deployment's label."""
-    return str(old_status.get("stableRevision") or stable.revision or "")
+    """The revision serving now: status.stableRevision, set once a revision was fully Ready.
+
+    A Deployment that never got Ready (e.g. pinned to a GPU product that does not exist) serves nothing,
+    so fixing its spec is no release: the Deployment is simply updated.
+    """
+    del stable
+    return str(old_status.get("stableRevision") or "")
 
 
 def analysis_due(

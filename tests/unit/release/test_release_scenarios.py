@@ -254,3 +254,10 @@ def test_blue_green_crash_after_switch_switches_back_at_once():
     w.tick()  # -> the active Service goes back to A at once; the old pods never left
     p = w.plans[-1]
     assert w.phase == ROLLED_BACK and p.active_revision == "A" and p.stable_replicas == 2
+
+
+def test_a_spec_that_never_got_ready_is_fixed_without_a_release():
+    w = world()
+    w.status = {}  # the first revision never became Ready: no stableRevision
+    p = w.tick()
+    assert not p.in_release and p.stable_from_spec and p.canary_replicas == 0

@@ -39,9 +39,14 @@ INVALID = "invalid_request: "
 class Observer(Protocol):
     """Metric sink (the Triton adapter implements it with pb_utils metrics)."""
 
-    def batch(self, rows: int, generate_s: float, tokens: int) -> None: ...
-    def finished(self, result: GenerationResult) -> None: ...
-    def cache(self, cache: PrefixCache) -> None: ...
+    def batch(self, rows: int, generate_s: float, tokens: int) -> None:
+        """A batch ran (or, in-flight, requests joined a batch of `rows`)."""
+
+    def finished(self, result: GenerationResult) -> None:
+        """A request finished."""
+
+    def cache(self, cache: PrefixCache) -> None:
+        """The prefix cache after a batch or a finished request."""
 
 
 class NullObserver:

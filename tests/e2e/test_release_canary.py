@@ -175,3 +175,19 @@ def test_manual_promote_and_pause_from_the_plugin(bot, prometheus, traffic):
     bot.plugin("resume", "bot")
     bot.plugin("promote", "bot")  # skip the 10-minute pauses
     bot.wait(promoted_to(new), 60, "manual promotion")
+
+
+def test_no_traffic_with_probe_load_promotes(bot, prometheus, traffic):
+    traffic.set("canary", rps=0)  # nobody talks to the canary ...
+    probe = {
+        "enabled": True,
+        "requests": 10,
+        "url": f"http://{traffic.target}/probe/{{track}}/v1/chat/completions",
+    }
+    start(bot, prometheus, analysis={"probe": probe})
+    new = release(bot)
+    # ... so after an Inconclusive measurement the operator sends 10 test prompts per interval to the
+    # canary (here the trafficsim's probe endpoint counts them as canary requests); the next measurements
+    # have data, pass, and the release promotes without any user traffic.
+    bot.wait(promoted_to(new), 150, "promotion on probe traffic")
+    assert bot.status()["releaseHistory"][0]["result"] == "Promoted"

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from chatfleet_operator.analysis.assess import (
@@ -38,6 +38,7 @@ from chatfleet_operator.analysis.assess import (
     empty_counters,
     fold,
 )
+from chatfleet_operator.analysis.queries import window_seconds
 from chatfleet_operator.rollout.facts import IMAGE_PULL_REASONS, PodFacts
 from chatfleet_operator.rollout.traffic import AUTO, REPLACE_IN_PLACE, SURGE, split
 from chatfleet_operator.spec import ChatbotServiceSpec
@@ -199,9 +200,15 @@ def analysis_due(
     """Whether this pass should measure: a release is analysing, its pods are Ready, an interval passed.
 
     e.g. interval 10 s, last measured 9 s ago -> False; 10 s ago -> True; never measured -> True.
+    The first measurement waits one rate() window (two intervals, at least 10 s) after the canary's
+    first Ready pod, so the window holds only the new pods' requests -- not the last samples of a
+    canary rolled back moments ago.
     """
     rel = old_status.get("release") or {}
     if rel.get("phase") not in (PROGRESSING, SWITCHED) or canary.ready < 1:
+        return False
+    start = parse_time(rel.get("analysisFrom"))
+    if start is None or now < start:
         return False
     last = (rel.get("analysis") or {}).get("lastMeasuredAt")
     return last is None or _since(last, now) >= spec.analysis.interval_seconds - 0.5
@@ -399,6 +406,13 @@ def _analysis_hold(rel: Mapping[str, Any], decision: str, reason: str) -> Gate |
     return None
 
 
+def _mark_analysis_start(inp: ReleaseInput, rel: dict[str, Any]) -> None:
+    """Record when analysis may start: one rate() window after the first Ready canary/preview pod."""
+    if not rel.get("analysisFrom"):
+        window = window_seconds(inp.spec.analysis.interval_seconds)
+        rel["analysisFrom"] = rfc3339(inp.now + timedelta(seconds=window))
+
+
 def _passed_since(rel: Mapping[str, Any], since: Any) -> bool:
     """A Successful measurement at or after `since`."""
     a = rel.get("analysis") or {}
@@ -460,6 +474,8 @@ def _canary(inp: ReleaseInput, old: Mapping[str, Any], rel: dict[str, Any], stab
             rel.pop("canaryReadyAt", None)
         elif not rel.get("canaryReadyAt"):
             rel["canaryReadyAt"] = rfc3339(inp.now)
+        if canary_ready:
+            _mark_analysis_start(inp, rel)
         waited = _since(rel.get("canaryReadyAt"), inp.now) if canary_ready else 0.0
         pause_left = step.pause_seconds - waited if canary_ready else None
         hold = _analysis_hold(rel, decision, analysis_reason)
@@ -624,6 +640,8 @@ def _blue_green(
         ready = inp.canary.revision == revision and inp.canary.ready >= preview
         if ready and not rel.get("canaryReadyAt"):
             rel["canaryReadyAt"] = rfc3339(inp.now)
+        if ready:
+            _mark_analysis_start(inp, rel)
         passed = _passed_since(rel, rel.get("canaryReadyAt"))
         manual = inp.options.wants(inp.options.promote, revision)
         auto_left = bg.blue_green_auto_promotion_seconds - _since(rel.get("canaryReadyAt"), inp.now)

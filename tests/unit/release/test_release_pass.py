@@ -68,12 +68,16 @@ def test_measures_only_when_due_and_folds_the_verdict():
     new_rev = out.plan.release["revision"]
     children.update({(m["kind"], m["metadata"]["name"]): m for m in out.desired})
     pods = [PodFacts("c-0", new_rev, "canary", "Running", True)]
-    # pass 2: canary Ready -> measured: error rate 9% > 1% -> failed 1
+    # pass 2: canary Ready -> analysis from one 20 s window later; nothing measured yet
     out = run(releases, NEW, children, pods, status, NOW + timedelta(seconds=1))
+    assert provider.calls == 0 and out.plan.release["analysisFrom"] == "2026-11-21T10:00:21Z"
+    status["release"] = out.plan.release
+    # pass 3, at analysisFrom: measured: error rate 9% > 1% -> failed 1
+    out = run(releases, NEW, children, pods, status, NOW + timedelta(seconds=21))
     assert provider.calls == 1 and out.plan.release["analysis"]["failed"] == 1
     status["release"] = out.plan.release
-    # pass 3, 5 s later: not due -> no query
-    run(releases, NEW, children, pods, status, NOW + timedelta(seconds=6))
+    # pass 4, 5 s later: not due -> no query
+    run(releases, NEW, children, pods, status, NOW + timedelta(seconds=26))
     assert provider.calls == 1
 
 

@@ -40,11 +40,15 @@ def test_healthy_canary_promotes_through_every_step():
 def test_error_rate_regression_rolls_back_in_failure_limit_checks():
     w = world()
     w.error_rate = 4.2
-    # tick 1: release starts; tick 2: canary Ready -> first measurement (4.2% > 1%): failed 1 of 2.
+    # tick 1: release starts; tick 2: canary Ready -> analysis from tick 22 (one 20 s rate() window later,
+    # so the window holds only this canary's requests).
     w.tick()
     w.tick()
-    assert w.status["release"]["analysis"]["failed"] == 1 and w.phase == PROGRESSING
-    # tick 12: second failed check -> rollback: traffic to stable, canary to zero, Stalled, Warning.
+    assert w.status["release"]["analysisFrom"] == "2026-11-21T10:00:22Z"
+    # tick 22: first measurement: 4.2% > 1% -> failed 1 of 2.
+    w.run_until(lambda w: w.status["release"]["analysis"]["failed"] == 1)
+    assert w.phase == PROGRESSING and w.now.second == 22
+    # tick 32: second failed check -> rollback: traffic to stable, canary to zero, Stalled, Warning.
     n = w.run_until(lambda w: w.phase == ROLLED_BACK)
     assert n == 10
     plan = w.plans[-1]
@@ -99,7 +103,7 @@ def test_no_traffic_pauses_instead_of_promoting():
     # never promoted, never rolled back: paused on step 1 with the reason in status.
     assert w.phase == PROGRESSING and w.status["currentStepIndex"] == 0
     assert w.gate == ReleaseReason.NO_TRAFFIC
-    assert w.status["release"]["analysis"]["inconclusive"] >= 9
+    assert w.status["release"]["analysis"]["inconclusive"] >= 7
     # traffic arrives -> the next passing measurement moves on.
     w.error_rate = 0.1
     w.run_until(promoted, max_ticks=100)

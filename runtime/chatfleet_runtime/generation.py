@@ -183,6 +183,7 @@ class BatchGenerator:
         suppress_special_tokens: bool = True,
         cancel_check_interval_s: float = 0.05,
         stream_interval_s: float = 0.0,
+        max_chunks_per_s: float = 500.0,
         clock: Callable[[], float] = time.perf_counter,
     ):
         import torch
@@ -193,6 +194,7 @@ class BatchGenerator:
         self.prefix_cache = prefix_cache
         self.cancel_check_interval_s = cancel_check_interval_s
         self.stream_interval_s = stream_interval_s
+        self.max_chunks_per_s = max(1.0, max_chunks_per_s)
         self.clock = clock
         self.device = next(model.parameters()).device
         eos = model.generation_config.eos_token_id if model.generation_config is not None else None
@@ -406,6 +408,9 @@ class BatchGenerator:
             batch.last_check = now
         keep: list[int] = []
         finished: list[_Row] = []
+        # Per-row chunk interval, stretched with the batch so the whole batch sends at most
+        # max_chunks_per_s stream chunks (each one costs IPC, gRPC and SSE work downstream).
+        interval = max(self.stream_interval_s, len(active) / self.max_chunks_per_s)
         for b, (row, tok) in enumerate(zip(active, tokens, strict=True)):
             if row.first_token_s is None:
                 row.first_token_s = now - row.start
@@ -417,7 +422,7 @@ class BatchGenerator:
                 row.pending.append(tok)
                 # Text is needed now only for stop sequences or a due stream chunk; else it waits.
                 streaming_due = row.req.on_text is not None and (
-                    row.last_sent is None or now - row.last_sent >= self.stream_interval_s
+                    row.last_sent is None or now - row.last_sent >= interval
                 )
                 if row.stop.stops or streaming_due:
                     row.flush_tokens()
@@ -426,7 +431,7 @@ class BatchGenerator:
                 elif len(row.generated) >= row.req.params.max_new_tokens:
                     row.finish = "length"
                 else:
-                    row.send(now, self.stream_interval_s)
+                    row.send(now, interval)
             if row.finish is None and row.req.is_cancelled and check_cancel:
                 try:
                     if row.req.is_cancelled():
@@ -439,7 +444,7 @@ class BatchGenerator:
             if row.finish != "cancelled":
                 row.flush_tokens()
                 row.unsent += row.stop.flush()
-                row.send(now, self.stream_interval_s, force=True)
+                row.send(now, interval, force=True)
             self._store_session(row, cache, mask, b)
             row.end = now
             finished.append(row)

@@ -33,6 +33,7 @@ KINDS: dict[str, tuple[str, str]] = {
     "Deployment": ("/apis/apps/v1", "deployments"),
     "HorizontalPodAutoscaler": ("/apis/autoscaling/v2", "horizontalpodautoscalers"),
     "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),
+    "HTTPRoute": ("/apis/gateway.networking.k8s.io/v1", "httproutes"),
     api.KIND: (f"/apis/{api.API_VERSION}", api.PLURAL),
 }
 
@@ -200,3 +201,14 @@ def post_event(
         request("POST", object_path("Event", meta["namespace"]), body=event)
     except ApiError as exc:
         log.warning("Failed to post event %s on %s/%s: %s", reason, meta["namespace"], meta["name"], exc)
+
+
+def serves_group(group: str, version: str = "v1") -> bool:
+    """Whether the API server serves an API group version (discovery), e.g. gateway.networking.k8s.io/v1."""
+    try:
+        request("GET", f"/apis/{group}/{version}")
+        return True
+    except ApiError as exc:
+        if exc.status == 404:
+            return False
+        raise

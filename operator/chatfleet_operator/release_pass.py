@@ -10,32 +10,20 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from chatfleet_operator.analysis.assess import INCONCLUSIVE, Measurement, assess
-from chatfleet_operator.analysis.probe import DEFAULT_URL_TEMPLATE, probe_url, send_probe
+from chatfleet_operator.analysis.probe import probe_url, send_probe
 from chatfleet_operator.analysis.provider import PrometheusProvider, Provider, measurement_plan
 from chatfleet_operator.rollout.facts import PodFacts
 from chatfleet_operator.rollout.release import EventIntent
 from chatfleet_operator.rollout.tracks import ReleaseOutcome, due, release_children, release_track
 from chatfleet_operator.rollout.traffic import HTTPROUTE, REPLICA_RATIO
+from chatfleet_operator.settings import ReleaseSettings
 from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
 
 log = logging.getLogger("chatfleet")
-
-
-@dataclass(frozen=True)
-class ReleaseSettings:
-    """Release settings of one operator process (tests shorten or redirect them)."""
-
-    gateway_name: str = "chatfleet"
-    """Gateway (same namespace) the HTTPRoutes attach to when the cluster serves Gateway API."""
-    probe_url_template: str = DEFAULT_URL_TEMPLATE
-    """Where probe prompts go; {namespace} {service} {track} {domain} are filled in."""
-    discovery_cache_seconds: float = 10.0
-    """How long the answer 'does the cluster serve gateway.networking.k8s.io' is reused."""
 
 
 class Releases:

@@ -73,6 +73,18 @@ class RuntimeSettings:
 
 
 @dataclass(frozen=True)
+class ReleaseSettings:
+    """Release settings of one operator process (tests shorten or redirect them)."""
+
+    gateway_name: str = os.environ.get("CHATFLEET_GATEWAY", "chatfleet")
+    """Gateway (same namespace) the HTTPRoutes attach to when the cluster serves Gateway API (env CHATFLEET_GATEWAY)."""
+    probe_url_template: str = "http://{service}-{track}.{namespace}.svc.{domain}:8080/v1/chat/completions"
+    """Where probe prompts go; {namespace} {service} {track} {domain} are filled in (spec.analysis.probe.url wins)."""
+    discovery_cache_seconds: float = 10.0
+    """Seconds the answer 'does the cluster serve gateway.networking.k8s.io' is reused."""
+
+
+@dataclass(frozen=True)
 class Settings:
     """All settings of one operator process."""
 
@@ -84,3 +96,5 @@ class Settings:
     """Backoff policy."""
     runtime: RuntimeSettings = field(default_factory=RuntimeSettings)
     """Process-level settings."""
+    release: ReleaseSettings = field(default_factory=ReleaseSettings)
+    """Releases: the Gateway HTTPRoutes attach to, the probe URL, discovery caching."""

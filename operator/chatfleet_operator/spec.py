@@ -271,6 +271,33 @@ class Thresholds:
 
 
 @dataclass(frozen=True)
+class RelativeThresholds:
+    """spec.analysis.relative: limits relative to the stable track (None = not used)."""
+
+    error_rate_increase_percent: float | None = None
+    latency_p99_ratio: float | None = None
+    ttft_p99_ratio: float | None = None
+
+
+@dataclass(frozen=True)
+class CustomQuery:
+    """One spec.analysis.customQueries entry."""
+
+    name: str
+    query: str
+    unit: str = ""
+    max_value: float | None = None
+    min_value: float | None = None
+    max_ratio_to_stable: float | None = None
+
+
+def _opt_float(d: Mapping[str, Any], key: str) -> float | None:
+    """Float at `key`, None when absent."""
+    value = d.get(key)
+    return None if value is None else float(value)
+
+
+@dataclass(frozen=True)
 class AnalysisSpec:
     """spec.analysis: where metrics come from and what counts as healthy."""
 
@@ -280,11 +307,14 @@ class AnalysisSpec:
     failure_limit: int = 2
     consecutive_error_limit: int = 4
     progress_deadline_seconds: int = 600
+    relative: RelativeThresholds = field(default_factory=RelativeThresholds)
+    custom_queries: tuple[CustomQuery, ...] = ()
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> AnalysisSpec:
         """Parse spec.analysis."""
         t = _m(d, "thresholds")
+        rel = _m(d, "relative")
         return cls(
             prometheus_address=_v(d, "prometheusAddress", DEFAULT_PROMETHEUS),
             interval_seconds=int(_v(d, "intervalSeconds", 30)),
@@ -296,6 +326,23 @@ class AnalysisSpec:
             failure_limit=int(_v(d, "failureLimit", 2)),
             consecutive_error_limit=int(_v(d, "consecutiveErrorLimit", 4)),
             progress_deadline_seconds=int(_v(d, "progressDeadlineSeconds", 600)),
+            relative=RelativeThresholds(
+                error_rate_increase_percent=_opt_float(rel, "errorRateIncreasePercent"),
+                latency_p99_ratio=_opt_float(rel, "latencyP99Ratio"),
+                ttft_p99_ratio=_opt_float(rel, "ttftP99Ratio"),
+            ),
+            custom_queries=tuple(
+                CustomQuery(
+                    name=str(q["name"]),
+                    query=str(q["query"]),
+                    unit=str(q.get("unit") or ""),
+                    max_value=_opt_float(q, "max"),
+                    min_value=_opt_float(q, "min"),
+                    max_ratio_to_stable=_opt_float(q, "maxRatioToStable"),
+                )
+                for q in _v(d, "customQueries", ())
+                if isinstance(q, Mapping) and q.get("name") and q.get("query")
+            ),
         )
 
 

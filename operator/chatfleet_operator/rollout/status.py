@@ -191,9 +191,22 @@ def compute_status(old: Mapping[str, Any] | None, obs: Observation, now: datetim
 
 
 def status_patch(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[str, Any]:
-    """JSON merge patch turning `old` into `new` (removed keys become null); {} when equal."""
+    """JSON merge patch turning `old` into `new`; {} when equal.
+
+    Nested objects are diffed recursively, because a merge patch merges them: a key removed from
+    status.release must be sent as null, e.g. old {"release": {"a": 1, "b": 2}}, new {"release": {"a": 1}}
+    -> {"release": {"b": None}}. Lists (conditions) are replaced whole.
+    """
     old = old or {}
-    patch: dict[str, Any] = {k: v for k, v in new.items() if old.get(k) != v}
+    patch: dict[str, Any] = {}
+    for key, value in new.items():
+        before = old.get(key)
+        if isinstance(value, Mapping) and isinstance(before, Mapping):
+            sub = status_patch(before, value)
+            if sub:
+                patch[key] = sub
+        elif before != value or key not in old:
+            patch[key] = value
     patch.update({k: None for k in old if k not in new})
     return patch
 

@@ -58,9 +58,12 @@ def test_create_becomes_ready_on_the_right_gpu_nodes(kube):
 
 
 def test_spec_change_rolls_the_deployment(kube):
-    kube.apply(chatbot("bot", runtime={"maxNewTokens": 128}))
+    # A new revision is a release (tests/e2e covers canary steps and analysis); one unanalysed 100% step
+    # promotes it at once, so this test sees the new revision rolled onto the stable Deployment.
+    at_once = {"canary": {"steps": [{"weight": 100, "pauseSeconds": 0, "analysis": False}]}}
+    kube.apply(chatbot("bot", runtime={"maxNewTokens": 128}, rollout=at_once))
     first = kube.wait_ready("bot")["status"]
-    kube.apply(chatbot("bot", runtime={"maxNewTokens": 200}))
+    kube.apply(chatbot("bot", runtime={"maxNewTokens": 200}, rollout=at_once))
     assert wait_until(lambda: kube.get("chatbotservice", "bot")["status"]["observedGeneration"] == 2, 30)
     body = kube.wait_ready("bot")
     assert wait_until(

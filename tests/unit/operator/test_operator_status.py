@@ -130,3 +130,11 @@ class TestStatusEvents:
     def test_no_event_when_all_is_well(self):
         ready = compute_status({}, obs(dep()), NOW)
         assert status_events({}, ready) == []
+
+
+def test_status_patch_nulls_keys_removed_from_nested_objects():
+    """A merge patch merges nested objects, so a key dropped from status.release must be sent as null."""
+    old = {"release": {"a": 1, "b": 2, "analysis": {"failed": 1}}, "gone": 1, "same": [1]}
+    new = {"release": {"a": 1, "analysis": {"failed": 2}}, "same": [1]}
+    assert status_patch(old, new) == {"release": {"b": None, "analysis": {"failed": 2}}, "gone": None}
+    assert status_patch(new, new) == {}

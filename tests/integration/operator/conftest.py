@@ -47,7 +47,16 @@ class OperatorProcess:
         env = {**os.environ, **self.cluster.env, "PYTHONUNBUFFERED": "1"}
         with open(self.log, "wb") as fh:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "chatfleet_operator.cli", "run", "--namespace", "!e2e-*", "--stats-file", str(self.stats_file)],
+                [
+                    sys.executable,
+                    "-m",
+                    "chatfleet_operator.cli",
+                    "run",
+                    "--namespace",
+                    "!e2e-*",
+                    "--stats-file",
+                    str(self.stats_file),
+                ],
                 cwd=REPO,
                 env=env,
                 stdout=fh,

@@ -44,9 +44,7 @@ def _line(st: dict[str, Any]) -> str:
     rel = st.get("release") or {}
     a = rel.get("analysis") or {}
     figures = ", ".join(
-        f"{f['metric']} {f.get('canary', 'n/a'):g}{f.get('unit', '')}"
-        if "canary" in f
-        else f"{f['metric']} n/a"
+        f"{f['metric']} {f['canary']:.3g}{f.get('unit', '')}" if "canary" in f else f"{f['metric']} n/a"
         for f in a.get("figures") or []
     )
     text = f"{rel.get('phase', 'no release')}: weight {st.get('canaryWeight', 0)}%"

@@ -76,9 +76,9 @@ def _cond(status: dict[str, Any], ctype: str) -> dict[str, Any]:
 def _figure(f: dict[str, Any]) -> str:
     """One analysis figure as text."""
     unit = f.get("unit", "")
-    canary = f"{f['canary']:g}{unit}" if "canary" in f else "no data"
-    limit = f" {'<=' if f.get('ok') else '>'} {f['limit']:g}{unit}" if "limit" in f else ""
-    stable = f" (stable {f['stable']:g}{unit})" if "stable" in f else ""
+    canary = f"{f['canary']:.3g}{unit}" if "canary" in f else "no data"
+    limit = f" {'<=' if f.get('ok') else '>'} {f['limit']:.3g}{unit}" if "limit" in f else ""
+    stable = f" (stable {f['stable']:.3g}{unit})" if "stable" in f else ""
     mark = "ok " if f.get("ok") else "BAD"
     return f"[{mark}] {f.get('metric')} {canary}{limit}{stable}"
 
@@ -108,10 +108,14 @@ def render_tree(body: dict[str, Any], pods: list[dict[str, Any]], now: datetime 
         sub = []
         if rel.get("strategy") != "blueGreen" and steps:
             marks = []
+            phase = rel.get("phase")
             for i, s in enumerate(steps):
-                mark = (
-                    "done" if i < idx or rel.get("phase") != "Progressing" else "now" if i == idx else "next"
-                )
+                if phase == "RolledBack":
+                    mark = "done" if i < idx else "rolled back" if i == idx else "-"
+                elif phase != "Progressing":
+                    mark = "done"
+                else:
+                    mark = "done" if i < idx else "now" if i == idx else "next"
                 marks.append(f"{s.get('weight')}% {mark}")
             sub.append("Steps: " + ", ".join(marks))
         if rel.get("waitingForGPUs"):

@@ -79,6 +79,8 @@ class ServiceSettings:
     default_max_tokens: int = 64
     warmup: bool = True
     stream_interval_ms: int = 20
+    cancel_check_ms: int = 200
+    """How often each running request asks Triton whether its client is gone (an IPC round trip)."""
     inflight_batching: bool = True
     """Streaming model: requests join the running batch between steps (continuous batching)."""
     max_batch_size: int = 8
@@ -109,6 +111,7 @@ class ServiceSettings:
             warmup=params.get("warmup", "true").lower() != "false",
             stream_interval_ms=num("stream_interval_ms", 20),
             inflight_batching=params.get("inflight_batching", "true").lower() != "false",
+            cancel_check_ms=num("cancel_check_ms", 200),
             max_batch_size=max(1, int(max_batch_size)),
         )
 
@@ -172,6 +175,7 @@ class ChatService:
             self.tokenizer,
             prefix_cache=self.prefix_cache,
             stream_interval_s=settings.stream_interval_ms / 1000,
+            cancel_check_interval_s=settings.cancel_check_ms / 1000,
         )
         self.engine: InflightEngine | None = None
         if settings.warmup:

@@ -30,7 +30,9 @@ from chatfleet_operator.builders import (
     endpoint,
     revision_hash,
 )
+from chatfleet_operator.builders.release import GATEWAY_GROUP
 from chatfleet_operator.builders.tritonconfig import config_hash
+from chatfleet_operator.release_pass import Releases, merge_events
 from chatfleet_operator.rollout.diagnose import Problem, diagnose, referenced_secrets
 from chatfleet_operator.rollout.facts import (
     QUIET_POD,
@@ -40,7 +42,14 @@ from chatfleet_operator.rollout.facts import (
     deployment_facts,
 )
 from chatfleet_operator.rollout.plan import Action, plan_children
-from chatfleet_operator.rollout.status import Observation, compute_status, status_events, status_patch
+from chatfleet_operator.rollout.status import (
+    Observation,
+    compute_status,
+    derive_phase,
+    status_events,
+    status_patch,
+)
+from chatfleet_operator.rollout.tracks import release_status
 from chatfleet_operator.settings import Settings
 from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
 
@@ -185,6 +194,8 @@ class Outcome:
     status: dict[str, Any]
     retry: bool = False
     """An apply failed in a way worth retrying (5xx, 429, 409) even without a kopf retry."""
+    requeue_after: float | None = None
+    """Seconds until a release waits on time (a pause, the next measurement); None: no timed wait."""
 
 
 def desired_children(
@@ -281,7 +292,13 @@ def _apply(
 
 
 def reconcile_pass(
-    client: Client, body: Mapping[str, Any], snap: Snapshot, world: World, settings: Settings, now: datetime
+    client: Client,
+    body: Mapping[str, Any],
+    snap: Snapshot,
+    world: World,
+    settings: Settings,
+    now: datetime,
+    releases: Releases | None = None,
 ) -> Outcome:
     """One level-triggered pass over one ChatbotService (blocking; runs in a worker thread)."""
     ref = ObjectRef.from_body(body)
@@ -292,9 +309,22 @@ def reconcile_pass(
     # 1. Observe what the caches cannot tell: do the referenced Secrets exist?
     missing = [name for name in referenced_secrets(spec) if not client.secret_exists(ref.namespace, name)]
 
-    # 2. Plan (pure): desired children vs observed ones.
+    # 2. Plan: desired children vs observed ones; a release (measured when due) rewrites what it moves.
     desired, revision, desired_replicas = desired_children(ref, spec, raw_spec, settings, snap)
-    actions = plan_children(desired, snap.children, DELETABLE_KINDS)
+    release = (releases or Releases()).run(
+        ref,
+        spec,
+        raw_spec,
+        desired,
+        snap.children,
+        snap.pods,
+        old_status,
+        update_revision=revision,
+        total=desired_replicas,
+        autoscaled=spec.scaling.autoscale is not None,
+        now=now,
+    )
+    actions = plan_children(release.desired, snap.children, DELETABLE_KINDS)
 
     # 3. Apply: only what differs. An invalid object is a problem for the user, not a crash.
     refused = [r for action in actions if (r := _apply(client, action, world, snap, ref.namespace))]
@@ -302,20 +332,24 @@ def reconcile_pass(
     # 4. Compute the whole new status (pure) from the freshest view of the Deployment.
     dep_body = snap.children.get(("Deployment", ref.name))
     dep = deployment_facts(dep_body) if dep_body is not None else None
-    problems = diagnose(spec, snap.nodes, snap.pods, dep, missing)
+    stable_pods = [p for p in snap.pods if p.track == api.TRACK_STABLE]
+    problems = diagnose(spec, snap.nodes, stable_pods, dep, missing)  # canary pods: the release judges them
     problems += [Problem(api.Reason.APPLY_FAILED, msg) for msg, _ in refused]
     obs = Observation(
         generation=ref.generation,
-        revision=revision,
+        revision=release.serving_revision,
         desired_replicas=desired_replicas,
         gpus_per_replica=spec.resources.gpus_per_replica,
         endpoint=endpoint(ref, settings.runtime.cluster_domain),
         selector=f"{api.LABEL_SERVICE}={ref.name},{api.LABEL_TRACK}={api.TRACK_STABLE}",
         deployment=dep,
-        pods=[p for p in snap.pods if p.track == api.TRACK_STABLE],
+        pods=stable_pods,
         problems=problems,
     )
-    new_status = compute_status(old_status, obs, now)
+    new_status = release_status(
+        compute_status(old_status, obs, now), old_status, release, ref.generation, revision, now
+    )
+    new_status["phase"] = derive_phase(new_status)
 
     # 5. One status write, only when something changed; then events from the difference.
     patch = status_patch(old_status, new_status)
@@ -334,12 +368,18 @@ def reconcile_pass(
             ready["status"],
             ready["reason"],
         )
-    for event in status_events(old_status, new_status):
+    for event in merge_events(status_events(old_status, new_status), release.plan.events):
         client.post_event(body, event.type, event.reason, event.message, now)
         log.info(
             "Posted %s event %s on ChatbotService %s/%s", event.type, event.reason, ref.namespace, ref.name
         )
-    return Outcome(problems=problems, writes=writes, status=new_status, retry=any(t for _, t in refused))
+    return Outcome(
+        problems=problems,
+        writes=writes,
+        status=new_status,
+        retry=any(t for _, t in refused),
+        requeue_after=release.plan.requeue_after,
+    )
 
 
 def backoff_delay(retry: int, base: float, ceiling: float) -> float:
@@ -356,6 +396,12 @@ class Controller:
         self.settings = settings
         self.client = client
         self.world = World()
+        serves = getattr(client, "serves_group", None)
+        self.releases = Releases(
+            settings.release,
+            serves_gateway_api=(lambda: serves(GATEWAY_GROUP)) if serves else None,
+            cluster_domain=settings.runtime.cluster_domain,
+        )
         self.clock = clock
         self.executor = ThreadPoolExecutor(
             max_workers=settings.runtime.workers, thread_name_prefix="reconcile"
@@ -387,6 +433,8 @@ class Controller:
                 log.info("Skipped ChatbotService %s/%s: its namespace is being deleted", *key)
                 return None
             self.passes += 1
+            if outcome.requeue_after:  # a release waits on time (a pause, the next measurement)
+                loop.call_later(outcome.requeue_after, self.trigger, key)
             self.latencies.append(seconds)
             if any(p.reason in PLACEMENT_REASONS for p in outcome.problems):
                 self._waiting_for_nodes.add(key)
@@ -399,7 +447,9 @@ class Controller:
     def _timed_pass(self, body: Mapping[str, Any], snap: Snapshot) -> tuple[Outcome, float]:
         """One pass in a worker thread, with its duration (seconds)."""
         started = time.monotonic()
-        outcome = reconcile_pass(self.client, body, snap, self.world, self.settings, self.clock())
+        outcome = reconcile_pass(
+            self.client, body, snap, self.world, self.settings, self.clock(), self.releases
+        )
         return outcome, time.monotonic() - started
 
     def child_event(self, kind: str, event_type: str, body: Mapping[str, Any], key: Key | None) -> None:

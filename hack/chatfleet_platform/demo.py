@@ -17,7 +17,6 @@ import os
 import sys
 import textwrap
 import time
-import urllib.request
 from pathlib import Path
 
 from .cluster import Cluster, default_workdir
@@ -156,30 +155,12 @@ class Demo:
         )
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        from chatfleet_runtime.demo import chat_exchange
         from chatfleet_runtime.testing import local_runtime
 
         with local_runtime(self.cluster.workdir / "runtime") as rt:
             self.say(f"runtime ready: CHAT_API={rt.api_url}", ok=True)
-            session = "demo-conversation-1"
-            for question in ("Hello! What can you do?", "And what did I just ask you?"):
-                body = {
-                    "model": "chatfleet-tiny",
-                    "messages": [{"role": "user", "content": question}],
-                    "max_tokens": 24,
-                    "user": session,
-                }
-                print(f"    {CYAN}> user:{RESET} {question}", flush=True)
-                t0 = time.monotonic()
-                reply = _post(f"{rt.api_url}/v1/chat/completions", body)
-                text = reply["choices"][0]["message"]["content"]
-                usage = reply.get("usage", {})
-                meta = reply.get("chatfleet", {})
-                print(f"    {CYAN}< assistant:{RESET} {text!r}", flush=True)
-                self.say(
-                    f"{usage.get('completion_tokens', '?')} tokens in {time.monotonic() - t0:.2f}s; "
-                    f"session {meta.get('session_id')}, history from Redis: {meta.get('history', '?')}",
-                    dim=True,
-                )
+            chat_exchange(rt.api_url, out=lambda line: print(f"    {CYAN}{line}{RESET}", flush=True))
             self.say(
                 "(the model is a tiny random one built locally: the words are noise, the serving is real)",
                 dim=True,
@@ -207,14 +188,6 @@ class Demo:
         print("    kubectl get chatbotservices -A -o wide")
         print(f"    operator log: {self.cluster.log('operator')}")
         print("Stop everything with:  make cluster-down")
-
-
-def _post(url: str, body: dict, timeout: float = 120) -> dict:
-    req = urllib.request.Request(
-        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
-    )
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return json.load(r)
 
 
 def main() -> int:

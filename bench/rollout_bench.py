@@ -160,6 +160,7 @@ def rollback_time(b: Bench, run: int) -> float:
     t0 = time.monotonic()
 
     def back_on_stable() -> bool:
+        """Rolled back and the canary Deployment at zero."""
         st = b.status(name)
         rel = st.get("release") or {}
         dep = b.kubectl_json("get", "deployment", f"{name}-canary")
@@ -179,6 +180,7 @@ def healthy_canary(b: Bench, name: str, steps: list[dict[str, Any]], interval: i
     b.apply(name, spec(prom.url, nxt, steps, interval))
 
     def done() -> str:
+        """'promoted', 'rolled back', or '' while the release runs."""
         st = b.status(name)
         if (st.get("release") or {}).get("phase") == "RolledBack":
             return "rolled back"

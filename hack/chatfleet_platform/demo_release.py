@@ -133,6 +133,7 @@ def run_release_demo(demo: Any) -> None:
         target = None
 
         def promoted(s: dict[str, Any]) -> bool:
+            """The good release finished: stable runs its revision."""
             nonlocal target
             target = target or (s.get("release") or {}).get("revision")
             return bool(target) and s.get("stableRevision") == target and not s.get("release")

@@ -135,8 +135,8 @@ class TrafficSim:
         sim = self
 
         class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:  # quiet
-                pass
+            def log_message(self, *args: Any) -> None:
+                """Stay quiet (tests read their own output)."""
 
             def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
                 self.send_response(code)
@@ -146,6 +146,7 @@ class TrafficSim:
                 self.wfile.write(body)
 
             def do_GET(self) -> None:
+                """/metrics (exposition) and /control (current knobs)."""
                 if self.path.startswith("/metrics"):
                     self._send(200, generate_latest(sim.registry), CONTENT_TYPE_LATEST)
                 elif self.path.startswith("/control"):
@@ -154,6 +155,7 @@ class TrafficSim:
                     self._send(404, b"{}")
 
             def do_POST(self) -> None:
+                """/control (set knobs) and /probe/<track>/... (one counted request)."""
                 length = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(length) or b"{}") if length else {}
                 if self.path.startswith("/control"):

@@ -105,7 +105,9 @@ def default_metrics(analysis: Any) -> tuple[MetricQuery, ...]:
 class Provider(Protocol):
     """Anything that can take one measurement (Prometheus here, a fake in unit tests)."""
 
-    def measure(self, plan: Plan, now: datetime) -> Sample: ...
+    def measure(self, plan: Plan, now: datetime) -> Sample:
+        """One measurement of canary vs stable."""
+        ...
 
 
 def _scalar(result: Sequence[Mapping[str, Any]]) -> float | None:

@@ -29,7 +29,7 @@ help: ## This list
 ##@ Setup (each target installs what it needs; `make test` and `make demo` call them)
 
 .PHONY: setup
-setup: venv system-deps platform-build ## Python packages, Debian packages and the platform binaries
+setup: venv system-deps platform-build chart-tools ## Python packages, Debian packages, platform binaries, chart tools
 
 .PHONY: venv
 venv: $(STAMP) ## Virtual environment with the operator, runtime and dev extras (pinned)
@@ -48,6 +48,11 @@ system-deps: ## Debian packages the tests start on 127.0.0.1: prometheus, redis-
 .PHONY: platform-build
 platform-build: ## Build etcd, Kubernetes, kwok and helm from the Go module proxy (cached by version)
 	@bash hack/build-platform.sh
+
+.PHONY: chart-tools
+chart-tools: venv platform-build ## checkov in its own venv (.work/checkov) and the Prometheus Operator CRDs
+	@bash hack/chart-checkov.sh --install-only
+	@bash hack/chart-monitoring-crds.sh >/dev/null
 
 ##@ Local platform
 
@@ -90,6 +95,31 @@ run: venv ## Run the operator in the foreground against the current KUBECONFIG
 .PHONY: serve
 serve: venv system-deps ## Run the runtime locally (Triton + chat API + Redis) on a tiny model; prints CHAT_API=...
 	$(PY) -m chatfleet_runtime.serve
+
+##@ Helm chart
+
+HELM = $(shell $(PY) -c 'from chatfleet_platform.config import binaries; print(binaries().helm)' 2>/dev/null)
+
+.PHONY: chart-lint
+chart-lint: venv platform-build ## helm lint --strict and helm template
+	$(HELM) lint --strict charts/chatfleet-operator
+	$(HELM) template cf charts/chatfleet-operator >/dev/null
+
+.PHONY: chart-test
+chart-test: setup ## All chart tests (render, schema, promtool, Lua, checkov, install/upgrade/uninstall, RBAC proof)
+	$(PYTEST) tests/chart
+
+.PHONY: chart-checkov
+chart-checkov: chart-tools ## Policy scan of the rendered chart (skips justified in docs/chart.md)
+	bash hack/chart-checkov.sh
+
+.PHONY: chart-sync-crds
+chart-sync-crds: ## Copy crds/ into the chart after editing the CRD (a test fails on drift)
+	bash hack/sync-chart-crds.sh
+
+.PHONY: chart-package
+chart-package: venv platform-build ## helm package into dist/
+	$(HELM) package charts/chatfleet-operator -d dist
 
 ##@ Benchmarks (apart from tests; each prints a table and writes bench-results/*.json)
 

@@ -4,6 +4,7 @@
 # checkov pins many packages of its own, so it lives in its own virtual environment under .work/ (ignored),
 # created on first use. Renders the chart with several value sets, then scans them with charts/.checkov.yaml
 # (skips justified in docs/chart.md). Exit status: checkov's (non-zero on any failed check).
+# --install-only: create the checkov venv and stop (used by `make setup`).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="$root/.work/checkov/venv"
@@ -12,6 +13,7 @@ if [[ ! -x "$venv/bin/checkov" ]]; then
   python3 -m venv "$venv"
   "$venv/bin/pip" install -q "checkov==$version" || { echo "error: cannot install checkov==$version from the Python package registry"; exit 1; }
 fi
+[[ "${1:-}" == "--install-only" ]] && exit 0
 helm="$("$root/.venv/bin/python" -c 'from chatfleet_platform.config import binaries; print(binaries().helm)')"
 [[ -x "$helm" ]] || { echo "error: helm is missing at $helm: run make platform-build"; exit 1; }
 out="$(mktemp -d)"

@@ -1,12 +1,14 @@
 """Shared fixtures: the local platform (one cluster per test session), namespaces, Redis and Prometheus.
 
-The cluster starts only when a test asks for it, lives in .work/test-cluster (ports picked free, so a
-`make cluster-up` cluster can run beside it) and is torn down at the end of the session, also when tests
-fail. Binaries are built on first use if `make platform-build` has not run.
+The cluster starts only when a test asks for it, lives in .work/test-cluster-<pid> (ports picked free, so
+a `make cluster-up` cluster and other test sessions can run beside it) and is torn down at the end of the
+session, also when tests fail. Folders left by sessions that died are cleaned up (their processes stopped)
+by the next session. Binaries are built on first use if `make platform-build` has not run.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -24,12 +26,21 @@ def _progress(msg: str) -> None:
     print(f"[platform] {msg}", flush=True)
 
 
+def _sweep_stale_clusters() -> None:
+    """Stop and remove clusters of test sessions whose pytest process is gone."""
+    for folder in WORK.glob("test-cluster-*"):
+        pid = folder.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            Cluster(folder).down()
+
+
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
     """A running local cluster with 4 simulated GPU nodes (kubeconfig, kubectl, env)."""
     if binaries().missing():
         subprocess.run(["bash", str(BUILD_SCRIPT)], check=True)
-    c = Cluster(WORK / "test-cluster", progress=_progress)
+    _sweep_stale_clusters()
+    c = Cluster(WORK / f"test-cluster-{os.getpid()}", progress=_progress)
     try:
         c.up(nodes=4)
         yield c

@@ -7,6 +7,7 @@ import asyncio
 import json
 import logging
 import os
+import random
 import resource
 import signal
 import sys
@@ -26,6 +27,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     run.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     run.add_argument(
         "--stats-file", default=None, help="write pass/latency/write counters here on exit (JSON)"
+    )
+    run.add_argument(
+        "--liveness",
+        default=None,
+        metavar="URL",
+        help="serve kopf's health endpoint, e.g. http://0.0.0.0:8080/healthz",
+    )
+    run.add_argument(
+        "--peering",
+        default=None,
+        metavar="NAME",
+        help="run with kopf peering NAME (leader election across replicas); standalone when absent",
+    )
+    run.add_argument(
+        "--priority",
+        type=int,
+        default=None,
+        help="peering priority (highest works, others stand by); random when --peering is given without it",
     )
     sub.add_parser("version", help="print the version")
     return parser.parse_args(argv)
@@ -66,8 +85,21 @@ def run(args: argparse.Namespace) -> int:
             os.replace(args.stats_file + ".tmp", args.stats_file)
 
     signal.signal(signal.SIGUSR1, dump_stats)  # the benchmark asks for figures mid-run
+    peering: dict[str, object] = {"standalone": True}
+    if args.peering:
+        # kopf pauses every peer that shares the top priority, and a Deployment cannot give each pod its
+        # own: a random priority per process makes exactly one replica the leader.
+        priority = args.priority if args.priority is not None else random.randint(1, 2**31 - 1)
+        peering = {"standalone": False, "peering_name": args.peering, "priority": priority}
     try:
-        asyncio.run(kopf.operator(standalone=True, clusterwide=not namespaces, namespaces=namespaces))
+        asyncio.run(
+            kopf.operator(
+                clusterwide=not namespaces,
+                namespaces=namespaces,
+                liveness_endpoint=args.liveness,
+                **peering,
+            )
+        )
     finally:
         dump_stats()
     return 0

@@ -511,8 +511,6 @@ def test_operator_runs_under_the_chart_serviceaccount_with_no_permission_missing
 
 # ---- hot standby ---------------------------------------------------------------------------------
 
-LAUNCHER = Path(__file__).parent / "peering_launcher.py"
-
 
 def free_port() -> int:
     """A free TCP port on 127.0.0.1."""
@@ -587,8 +585,9 @@ def test_hot_standby_with_kopf_peering_under_the_chart_serviceaccount(
 
     def start(name: str, priority: int) -> None:
         kubeconfig = sa_kubeconfig(tmp_path / f"{name}.kubeconfig", proxies[name].url, token)
-        argv = [sys.executable, str(LAUNCHER), "chatfleet-operator", str(priority)]
-        argv += [f"http://127.0.0.1:{ports[name]}/healthz", "--", "run", f"--namespace={namespace}"]
+        argv = [sys.executable, "-m", "chatfleet_operator.cli", "run", f"--namespace={namespace}"]
+        argv += ["--peering=chatfleet-operator", f"--priority={priority}"]
+        argv += [f"--liveness=http://127.0.0.1:{ports[name]}/healthz"]
         with open(logs[name], "wb") as fh:
             procs[name] = subprocess.Popen(
                 argv,

@@ -81,7 +81,7 @@ class Figure:
         if noise:
             op = ">"
         limit = f" {op} {fmt(self.limit, self.unit)}" if self.limit is not None else ""
-        limit += " (too few failed requests to count)" if noise else ""
+        limit += " (within noise at this traffic)" if noise else ""
         stable = f" (stable {fmt(self.stable, self.unit)})" if self.stable is not None else ""
         return f"{self.metric} {fmt(self.canary, self.unit)}{limit}{stable}"
 
@@ -123,7 +123,8 @@ def assess(sample: Sample, checks: Sequence[Check], min_requests_per_second: flo
     Examples (error rate ceiling 1%):
     - error -> Error; canary 0 req/s -> Inconclusive ("no traffic");
     - canary 4.2% -> Failed "error rate 4.2% > 1%"; canary 0.5% -> Successful;
-    - 1 failed request in 40 (2.5%) with min_failed_requests 2 -> noise, Successful;
+    - 1 failed request in 40 (2.5%) with min_failed_requests 2 -> noise, Successful; 2 in 180 (1.1%)
+      is noise too (that many failures are likely at exactly 1%); 8 in 180 (4.4%) fails;
     - a figure with no data (e.g. TTFT without streaming requests) is skipped, not failed.
     """
     if sample.error is not None:
@@ -151,11 +152,31 @@ def assess(sample: Sample, checks: Sequence[Check], min_requests_per_second: flo
     return Measurement(sample.at, SUCCESSFUL, shown, tuple(figures))
 
 
+def poisson_tail(k: int, lam: float) -> float:
+    """P(X >= k) for X ~ Poisson(lam), e.g. poisson_tail(2, 1.8) ~= 0.54, poisson_tail(0, x) == 1."""
+    if k <= 0:
+        return 1.0
+    term = cdf = math.exp(-lam)
+    for i in range(1, k):
+        term *= lam / i
+        cdf += term
+    return max(0.0, 1.0 - cdf)
+
+
 def _noise(check: Check, percent: float, requests: float) -> bool:
-    """Too few failed requests to mean anything, e.g. 1 error in 40 requests is 2.5% but noise at min 2."""
+    """Over the limit, but not significantly: the failed requests are what the limit itself allows.
+
+    A rate check (min_failed_requests set) fails only when its failed requests would be unlikely
+    (p < 5%) at exactly the limit's rate, and there are at least min_failed_requests of them. E.g. limit
+    1%, 180 requests: 2 failed (1.1%) is noise (P = 0.54 at 1%); 8 failed (4.4%) fails (P < 0.001).
+    """
     if check.min_failed_requests is None or requests <= 0:
         return False
-    return percent / 100 * requests < check.min_failed_requests
+    failed = round(percent / 100 * requests)
+    if failed < check.min_failed_requests:
+        return True
+    limit = check.max_value if check.max_value is not None else percent
+    return poisson_tail(failed, requests * limit / 100) > 0.05
 
 
 def empty_counters() -> dict[str, Any]:

@@ -70,15 +70,29 @@ REL = Check("error rate", "%", max_increase_over_stable=0.5)
             Sample(NOW, 4.0, {"error rate": 2.5}, window_seconds=10),
             [Check("error rate", "%", max_value=1.0, min_failed_requests=2)],
             SUCCESSFUL,
-            "error rate 2.5% > 1% (too few failed requests to count)",
+            "error rate 2.5% > 1% (within noise at this traffic)",
             id="one-failed-request-in-40-is-noise",
         ),
         pytest.param(
-            Sample(NOW, 4.0, {"error rate": 5.0}, window_seconds=10),
+            Sample(NOW, 4.0, {"error rate": 10.0}, window_seconds=10),
             [Check("error rate", "%", max_value=1.0, min_failed_requests=2)],
             FAILED,
-            "error rate 5% > 1%",
-            id="two-failed-requests-in-40-fail",
+            "error rate 10% > 1%",
+            id="four-failed-requests-in-40-fail",
+        ),
+        pytest.param(
+            Sample(NOW, 18.0, {"error rate": 1.11}, window_seconds=10),
+            [Check("error rate", "%", max_value=1.0, min_failed_requests=2)],
+            SUCCESSFUL,
+            "within noise",
+            id="two-failed-in-180-at-a-1pct-limit-is-noise",
+        ),
+        pytest.param(
+            Sample(NOW, 18.0, {"error rate": 4.44}, window_seconds=10),
+            [Check("error rate", "%", max_value=1.0, min_failed_requests=2)],
+            FAILED,
+            "error rate 4.44% > 1%",
+            id="eight-failed-in-180-fail",
         ),
     ],
 )
@@ -138,3 +152,12 @@ def test_fold(verdicts, failure_limit, error_limit, decision, reason):
 )
 def test_fmt(value, unit, text):
     assert fmt(value, unit) == text
+
+
+@pytest.mark.parametrize(
+    ("k", "lam", "expected"), [(0, 3.0, 1.0), (2, 1.8, 0.537), (8, 1.8, 0.0006), (1, 0.4, 0.33)]
+)
+def test_poisson_tail(k, lam, expected):
+    from chatfleet_operator.analysis.assess import poisson_tail
+
+    assert poisson_tail(k, lam) == pytest.approx(expected, abs=5e-3)

@@ -406,6 +406,11 @@ class Controller:
         self.executor = ThreadPoolExecutor(
             max_workers=settings.runtime.workers, thread_name_prefix="reconcile"
         )
+        # Triggered passes (mostly status updates) get their own threads, so a burst of creations does not
+        # hold back the Ready of the ChatbotServices created first.
+        self.trigger_executor = ThreadPoolExecutor(
+            max_workers=max(4, settings.runtime.workers // 2), thread_name_prefix="triggered"
+        )
         self._locks: dict[Key, asyncio.Lock] = {}
         self._pending: set[Key] = set()
         self._failures: dict[Key, int] = {}
@@ -418,7 +423,9 @@ class Controller:
         if not self.world.indexes:
             self.world.indexes = {k: v for k, v in indexes.items() if k.endswith("_index")}
 
-    async def run_pass(self, key: Key, body: Mapping[str, Any] | None = None) -> Outcome | None:
+    async def run_pass(
+        self, key: Key, body: Mapping[str, Any] | None = None, executor: ThreadPoolExecutor | None = None
+    ) -> Outcome | None:
         """Run one pass for `key` under its lock, on the freshest cached body."""
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
@@ -428,7 +435,9 @@ class Controller:
             snap = self.world.snapshot(key)
             loop = asyncio.get_running_loop()
             try:
-                outcome, seconds = await loop.run_in_executor(self.executor, self._timed_pass, body, snap)
+                outcome, seconds = await loop.run_in_executor(
+                    executor or self.executor, self._timed_pass, body, snap
+                )
             except Gone:
                 log.info("Skipped ChatbotService %s/%s: its namespace is being deleted", *key)
                 return None
@@ -481,7 +490,7 @@ class Controller:
         """A triggered pass; API failures retry with backoff (kopf handlers retry their own)."""
         self._pending.discard(key)
         try:
-            outcome = await self.run_pass(key)
+            outcome = await self.run_pass(key, executor=self.trigger_executor)
         except Exception as exc:
             outcome, error = None, exc
         else:

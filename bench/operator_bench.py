@@ -25,7 +25,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import kubernetes
-from chatfleet_platform import cluster as platform_cluster
 from chatfleet_platform.cluster import Cluster
 
 REPO = Path(__file__).resolve().parents[1]
@@ -290,14 +289,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steady", type=float, default=60, help="seconds of steady state to count writes over")
     ap.add_argument("--timeout", type=float, default=600, help="seconds to wait for a fleet to be Ready")
     ap.add_argument("--no-baseline", action="store_true", help="skip the no-operator baseline")
-    ap.add_argument(
-        "--service-cidr", default="10.96.0.0/16", help="Service IP range (one ClusterIP per ChatbotService)"
-    )
     args = ap.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # still stop the cluster on SIGTERM
-    # One ClusterIP Service per ChatbotService: the platform's default /24 holds only 254 of them.
-    platform_cluster.SERVICE_CIDR = args.service_cidr
     RESULTS.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="chatfleet-opbench-") as tmpdir:
         tmp = Path(tmpdir)

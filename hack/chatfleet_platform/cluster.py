@@ -28,7 +28,7 @@ from . import pki, procs
 from .config import REPO_ROOT, Binaries, PlatformError, read_versions, require_binaries
 
 STAGES_FILE = Path(__file__).with_name("kwok-stages.yaml")
-SERVICE_CIDR = "10.0.0.0/24"
+SERVICE_CIDR = "10.96.0.0/16"  # room for thousands of Services (one ClusterIP per ChatbotService)
 POD_CIDR = "10.244.0.0/16"
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 CONTROLLERS = (

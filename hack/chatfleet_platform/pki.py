@@ -11,7 +11,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-SERVICE_IP = "10.0.0.1"
+SERVICE_IP = "10.96.0.1"  # first address of cluster.SERVICE_CIDR: the kubernetes Service
 API_DNS_NAMES = (
     "localhost",
     "kubernetes",

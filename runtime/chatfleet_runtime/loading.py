@@ -79,9 +79,10 @@ def torch_dtype(precision: str):
 
 
 def load_tokenizer(path: str | Path, chat_template: str | None = None):
-    """Load the tokenizer (left padding, a pad token, optional chat-template override)."""
+    """Load the tokenizer from a folder or URI (left padding, a pad token, optional template override)."""
     from transformers import AutoTokenizer
 
+    path = resolve_model_path(str(path))
     tokenizer = AutoTokenizer.from_pretrained(str(path))
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:

@@ -99,6 +99,17 @@ def test_resolve_local_path_and_file_uri(tiny_model_dir):
     assert loading.resolve_model_path(f"file://{tiny_model_dir}") == tiny_model_dir
 
 
+def test_tokenizer_given_as_uri_is_resolved_like_the_weights(tiny_model_dir):
+    from chatfleet_runtime.service import ServiceSettings
+
+    settings = ServiceSettings.from_parameters(
+        {"model_dir": "/models/weights", "tokenizer_uri": f"file://{tiny_model_dir}"}
+    )
+    assert settings.tokenizer_dir == f"file://{tiny_model_dir}"
+    tokenizer = loading.load_tokenizer(settings.tokenizer_dir)
+    assert tokenizer.padding_side == "left" and tokenizer.chat_template
+
+
 def test_int8_on_cpu_quantizes_linear_layers(tiny_model_dir):
     import torch
 

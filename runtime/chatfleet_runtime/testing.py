@@ -12,8 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -25,22 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from chatfleet_platform.services import Redis
+
 from chatfleet_runtime.tritonconfig import ChatModelConfig
-from chatfleet_runtime.tritonhome import TritonServer, free_port, local_repository
-
-
-def _stop(proc: subprocess.Popen | None, timeout: float = 10.0) -> None:
-    """SIGTERM the process group by PID, SIGKILL after timeout."""
-    if proc is None or proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(5)
+from chatfleet_runtime.tritonhome import TritonServer, free_port, local_repository, stop_process
 
 
 def _wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None, what: str = "server") -> None:
@@ -56,73 +42,6 @@ def _wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None, w
             pass
         time.sleep(0.2)
     raise TimeoutError(f"{what} not ready at {url} after {timeout:.0f}s")
-
-
-@dataclass
-class RedisServer:
-    """A redis-server on 127.0.0.1 with its own data folder (no persistence)."""
-
-    workdir: Path
-    port: int = 0
-    proc: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        """redis:// URL of the server."""
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self, timeout: float = 10.0) -> RedisServer:
-        """Start (foreground process, own group) and wait for PING."""
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise FileNotFoundError("redis-server is not installed (make system-deps)")
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.port = self.port or free_port()
-        self.proc = subprocess.Popen(
-            [
-                binary,
-                "--bind",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self.workdir),
-                "--logfile",
-                str(self.workdir / "redis.log"),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        import redis
-
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                if redis.Redis(port=self.port, socket_timeout=0.5).ping():
-                    return self
-            except redis.RedisError:
-                time.sleep(0.1)
-        raise TimeoutError("redis-server did not answer PING")
-
-    def stop(self) -> None:
-        """Stop by PID."""
-        _stop(self.proc)
-        self.proc = None
-
-
-@contextlib.contextmanager
-def redis_server(workdir: Path) -> Iterator[RedisServer]:
-    """A running RedisServer, stopped on exit."""
-    server = RedisServer(Path(workdir))
-    try:
-        yield server.start()
-    finally:
-        server.stop()
 
 
 @dataclass
@@ -167,7 +86,7 @@ class ChatApiProcess:
 
     def stop(self) -> None:
         """Stop by PID."""
-        _stop(self.proc)
+        stop_process(self.proc)
         self.proc = None
 
 
@@ -202,7 +121,7 @@ class LocalRuntime:
     workdir: Path
     model_dir: Path
     triton: TritonServer
-    redis: RedisServer | None
+    redis: Redis | None
     api: ChatApiProcess
 
     @property
@@ -227,7 +146,7 @@ def local_runtime(
     cfg = config or model_config(model_dir)
     repo = local_repository(workdir / "model-repository", cfg)
     triton = TritonServer(repo, home=workdir / "triton-home", log_path=workdir / "tritonserver.log")
-    redis_srv = RedisServer(workdir / "redis") if with_redis else None
+    redis_srv = Redis(workdir / "redis") if with_redis else None
     api = None
     try:
         triton.start()

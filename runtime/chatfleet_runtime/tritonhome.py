@@ -163,6 +163,20 @@ def environment(inst: Installation, base: Mapping[str, str] | None = None) -> di
     return env
 
 
+def stop_process(proc: subprocess.Popen | None, timeout: float = 10.0) -> None:
+    """SIGTERM a process group we started (by its leader's PID), SIGKILL after timeout; no-op when gone."""
+    if proc is None or proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(5)
+
+
 class TritonServer:
     """A tritonserver subprocess on 127.0.0.1: start, wait until ready, stop by PID."""
 
@@ -240,16 +254,7 @@ class TritonServer:
     def stop(self, timeout: float = 15.0) -> None:
         """SIGTERM by PID, SIGKILL after timeout; safe to call twice."""
         proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
+        stop_process(proc, timeout)
 
     def __enter__(self) -> TritonServer:
         return self.start().wait_ready()

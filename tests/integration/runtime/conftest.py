@@ -10,7 +10,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("pytriton")
 
-from chatfleet_runtime.testing import ChatApiProcess, RedisServer, model_config, tiny_model
+from chatfleet_platform.services import Redis
+from chatfleet_runtime.testing import ChatApiProcess, model_config, tiny_model
 from chatfleet_runtime.tritonhome import TritonServer, local_repository
 
 FAQ = json.dumps([{"keywords": ["refund", "money"], "answer": "Refunds take 5 days (FAQ)."}])
@@ -51,7 +52,7 @@ def triton(rt_workdir, triton_repo):
 @pytest.fixture(scope="session")
 def redis_srv(rt_workdir):
     """A real redis-server."""
-    server = RedisServer(rt_workdir / "redis")
+    server = Redis(rt_workdir / "redis")
     try:
         yield server.start()
     finally:

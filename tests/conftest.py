@@ -48,6 +48,15 @@ def cluster() -> Iterator[Cluster]:
         c.down()
 
 
+@pytest.fixture(scope="session")
+def chatfleet_crd(cluster: Cluster) -> Cluster:
+    """The cluster with the ChatbotService CRD applied and Established."""
+    cluster.install_crd(
+        REPO_ROOT / "crds" / "chatfleet.io_chatbotservices.yaml", "chatbotservices.chatfleet.io"
+    )
+    return cluster
+
+
 @pytest.fixture
 def namespace(cluster: Cluster) -> Iterator[str]:
     """A fresh namespace whose default ServiceAccount exists; deleted afterwards (not waited for)."""

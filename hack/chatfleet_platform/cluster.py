@@ -253,6 +253,20 @@ class Cluster:
         self.progress(f"cluster ready in {total:.1f}s")
         return total
 
+    def install_crd(self, path: Path, name: str, timeout: float = 60) -> None:
+        """Apply a CRD file (server-side) and wait until the API serves it (Established)."""
+        self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
+        deadline = time.monotonic() + timeout
+        while True:  # right after the apply the CRD may have no status yet, and `kubectl wait` errors
+            res = self.kubectl(
+                "wait", "--for=condition=Established", f"crd/{name}", f"--timeout={timeout:.0f}s", check=False
+            )
+            if res.returncode == 0:
+                return
+            if time.monotonic() > deadline:
+                raise PlatformError(f"CRD {name} not Established after {timeout:.0f}s: {res.stderr.strip()}")
+            time.sleep(0.5)
+
     def add_nodes(self, manifests: Sequence[dict]) -> None:
         """Create Node objects with their status (kwok keeps capacity and marks them Ready)."""
         text = yaml.safe_dump_all(list(manifests), sort_keys=False)

@@ -27,6 +27,7 @@ BOLD, DIM, GREEN, RED, CYAN, RESET = (
     if sys.stdout.isatty()
     else ("",) * 6
 )
+CRD = REPO_ROOT / "crds" / "chatfleet.io_chatbotservices.yaml"
 DEMO_SERVICE = "support-bot"
 DEMO_EXAMPLE = REPO_ROOT / "examples" / "02-h100-pinned.yaml"
 
@@ -72,10 +73,7 @@ class Demo:
     def operator(self) -> None:
         """Step 2: the CRD and the operator."""
         self.step("Install the ChatbotService CRD and start the operator")
-        self.cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO_ROOT / "crds"))
-        self.cluster.kubectl(
-            "wait", "--for=condition=Established", "crd/chatbotservices.chatfleet.io", "--timeout=60s"
-        )
+        self.cluster.install_crd(CRD, "chatbotservices.chatfleet.io")
         self.say("CRD chatbotservices.chatfleet.io established", ok=True)
         if not self.cluster.state().get("extras", {}).get("operator") or not self._operator_alive():
             self.cluster.start_extra("operator", [sys.executable, "-m", "chatfleet_operator.cli", "run"])

@@ -20,7 +20,6 @@ import pytest
 from operator_it import Kube, wait_until
 
 REPO = Path(__file__).resolve().parents[3]
-CRD = REPO / "crds" / "chatfleet.io_chatbotservices.yaml"
 
 
 class OperatorProcess:
@@ -93,26 +92,6 @@ class OperatorProcess:
     def log_text(self) -> str:
         """Current log content."""
         return self.log.read_text(errors="replace")
-
-
-@pytest.fixture(scope="session")
-def chatfleet_crd(cluster):
-    """The ChatbotService CRD, applied once and Established."""
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-    for _ in range(120):  # right after the apply the CRD may have no status yet: kubectl wait then errors
-        res = cluster.kubectl(
-            "wait",
-            "--for=condition=Established",
-            "crd/chatbotservices.chatfleet.io",
-            "--timeout=30s",
-            check=False,
-        )
-        if res.returncode == 0:
-            break
-        time.sleep(0.5)
-    else:
-        raise AssertionError(f"CRD not Established: {res.stderr}")
-    return cluster
 
 
 @pytest.fixture(scope="session")

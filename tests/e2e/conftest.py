@@ -23,8 +23,6 @@ from chatfleet_platform import services
 from chatfleet_platform.trafficsim import TrafficSim
 from release_e2e import REPO, Release, wait_until
 
-CRD = REPO / "crds" / "chatfleet.io_chatbotservices.yaml"
-
 # Until the reconciler runs releases (reconcile_pass takes `releases`), these scenarios cannot pass.
 if "releases" not in inspect.signature(reconcile.reconcile_pass).parameters:
     collect_ignore_glob = ["test_*.py"]
@@ -84,23 +82,9 @@ class ReleaseOperator:
 
 
 @pytest.fixture(scope="session")
-def release_operator(cluster, tmp_path_factory) -> Iterator[ReleaseOperator]:
-    """The CRD applied and one operator for e2e-* namespaces."""
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-    established = wait_until(
-        lambda: (
-            cluster.kubectl(
-                "wait",
-                "--for=condition=Established",
-                "crd/chatbotservices.chatfleet.io",
-                "--timeout=30s",
-                check=False,
-            ).returncode
-            == 0
-        ),
-        60,
-    )
-    assert established, "the ChatbotService CRD never became Established"
+def release_operator(chatfleet_crd, tmp_path_factory) -> Iterator[ReleaseOperator]:
+    """One operator for e2e-* namespaces (the CRD comes from the shared chatfleet_crd fixture)."""
+    cluster = chatfleet_crd
     op = ReleaseOperator(cluster, tmp_path_factory.mktemp("release-operator"))
     op.start()
     try:

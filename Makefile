@@ -8,6 +8,8 @@ PYTEST  := $(VENV)/bin/pytest
 STAMP   := $(VENV)/.installed-$(shell cat pyproject.toml 2>/dev/null | sha1sum | cut -c1-12)
 PLATFORM := $(PY) -m chatfleet_platform.cli
 NODES   ?= 4
+# the layers in order: fast and pure first, then the platform, the release scenarios last
+TEST_LAYERS := tests/unit tests/admission tests/chart tests/integration tests/e2e
 export PYTHONUNBUFFERED := 1
 
 ##@ Start here
@@ -18,7 +20,7 @@ demo: setup ## The main job on the local platform: GPU nodes, the fleet, a chat,
 
 .PHONY: test
 test: setup lint contracts ## Everything: install, lint, layering contracts, unit + integration + e2e tests
-	$(PYTEST) tests
+	$(PYTEST) $(TEST_LAYERS)
 
 .PHONY: help
 help: ## This list
@@ -87,6 +89,10 @@ contracts: venv ## import-linter: the layering of STYLE.md (one API module, pure
 .PHONY: unit
 unit: venv ## Unit tests only (no platform)
 	$(PYTEST) tests/unit
+
+.PHONY: test-e2e
+test-e2e: setup ## Release scenarios end to end (canary, blue-green, rollback, GPUs) on the local platform
+	$(PYTEST) tests/e2e
 
 .PHONY: run
 run: venv ## Run the operator in the foreground against the current KUBECONFIG

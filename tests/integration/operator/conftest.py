@@ -40,9 +40,13 @@ class OperatorProcess:
         """Stats (passes, latencies, writes) of the current process, written on exit."""
         return self.workdir / f"stats-{self.starts}.json"
 
-    def start(self) -> None:
-        """Start the operator and wait until kopf has logged in and started watching."""
+    #: What the suite's operator watches: everything but the e2e suite's namespaces.
+    SUITE_SCOPE = ("!e2e-*",)
+
+    def start(self, namespaces: tuple[str, ...] = SUITE_SCOPE) -> None:
+        """Start the operator (watching `namespaces`) and wait until kopf has logged in and is watching."""
         self.starts += 1
+        scope = [arg for ns in namespaces for arg in ("--namespace", ns)]
         env = {**os.environ, **self.cluster.env, "PYTHONUNBUFFERED": "1"}
         with open(self.log, "wb") as fh:
             self.proc = subprocess.Popen(
@@ -51,8 +55,7 @@ class OperatorProcess:
                     "-m",
                     "chatfleet_operator.cli",
                     "run",
-                    "--namespace",
-                    "!e2e-*",
+                    *scope,
                     "--stats-file",
                     str(self.stats_file),
                 ],
@@ -83,10 +86,10 @@ class OperatorProcess:
         except (OSError, ValueError):
             return {}
 
-    def restart(self, sig: int = signal.SIGTERM) -> dict[str, Any]:
-        """Stop, then start again; returns the stopped process's stats."""
+    def restart(self, sig: int = signal.SIGTERM, namespaces: tuple[str, ...] = SUITE_SCOPE) -> dict[str, Any]:
+        """Stop, then start again (watching `namespaces`); returns the stopped process's stats."""
         stats = self.stop(sig)
-        self.start()
+        self.start(namespaces)
         return stats
 
     def log_text(self) -> str:

@@ -7,21 +7,15 @@ e2e-*, which the integration operator leaves alone, so both suites can share one
 from __future__ import annotations
 
 import inspect
-import os
-import signal
-import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
 import pytest
 from chatfleet_operator import reconcile
 from chatfleet_platform import services
 from chatfleet_platform.trafficsim import TrafficSim
-from release_e2e import REPO, Release, wait_until
+from operator_process import OperatorProcess
+from release_e2e import Release, wait_until
 
 # Until the reconciler runs releases (reconcile_pass takes `releases`), these scenarios cannot pass.
 if "releases" not in inspect.signature(reconcile.reconcile_pass).parameters:
@@ -29,63 +23,11 @@ if "releases" not in inspect.signature(reconcile.reconcile_pass).parameters:
 E2E_NAMESPACES = "e2e-*"
 
 
-class ReleaseOperator:
-    """The operator under test (restartable, killable)."""
-
-    def __init__(self, cluster: Any, workdir: Path) -> None:
-        self.cluster, self.workdir = cluster, workdir
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.starts = 0
-
-    @property
-    def log(self) -> Path:
-        """Log file of the current process."""
-        return self.workdir / f"operator-{self.starts}.log"
-
-    def start(self) -> None:
-        """Start and wait until kopf watches."""
-        self.starts += 1
-        env = {
-            **os.environ,
-            **self.cluster.env,
-            "PYTHONUNBUFFERED": "1",
-        }
-        with open(self.log, "wb") as fh:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "chatfleet_operator.cli", "run", "--namespace", E2E_NAMESPACES],
-                cwd=REPO,
-                env=env,
-                stdout=fh,
-                stderr=subprocess.STDOUT,
-            )
-        ok = wait_until(
-            lambda: "Initial authentication has finished" in self.log.read_text(errors="replace"), 30
-        )
-        assert ok, self.log.read_text(errors="replace")[-3000:]
-        time.sleep(1.0)
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        """Stop by PID."""
-        if self.proc is None:
-            return
-        self.proc.send_signal(sig)
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-        self.proc = None
-
-    def log_text(self) -> str:
-        """Current log."""
-        return self.log.read_text(errors="replace")
-
-
 @pytest.fixture(scope="session")
-def release_operator(chatfleet_crd, tmp_path_factory) -> Iterator[ReleaseOperator]:
+def release_operator(chatfleet_crd, tmp_path_factory) -> Iterator[OperatorProcess]:
     """One operator for e2e-* namespaces (the CRD comes from the shared chatfleet_crd fixture)."""
     cluster = chatfleet_crd
-    op = ReleaseOperator(cluster, tmp_path_factory.mktemp("release-operator"))
+    op = OperatorProcess(cluster, tmp_path_factory.mktemp("release-operator"), (E2E_NAMESPACES,))
     op.start()
     try:
         yield op

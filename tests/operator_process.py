@@ -1,0 +1,92 @@
+"""The operator under test as a subprocess, shared by the integration and e2e suites.
+
+It runs `python -m chatfleet_operator.cli run` against the session's local cluster, watching the given
+namespace patterns, logs to a file per start, writes its stats (passes, latencies, writes) on exit, and
+is stopped by its PID (SIGTERM, or SIGKILL to test restarts).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from chatfleet_platform.config import REPO_ROOT as REPO
+from chatfleet_platform.services import wait_until
+
+
+class OperatorProcess:
+    """The operator under test, as a subprocess with a log file and a stats file."""
+
+    def __init__(self, cluster: Any, workdir: Path, scope: tuple[str, ...]) -> None:
+        self.cluster, self.workdir, self.scope = cluster, workdir, scope
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    @property
+    def log(self) -> Path:
+        """Log file of the current process."""
+        return self.workdir / f"operator-{self.starts}.log"
+
+    @property
+    def stats_file(self) -> Path:
+        """Stats (passes, latencies, writes) of the current process, written on exit."""
+        return self.workdir / f"stats-{self.starts}.json"
+
+    def start(self, namespaces: tuple[str, ...] | None = None) -> None:
+        """Start the operator (watching `namespaces`, default its scope); wait until kopf is watching."""
+        self.starts += 1
+        scope = [arg for ns in (namespaces or self.scope) for arg in ("--namespace", ns)]
+        env = {**os.environ, **self.cluster.env, "PYTHONUNBUFFERED": "1"}
+        with open(self.log, "wb") as fh:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "chatfleet_operator.cli",
+                    "run",
+                    *scope,
+                    "--stats-file",
+                    str(self.stats_file),
+                ],
+                cwd=REPO,
+                env=env,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+            )
+        ok = wait_until(
+            lambda: "Initial authentication has finished" in self.log.read_text(errors="replace"), 30
+        )
+        assert ok, f"operator did not start:\n{self.log.read_text(errors='replace')[-3000:]}"
+        time.sleep(1.0)  # let the watches list once
+
+    def stop(self, sig: int = signal.SIGTERM) -> dict[str, Any]:
+        """Stop the process by PID; returns its stats (empty after SIGKILL)."""
+        if self.proc is None:
+            return {}
+        self.proc.send_signal(sig)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self.proc = None
+        try:
+            return json.loads(self.stats_file.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def restart(self, sig: int = signal.SIGTERM, namespaces: tuple[str, ...] | None = None) -> dict[str, Any]:
+        """Stop, then start again (watching `namespaces`); returns the stopped process's stats."""
+        stats = self.stop(sig)
+        self.start(namespaces)
+        return stats
+
+    def log_text(self) -> str:
+        """Current log content."""
+        return self.log.read_text(errors="replace")

@@ -4,10 +4,13 @@
 --http-port=8000 --grpc-port=8001 --metrics-port=8002``
 
 1. Read one ``<model>.config.pbtxt`` per model from the ConfigMap folder (``tritonconfig.configmap_key``).
-2. If ``CHATFLEET_MODEL_URI`` is set and the weights folder (the ``model_dir`` parameter) is empty, fill it
+2. Place the instances: a pod on a simulated GPU (the local platform's device plugin hands it
+   ``CHATFLEET_SIMULATED_GPU=1``) serves with ``KIND_CPU``; a ``KIND_GPU`` config with no CUDA device visible
+   and no such marker stops here with a message, never silently serving from the CPU (``place_instances``).
+3. If ``CHATFLEET_MODEL_URI`` is set and the weights folder (the ``model_dir`` parameter) is empty, fill it
    from the URI (file://, a path, hf://org/name or org/name, at ``CHATFLEET_MODEL_REVISION``).
-3. Write the model repository: each model's config.pbtxt plus the shipped ``model.py`` adapter.
-4. Exec tritonserver (NGC image or the pytriton wheel) on the given ports; Triton's readiness then means
+4. Write the model repository: each model's config.pbtxt plus the shipped ``model.py`` adapter.
+5. Exec tritonserver (NGC image or the pytriton wheel) on the given ports; Triton's readiness then means
    "model loaded and warm-up generation done".
 """
 
@@ -17,12 +20,50 @@ import argparse
 import os
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
-from chatfleet_runtime.tritonconfig import MODEL_NAME, configmap_key, parse_parameters
+from chatfleet_runtime.tritonconfig import MODEL_NAME, configmap_key, instance_kinds, on_cpu, parse_parameters
 from chatfleet_runtime.tritonhome import Ports, command, environment, find_installation, write_repository
 
 SUFFIX = configmap_key("")  # ".config.pbtxt"
+#: Set by the local platform's fake GPU device plugin on every container it allocates a GPU to.
+SIMULATED_GPU_ENV = "CHATFLEET_SIMULATED_GPU"
+
+
+def place_instances(
+    configs: dict[str, str], *, simulated: bool, cuda_devices: Callable[[], int]
+) -> tuple[dict[str, str], str]:
+    """Decide where Triton's instances run: (configs to write, one line saying why).
+
+    - a simulated GPU: every instance group moves to KIND_CPU (the pod is a rehearsal on a CPU node);
+    - KIND_GPU with CUDA devices visible: unchanged;
+    - KIND_GPU with none visible and no simulated marker: SystemExit. A broken GPU node must fail
+      loudly, not serve from the CPU at a fraction of the speed.
+    """
+    wants_gpu = any("KIND_GPU" in instance_kinds(text) for text in configs.values())
+    if simulated:
+        return {k: on_cpu(v) for k, v in configs.items()}, (
+            f"simulated GPU ({SIMULATED_GPU_ENV}=1 from the device plugin): Triton instances on the CPU"
+        )
+    visible = cuda_devices() if wants_gpu else 0
+    if wants_gpu and visible == 0:
+        raise SystemExit(
+            "launch: the Triton config asks for KIND_GPU but no CUDA device is visible in this container "
+            f"(NVIDIA_VISIBLE_DEVICES={os.environ.get('NVIDIA_VISIBLE_DEVICES', '<unset>')}); refusing to "
+            "serve from the CPU. Check the node's NVIDIA driver and device plugin."
+        )
+    where = f"{visible} CUDA device(s)" if wants_gpu else "the CPU (KIND_CPU in the config)"
+    return configs, f"Triton instances on {where}"
+
+
+def cuda_device_count() -> int:
+    """CUDA devices visible to this process (0 without a driver)."""
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def read_configs(config_dir: Path) -> dict[str, str]:
@@ -77,6 +118,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     args, extra = parser.parse_known_args(argv)
     configs = read_configs(Path(args.config_dir))
+    configs, why = place_instances(
+        configs, simulated=os.environ.get(SIMULATED_GPU_ENV) == "1", cuda_devices=cuda_device_count
+    )
+    print(f"[launch] {why}", flush=True)
     params = parse_parameters(configs[MODEL_NAME])
     ensure_weights(
         Path(params.get("model_dir", "/models/weights")),

@@ -147,6 +147,28 @@ def model_repository_configs(cfg: ChatModelConfig) -> dict[str, str]:
     return files
 
 
+_KIND_RE = re.compile(r"\bkind:\s*(KIND_[A-Z]+)")
+_GPUS_RE = re.compile(r"\s*gpus:\s*\[[^\]]*\]")
+
+
+def instance_kinds(pbtxt: str) -> set[str]:
+    """The instance_group kinds a config.pbtxt asks for.
+
+    >>> sorted(instance_kinds("instance_group [ { count: 1 kind: KIND_GPU } ]"))
+    ['KIND_GPU']
+    """
+    return set(_KIND_RE.findall(pbtxt))
+
+
+def on_cpu(pbtxt: str) -> str:
+    """The same config with every instance group on the CPU (KIND_CPU, no `gpus` list).
+
+    >>> on_cpu("instance_group [ { count: 2 kind: KIND_GPU gpus: [ 0, 1 ] } ]")
+    'instance_group [ { count: 2 kind: KIND_CPU } ]'
+    """
+    return _GPUS_RE.sub("", _KIND_RE.sub("kind: KIND_CPU", pbtxt))
+
+
 def configmap_key(model_name: str) -> str:
     """ConfigMap key under which a model's config.pbtxt is stored (keys cannot hold '/')."""
     return f"{model_name}.config.pbtxt"

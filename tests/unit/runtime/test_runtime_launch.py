@@ -145,3 +145,50 @@ def test_stream_model_queue_delay(extra, stream_delay, stream_preferred):
     )
     assert f"max_queue_delay_microseconds: {stream_delay}" in files["chat_stream"]
     assert ("preferred_batch_size" in files["chat_stream"]) is stream_preferred
+
+
+GPU_CONFIGS = model_repository_configs(ChatModelConfig(kind="KIND_GPU"))
+
+
+def _no_cuda() -> int:
+    return 0
+
+
+def test_simulated_gpu_serves_from_cpu():
+    """The local platform's device plugin marks its fake GPUs: Triton must not ask for a CUDA device."""
+    configs, why = launch.place_instances(GPU_CONFIGS, simulated=True, cuda_devices=_no_cuda)
+    assert all("kind: KIND_CPU" in text and "KIND_GPU" not in text for text in configs.values())
+    assert "simulated GPU" in why
+
+
+def test_gpu_config_without_cuda_and_without_marker_fails_loudly(monkeypatch):
+    """A real GPU node whose device is not visible must stop the pod, not serve slowly from the CPU."""
+    monkeypatch.setenv("NVIDIA_VISIBLE_DEVICES", "GPU-1234")
+    with pytest.raises(SystemExit, match=r"KIND_GPU but no CUDA device is visible.*GPU-1234"):
+        launch.place_instances(GPU_CONFIGS, simulated=False, cuda_devices=_no_cuda)
+
+
+def test_gpu_config_with_cuda_is_kept():
+    configs, why = launch.place_instances(GPU_CONFIGS, simulated=False, cuda_devices=lambda: 2)
+    assert configs == GPU_CONFIGS and "2 CUDA device(s)" in why
+
+
+def test_cpu_config_never_probes_cuda():
+    cpu = model_repository_configs(ChatModelConfig(kind="KIND_CPU"))
+
+    def probe() -> int:
+        raise AssertionError("CUDA probed for a KIND_CPU config")
+
+    assert launch.place_instances(cpu, simulated=False, cuda_devices=probe)[0] == cpu
+
+
+def test_launch_on_simulated_gpu_writes_kind_cpu(tmp_path, tiny_model_dir, monkeypatch):
+    """End to end through main(): the repository Triton loads says KIND_CPU on a simulated GPU."""
+    cfg = ChatModelConfig(kind="KIND_GPU", model_dir=str(tiny_model_dir))
+    (tmp_path / "cm").mkdir()
+    for name, text in model_repository_configs(cfg).items():
+        (tmp_path / "cm" / configmap_key(name)).write_text(text)
+    monkeypatch.setenv(launch.SIMULATED_GPU_ENV, "1")
+    argv = [f"--config-dir={tmp_path / 'cm'}", f"--repository={tmp_path / 'repo'}"]
+    assert launch.main([*argv, f"--triton-home={tmp_path / 'home'}", "--dry-run"]) == 0
+    assert "kind: KIND_CPU" in (tmp_path / "repo" / "chat" / "config.pbtxt").read_text()

@@ -8,6 +8,7 @@ PYTEST  := $(VENV)/bin/pytest
 STAMP   := $(VENV)/.installed-$(shell cat pyproject.toml 2>/dev/null | sha1sum | cut -c1-12)
 PLATFORM := $(PY) -m chatfleet_platform.cli
 NODES   ?= 4
+REAL_NODES ?= 1
 # the layers in order: fast and pure first, then the platform, the release scenarios last
 TEST_LAYERS := tests/unit tests/admission tests/chart tests/integration tests/e2e
 export PYTHONUNBUFFERED := 1
@@ -44,7 +45,7 @@ $(STAMP): pyproject.toml
 	@rm -f $(VENV)/.installed-* && touch $@
 
 .PHONY: system-deps
-system-deps: ## Debian packages the tests start on 127.0.0.1: prometheus, redis-server
+system-deps: ## Debian packages: prometheus, redis-server; containerd, runc, CNI, iptables, socat for real nodes; buildah, debootstrap for images
 	@bash hack/install-system-deps.sh
 
 .PHONY: platform-build
@@ -59,11 +60,11 @@ chart-tools: venv platform-build ## checkov in its own venv (.work/checkov) and 
 ##@ Local platform
 
 .PHONY: cluster-up
-cluster-up: setup ## Start the local Kubernetes with NODES (4) simulated GPU nodes; prints `export KUBECONFIG=...`
-	@$(PLATFORM) up --nodes $(NODES)
+cluster-up: setup ## Start the local Kubernetes: NODES (4) simulated GPU nodes, REAL_NODES (1) real ones; prints `export KUBECONFIG=...`
+	@$(PLATFORM) up --nodes $(NODES) --real-nodes $(REAL_NODES)
 
 .PHONY: cluster-down
-cluster-down: ## Stop exactly what cluster-up started and remove its folder
+cluster-down: ## Stop exactly what cluster-up started, undo its host changes (bridges, iptables, cgroups), remove its folder
 	@$(PLATFORM) down
 
 .PHONY: cluster-status

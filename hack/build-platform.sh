@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the local platform's binaries (etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler, kubectl, kwok, helm) from the Go module proxy, once, into a cache
+# kube-scheduler, kubectl, kubelet, kube-proxy, kwok, helm) from the Go module proxy, once, into a cache
 # outside the repository keyed by version:  $CHATFLEET_CACHE/bin/<name>-<version>/<name>
 # A second run finds every binary and builds nothing.
 set -euo pipefail
@@ -14,6 +14,12 @@ export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-buildvcs=false
 
 say() { printf '[build] %s\n' "$*" >&2; }
 die() { printf '[build] error: %s\n' "$*" >&2; exit 1; }
+
+# one build at a time per cache: a second caller (a test session, `make setup` in another checkout) waits,
+# then finds the binaries built
+mkdir -p "$BIN"
+exec 9>"$BIN/.build.lock"
+flock -n 9 || { say "another build holds $BIN/.build.lock: waiting for it"; flock 9; }
 
 command -v go >/dev/null 2>&1 || die "the Go toolchain is missing: install Go >= 1.26 (it builds Kubernetes, etcd, kwok and helm from the Go module proxy)"
 gominor=$(go env GOVERSION | sed -E 's/^go1\.([0-9]+).*/\1/')
@@ -37,22 +43,25 @@ have() { [ -x "$BIN/$1-$2/$1" ]; }
 # record how long a cold build of a component took (read by `make bench-platform`)
 record() { printf '%s\n' "$2" > "$BIN/$1/build-seconds"; }
 
+# the Kubernetes binaries of one version: the control plane, kubectl, and what a real node runs
+K8S_COMPONENTS="kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy"
+
 build_k8s() {
-  local v=$K8S_VERSION minor all=1 out
+  local v=$K8S_VERSION minor missing="" out c
   out="$BIN/kubernetes-$v"
-  for c in kube-apiserver kube-controller-manager kube-scheduler kubectl; do [ -x "$out/$c" ] || all=0; done
-  [ $all = 1 ] && { say "kubernetes v$v cached"; return; }
-  say "building kubernetes v$v (kube-apiserver, kube-controller-manager, kube-scheduler, kubectl); cold: ~6 min on 2 cores"
+  for c in $K8S_COMPONENTS; do [ -x "$out/$c" ] || missing="$missing $c"; done
+  [ -z "$missing" ] && { say "kubernetes v$v cached"; return; }
+  say "building kubernetes v$v:$missing; cold: ~6 min on 2 cores (+2 min for kubelet and kube-proxy)"
   local t0; t0=$(date +%s)
   minor=${v#1.}; minor=${minor%%.*}
   local kmod d="$WORK/kubernetes-$v"
   kmod=$(printf '%s' "$KMOD_JSON" | python3 -c 'import json,sys;print(json.load(sys.stdin)["GoMod"])')
-  mkdir -p "$d" "$out.tmp" && cd "$d"
+  mkdir -p "$d" "$out" && cd "$d"
   {
     printf 'module example.local/kubebins\n\ngo 1.24.0\n\ngodebug default=go1.24\n\nrequire k8s.io/kubernetes v%s\n\nreplace (\n' "$v"
     grep -E '^[[:space:]]+k8s\.io/[A-Za-z0-9._-]+ v0\.0\.0$' "$kmod" | awk -v ver="v0.${v#1.}" '{printf "\t%s => %s %s\n", $1, $1, ver}'
     printf ')\n\ntool (\n'
-    for c in kube-apiserver kube-controller-manager kube-scheduler kubectl; do printf '\tk8s.io/kubernetes/cmd/%s\n' "$c"; done
+    for c in $K8S_COMPONENTS; do printf '\tk8s.io/kubernetes/cmd/%s\n' "$c"; done
     printf ')\n'
   } > go.mod
   go mod tidy
@@ -61,11 +70,12 @@ build_k8s() {
   for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     ldf="$ldf -X $p.gitVersion=v$v -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean -X $p.buildDate=$bd"
   done
-  for c in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+  # each binary lands under a temporary name and is renamed when whole: a killed build leaves no half binary
+  for c in $missing; do
     say "  go build $c"
-    go build -trimpath -ldflags "$ldf" -o "$out.tmp/$c" "k8s.io/kubernetes/cmd/$c"
+    go build -trimpath -ldflags "$ldf" -o "$out/.$c.tmp" "k8s.io/kubernetes/cmd/$c"
+    mv "$out/.$c.tmp" "$out/$c"
   done
-  rm -rf "$out" && mv "$out.tmp" "$out"
   record "kubernetes-$v" $(( $(date +%s) - t0 ))
   "$out/kube-apiserver" --version >&2
 }
@@ -117,8 +127,7 @@ start=$(date +%s)
 cached() {
   case $1 in
     etcd) have etcd "$ETCD_VERSION" ;; kwok) have kwok "$KWOK_VERSION" ;; helm) have helm "$HELM_VERSION" ;;
-    kubernetes) [ -x "$BIN/kubernetes-$K8S_VERSION/kubectl" ] && [ -x "$BIN/kubernetes-$K8S_VERSION/kube-apiserver" ] \
-      && [ -x "$BIN/kubernetes-$K8S_VERSION/kube-controller-manager" ] && [ -x "$BIN/kubernetes-$K8S_VERSION/kube-scheduler" ] ;;
+    kubernetes) local c; for c in $K8S_COMPONENTS; do [ -x "$BIN/kubernetes-$K8S_VERSION/$c" ] || return 1; done ;;
     *) return 1 ;;
   esac
 }

@@ -21,6 +21,13 @@ def main(argv: list[str] | None = None) -> int:
     up = sub.add_parser("up", help="start the cluster (harmless when running); prints export KUBECONFIG=")
     up.add_argument("--nodes", type=int, default=4, help="simulated GPU nodes (default 4)")
     up.add_argument("--taint", action="store_true", help="taint GPU nodes nvidia.com/gpu=present:NoSchedule")
+    up.add_argument(
+        "--real-nodes",
+        type=int,
+        default=0,
+        help="real nodes (kubelet + containerd on this host) beside the simulated ones (default 0)",
+    )
+    up.add_argument("--gpus", type=int, default=4, help="fake GPUs on the first real node (default 4)")
     sub.add_parser("down", help="stop what `up` started and remove the working folder")
     sub.add_parser("status", help="processes, ports and nodes")
     sub.add_parser("env", help="print export KUBECONFIG=...")
@@ -28,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     cluster = Cluster(args.workdir or default_workdir(), progress=_progress)
     try:
         if args.cmd == "up":
-            cluster.up(nodes=args.nodes, taint=args.taint)
+            cluster.up(nodes=args.nodes, taint=args.taint, real_nodes=args.real_nodes, gpus=args.gpus)
             print(f"export KUBECONFIG={cluster.kubeconfig}")
         elif args.cmd == "down":
             stopped = cluster.down()

@@ -24,7 +24,7 @@ from pathlib import Path
 import yaml
 
 from . import nodes as nodes_mod
-from . import pki, procs
+from . import pki, procs, realnode
 from .config import REPO_ROOT, Binaries, PlatformError, read_versions, require_binaries
 
 STAGES_FILE = Path(__file__).with_name("kwok-stages.yaml")
@@ -147,12 +147,21 @@ class Cluster:
         )
 
     # ---- lifecycle ---------------------------------------------------------------------------------
-    def up(self, *, nodes: int = 4, taint: bool = False, timeout: float = 120) -> float:
-        """Start everything (harmless when already running); returns seconds to ready."""
+    def up(
+        self, *, nodes: int = 4, taint: bool = False, real_nodes: int = 0, gpus: int = 4, timeout: float = 120
+    ) -> float:
+        """Start everything (harmless when already running); returns seconds to ready.
+
+        `nodes` simulated GPU nodes (kwok) and `real_nodes` real ones (kubelet + containerd on this host,
+        `gpus` fake GPUs on the first; see realnode.py).
+        """
         t0 = time.monotonic()
         bins = self.binaries
         if self.is_up():
             self.progress(f"cluster already running in {self.workdir}")
+            have = len(self.realnodes.host_state().get("nodes", []))
+            if real_nodes > have:
+                self.add_real_nodes(real_nodes, gpus=gpus)
             return 0.0
         if self.state():
             self.progress("found a partly running cluster: stopping what is left and starting afresh")
@@ -218,7 +227,9 @@ class Cluster:
                 str(bins.kwok),
                 f"--kubeconfig={self.kubeconfig}",
                 f"--config={stages}",
-                "--manage-all-nodes=true",
+                # only the simulated nodes (nodes.py annotates them kwok.x-k8s.io/node=fake): with
+                # --manage-all-nodes kwok takes a real kubelet's node over and fakes its pods' status
+                "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
                 f"--cidr={POD_CIDR}",
                 "--node-ip=10.0.0.2",
                 "--node-lease-duration-seconds=40",
@@ -249,9 +260,25 @@ class Cluster:
             log=self.log("kube-scheduler"),
             proc=scheduler,
         )
+        if real_nodes:
+            self.add_real_nodes(real_nodes, gpus=gpus)
         total = time.monotonic() - t0
         self.progress(f"cluster ready in {total:.1f}s")
         return total
+
+    @property
+    def realnodes(self) -> realnode.RealNodes:
+        """The real nodes of this cluster (started by up(real_nodes=N) or add_real_nodes)."""
+        return realnode.RealNodes(self, self.progress)
+
+    def add_real_nodes(self, count: int, *, gpus: int = 4) -> list[realnode.NodePlan]:
+        """Start `count` real nodes (kubelet + containerd) with the sandbox and project images imported."""
+        from . import images
+
+        def load(socket: Path) -> None:
+            images.load_images(socket, progress=self.progress)
+
+        return self.realnodes.up(count, gpus=gpus, images=load)
 
     def install_crd(self, path: Path, name: str, timeout: float = 60) -> None:
         """Apply a CRD file (server-side) and wait until the API serves it (Established)."""
@@ -292,6 +319,7 @@ class Cluster:
     def down(self) -> list[str]:
         """Stop exactly the processes we recorded (extras first, then reverse start order), remove the folder."""
         stopped = []
+        stopped += self.realnodes.down()  # first: the kubelets tear their pods down through the API
         for name, value in self.state().get("extras", {}).items():
             proc = procs.Proc.from_json(value)
             if procs.stop(proc):
@@ -379,6 +407,8 @@ class Cluster:
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             "--authorization-mode=RBAC",
             "--allow-privileged=true",
+            # logs/exec/port-forward on a real node: dial its InternalIP (its hostname resolves nowhere)
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
             "--profiling=false",
             "--max-requests-inflight=800",
             "--max-mutating-requests-inflight=400",

@@ -45,6 +45,8 @@ class Binaries:
     kube_controller_manager: Path
     kube_scheduler: Path
     kubectl: Path
+    kubelet: Path
+    kube_proxy: Path
     kwok: Path
     helm: Path
 
@@ -73,12 +75,16 @@ def binaries(versions: dict[str, str] | None = None) -> Binaries:
         kube_controller_manager=k8s / "kube-controller-manager",
         kube_scheduler=k8s / "kube-scheduler",
         kubectl=k8s / "kubectl",
+        kubelet=k8s / "kubelet",
+        kube_proxy=k8s / "kube-proxy",
         kwok=b / f"kwok-{v['KWOK_VERSION']}" / "kwok",
         helm=b / f"helm-{v['HELM_VERSION']}" / "helm",
     )
 
 
 CLUSTER_BINARIES = ("etcd", "kube_apiserver", "kube_controller_manager", "kube_scheduler", "kubectl", "kwok")
+#: What a real node runs besides containerd and runc (Debian packages).
+NODE_BINARIES = ("kubelet", "kube_proxy")
 
 
 def require_binaries(names: tuple[str, ...] = CLUSTER_BINARIES) -> Binaries:

@@ -123,14 +123,30 @@ def generate(pki_dir: Path) -> None:
     )
 
 
-def kubeconfig(server: str, pki_dir: Path, namespace: str = "default") -> str:
-    """A kubeconfig (YAML text) for the admin identity against server."""
+def client_identity(pki_dir: Path, name: str, cn: str, org: str | None = None) -> tuple[Path, Path]:
+    """A client certificate and key `<name>.crt/.key` for CN/O, signed by the CA in pki_dir (idempotent)."""
+    crt, key_path = pki_dir / f"{name}.crt", pki_dir / f"{name}.key"
+    if crt.exists() and key_path.exists():
+        return crt, key_path
+    ca = x509.load_pem_x509_certificate((pki_dir / "ca.crt").read_bytes())
+    ca_key = serialization.load_pem_private_key((pki_dir / "ca.key").read_bytes(), password=None)
+    key = _key()
+    cert = _cert(
+        _name(cn, org), key.public_key(), ca.subject, ca_key, usage=[ExtendedKeyUsageOID.CLIENT_AUTH]
+    )
+    _write_key(key_path, key)
+    _write_cert(crt, cert)
+    return crt, key_path
+
+
+def kubeconfig(server: str, pki_dir: Path, namespace: str = "default", *, user: str = "admin") -> str:
+    """A kubeconfig (YAML text) for an identity of pki_dir (`admin` by default) against server."""
     return (
         "apiVersion: v1\nkind: Config\n"
         "clusters:\n- name: chatfleet-local\n  cluster:\n"
         f"    server: {server}\n    certificate-authority: {pki_dir / 'ca.crt'}\n"
         "users:\n- name: chatfleet-admin\n  user:\n"
-        f"    client-certificate: {pki_dir / 'admin.crt'}\n    client-key: {pki_dir / 'admin.key'}\n"
+        f"    client-certificate: {pki_dir / (user + '.crt')}\n    client-key: {pki_dir / (user + '.key')}\n"
         "contexts:\n- name: chatfleet-local\n  context:\n"
         f"    cluster: chatfleet-local\n    user: chatfleet-admin\n    namespace: {namespace}\n"
         "current-context: chatfleet-local\n"

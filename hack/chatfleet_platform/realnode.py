@@ -1,0 +1,782 @@
+"""Real Kubernetes nodes on this host, beside the kwok fleet: kubelet, containerd, runc and bridge CNI.
+
+Pods scheduled onto a real node run: containerd pulls nothing (images are imported from the project's own
+builds), runc starts the containers, and the bridge CNI gives them an address that this host, Prometheus
+and kube-proxy reach. Everything stays on the machine: a FORWARD rule drops pod traffic to any address
+outside the pod range, and kwok's fictional pod range is blackholed.
+
+Node i (`chatfleet-real-<i>`):
+
+    bridge cfbr<i>   its address 10.245.<i>.1 is the node IP (the kubelet refuses a loopback node IP)
+    pods             10.245.<i>.0/24 (kwok's simulated pods use 10.244.0.0/16)
+    containerd       Debian's, as a plain process with its own root, state and socket in the node folder
+    kubelet          identity system:node:<name>; cgroups under /chatfleet-real-<i>; tainted
+                     chatfleet.io/real-node=true:NoSchedule so only pods that ask for a real node land here
+
+Some of this exists once per host, so node 0 alone runs it:
+
+- kube-proxy: its iptables rules are host-wide.
+- The fake GPU device plugin: the kubelet's device-plugin folder is fixed at
+  /var/lib/kubelet/device-plugins.
+- The API forwarder: NODE_IP:6443 to the API server on loopback, so in-cluster clients reach
+  https://10.96.0.1.
+
+Further nodes carry no GPUs. Only one cluster per host may run real nodes: `host.json` in the cluster
+folder records what `up` changed on the host, and `down` undoes exactly that.
+
+Gotchas met on this kind of machine, each handled below:
+
+- The VM withholds CAP_SYS_RESOURCE: containerd gets `restrict_oom_score_adj`, the kubelet `oomScoreAdj: 0`.
+- The host has hybrid cgroups v1: use runc (crun refuses the layout) and the cgroupfs driver, with
+  failCgroupV1 false.
+- kwok must not take over a real node: it manages only nodes annotated `kwok.x-k8s.io/node=fake`.
+- The API server has no kubelet client certificate, so the kubelet allows anonymous access. Its port is
+  bound to the bridge address only.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from . import pki, procs
+from .config import Binaries, PlatformError, require_tool
+
+REAL_LABEL = "chatfleet.io/real-node"
+#: Pods that tolerate this taint (and select REAL_LABEL) run on a real node; nothing else lands there.
+REAL_TAINT = {"key": REAL_LABEL, "value": "true", "effect": "NoSchedule"}
+PODS_CIDR = "10.245.0.0/16"  # all real nodes' pod ranges
+KWOK_POD_CIDR = (
+    "10.244.0.0/16"  # blackholed: a Service backed by a simulated pod must not leak off the machine
+)
+API_FORWARD_PORT = 6443
+PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
+GUARD_COMMENT = "chatfleet-real-node"
+#: Host paths the kubelet and containerd write whatever their root says; removed on down if up made them.
+HOST_PATHS = (
+    Path("/var/lib/kubelet"),
+    Path("/var/log/containers"),
+    Path("/var/log/pods"),
+    Path("/run/containerd"),
+    Path("/var/run/netns"),
+)
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """Names, addresses and folders of real node `index` in a cluster folder (pure: nothing is created)."""
+
+    index: int
+    root: Path
+    gpus: int
+
+    @property
+    def name(self) -> str:
+        return f"chatfleet-real-{self.index}"
+
+    @property
+    def dir(self) -> Path:
+        return self.root / "realnodes" / self.name
+
+    @property
+    def bridge(self) -> str:
+        return f"cfbr{self.index}"
+
+    @property
+    def ip(self) -> str:
+        return f"10.245.{self.index}.1"
+
+    @property
+    def pod_cidr(self) -> str:
+        return f"10.245.{self.index}.0/24"
+
+    @property
+    def cgroup_root(self) -> str:
+        return f"/{self.name}"
+
+    @property
+    def socket(self) -> Path:
+        return self.dir / "containerd" / "containerd.sock"
+
+    @property
+    def primary(self) -> bool:
+        """Node 0 runs what exists once per host: kube-proxy, the device plugin, the API forwarder."""
+        return self.index == 0
+
+    @property
+    def kubelet_port(self) -> int:
+        return 10250
+
+    @property
+    def healthz_port(self) -> int:
+        return 10348 + self.index * 10
+
+    def labels(self) -> dict[str, str]:
+        """Node labels: the real-node marker, and NVIDIA's GPU feature discovery labels where GPUs exist."""
+        out = {REAL_LABEL: "true", "node.kubernetes.io/instance-type": "local-real"}
+        if self.primary and self.gpus:
+            out.update(
+                {
+                    "nvidia.com/gpu.present": "true",
+                    "nvidia.com/gpu.product": "NVIDIA-L4",
+                    "nvidia.com/gpu.count": str(self.gpus),
+                    "nvidia.com/gpu.memory": "23034",
+                }
+            )
+        return out
+
+    def cni_config(self) -> dict:
+        """The CNI conflist: a bridge whose gateway is the node IP, host-local addresses, portmap."""
+        return {
+            "cniVersion": "1.0.0",
+            "name": "chatfleet-real",
+            "plugins": [
+                {
+                    "type": "bridge",
+                    "bridge": self.bridge,
+                    "isGateway": True,
+                    "ipMasq": False,
+                    "hairpinMode": True,
+                    "ipam": {
+                        "type": "host-local",
+                        "dataDir": str(self.dir / "cni" / "ipam"),
+                        "ranges": [[{"subnet": self.pod_cidr, "gateway": self.ip}]],
+                        "routes": [{"dst": "0.0.0.0/0"}],
+                    },
+                },
+                {"type": "portmap", "capabilities": {"portMappings": True}},
+            ],
+        }
+
+    def containerd_config(self, runc: str) -> str:
+        """containerd's config.toml: CRI on, own root/state/socket, runc, our CNI folder."""
+        d = self.dir / "containerd"
+        return f"""version = 2
+root = "{d / "root"}"
+state = "{d / "state"}"
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+                    "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
+[grpc]
+  address = "{self.socket}"
+[ttrpc]
+  address = "{self.socket}.ttrpc"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{d / "opt"}"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{PAUSE_IMAGE}"
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  enable_selinux = false
+  # this VM withholds CAP_SYS_RESOURCE: runc cannot lower oom_score_adj below containerd's own
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+        BinaryName = "{runc}"
+        Root = "{d / "runc"}"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "{self.dir / "cni" / "net.d"}"
+    max_conf_num = 1
+"""
+
+    def kubelet_config(self, ca: Path) -> dict:
+        """The KubeletConfiguration (see the module docstring for why each unusual value is there)."""
+        return {
+            "apiVersion": "kubelet.config.k8s.io/v1beta1",
+            "kind": "KubeletConfiguration",
+            "address": self.ip,
+            "port": self.kubelet_port,
+            "readOnlyPort": 0,
+            "healthzBindAddress": "127.0.0.1",
+            "healthzPort": self.healthz_port,
+            "authentication": {
+                "anonymous": {"enabled": True},
+                "webhook": {"enabled": False},
+                "x509": {"clientCAFile": str(ca)},
+            },
+            "authorization": {"mode": "AlwaysAllow"},
+            "containerRuntimeEndpoint": f"unix://{self.socket}",
+            "imageServiceEndpoint": f"unix://{self.socket}",
+            "cgroupDriver": "cgroupfs",
+            "cgroupsPerQOS": True,
+            # two cores serve several pods: CPU limits are not enforced here (requests still schedule)
+            "cpuCFSQuota": False,
+            "cgroupRoot": self.cgroup_root,
+            "failCgroupV1": False,
+            "failSwapOn": False,
+            "podLogsDir": str(self.dir / "pod-logs"),
+            "resolvConf": str(self.dir / "resolv.conf"),
+            "clusterDomain": "cluster.local",
+            "maxPods": 40,
+            "serializeImagePulls": False,
+            "registerNode": True,
+            "registerWithTaints": [REAL_TAINT],
+            "rotateCertificates": False,
+            "serverTLSBootstrap": False,
+            "imageGCHighThresholdPercent": 100,
+            "imageGCLowThresholdPercent": 99,
+            "imageMinimumGCAge": "24h",
+            "evictionHard": {
+                "memory.available": "200Mi",
+                "nodefs.available": "1%",
+                "imagefs.available": "1%",
+                "nodefs.inodesFree": "1%",
+            },
+            "volumePluginDir": str(self.dir / "kubelet" / "volume-plugins"),
+            "nodeStatusReportFrequency": "1m",
+            "nodeStatusUpdateFrequency": "10s",
+            "shutdownGracePeriod": "0s",
+            "oomScoreAdj": 0,
+        }
+
+    def kube_proxy_config(self) -> dict:
+        """kube-proxy in iptables mode, NodePorts on the bridge address only, host sysctls left alone."""
+        return {
+            "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+            "kind": "KubeProxyConfiguration",
+            "clientConnection": {"kubeconfig": str(self.dir / "pki" / "kube-proxy.kubeconfig")},
+            "hostnameOverride": self.name,
+            "mode": "iptables",
+            "clusterCIDR": PODS_CIDR,
+            "detectLocalMode": "ClusterCIDR",
+            "healthzBindAddress": "127.0.0.1:10356",
+            "metricsBindAddress": "127.0.0.1:10349",
+            "nodePortAddresses": [f"{self.ip}/32"],
+            "iptables": {
+                "localhostNodePorts": False,
+                "masqueradeAll": False,
+                "syncPeriod": "30s",
+                "minSyncPeriod": "1s",
+            },
+            "conntrack": {
+                "maxPerCore": 0,
+                "min": 0,
+                "tcpEstablishedTimeout": "0s",
+                "tcpCloseWaitTimeout": "0s",
+            },
+        }
+
+
+def plans(root: Path, count: int, gpus: int) -> list[NodePlan]:
+    """The plans of `count` real nodes in cluster folder `root`; GPUs on node 0 only."""
+    if count < 0 or count > 8:
+        raise PlatformError(f"real nodes: 0 to 8 on one host, got {count}")
+    return [NodePlan(i, root, gpus if i == 0 else 0) for i in range(count)]
+
+
+def api_endpoint_slice(ip: str) -> dict:
+    """The EndpointSlice of the `kubernetes` Service: the API forwarder on node 0's address.
+
+    The API server runs with --endpoint-reconciler-type=none (it listens on loopback), so nobody else
+    writes it.
+    """
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": "kubernetes",
+            "namespace": "default",
+            "labels": {
+                "kubernetes.io/service-name": "kubernetes",
+                "endpointslice.kubernetes.io/managed-by": "chatfleet-platform",
+            },
+        },
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": [ip], "conditions": {"ready": True}}],
+        "ports": [{"name": "https", "port": API_FORWARD_PORT, "protocol": "TCP"}],
+    }
+
+
+NODE_RBAC = [
+    {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": "chatfleet:real-nodes"},
+        # RBAC only (no Node authorizer): the bootstrap role system:node for the group of node identities
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:node"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "system:nodes"}],
+    },
+    {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": "chatfleet:kube-proxy"},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": "system:node-proxier",
+        },
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "system:kube-proxy"}],
+    },
+]
+
+
+def require_host_tools() -> dict[str, str]:
+    """Paths of the Debian tools a real node needs, or one PlatformError naming what is missing."""
+    hint = "run `make system-deps` (Debian: containerd runc containernetworking-plugins iptables socat)"
+    tools = {t: require_tool(t, hint) for t in ("containerd", "ctr", "runc", "iptables", "ip", "socat")}
+    if not Path("/usr/lib/cni/bridge").exists():
+        raise PlatformError(f"the CNI plugins are missing (/usr/lib/cni/bridge): {hint}")
+    if os.geteuid() != 0:
+        raise PlatformError("real nodes need root (bridges, iptables, cgroups); use REAL_NODES=0 otherwise")
+    return tools
+
+
+def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    res = subprocess.run(list(argv), capture_output=True, text=True, timeout=60)
+    if check and res.returncode != 0:
+        raise PlatformError(f"{' '.join(argv)} failed: {res.stderr.strip() or res.stdout.strip()}")
+    return res
+
+
+class RealNodes:
+    """Start and stop the real nodes of one cluster; all state under `<cluster>/realnodes/`."""
+
+    def __init__(self, cluster, progress: Progress) -> None:
+        self.cluster = cluster
+        self.progress = progress
+
+    # ---- state ---------------------------------------------------------------------------------
+    @property
+    def folder(self) -> Path:
+        return self.cluster.workdir / "realnodes"
+
+    @property
+    def host_file(self) -> Path:
+        return self.folder / "host.json"
+
+    def host_state(self) -> dict:
+        """What up changed on the host and which processes it started ({} when none)."""
+        try:
+            return json.loads(self.host_file.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def _save(self, state: dict) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        tmp = self.host_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2, sort_keys=True))
+        tmp.replace(self.host_file)
+
+    @staticmethod
+    def _lock_path() -> Path:
+        return Path("/run/chatfleet-real-nodes.owner")
+
+    # ---- up ------------------------------------------------------------------------------------
+    def up(self, count: int, *, gpus: int, images: Callable[[Path], None] | None) -> list[NodePlan]:
+        """Start `count` real nodes; `images(socket)` imports the sandbox and project images into a node."""
+        if count == 0:
+            return []
+        tools = require_host_tools()
+        bins: Binaries = self.cluster.binaries
+        missing = bins.missing(("kubelet", "kube_proxy"))
+        if missing:
+            raise PlatformError(
+                f"real nodes need {', '.join(missing)}: run `make platform-build` "
+                "(or REAL_NODES=0 for simulated nodes only)"
+            )
+        self._claim_host()
+        nodes = plans(self.cluster.workdir, count, gpus)
+        state = self.host_state() or {"pids": {}, "created": [], "nodes": []}
+        state["nodes"] = [n.name for n in nodes]
+        for p in HOST_PATHS:
+            if not p.exists() and str(p) not in state["created"]:
+                state["created"].append(str(p))
+        self._save(state)
+        t0 = time.monotonic()
+        self._host_network(state)
+        self.cluster.apply(NODE_RBAC)
+        # node 0 last: every kubelet wipes the shared device-plugin folder when it starts, and the plugin
+        # must register with node 0's kubelet
+        for node in sorted(nodes, key=lambda n: n.primary):
+            self._node_up(node, state, tools, bins, images)
+        self.progress(f"{count} real node(s) Ready ({time.monotonic() - t0:.1f}s)")
+        return nodes
+
+    def _claim_host(self) -> None:
+        lock = self._lock_path()
+        if lock.exists():
+            owner = Path(lock.read_text().strip())
+            if owner != self.cluster.workdir and owner.exists():
+                other = RealNodes(type(self.cluster)(owner), self.progress)
+                if any(
+                    procs.is_ours(procs.Proc.from_json(v))
+                    for v in other.host_state().get("pids", {}).values()
+                ):
+                    raise PlatformError(
+                        f"real nodes already run on this host for the cluster in {owner}: stop it first "
+                        f"(`make cluster-down`, or CHATFLEET_CLUSTER_DIR={owner} python -m chatfleet_platform.cli down), "
+                        "or start this one with REAL_NODES=0"
+                    )
+                other.down()  # a dead owner: undo what it left on the host
+        lock.write_text(str(self.cluster.workdir))
+
+    def _host_network(self, state: dict) -> None:
+        """Forwarding on, pod traffic kept on the machine, kwok's fictional pod range blackholed."""
+        if "ip_forward" not in state:
+            state["ip_forward"] = Path("/proc/sys/net/ipv4/ip_forward").read_text().strip()
+            self._save(state)
+        _run("sysctl", "-qw", "net.ipv4.ip_forward=1")
+        _run("modprobe", "br_netfilter", check=False)
+        _run("sysctl", "-qw", "net.bridge.bridge-nf-call-iptables=1", check=False)
+        guard = [
+            "FORWARD",
+            "-s",
+            PODS_CIDR,
+            "!",
+            "-d",
+            PODS_CIDR,
+            "-m",
+            "comment",
+            "--comment",
+            GUARD_COMMENT,
+        ]
+        if _run("iptables", "-C", *guard, "-j", "DROP", check=False).returncode != 0:
+            _run("iptables", "-I", guard[0], "1", *guard[1:], "-j", "DROP")
+        _run("ip", "route", "replace", "blackhole", KWOK_POD_CIDR)
+
+    def _start(self, state: dict, key: str, node: NodePlan, argv: list[str]) -> procs.Proc:
+        proc = state["pids"].get(key)
+        if procs.is_ours(procs.Proc.from_json(proc)):
+            return procs.Proc.from_json(proc)
+        started = procs.start(key, argv, log=node.dir / "logs" / f"{key.split('/')[-1]}.log", cwd=node.dir)
+        state["pids"][key] = started.to_json()
+        self._save(state)
+        return started
+
+    def _node_up(self, node: NodePlan, state: dict, tools: dict, bins: Binaries, images) -> None:
+        t0 = time.monotonic()
+        for sub in ("logs", "containerd", "cni/net.d", "cni/ipam", "kubelet", "pod-logs", "pki"):
+            (node.dir / sub).mkdir(parents=True, exist_ok=True)
+        # 1. the bridge whose address is the node IP
+        if _run("ip", "link", "show", node.bridge, check=False).returncode != 0:
+            _run("ip", "link", "add", node.bridge, "type", "bridge")
+            _run("ip", "addr", "add", f"{node.ip}/24", "dev", node.bridge)
+        _run("ip", "link", "set", node.bridge, "up")
+        (node.dir / "resolv.conf").write_text("nameserver 127.0.0.1\noptions ndots:1 timeout:1 attempts:1\n")
+        (node.dir / "cni" / "net.d" / "10-chatfleet.conflist").write_text(
+            json.dumps(node.cni_config(), indent=1)
+        )
+        # 2. containerd, then the images (the sandbox image before any pod)
+        cfg = node.dir / "containerd" / "config.toml"
+        cfg.write_text(node.containerd_config(tools["runc"]))
+        ctrd = self._start(
+            state, f"{node.name}/containerd", node, [tools["containerd"], "--config", str(cfg)]
+        )
+        procs.wait_for(
+            f"{node.name} containerd",
+            lambda: _run(tools["ctr"], "--address", str(node.socket), "version", check=False).returncode == 0,
+            timeout=30,
+            log=node.dir / "logs" / "containerd.log",
+            proc=ctrd,
+        )
+        if images:
+            images(node.socket)
+        # 3. identities: the node's and kube-proxy's client certificates
+        cpki = self.cluster.workdir / "pki"
+        pki.client_identity(cpki, node.name, f"system:node:{node.name}", "system:nodes")
+        kubelet_kc = node.dir / "pki" / "kubelet.kubeconfig"
+        kubelet_kc.write_text(pki.kubeconfig(self.cluster.server, cpki, user=node.name))
+        # 4. the kubelet; its cgroup root must exist in every v1 hierarchy (the systemd one included)
+        for h in Path("/sys/fs/cgroup").iterdir():
+            if h.is_dir() and h.name != "unified" and not h.is_symlink():
+                (h / node.cgroup_root.lstrip("/")).mkdir(exist_ok=True)
+        kcfg = node.dir / "kubelet" / "config.yaml"
+        kcfg.write_text(yaml.safe_dump(node.kubelet_config(cpki / "ca.crt"), sort_keys=False))
+        labels = ",".join(f"{k}={v}" for k, v in node.labels().items())
+        kubelet = self._start(
+            state,
+            f"{node.name}/kubelet",
+            node,
+            [
+                str(bins.kubelet),
+                f"--config={kcfg}",
+                f"--kubeconfig={kubelet_kc}",
+                f"--root-dir={node.dir / 'kubelet'}",
+                f"--cert-dir={node.dir / 'kubelet' / 'pki'}",
+                f"--hostname-override={node.name}",
+                f"--node-ip={node.ip}",
+                f"--node-labels={labels}",
+                "--v=1",
+            ],
+        )
+        procs.wait_for(
+            f"{node.name} Ready",
+            lambda: self._node_ready(node.name),
+            timeout=120,
+            log=node.dir / "logs" / "kubelet.log",
+            proc=kubelet,
+            interval=0.5,
+        )
+        if node.primary:
+            self._primary_extras(node, state, bins)
+        self.progress(f"real node {node.name} Ready at {node.ip} ({time.monotonic() - t0:.1f}s)")
+
+    def _primary_extras(self, node: NodePlan, state: dict, bins: Binaries) -> None:
+        """kube-proxy, the fake GPU device plugin and the API forwarder (once per host, on node 0)."""
+        cpki = self.cluster.workdir / "pki"
+        pki.client_identity(cpki, "kube-proxy", "system:kube-proxy")
+        (node.dir / "pki" / "kube-proxy.kubeconfig").write_text(
+            pki.kubeconfig(self.cluster.server, cpki, user="kube-proxy")
+        )
+        pcfg = node.dir / "kube-proxy.yaml"
+        pcfg.write_text(yaml.safe_dump(node.kube_proxy_config(), sort_keys=False))
+        proxy = self._start(
+            state, f"{node.name}/kube-proxy", node, [str(bins.kube_proxy), f"--config={pcfg}", "--v=1"]
+        )
+        procs.wait_for(
+            "kube-proxy",
+            lambda: _http_ok("http://127.0.0.1:10356/healthz"),
+            timeout=60,
+            log=node.dir / "logs" / "kube-proxy.log",
+            proc=proxy,
+        )
+        api_port = self.cluster.state()["ports"]["apiserver"]
+        self._start(
+            state,
+            f"{node.name}/api-forward",
+            node,
+            [
+                "socat",
+                f"TCP-LISTEN:{API_FORWARD_PORT},bind={node.ip},reuseaddr,fork",
+                f"TCP:127.0.0.1:{api_port}",
+            ],
+        )
+        self.cluster.apply([api_endpoint_slice(node.ip)])
+        if node.gpus:
+            self._start(
+                state,
+                f"{node.name}/device-plugin",
+                node,
+                [sys.executable, "-m", "chatfleet_platform.fakegpu", "--count", str(node.gpus)],
+            )
+            procs.wait_for(
+                f"{node.name} advertising {node.gpus} nvidia.com/gpu",
+                lambda: self._allocatable_gpus(node.name) == node.gpus,
+                timeout=60,
+                log=node.dir / "logs" / "device-plugin.log",
+                interval=0.5,
+            )
+
+    def _node_ready(self, name: str) -> bool:
+        res = self.cluster.kubectl(
+            "get", "node", name, "-o", "jsonpath={.status.conditions[?(@.type=='Ready')].status}", check=False
+        )
+        return res.stdout.strip() == "True"
+
+    def _allocatable_gpus(self, name: str) -> int:
+        res = self.cluster.kubectl(
+            "get", "node", name, "-o", r"jsonpath={.status.allocatable.nvidia\.com/gpu}", check=False
+        )
+        return int(res.stdout.strip() or 0)
+
+    # ---- down ----------------------------------------------------------------------------------
+    def down(self) -> list[str]:
+        """Stop what up started and undo its host changes, in an order that leaves nothing behind."""
+        state = self.host_state()
+        if not state:
+            return []
+        stopped: list[str] = []
+        names = state.get("nodes", [])
+        count = len(names)
+        nodes = plans(self.cluster.workdir, count, 0)
+        # 1. let the kubelets tear their pods down (CNI DEL, unmounts) while the API is there
+        if names and self.cluster.workdir.exists():
+            try:
+                for n in names:
+                    self.cluster.kubectl(
+                        "delete", "pods", "-A", f"--field-selector=spec.nodeName={n}",
+                        "--grace-period=1", "--wait=true", "--timeout=40s", check=False, timeout=60,
+                    )  # fmt: skip
+                self.cluster.kubectl("delete", "nodes", *names, "--wait=false", check=False, timeout=30)
+            except Exception:  # the API may be gone already: the steps below still clean up
+                pass
+        pids = state.get("pids", {})
+
+        def stop(key: str) -> None:
+            proc = procs.Proc.from_json(pids.get(key))
+            if procs.stop(proc):
+                stopped.append(key)
+                self.progress(f"stopped {key} (pid {proc.pid})")
+
+        for n in nodes:
+            for part in ("api-forward", "device-plugin", "kube-proxy"):
+                stop(f"{n.name}/{part}")
+        kube_proxy = self.cluster.binaries.kube_proxy if count else None
+        if kube_proxy and kube_proxy.exists() and any(k.endswith("/kube-proxy") for k in pids):
+            subprocess.run([str(kube_proxy), "--cleanup"], capture_output=True, timeout=60)
+        for n in nodes:
+            stop(f"{n.name}/kubelet")
+        # 2. whatever containers are left: kill every process in our cgroups, then containerd and its shims
+        for n in nodes:
+            _kill_cgroup_tree(n.cgroup_root)
+        for n in nodes:
+            stop(f"{n.name}/containerd")
+            _kill_shims(n.socket)
+        time.sleep(0.5)
+        for n in nodes:
+            _kill_cgroup_tree(n.cgroup_root)
+            _remove_cgroup_tree(n.cgroup_root)
+        # 3. mounts under the folder (overlay snapshots, shm, pod volumes), our pods' network namespaces
+        _unmount_under(self.folder)
+        _remove_netns_in(PODS_CIDR)
+        # 4. network: bridges, the guard, CNI's and the kubelet's iptables chains, the blackhole route
+        for n in nodes:
+            _run("ip", "link", "del", n.bridge, check=False)
+        guard = [
+            "FORWARD",
+            "-s",
+            PODS_CIDR,
+            "!",
+            "-d",
+            PODS_CIDR,
+            "-m",
+            "comment",
+            "--comment",
+            GUARD_COMMENT,
+        ]
+        while _run("iptables", "-D", *guard, "-j", "DROP", check=False).returncode == 0:
+            pass
+        _remove_chains("CNI-", "KUBE-")
+        _run("ip", "route", "del", "blackhole", KWOK_POD_CIDR, check=False)
+        if "ip_forward" in state:
+            _run("sysctl", "-qw", f"net.ipv4.ip_forward={state['ip_forward']}", check=False)
+        # 5. host folders the kubelet and containerd wrote outside their roots, if up made them
+        for p in map(Path, state.get("created", [])):
+            if p.exists():
+                _unmount_under(p)
+                shutil.rmtree(p, ignore_errors=True)
+        lock = self._lock_path()
+        if lock.exists() and lock.read_text().strip() == str(self.cluster.workdir):
+            lock.unlink()
+        self.host_file.unlink(missing_ok=True)
+        return stopped
+
+
+def _http_ok(url: str) -> bool:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=2) as r:
+        return r.status == 200
+
+
+def _cgroup_dirs(root: str) -> list[Path]:
+    return [h / root.lstrip("/") for h in Path("/sys/fs/cgroup").iterdir() if (h / root.lstrip("/")).is_dir()]
+
+
+def _kill_cgroup_tree(root: str) -> None:
+    """SIGKILL every process in the cgroup tree `root` (containers left after the kubelet stopped)."""
+    for top in _cgroup_dirs(root):
+        for procs_file in top.rglob("cgroup.procs"):
+            try:
+                pids = procs_file.read_text().split()
+            except OSError:
+                continue
+            for pid in pids:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except (ProcessLookupError, ValueError):
+                    pass
+
+
+def _remove_cgroup_tree(root: str) -> None:
+    """Remove the (empty) cgroup folders of `root`, deepest first, in every hierarchy."""
+    for top in _cgroup_dirs(root):
+        for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+        try:
+            top.rmdir()
+        except OSError:
+            pass
+
+
+def _kill_shims(socket: Path) -> None:
+    """Kill the containerd shims that name our containerd's socket (and only those)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if cmd and cmd[0].endswith(b"containerd-shim-runc-v2") and str(socket).encode() in cmd:
+            try:
+                os.kill(int(proc.name), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _unmount_under(folder: Path) -> None:
+    """Lazily unmount every mount point under folder, deepest first."""
+    prefix = str(folder.resolve())
+    try:
+        mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
+    except OSError:
+        return
+    mine = sorted({m for m in mounts if m == prefix or m.startswith(prefix + "/")}, key=len, reverse=True)
+    for m in mine:
+        subprocess.run(["umount", "-l", m], capture_output=True)
+
+
+def _remove_netns_in(cidr: str) -> None:
+    """Remove CNI network namespaces whose interfaces hold an address in cidr (only our pods use it)."""
+    netns = Path("/var/run/netns")
+    if not netns.is_dir():
+        return
+    net = ipaddress.ip_network(cidr)
+    for ns in netns.iterdir():
+        if not ns.name.startswith("cni-"):
+            continue
+        res = subprocess.run(["ip", "-n", ns.name, "-o", "-4", "addr"], capture_output=True, text=True)
+        addrs = [w.split("/")[0] for w in res.stdout.split() if "/" in w and w[0].isdigit()]
+        if any(ipaddress.ip_address(a) in net for a in addrs) or res.returncode != 0:
+            subprocess.run(["umount", "-l", str(ns)], capture_output=True)
+            ns.unlink(missing_ok=True)
+
+
+def _remove_chains(*prefixes: str) -> None:
+    """Delete the rules jumping to, and then the chains named with, these prefixes (IPv4 and IPv6).
+
+    Only our nodes' kubelet, kube-proxy and bridge CNI create such chains on this host (up refuses to run
+    beside another cluster's real nodes), so every one of them is ours.
+    """
+    for tool in ("iptables", "ip6tables"):
+        for table in ("filter", "nat", "mangle"):
+            res = subprocess.run([f"{tool}-save", "-t", table], capture_output=True, text=True)
+            if res.returncode != 0:
+                continue
+            lines = res.stdout.splitlines()
+            chains = [ln[1:].split()[0] for ln in lines if ln.startswith(":") and ln[1:].startswith(prefixes)]
+            for ln in lines:
+                if ln.startswith("-A ") and any(f"-j {c}" in ln or f"--jump {c}" in ln for c in chains):
+                    rule = _split_rule(ln.replace("-A ", "-D ", 1))
+                    subprocess.run([tool, "-t", table, *rule], capture_output=True)
+            for flag in ("-F", "-X"):  # flush all first: chains may jump to each other
+                for c in chains:
+                    subprocess.run([tool, "-t", table, flag, c], capture_output=True)
+
+
+def _split_rule(rule: str) -> list[str]:
+    import shlex
+
+    return shlex.split(rule)

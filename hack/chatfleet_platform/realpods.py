@@ -1,0 +1,145 @@
+"""Real pods on the local platform: a ChatbotService put on the real node, a chat client through the Service,
+and per-pod figures from Prometheus.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .realnode import REAL_LABEL, REAL_TAINT
+
+SYSTEM_PROMPT = "You are a helpful assistant."
+#: A chat template with a real-world defect: it refuses the system role (as some published templates do).
+#: Warm-up sends no system message, so a canary with it turns Ready and then fails real requests.
+NO_SYSTEM_TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] == 'system' %}"
+    "{{ raise_exception('System role not supported') }}{% endif %}"
+    "<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}<|assistant|>"
+)
+
+
+def on_real_node(spec: dict[str, Any], *, image: str, model_dir: Path) -> dict[str, Any]:
+    """The same spec, made to run on the local real node's CPU.
+
+    It swaps in the tiny local model (hostPath) for the hub or bucket weights, the locally built image,
+    fp32 (the CPU's precision), CPU-sized resources and the real node's selector and toleration. Sessions
+    keep no Redis, and replicas are bounded.
+    """
+    s = copy.deepcopy(spec)
+    model = s.setdefault("model", {})
+    for key in ("uri", "revision", "tokenizer", "credentialsSecret", "pvc"):
+        model.pop(key, None)
+    model["hostPath"] = str(model_dir)
+    model["maxContextTokens"] = min(int(model.get("maxContextTokens", 1024)), 1024)
+    rt = s.setdefault("runtime", {})
+    rt.update({"image": image, "imagePullPolicy": "IfNotPresent", "precision": "fp32"})
+    rt["maxNewTokens"] = min(int(rt.get("maxNewTokens", 64)), 64)
+    rt.get("sessions", {}).pop("redis", None)
+    res = s.setdefault("resources", {})
+    res.pop("gpuProduct", None)
+    res.update({"cpu": "250m", "memory": "3Gi", "shmSize": "256Mi"})
+    res["nodeSelector"] = {REAL_LABEL: "true"}
+    res["tolerations"] = [{**REAL_TAINT, "operator": "Equal"}]
+    scaling = s.setdefault("scaling", {})
+    if "autoscale" in scaling:
+        scaling["autoscale"].update({"minReplicas": 1, "maxReplicas": 1})
+    else:
+        scaling["replicas"] = min(int(scaling.get("replicas", 1)), 1)
+    return s
+
+
+def service_url(cluster: Any, namespace: str, name: str) -> str:
+    """http://<ClusterIP>:8080 of a ChatbotService's Service (reached through kube-proxy from this host)."""
+    res = cluster.kubectl("get", "service", name, "-o", "jsonpath={.spec.clusterIP}", namespace=namespace)
+    return f"http://{res.stdout.strip()}:8080"
+
+
+def chat_body(text: str, *, stream: bool = False, max_tokens: int = 8) -> dict[str, Any]:
+    """An OpenAI-shaped chat request with a system message, as chat front-ends send them."""
+    return {
+        "messages": [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": text}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+    }
+
+
+def chat_once(url: str, *, stream: bool, timeout: float = 30) -> str:
+    """One chat through url; the outcome: 'ok', 'http-<code>', 'cut' (stream without [DONE]) or 'conn'."""
+    req = urllib.request.Request(
+        f"{url}/v1/chat/completions",
+        data=json.dumps(chat_body("hello there", stream=stream)).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            body = resp.read().decode(errors="replace")
+    except urllib.error.HTTPError as e:
+        return f"http-{e.code}"
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        return "conn"
+    if stream:
+        return "ok" if "data: [DONE]" in body else "cut"
+    return "ok" if '"choices"' in body else "bad-body"
+
+
+@dataclass
+class ChatLoad:
+    """Chats through a URL in background threads (plain and streamed by turns), bounded in time."""
+
+    url: str
+    workers: int = 2
+    max_seconds: float = 600
+    outcomes: Counter = field(default_factory=Counter)
+    timeline: list[tuple[float, str]] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _threads: list[threading.Thread] = field(default_factory=list)
+
+    def start(self) -> ChatLoad:
+        t0 = time.monotonic()
+
+        def work(i: int) -> None:
+            n = 0
+            while not self._stop.is_set() and time.monotonic() - t0 < self.max_seconds:
+                outcome = chat_once(self.url, stream=(n + i) % 2 == 1)
+                self.outcomes[outcome] += 1
+                self.timeline.append((time.monotonic(), outcome))
+                n += 1
+                time.sleep(0.1)
+
+        self._threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(self.workers)]
+        for t in self._threads:
+            t.start()
+        return self
+
+    def stop(self) -> Counter:
+        self._stop.set()
+        for t in self._threads:
+            t.join(60)
+        return self.outcomes
+
+    def failed(self) -> int:
+        return sum(v for k, v in self.outcomes.items() if k != "ok")
+
+    def since(self, t: float) -> Counter:
+        """Outcomes of the requests finished after monotonic time t."""
+        return Counter(o for ts, o in self.timeline if ts >= t)
+
+
+def pod_request_counts(prometheus_url: str, namespace: str, model: str) -> dict[tuple[str, str], float]:
+    """{(pod, track): requests counted by that pod} from the pods' own metrics, scraped via pod discovery."""
+    query = f'sum by (pod, track) (chatfleet_requests_total{{namespace="{namespace}",model="{model}"}})'
+    with urllib.request.urlopen(
+        f"{prometheus_url}/api/v1/query?{urllib.parse.urlencode({'query': query})}", timeout=10
+    ) as r:
+        data = json.load(r)["data"]["result"]
+    return {(s["metric"].get("pod", ""), s["metric"].get("track", "")): float(s["value"][1]) for s in data}

@@ -1,0 +1,136 @@
+"""Real nodes, without starting one: the node plans (addresses, configs) and the fake GPU device plugin.
+
+The device plugin is exercised over real gRPC on unix sockets: a stand-in for the kubelet's Registration
+service receives its registration, then the test calls the plugin as the kubelet does (ListAndWatch,
+Allocate) with the kubelet's message shapes.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+import pytest
+from chatfleet_platform import fakegpu, realnode
+from chatfleet_platform.config import PlatformError
+
+
+@pytest.mark.parametrize(
+    ("index", "ip", "cidr", "bridge"),
+    [
+        pytest.param(0, "10.245.0.1", "10.245.0.0/24", "cfbr0", id="node-0"),
+        pytest.param(3, "10.245.3.1", "10.245.3.0/24", "cfbr3", id="node-3"),
+    ],
+)
+def test_node_addresses_stay_apart_from_kwok(index, ip, cidr, bridge, tmp_path):
+    node = realnode.NodePlan(index, tmp_path, 0)
+    assert (node.ip, node.pod_cidr, node.bridge) == (ip, cidr, bridge)
+    assert not node.pod_cidr.startswith("10.244."), "kwok's simulated pod range"
+
+
+def test_only_the_first_node_has_gpus_and_runs_the_host_wide_parts(tmp_path):
+    nodes = realnode.plans(tmp_path, 2, gpus=4)
+    assert [n.gpus for n in nodes] == [4, 0]
+    assert [n.primary for n in nodes] == [True, False]
+    assert nodes[0].labels()["nvidia.com/gpu.count"] == "4"
+    assert "nvidia.com/gpu.product" not in nodes[1].labels()
+    assert all(n.labels()[realnode.REAL_LABEL] == "true" for n in nodes)
+
+
+def test_too_many_nodes_is_refused(tmp_path):
+    with pytest.raises(PlatformError, match="0 to 8"):
+        realnode.plans(tmp_path, 9, gpus=1)
+
+
+def test_kubelet_config_carries_the_gotchas_of_this_machine(tmp_path):
+    cfg = realnode.NodePlan(1, tmp_path, 0).kubelet_config(tmp_path / "ca.crt")
+    assert cfg["oomScoreAdj"] == 0  # CAP_SYS_RESOURCE is withheld
+    assert cfg["failCgroupV1"] is False and cfg["cgroupDriver"] == "cgroupfs"
+    assert cfg["address"] == "10.245.1.1" and cfg["healthzBindAddress"] == "127.0.0.1"
+    assert cfg["registerWithTaints"] == [realnode.REAL_TAINT]
+    assert cfg["cgroupRoot"] == "/chatfleet-real-1"
+
+
+def test_containerd_and_cni_configs_point_into_the_node_folder(tmp_path):
+    node = realnode.NodePlan(0, tmp_path, 2)
+    toml = node.containerd_config("/usr/sbin/runc")
+    assert "restrict_oom_score_adj = true" in toml and 'BinaryName = "/usr/sbin/runc"' in toml
+    assert str(node.socket) in toml and str(node.dir) in toml
+    bridge = node.cni_config()["plugins"][0]
+    assert bridge["bridge"] == "cfbr0" and bridge["ipam"]["ranges"][0][0]["gateway"] == "10.245.0.1"
+
+
+def test_api_endpoint_slice_points_at_the_forwarder():
+    slice_ = realnode.api_endpoint_slice("10.245.0.1")
+    assert slice_["endpoints"][0]["addresses"] == ["10.245.0.1"]
+    assert slice_["ports"][0]["port"] == realnode.API_FORWARD_PORT
+    assert slice_["metadata"]["labels"]["kubernetes.io/service-name"] == "kubernetes"
+
+
+class _Kubelet:
+    """The kubelet's Registration service on a unix socket: records what registers."""
+
+    def __init__(self, folder: Path) -> None:
+        self.registered: list = []
+        self.event = threading.Event()
+        pb = fakegpu.pb
+
+        def register(request, context):
+            self.registered.append(request)
+            self.event.set()
+            return pb["Empty"]()
+
+        handler = grpc.method_handlers_generic_handler(
+            "v1beta1.Registration",
+            {
+                "Register": grpc.unary_unary_rpc_method_handler(
+                    register,
+                    request_deserializer=pb["RegisterRequest"].FromString,
+                    response_serializer=pb["Empty"].SerializeToString,
+                )
+            },
+        )
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        self.server.add_generic_rpc_handlers((handler,))
+        self.server.add_insecure_port(f"unix://{folder / 'kubelet.sock'}")
+        self.server.start()
+
+
+def test_device_plugin_registers_lists_and_allocates_with_the_simulated_marker(tmp_path):
+    kubelet = _Kubelet(tmp_path)
+    plugin = fakegpu.serve_and_register(3, tmp_path, "fake.sock")
+    try:
+        assert kubelet.event.wait(5)
+        reg = kubelet.registered[0]
+        assert (reg.version, reg.resource_name, reg.endpoint) == ("v1beta1", "nvidia.com/gpu", "fake.sock")
+        pb = fakegpu.pb
+        with grpc.insecure_channel(f"unix://{tmp_path / 'fake.sock'}") as ch:
+            stream = ch.unary_stream(
+                "/v1beta1.DevicePlugin/ListAndWatch",
+                request_serializer=pb["Empty"].SerializeToString,
+                response_deserializer=pb["ListAndWatchResponse"].FromString,
+            )(pb["Empty"](), timeout=5)
+            devices = next(stream).devices
+            stream.cancel()
+            assert [(d.ID, d.health) for d in devices] == [(f"sim-gpu-{i}", "Healthy") for i in range(3)]
+            allocate = ch.unary_unary(
+                "/v1beta1.DevicePlugin/Allocate",
+                request_serializer=pb["AllocateRequest"].SerializeToString,
+                response_deserializer=pb["AllocateResponse"].FromString,
+            )
+            req = pb["AllocateRequest"]()
+            req.container_requests.add(devices_ids=["sim-gpu-0", "sim-gpu-2"])
+            resp = allocate(req, timeout=5).container_responses[0]
+        assert resp.envs["NVIDIA_VISIBLE_DEVICES"] == "sim-gpu-0,sim-gpu-2"
+        assert resp.envs[fakegpu.SIMULATED_ENV] == "1"
+    finally:
+        plugin.stop(0)
+        kubelet.server.stop(0)
+
+
+def test_the_marker_is_the_one_the_runtime_reads():
+    from chatfleet_runtime import launch
+
+    assert fakegpu.SIMULATED_ENV == launch.SIMULATED_GPU_ENV

@@ -256,6 +256,11 @@ def debootstrap_argv(rootfs: Path, mirror: str, packages: Iterable[str] = BASE_P
     return ["debootstrap", "--variant=minbase", f"--include={include}", BASE_SUITE, str(rootfs), mirror]
 
 
+def normalize_id(image_id: str) -> str:
+    """An image ID as `sha256:<hex>` (buildah prints it with or without the prefix)."""
+    return image_id if image_id.startswith("sha256:") else f"sha256:{image_id}"
+
+
 def archive_path(cache: Path, name: str, image_id: str) -> Path:
     """Where the docker-archive of image_id lives (one file per image ID)."""
     return images_dir(cache) / "archives" / f"{name}-{image_id.removeprefix('sha256:')[:16]}.tar"
@@ -333,23 +338,10 @@ class ImageBuilder:
             text=True,
             env=self.env,
         )
-        return r.stdout.strip() or None if r.returncode == 0 else None
+        return normalize_id(r.stdout.strip()) if r.returncode == 0 and r.stdout.strip() else None
 
     def _record(self, step: str, seconds: float, **info: object) -> None:
-        path = self.dir / "build-times.json"
-        data = _read_json(path, {"runs": [], "latest": {}})
-        row = {
-            "step": step,
-            "seconds": round(seconds, 1),
-            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        }
-        row.update(info)
-        if self.label:
-            row["label"] = self.label
-            data.setdefault("measured", {})[f"{step}_{self.label}"] = row
-        data["runs"] = [*data["runs"], row][-200:]
-        data["latest"][step] = row
-        _write_json(path, data)
+        record_time(self.cache, step, seconds, label=self.label, **info)
 
     # -- the base
     def build_base(self) -> str:
@@ -473,7 +465,7 @@ class ImageBuilder:
             iid = Path(tmp) / "iid"
             self.say(f"{build.name}: buildah bud --layers {build.dockerfile} -> {ref}")
             self._run(bud_argv(self.storage, build, self.repo, BASE_REF, (ref, alias), iid, mounts))
-            image_id = iid.read_text().strip()
+            image_id = normalize_id(iid.read_text().strip())
         seconds = time.monotonic() - t0
         self._record(build.name, seconds, built=previous != image_id, image_id=image_id, ref=ref)
         self.say(f"{build.name}: {ref} ({image_id[:19]}) in {seconds:.1f}s")
@@ -564,8 +556,27 @@ def load_images(
         if entry.get("alias"):
             _check(ctr_tag_argv(str(address), entry["ref"], entry["alias"]))
         took[name] = round(time.monotonic() - t0, 1)
+        record_time(cache, f"import-{name}", took[name], image_id=entry["id"], address=str(address))
         progress(f"imported {entry['ref']} into {address} in {took[name]}s")
     return took
+
+
+def record_time(cache: Path | None, step: str, seconds: float, label: str = "", **info: object) -> None:
+    """Add a timing to build-times.json: `latest[step]`, the `runs` list, and `measured[step_label]`."""
+    path = images_dir(cache) / "build-times.json"
+    data = _read_json(path, {})
+    row: dict[str, object] = {
+        "step": step,
+        "seconds": round(seconds, 1),
+        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **info,
+    }
+    if label:
+        row["label"] = label
+        data.setdefault("measured", {})[f"{step}_{label}"] = row
+    data["runs"] = [*data.get("runs", []), row][-200:]
+    data.setdefault("latest", {})[step] = row
+    _write_json(path, data)
 
 
 def _check(argv: Sequence[str]) -> None:

@@ -1,6 +1,7 @@
 """The local image build's pure parts (cache keys, tags, argv) and the Dockerfiles' structure."""
 
 import ast
+import json
 import re
 import subprocess
 import sys
@@ -312,3 +313,17 @@ def test_dockerfile_requirement_line_reads_the_extra(tmp_path, dockerfile, extra
     with (REPO_ROOT / "pyproject.toml").open("rb") as f:
         assert out == tomllib.load(f)["project"]["optional-dependencies"][extra]
     assert "torch==" not in " ".join(out) or extra == "runtime"
+
+
+def test_image_ids_are_normalized():
+    assert images.normalize_id("ab" * 32) == "sha256:" + "ab" * 32
+    assert images.normalize_id("sha256:" + "ab" * 32) == "sha256:" + "ab" * 32
+
+
+def test_build_times_keep_latest_runs_and_labelled_measurements(tmp_path):
+    images.record_time(tmp_path, "runtime", 401.25, label="cold", image_id="sha256:1")
+    images.record_time(tmp_path, "runtime", 3.04, image_id="sha256:1")
+    data = json.loads((tmp_path / "images" / "build-times.json").read_text())
+    assert data["latest"]["runtime"]["seconds"] == 3.0
+    assert data["measured"]["runtime_cold"]["seconds"] == 401.2
+    assert [r["seconds"] for r in data["runs"]] == [401.2, 3.0]

@@ -71,6 +71,17 @@ cluster-down: ## Stop exactly what cluster-up started, undo its host changes (br
 cluster-status: ## Show the local platform's processes, ports and nodes
 	@$(PLATFORM) status
 
+IMAGES ?= base pause operator runtime
+
+.PHONY: images
+images: venv ## Build the operator and runtime images (and containerd's pause) with buildah, no registry; cached
+	@$(PY) -m chatfleet_platform.images build $(IMAGES)
+
+.PHONY: load-images
+load-images: ## Import the built images into the containerd at ADDRESS (its socket), pause first
+	@test -n "$(ADDRESS)" || { echo "usage: make load-images ADDRESS=/path/to/containerd.sock"; exit 1; }
+	@$(PY) -m chatfleet_platform.images load --address $(ADDRESS)
+
 ##@ Development
 
 .PHONY: lint

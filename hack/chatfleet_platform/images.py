@@ -1,0 +1,631 @@
+"""Container images built on this machine, with no image registry: `python -m chatfleet_platform.images`.
+
+Four images, each cached so that unchanged inputs rebuild nothing:
+
+- ``localhost/chatfleet/python-base:bookworm``: a Debian rootfs from ``debootstrap --variant=minbase`` with
+  Python 3.11 (the local stand-in for the Dockerfiles' registry bases), keyed by suite + package list;
+- ``registry.k8s.io/pause:<version>``: containerd's pod sandbox image, a static ``pause`` from
+  ``hack/images/pause.c`` in a scratch image, keyed by the source;
+- the operator and runtime images, built by ``buildah bud --layers`` from ``operator/Dockerfile`` and
+  ``runtime/Dockerfile`` with only the base swapped by build argument (``PYTHON_IMAGE``, ``TRITON_IMAGE``).
+  The Dockerfiles install dependencies in layers that depend on ``pyproject.toml`` alone and the project's
+  code in a late small layer, so a code change rebuilds one small layer.
+
+Each image is exported once per image ID to a docker-archive under the cache, and ``load_images`` imports
+them into a containerd (``ctr -n k8s.io images import``). What was built is written to ``refs.json`` and
+how long each step took to ``build-times.json``, both in ``$CHATFLEET_CACHE/images``.
+buildah's storage lives there too (``--root``/``--runroot``), never in ``/var/lib/containers``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .config import REPO_ROOT, PlatformError, cache_dir
+
+BASE_SUITE = "bookworm"
+# libpython3.11: the Triton Python-backend stub links it; python-is-python3: the operator image runs `python`.
+BASE_PACKAGES = (
+    "python3",
+    "python3-venv",
+    "python3-pip",
+    "python-is-python3",
+    "libpython3.11",
+    "ca-certificates",
+)
+BASE_REPO = "localhost/chatfleet/python-base"
+BASE_REF = f"{BASE_REPO}:{BASE_SUITE}"
+PAUSE_REF = "registry.k8s.io/pause:3.10"
+PAUSE_SOURCE = REPO_ROOT / "hack" / "images" / "pause.c"
+ALIAS_TAG = "dev"
+# buildah's default OCI runtime here (crun 1.8) refuses a hybrid cgroup v1/v2 host; runc works on both.
+RUNC = "/usr/sbin/runc"
+# Host files that let pip inside a RUN step reach the package registry through this host's TLS setup:
+# bind-mounted read-only into the build steps only (never copied into an image), when they exist.
+HOST_TLS_FILES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pip.conf")
+SLIM_PATHS = (
+    "var/cache/apt",
+    "var/lib/apt/lists",
+    "usr/share/doc",
+    "usr/share/man",
+    "usr/share/info",
+    "usr/share/locale",
+)
+SKIP_PARTS = frozenset({"__pycache__", ".pytest_cache", ".ruff_cache"})
+
+
+@dataclass(frozen=True)
+class ImageBuild:
+    """One project image: its Dockerfile, the build argument that names its base, and its inputs."""
+
+    name: str
+    dockerfile: str
+    base_arg: str
+    repo: str
+    inputs: tuple[str, ...]
+
+
+OPERATOR = ImageBuild(
+    name="operator",
+    dockerfile="operator/Dockerfile",
+    base_arg="PYTHON_IMAGE",
+    repo="docker.io/chatfleet/chatfleet-operator",
+    inputs=(
+        "pyproject.toml",
+        "README.md",
+        ".dockerignore",
+        "operator/Dockerfile",
+        "operator/chatfleet_operator",
+        "runtime/chatfleet_runtime",
+    ),
+)
+RUNTIME = ImageBuild(
+    name="runtime",
+    dockerfile="runtime/Dockerfile",
+    base_arg="TRITON_IMAGE",
+    repo="docker.io/chatfleet/chatfleet-runtime",
+    inputs=(
+        "pyproject.toml",
+        "README.md",
+        ".dockerignore",
+        "runtime/Dockerfile",
+        "runtime/chatfleet_runtime",
+    ),
+)
+PROJECT_IMAGES = (OPERATOR, RUNTIME)
+ALL_NAMES = ("base", "pause", "operator", "runtime")
+# What a node needs, in import order: containerd's sandbox image before the kubelet starts.
+LOAD_ORDER = ("pause", "operator", "runtime")
+
+
+# ---------------------------------------------------------------- pure parts
+
+
+def images_dir(cache: Path | None = None) -> Path:
+    """The image cache: buildah storage, base rootfs, archives, refs.json, build-times.json."""
+    return (cache or cache_dir()) / "images"
+
+
+def short_hash(data: bytes, n: int = 12) -> str:
+    """The first n hex digits of data's SHA-256."""
+    return hashlib.sha256(data).hexdigest()[:n]
+
+
+def base_key(packages: Iterable[str] = BASE_PACKAGES, suite: str = BASE_SUITE) -> str:
+    """Cache key of the base rootfs: the suite and the (order-free, de-duplicated) package list."""
+    return short_hash(json.dumps([suite, sorted(set(packages))]).encode())
+
+
+def project_version(pyproject: Path = REPO_ROOT / "pyproject.toml") -> str:
+    """The project's version from pyproject.toml."""
+    with pyproject.open("rb") as f:
+        return tomllib.load(f)["project"]["version"]
+
+
+def mirror_from_sources(texts: Iterable[str], suite: str = BASE_SUITE) -> str:
+    """The Debian archive URI apt uses for suite, from sources.list texts (one-line or deb822 format)."""
+    for text in texts:
+        for stanza in re.split(r"\n\s*\n", text):
+            fields: dict[str, str] = {}
+            for line in stanza.splitlines():
+                line = line.strip()
+                if not line or line.startswith("#"):
+                    continue
+                if line.startswith("deb ") or line.startswith("deb\t"):
+                    parts = [p for p in re.sub(r"\[[^\]]*\]", " ", line[4:]).split()]
+                    if len(parts) >= 2 and parts[1] == suite:
+                        return parts[0].rstrip("/")
+                    continue
+                if ":" in line and not line.startswith("deb-src"):
+                    key, _, value = line.partition(":")
+                    fields[key.strip().lower()] = value.strip()
+            types = fields.get("types", "").split()
+            if "deb" in types and suite in fields.get("suites", "").split() and fields.get("uris"):
+                return fields["uris"].split()[0].rstrip("/")
+    raise PlatformError(
+        f"no Debian archive for suite {suite!r} in apt's sources (/etc/apt/sources.list*): "
+        "debootstrap needs the mirror apt uses"
+    )
+
+
+def read_apt_sources(root: Path = Path("/etc/apt")) -> list[str]:
+    """Texts of /etc/apt/sources.list and sources.list.d/*.list|*.sources, in apt's order."""
+    files = [root / "sources.list"]
+    d = root / "sources.list.d"
+    if d.is_dir():
+        files += sorted(p for p in d.iterdir() if p.suffix in (".list", ".sources"))
+    return [p.read_text() for p in files if p.is_file()]
+
+
+def input_files(root: Path, paths: Sequence[str]) -> dict[str, bytes]:
+    """Contents of the build inputs under root (files, or folders walked), skipping caches and bytecode."""
+    out: dict[str, bytes] = {}
+    for rel in paths:
+        p = root / rel
+        if p.is_file():
+            out[rel] = p.read_bytes()
+        elif p.is_dir():
+            for f in sorted(p.rglob("*")):
+                parts = f.relative_to(root).parts
+                if f.is_file() and not SKIP_PARTS.intersection(parts) and f.suffix != ".pyc":
+                    out["/".join(parts)] = f.read_bytes()
+        else:
+            raise PlatformError(f"image input {rel} is missing under {root}")
+    return out
+
+
+def content_hash(files: Mapping[str, bytes], extra: Iterable[str] = (), n: int = 10) -> str:
+    """A short hash over files (name and content, order-free) and extra strings (base image ID, args)."""
+    h = hashlib.sha256()
+    for name in sorted(files):
+        h.update(name.encode() + b"\0" + hashlib.sha256(files[name]).digest())
+    for item in extra:
+        h.update(b"\1" + item.encode())
+    return h.hexdigest()[:n]
+
+
+def image_tag(version: str, digest: str) -> str:
+    """The content tag of a project image: the project version plus a short content hash."""
+    return f"{version}-{digest}"
+
+
+def buildah_base(storage: Path) -> list[str]:
+    """buildah with its storage under the image cache, not /var/lib/containers."""
+    return [
+        "buildah",
+        "--root",
+        str(storage / "root"),
+        "--runroot",
+        str(storage / "run"),
+        "--storage-driver",
+        "overlay",
+    ]
+
+
+def host_mounts(candidates: Iterable[str], exists: Callable[[str], bool] = os.path.isfile) -> list[str]:
+    """`-v host:host:ro` pairs for each candidate file that exists (de-duplicated, in order)."""
+    argv: list[str] = []
+    seen: set[str] = set()
+    for path in candidates:
+        if path and path not in seen and exists(path):
+            seen.add(path)
+            argv += ["-v", f"{path}:{path}:ro"]
+    return argv
+
+
+def tls_candidates(env: Mapping[str, str]) -> list[str]:
+    """Host CA bundle and pip config files pip may need inside a build step."""
+    return [*HOST_TLS_FILES, env.get("PIP_CERT", ""), env.get("PIP_CONFIG_FILE", "")]
+
+
+def bud_argv(
+    storage: Path,
+    build: ImageBuild,
+    context: Path,
+    base_ref: str,
+    tags: Sequence[str],
+    iidfile: Path,
+    mounts: Sequence[str] = (),
+) -> list[str]:
+    """`buildah bud` of a project Dockerfile with layer caching, the local base and no registry pulls."""
+    argv = [*buildah_base(storage), "bud", "--layers", "--pull=never", "--network", "host"]
+    argv += ["-f", str(context / build.dockerfile), "--build-arg", f"{build.base_arg}={base_ref}"]
+    for tag in tags:
+        argv += ["-t", tag]
+    argv += ["--iidfile", str(iidfile), *mounts, str(context)]
+    return argv
+
+
+def debootstrap_argv(rootfs: Path, mirror: str, packages: Iterable[str] = BASE_PACKAGES) -> list[str]:
+    """debootstrap of a minimal Debian rootfs with the base packages."""
+    include = ",".join(sorted(set(packages)))
+    return ["debootstrap", "--variant=minbase", f"--include={include}", BASE_SUITE, str(rootfs), mirror]
+
+
+def normalize_id(image_id: str) -> str:
+    """An image ID as `sha256:<hex>` (buildah prints it with or without the prefix)."""
+    return image_id if image_id.startswith("sha256:") else f"sha256:{image_id}"
+
+
+def archive_path(cache: Path, name: str, image_id: str) -> Path:
+    """Where the docker-archive of image_id lives (one file per image ID)."""
+    return images_dir(cache) / "archives" / f"{name}-{image_id.removeprefix('sha256:')[:16]}.tar"
+
+
+def push_argv(storage: Path, ref: str, archive: Path | str) -> list[str]:
+    """`buildah push` of ref into a docker-archive that names ref."""
+    return [*buildah_base(storage), "push", "-q", ref, f"docker-archive:{archive}:{ref}"]
+
+
+def ctr_import_argv(address: str, archive: Path | str) -> list[str]:
+    """`ctr images import` of an archive ('-' for stdin) into containerd's Kubernetes namespace."""
+    return ["ctr", "--address", str(address), "-n", "k8s.io", "images", "import", str(archive)]
+
+
+def ctr_tag_argv(address: str, source: str, target: str) -> list[str]:
+    """`ctr images tag --force` in containerd's Kubernetes namespace (the stable alias)."""
+    return ["ctr", "--address", str(address), "-n", "k8s.io", "images", "tag", "--force", source, target]
+
+
+def build_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment buildah runs with: runc as its OCI runtime unless the caller chose one."""
+    out = dict(env)
+    out.setdefault("BUILDAH_RUNTIME", RUNC)
+    return out
+
+
+# ---------------------------------------------------------------- the builder
+
+
+def _say(msg: str) -> None:
+    print(f"[images] {msg}", file=sys.stderr, flush=True)
+
+
+class ImageBuilder:
+    """Builds, exports and records the images; each step is skipped when its inputs are unchanged."""
+
+    def __init__(
+        self,
+        cache: Path | None = None,
+        repo: Path = REPO_ROOT,
+        progress: Callable[[str], None] = _say,
+    ) -> None:
+        self.cache = cache or cache_dir()
+        self.dir = images_dir(self.cache)
+        self.storage = self.dir / "storage"
+        self.repo = repo
+        self.say = progress
+        self.env = build_env(os.environ)
+        self.label = ""
+
+    # -- helpers
+    def _run(self, argv: Sequence[str], **kw) -> subprocess.CompletedProcess:
+        try:
+            return subprocess.run(list(argv), check=True, env=self.env, **kw)
+        except FileNotFoundError as e:
+            raise PlatformError(
+                f"{argv[0]} is missing: install the Debian packages buildah, debootstrap, runc and "
+                "containerd (`make system-deps`)"
+            ) from e
+        except subprocess.CalledProcessError as e:
+            raise PlatformError(
+                f"{' '.join(map(str, argv[:8]))} ... failed with exit code {e.returncode}"
+            ) from e
+
+    def _buildah(self, *args: str, capture: bool = True) -> str:
+        out = self._run([*buildah_base(self.storage), *args], capture_output=capture, text=True)
+        return (out.stdout or "").strip()
+
+    def image_id(self, ref: str) -> str | None:
+        """The ID of ref in buildah's storage, or None."""
+        r = subprocess.run(
+            [*buildah_base(self.storage), "inspect", "--type", "image", "--format", "{{.FromImageID}}", ref],
+            capture_output=True,
+            text=True,
+            env=self.env,
+        )
+        return normalize_id(r.stdout.strip()) if r.returncode == 0 and r.stdout.strip() else None
+
+    def _record(self, step: str, seconds: float, **info: object) -> None:
+        record_time(self.cache, step, seconds, label=self.label, **info)
+
+    # -- the base
+    def build_base(self) -> str:
+        """localhost/chatfleet/python-base:bookworm from debootstrap (skipped when the key's image exists)."""
+        key = base_key()
+        keyed = f"{BASE_REPO}:{BASE_SUITE}-{key}"
+        existing = self.image_id(keyed)
+        if existing:
+            if self.image_id(BASE_REF) != existing:
+                self._buildah("tag", keyed, BASE_REF)
+            self.say(f"base {BASE_REF} cached (key {key})")
+            return existing
+        if os.geteuid() != 0:
+            raise PlatformError("building the base rootfs needs root (debootstrap, buildah storage)")
+        mirror = mirror_from_sources(read_apt_sources())
+        t0 = time.monotonic()
+        work = self.dir / "rootfs"
+        rootfs = work / f"{BASE_SUITE}-{key}"
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        self.say(f"debootstrap {BASE_SUITE} (minbase + {', '.join(BASE_PACKAGES)}); cold: ~2-3 min")
+        self._run(debootstrap_argv(rootfs, mirror), stdout=subprocess.DEVNULL)
+        for rel in SLIM_PATHS:
+            target = rootfs / rel
+            if target.is_dir():
+                for child in target.iterdir():
+                    if child.is_dir() and not child.is_symlink():
+                        shutil.rmtree(child)
+                    else:
+                        child.unlink()
+        tarball = work / "rootfs.tar"
+        self._run(
+            [
+                "tar",
+                "-C",
+                str(rootfs),
+                "--numeric-owner",
+                "--exclude=./dev/*",
+                "--exclude=./proc/*",
+                "--exclude=./sys/*",
+                "--exclude=./run/*",
+                "--exclude=./tmp/*",
+                "-cf",
+                str(tarball),
+                ".",
+            ]
+        )
+        c = self._buildah("from", "scratch")
+        try:
+            self._buildah("add", c, str(tarball), "/")
+            self._buildah(
+                "config",
+                "--os",
+                "linux",
+                "--arch",
+                "amd64",
+                "--env",
+                "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                "--env",
+                "LANG=C.UTF-8",
+                "--label",
+                f"org.chatfleet.base-key={key}",
+                "--cmd",
+                '["python3"]',
+                c,
+            )
+            self._buildah("commit", "-q", c, keyed)
+        finally:
+            subprocess.run([*buildah_base(self.storage), "rm", c], capture_output=True, env=self.env)
+        self._buildah("tag", keyed, BASE_REF)
+        shutil.rmtree(work, ignore_errors=True)
+        image_id = self.image_id(BASE_REF) or ""
+        self._record("base", time.monotonic() - t0, built=True, image_id=image_id)
+        self.say(f"base {BASE_REF} built in {time.monotonic() - t0:.0f}s")
+        return image_id
+
+    # -- the pause image
+    def build_pause(self) -> str:
+        """registry.k8s.io/pause from hack/images/pause.c, static, in a scratch image."""
+        key = short_hash(PAUSE_SOURCE.read_bytes() + PAUSE_REF.encode())
+        keyed = f"localhost/chatfleet/pause:{key}"
+        existing = self.image_id(keyed)
+        if existing:
+            if self.image_id(PAUSE_REF) != existing:
+                self._buildah("tag", keyed, PAUSE_REF)
+            self.say(f"pause {PAUSE_REF} cached")
+            return existing
+        t0 = time.monotonic()
+        with tempfile.TemporaryDirectory() as tmp:
+            binary = Path(tmp) / "pause"
+            if shutil.which("gcc") is None:
+                raise PlatformError(
+                    "gcc is missing: it builds the static pause binary (Debian: gcc, libc6-dev)"
+                )
+            self._run(["gcc", "-Os", "-static", "-s", "-o", str(binary), str(PAUSE_SOURCE)])
+            c = self._buildah("from", "scratch")
+            try:
+                self._buildah("copy", c, str(binary), "/pause")
+                self._buildah(
+                    "config", "--os", "linux", "--arch", "amd64", "--entrypoint", '["/pause"]', "--cmd", "", c
+                )
+                self._buildah("commit", "-q", c, keyed)
+            finally:
+                subprocess.run([*buildah_base(self.storage), "rm", c], capture_output=True, env=self.env)
+        self._buildah("tag", keyed, PAUSE_REF)
+        image_id = self.image_id(PAUSE_REF) or ""
+        self._record("pause", time.monotonic() - t0, built=True, image_id=image_id)
+        return image_id
+
+    # -- the project images
+    def build_project(self, build: ImageBuild, base_id: str) -> tuple[str, str]:
+        """buildah bud --layers of a project Dockerfile on the local base; returns (content ref, image ID)."""
+        files = input_files(self.repo, build.inputs)
+        digest = content_hash(files, extra=(base_id, BASE_REF))
+        ref = f"{build.repo}:{image_tag(project_version(self.repo / 'pyproject.toml'), digest)}"
+        alias = f"{build.repo}:{ALIAS_TAG}"
+        mounts = host_mounts(tls_candidates(os.environ))
+        t0 = time.monotonic()
+        previous = self.image_id(ref)
+        with tempfile.TemporaryDirectory() as tmp:
+            iid = Path(tmp) / "iid"
+            self.say(f"{build.name}: buildah bud --layers {build.dockerfile} -> {ref}")
+            self._run(bud_argv(self.storage, build, self.repo, BASE_REF, (ref, alias), iid, mounts))
+            image_id = normalize_id(iid.read_text().strip())
+        seconds = time.monotonic() - t0
+        self._record(build.name, seconds, built=previous != image_id, image_id=image_id, ref=ref)
+        self.say(f"{build.name}: {ref} ({image_id[:19]}) in {seconds:.1f}s")
+        return ref, image_id
+
+    # -- export
+    def export(self, name: str, ref: str, image_id: str) -> Path:
+        """A docker-archive of ref, once per image ID (older archives of name are removed)."""
+        path = archive_path(self.cache, name, image_id)
+        if path.exists():
+            return path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for old in path.parent.glob(f"{name}-*.tar*"):
+            old.unlink()
+        t0 = time.monotonic()
+        partial = path.with_suffix(".tar.partial")
+        self._run(push_argv(self.storage, ref, partial))
+        partial.rename(path)
+        self._record(
+            f"export-{name}",
+            time.monotonic() - t0,
+            image_id=image_id,
+            bytes=path.stat().st_size,
+            archive=str(path),
+        )
+        return path
+
+    def build(self, names: Sequence[str] = ALL_NAMES) -> dict[str, dict]:
+        """Build (or find cached) the named images, export them and update refs.json; returns its entries."""
+        unknown = set(names) - set(ALL_NAMES)
+        if unknown:
+            raise PlatformError(f"unknown image(s) {sorted(unknown)}: choose from {', '.join(ALL_NAMES)}")
+        need = {"buildah": "buildah", RUNC: "runc"}
+        if set(names) - {"pause"}:
+            need["debootstrap"] = "debootstrap"
+        if "pause" in names:
+            need["gcc"] = "gcc"
+        missing = sorted(pkg for tool, pkg in need.items() if shutil.which(tool) is None)
+        if missing:
+            raise PlatformError(
+                f"missing tools for the image build: install the Debian packages {', '.join(missing)}"
+            )
+        self.dir.mkdir(parents=True, exist_ok=True)
+        refs_path = self.dir / "refs.json"
+        refs = _read_json(refs_path, {})
+        base_id = self.build_base() if set(names) - {"pause"} else ""
+        if "pause" in names:
+            pid = self.build_pause()
+            refs["pause"] = {"ref": PAUSE_REF, "alias": None, "id": pid}
+        for build in PROJECT_IMAGES:
+            if build.name in names:
+                ref, iid = self.build_project(build, base_id)
+                refs[build.name] = {"ref": ref, "alias": f"{build.repo}:{ALIAS_TAG}", "id": iid}
+        for name in LOAD_ORDER:
+            entry = refs.get(name)
+            if name in names and entry:
+                entry["archive"] = str(self.export(name, entry["ref"], entry["id"]))
+        _write_json(refs_path, refs)
+        return refs
+
+
+# ---------------------------------------------------------------- loading into a node
+
+
+def read_refs(cache: Path | None = None) -> dict[str, dict]:
+    """refs.json: per image, its content ref, stable alias, image ID and archive path."""
+    path = images_dir(cache) / "refs.json"
+    if not path.is_file():
+        raise PlatformError(f"no images built yet ({path} is missing): run `make images`")
+    return json.loads(path.read_text())
+
+
+def load_images(
+    address: str | Path,
+    names: Sequence[str] = LOAD_ORDER,
+    cache: Path | None = None,
+    progress: Callable[[str], None] = _say,
+) -> dict[str, float]:
+    """Import the built images (pause first) into the containerd at address; returns seconds per image."""
+    refs = read_refs(cache)
+    took: dict[str, float] = {}
+    for name in names:
+        entry = refs.get(name)
+        if not entry or not entry.get("archive") or not Path(entry["archive"]).is_file():
+            raise PlatformError(f"image {name!r} has no archive in {images_dir(cache)}: run `make images`")
+        t0 = time.monotonic()
+        _check(ctr_import_argv(str(address), entry["archive"]))
+        if entry.get("alias"):
+            _check(ctr_tag_argv(str(address), entry["ref"], entry["alias"]))
+        took[name] = round(time.monotonic() - t0, 1)
+        record_time(cache, f"import-{name}", took[name], image_id=entry["id"], address=str(address))
+        progress(f"imported {entry['ref']} into {address} in {took[name]}s")
+    return took
+
+
+def record_time(cache: Path | None, step: str, seconds: float, label: str = "", **info: object) -> None:
+    """Add a timing to build-times.json: `latest[step]`, the `runs` list, and `measured[step_label]`."""
+    path = images_dir(cache) / "build-times.json"
+    data = _read_json(path, {})
+    row: dict[str, object] = {
+        "step": step,
+        "seconds": round(seconds, 1),
+        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **info,
+    }
+    if label:
+        row["label"] = label
+        data.setdefault("measured", {})[f"{step}_{label}"] = row
+    data["runs"] = [*data.get("runs", []), row][-200:]
+    data.setdefault("latest", {})[step] = row
+    _write_json(path, data)
+
+
+def _check(argv: Sequence[str]) -> None:
+    r = subprocess.run(list(argv), capture_output=True, text=True)
+    if r.returncode != 0:
+        raise PlatformError(f"{' '.join(argv)} failed: {(r.stderr or r.stdout).strip()[-800:]}")
+
+
+def _read_json(path: Path, default: dict) -> dict:
+    with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
+        return json.loads(path.read_text())
+    return default
+
+
+def _write_json(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    tmp.replace(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`build [NAMES]`, `load --address SOCK [NAMES]`, `refs`; returns the exit code."""
+    ap = argparse.ArgumentParser(prog="chatfleet-images", description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build", help="build (or find cached) and export the images")
+    b.add_argument("names", nargs="*", default=list(ALL_NAMES), help=f"some of: {' '.join(ALL_NAMES)}")
+    b.add_argument("--label", default="", help="also record the timings under measured.<step>_<label>")
+    ld = sub.add_parser("load", help="import the images into a containerd (pause first)")
+    ld.add_argument("--address", required=True, help="containerd's socket")
+    ld.add_argument("names", nargs="*", default=list(LOAD_ORDER))
+    sub.add_parser("refs", help="print refs.json")
+    args = ap.parse_args(argv)
+    try:
+        if args.cmd == "build":
+            builder = ImageBuilder()
+            builder.label = args.label
+            refs = builder.build(args.names)
+            for name, entry in refs.items():
+                print(f"{name:9} {entry['ref']}  {entry.get('archive', '')}")
+        elif args.cmd == "load":
+            load_images(args.address, args.names)
+        else:
+            print(json.dumps(read_refs(), indent=2))
+    except PlatformError as e:
+        print(f"[images] error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

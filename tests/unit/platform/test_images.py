@@ -1,0 +1,329 @@
+"""The local image build's pure parts (cache keys, tags, argv) and the Dockerfiles' structure."""
+
+import ast
+import json
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from chatfleet_platform import images
+from chatfleet_platform.config import REPO_ROOT, PlatformError
+
+OPERATOR_DOCKERFILE = REPO_ROOT / "operator" / "Dockerfile"
+RUNTIME_DOCKERFILE = REPO_ROOT / "runtime" / "Dockerfile"
+
+
+# ------------------------------------------------------------ cache keys and tags
+
+
+def test_base_key_ignores_order_and_duplicates_but_not_content():
+    key = images.base_key(["python3", "ca-certificates"], "bookworm")
+    assert key == images.base_key(["ca-certificates", "python3", "python3"], "bookworm")
+    assert key != images.base_key(["python3", "ca-certificates", "libpython3.11"], "bookworm")
+    assert key != images.base_key(["python3", "ca-certificates"], "trixie")
+    assert re.fullmatch(r"[0-9a-f]{12}", key)
+
+
+def test_base_packages_carry_what_the_images_need():
+    # libpython: the Triton Python-backend stub links it; python-is-python3: the operator image runs `python`.
+    for pkg in (
+        "python3",
+        "python3-venv",
+        "python3-pip",
+        "python-is-python3",
+        "libpython3.11",
+        "ca-certificates",
+    ):
+        assert pkg in images.BASE_PACKAGES
+
+
+def test_content_hash_follows_names_contents_and_base():
+    files = {"a.py": b"x = 1\n", "b/c.py": b"y = 2\n"}
+    h = images.content_hash(files, extra=("sha256:base1",))
+    assert h == images.content_hash(dict(reversed(list(files.items()))), extra=("sha256:base1",))
+    assert h != images.content_hash({**files, "a.py": b"x = 2\n"}, extra=("sha256:base1",))
+    assert h != images.content_hash({"a2.py": b"x = 1\n", "b/c.py": b"y = 2\n"}, extra=("sha256:base1",))
+    assert h != images.content_hash(files, extra=("sha256:base2",))
+    assert images.image_tag("0.1.0", h) == f"0.1.0-{h}"
+
+
+def test_input_files_skip_bytecode_and_caches(tmp_path):
+    pkg = tmp_path / "runtime" / "chatfleet_runtime"
+    (pkg / "__pycache__").mkdir(parents=True)
+    (pkg / "api.py").write_text("print(1)\n")
+    (pkg / "__pycache__" / "api.cpython-311.pyc").write_bytes(b"\0")
+    (tmp_path / "pyproject.toml").write_text("[project]\n")
+    before = images.content_hash(
+        images.input_files(tmp_path, ["pyproject.toml", "runtime/chatfleet_runtime"])
+    )
+    (pkg / "__pycache__" / "other.pyc").write_bytes(b"\1")
+    files = images.input_files(tmp_path, ["pyproject.toml", "runtime/chatfleet_runtime"])
+    assert sorted(files) == ["pyproject.toml", "runtime/chatfleet_runtime/api.py"]
+    assert images.content_hash(files) == before
+    (pkg / "api.py").write_text("print(2)\n")
+    assert images.content_hash(images.input_files(tmp_path, ["runtime/chatfleet_runtime"])) != before
+
+
+def test_input_files_name_a_missing_input(tmp_path):
+    with pytest.raises(PlatformError, match="image input operator/Dockerfile is missing"):
+        images.input_files(tmp_path, ["operator/Dockerfile"])
+
+
+def test_project_image_inputs_exist_in_the_repository():
+    for build in images.PROJECT_IMAGES:
+        assert images.input_files(REPO_ROOT, build.inputs)
+
+
+def test_archive_is_keyed_by_image_id(tmp_path):
+    a = images.archive_path(tmp_path, "runtime", "sha256:" + "ab" * 32)
+    assert a == tmp_path / "images" / "archives" / f"runtime-{'ab' * 8}.tar"
+    assert a != images.archive_path(tmp_path, "runtime", "sha256:" + "cd" * 32)
+
+
+def test_project_version_is_pyprojects():
+    with (REPO_ROOT / "pyproject.toml").open("rb") as f:
+        assert images.project_version() == tomllib.load(f)["project"]["version"]
+
+
+# ------------------------------------------------------------ apt sources
+
+
+def test_mirror_from_deb822_sources():
+    text = (
+        "Types: deb\n# a comment\nURIs: http://mirror.example/debian/\nSuites: bookworm bookworm-updates\n"
+        "Components: main\n\nTypes: deb\nURIs: http://mirror.example/debian-security\n"
+        "Suites: bookworm-security\nComponents: main\n"
+    )
+    assert images.mirror_from_sources([text]) == "http://mirror.example/debian"
+
+
+def test_mirror_from_one_line_sources_skips_other_suites_and_options():
+    texts = [
+        "deb [signed-by=/k.gpg] https://other.example/apt cloud-sdk-bookworm main\n",
+        "# deb http://commented.example/debian bookworm main\n"
+        "deb-src http://src.example/debian bookworm main\n"
+        "deb [arch=amd64] http://mirror.example/debian bookworm main\n",
+    ]
+    assert images.mirror_from_sources(texts) == "http://mirror.example/debian"
+
+
+def test_mirror_missing_is_a_clear_error():
+    with pytest.raises(PlatformError, match="no Debian archive for suite 'bookworm'"):
+        images.mirror_from_sources(["Types: deb\nURIs: http://x.example/d\nSuites: trixie\n"])
+
+
+def test_read_apt_sources_reads_list_and_sources_files(tmp_path):
+    (tmp_path / "sources.list.d").mkdir()
+    (tmp_path / "sources.list").write_text("deb http://a.example/debian bookworm main\n")
+    (tmp_path / "sources.list.d" / "z.sources").write_text("Types: deb\n")
+    (tmp_path / "sources.list.d" / "ignored.save").write_text("nope")
+    assert images.read_apt_sources(tmp_path) == [
+        "deb http://a.example/debian bookworm main\n",
+        "Types: deb\n",
+    ]
+
+
+# ------------------------------------------------------------ argv
+
+
+def test_bud_argv_uses_layers_the_local_base_and_no_registry(tmp_path):
+    argv = images.bud_argv(
+        tmp_path / "s",
+        images.OPERATOR,
+        Path("/repo"),
+        images.BASE_REF,
+        ("docker.io/chatfleet/chatfleet-operator:0.1.0-abc", "docker.io/chatfleet/chatfleet-operator:dev"),
+        tmp_path / "iid",
+        ["-v", "/etc/pip.conf:/etc/pip.conf:ro"],
+    )
+    assert argv[:7] == [
+        "buildah",
+        "--root",
+        str(tmp_path / "s" / "root"),
+        "--runroot",
+        str(tmp_path / "s" / "run"),
+        "--storage-driver",
+        "overlay",
+    ]
+    assert argv[7:11] == ["bud", "--layers", "--pull=never", "--network"]
+    joined = " ".join(argv)
+    assert "-f /repo/operator/Dockerfile" in joined
+    assert "--build-arg PYTHON_IMAGE=localhost/chatfleet/python-base:bookworm" in joined
+    assert (
+        "-t docker.io/chatfleet/chatfleet-operator:0.1.0-abc -t docker.io/chatfleet/chatfleet-operator:dev"
+        in joined
+    )
+    assert f"--iidfile {tmp_path / 'iid'}" in joined
+    assert argv[-3:] == ["-v", "/etc/pip.conf:/etc/pip.conf:ro", "/repo"]
+    rt = images.bud_argv(tmp_path, images.RUNTIME, Path("/repo"), "b:1", ("r:1",), tmp_path / "i")
+    assert "--build-arg TRITON_IMAGE=b:1" in " ".join(rt)
+
+
+def test_host_mounts_only_existing_files_once():
+    present = {"/etc/ssl/certs/ca-certificates.crt", "/etc/pip.conf"}
+    argv = images.host_mounts(
+        ["/etc/ssl/certs/ca-certificates.crt", "/etc/pip.conf", "/nope", "", "/etc/pip.conf"],
+        exists=present.__contains__,
+    )
+    assert argv == [
+        "-v",
+        "/etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:ro",
+        "-v",
+        "/etc/pip.conf:/etc/pip.conf:ro",
+    ]
+    assert "/x/ca.pem" in images.tls_candidates({"PIP_CERT": "/x/ca.pem"})
+
+
+def test_debootstrap_argv():
+    argv = images.debootstrap_argv(
+        Path("/c/rootfs"), "http://m.example/debian", ["python3", "ca-certificates"]
+    )
+    assert argv == [
+        "debootstrap",
+        "--variant=minbase",
+        "--include=ca-certificates,python3",
+        "bookworm",
+        "/c/rootfs",
+        "http://m.example/debian",
+    ]
+
+
+def test_push_and_ctr_argv(tmp_path):
+    ref = "docker.io/chatfleet/chatfleet-runtime:0.1.0-abc"
+    push = images.push_argv(tmp_path, ref, "/c/runtime-1.tar")
+    assert push[-4:] == ["push", "-q", ref, f"docker-archive:/c/runtime-1.tar:{ref}"]
+    assert images.ctr_import_argv("/run/n/containerd.sock", "/c/runtime-1.tar") == [
+        "ctr",
+        "--address",
+        "/run/n/containerd.sock",
+        "-n",
+        "k8s.io",
+        "images",
+        "import",
+        "/c/runtime-1.tar",
+    ]
+    assert images.ctr_tag_argv("/s", ref, "r:dev")[-4:] == ["tag", "--force", ref, "r:dev"]
+
+
+def test_build_env_defaults_to_runc_but_respects_a_choice():
+    assert images.build_env({})["BUILDAH_RUNTIME"] == "/usr/sbin/runc"
+    assert images.build_env({"BUILDAH_RUNTIME": "/x/crun"})["BUILDAH_RUNTIME"] == "/x/crun"
+
+
+def test_load_without_a_build_names_make_images(tmp_path):
+    with pytest.raises(PlatformError, match="run `make images`"):
+        images.load_images("/nope.sock", cache=tmp_path)
+
+
+def test_load_order_puts_the_sandbox_image_first():
+    assert images.LOAD_ORDER[0] == "pause"
+
+
+# ------------------------------------------------------------ the Dockerfiles
+
+
+def _instructions(path: Path) -> list[str]:
+    """Dockerfile instructions with continuation lines joined and comments dropped."""
+    out: list[str] = []
+    cur = ""
+    for line in path.read_text().splitlines():
+        if not cur and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        cur += line.rstrip("\\").rstrip() + " "
+        if not line.endswith("\\"):
+            out.append(cur.strip())
+            cur = ""
+    return out
+
+
+def _first_party_imports(package_dir: Path) -> set[str]:
+    """Top-level chatfleet_* packages imported anywhere under package_dir (other than itself)."""
+    found: set[str] = set()
+    for f in package_dir.rglob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+            found.update(n.split(".")[0] for n in names if n.startswith("chatfleet_"))
+    return found - {package_dir.name}
+
+
+def test_operator_image_copies_every_first_party_package_the_operator_imports():
+    copied = {
+        m.group(1)
+        for ins in _instructions(OPERATOR_DOCKERFILE)
+        if (m := re.match(r"COPY (?:operator|runtime|hack)/(chatfleet_\w+)/? ", ins))
+    }
+    needed = _first_party_imports(REPO_ROOT / "operator" / "chatfleet_operator")
+    assert "chatfleet_runtime" in needed  # builders/tritonconfig.py renders the Triton config with it
+    missing = needed - copied
+    assert not missing, (
+        f"operator/Dockerfile does not copy {sorted(missing)}: the image dies with ModuleNotFoundError"
+    )
+
+
+def test_operator_image_build_imports_every_handler_module_and_not_torch():
+    runs = " ".join(i for i in _instructions(OPERATOR_DOCKERFILE) if i.startswith("RUN "))
+    # cli.py imports main lazily: importing the CLI alone does not prove the handlers import
+    assert re.search(r'python -c "import chatfleet_operator\.main\b', runs)
+    assert '! python -c "import torch"' in runs or '! /opt/venv/bin/python -c "import torch"' in runs
+
+
+@pytest.mark.parametrize("dockerfile", [OPERATOR_DOCKERFILE, RUNTIME_DOCKERFILE], ids=["operator", "runtime"])
+def test_dependencies_install_before_any_code_is_copied(dockerfile):
+    ins = _instructions(dockerfile)
+    first_code = min(i for i, x in enumerate(ins) if re.match(r"COPY (operator|runtime|hack)/", x))
+    deps = [i for i, x in enumerate(ins) if x.startswith("RUN ") and "optional-dependencies" in x]
+    assert deps and max(deps) < first_code
+    before = [x for x in ins[: max(deps)] if x.startswith("COPY ") and "--from" not in x]
+    assert all(x.split()[1:-1] == ["pyproject.toml"] for x in before), before
+
+
+@pytest.mark.parametrize(
+    ("dockerfile", "arg"), [(OPERATOR_DOCKERFILE, "PYTHON_IMAGE"), (RUNTIME_DOCKERFILE, "TRITON_IMAGE")]
+)
+def test_base_is_a_build_argument(dockerfile, arg):
+    ins = _instructions(dockerfile)
+    assert any(i.startswith(f"ARG {arg}=") for i in ins)
+    assert all(i.split()[1] in (f"${{{arg}}}", "deps") for i in ins if i.startswith("FROM "))
+
+
+def test_runtime_image_does_not_force_a_tritonserver_home():
+    # the local base has no /opt/tritonserver: the launcher must be free to fall back to the pytriton wheel
+    assert "TRITONSERVER_HOME" not in " ".join(
+        i for i in _instructions(RUNTIME_DOCKERFILE) if i.startswith("ENV ")
+    )
+
+
+@pytest.mark.parametrize(
+    ("dockerfile", "extra"), [(OPERATOR_DOCKERFILE, "operator"), (RUNTIME_DOCKERFILE, "runtime")]
+)
+def test_dockerfile_requirement_line_reads_the_extra(tmp_path, dockerfile, extra):
+    run = next(i for i in _instructions(dockerfile) if "optional-dependencies" in i)
+    cmd = re.search(r"python3? -c ('[^']+')", run).group(1)
+    (tmp_path / "pyproject.toml").write_bytes((REPO_ROOT / "pyproject.toml").read_bytes())
+    out = subprocess.run(
+        [sys.executable, "-c", cmd.strip("'")], cwd=tmp_path, capture_output=True, text=True, check=True
+    ).stdout.split()
+    with (REPO_ROOT / "pyproject.toml").open("rb") as f:
+        assert out == tomllib.load(f)["project"]["optional-dependencies"][extra]
+    assert "torch==" not in " ".join(out) or extra == "runtime"
+
+
+def test_image_ids_are_normalized():
+    assert images.normalize_id("ab" * 32) == "sha256:" + "ab" * 32
+    assert images.normalize_id("sha256:" + "ab" * 32) == "sha256:" + "ab" * 32
+
+
+def test_build_times_keep_latest_runs_and_labelled_measurements(tmp_path):
+    images.record_time(tmp_path, "runtime", 401.25, label="cold", image_id="sha256:1")
+    images.record_time(tmp_path, "runtime", 3.04, image_id="sha256:1")
+    data = json.loads((tmp_path / "images" / "build-times.json").read_text())
+    assert data["latest"]["runtime"]["seconds"] == 3.0
+    assert data["measured"]["runtime_cold"]["seconds"] == 401.2
+    assert [r["seconds"] for r in data["runs"]] == [401.2, 3.0]

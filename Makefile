@@ -9,8 +9,8 @@ STAMP   := $(VENV)/.installed-$(shell cat pyproject.toml 2>/dev/null | sha1sum |
 PLATFORM := $(PY) -m chatfleet_platform.cli
 NODES   ?= 4
 REAL_NODES ?= 1
-# the layers in order: fast and pure first, then the platform, the release scenarios last
-TEST_LAYERS := tests/unit tests/admission tests/chart tests/integration tests/e2e
+# the layers in order: fast and pure first, then the platform, the release scenarios, real pods last
+TEST_LAYERS := tests/unit tests/admission tests/chart tests/integration tests/e2e tests/realnode
 export PYTHONUNBUFFERED := 1
 
 ##@ Start here
@@ -32,7 +32,7 @@ help: ## This list
 ##@ Setup (each target installs what it needs; `make test` and `make demo` call them)
 
 .PHONY: setup
-setup: venv system-deps platform-build chart-tools ## Python packages, Debian packages, platform binaries, chart tools
+setup: venv system-deps platform-build chart-tools images ## Python packages, Debian packages, platform binaries, chart tools, images
 
 .PHONY: venv
 venv: $(STAMP) ## Virtual environment with the operator, runtime and dev extras (pinned)
@@ -101,6 +101,10 @@ contracts: venv ## import-linter: the layering of STYLE.md (one API module, pure
 .PHONY: unit
 unit: venv ## Unit tests only (no platform)
 	$(PYTEST) tests/unit
+
+.PHONY: test-realnode
+test-realnode: setup ## Tests on real pods: the examples, releases on real traffic, the operator image in a pod
+	$(PYTEST) tests/realnode
 
 .PHONY: test-e2e
 test-e2e: setup ## Release scenarios end to end (canary, blue-green, rollback, GPUs) on the local platform

@@ -1,0 +1,116 @@
+"""Fixtures for tests on real pods: one real node joined to the session cluster, the project's images in it,
+the tiny model on the host, the operator, and a Prometheus that finds the pods through the Kubernetes API
+with the chart's own PodMonitor relabelling.
+
+The real node joins lazily (when the first test here asks for it), so the simulated suites before this
+layer never see it. It is tainted anyway: only pods that tolerate chatfleet.io/real-node land there.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from chatfleet_platform import images, scrape, services
+from chatfleet_platform.config import REPO_ROOT, binaries
+from chatfleet_platform.realnode import NodePlan
+from operator_process import OperatorProcess
+
+#: Namespaces the real-pod operator watches (the other suites' operators leave them alone).
+REAL_NAMESPACES = "real-*"
+CHART = REPO_ROOT / "charts" / "chatfleet-operator"
+
+
+@pytest.fixture(scope="session")
+def image_refs() -> dict[str, dict]:
+    """The project's images (operator, runtime, pause), built from its Dockerfiles when missing or stale."""
+    return images.ImageBuilder().build(list(images.ALL_NAMES))
+
+
+@pytest.fixture(scope="session")
+def real_node(cluster, image_refs) -> NodePlan:
+    """One real node (kubelet + containerd, 8 fake GPUs) with the images imported."""
+    (node,) = cluster.add_real_nodes(1, gpus=8)
+    return node
+
+
+@pytest.fixture(scope="session")
+def runtime_image(image_refs) -> str:
+    """The runtime image's content-addressed ref (imported into the real node)."""
+    return image_refs["runtime"]["ref"]
+
+
+@pytest.fixture(scope="session")
+def host_model_dir() -> Path:
+    """The tiny model on the host, readable by the pods' non-root user (mounted with model.hostPath)."""
+    from chatfleet_runtime.tiny import build_tiny_model
+
+    path = build_tiny_model(REPO_ROOT / ".work" / "realnode-model")
+    for p in [path, *path.rglob("*")]:
+        p.chmod(p.stat().st_mode | 0o444 | (0o111 if p.is_dir() else 0))
+    return path
+
+
+@pytest.fixture(scope="session")
+def real_operator(chatfleet_crd, real_node, tmp_path_factory) -> Iterator[OperatorProcess]:
+    """The operator (a host process, like the other suites') watching real-* namespaces."""
+    op = OperatorProcess(chatfleet_crd, tmp_path_factory.mktemp("real-operator"), (REAL_NAMESPACES,))
+    op.start()
+    try:
+        yield op
+    finally:
+        op.stop()
+
+
+def fleet_podmonitor() -> dict:
+    """The chart's fleet PodMonitor as `helm template` renders it with monitoring on."""
+    out = subprocess.run(
+        [
+            str(binaries().helm),
+            "template",
+            "cf",
+            str(CHART),
+            "--namespace",
+            "chatfleet-system",
+            "--set",
+            "monitoring.fleetPodMonitor.enabled=true",
+            "--show-only",
+            "templates/podmonitor-fleets.yaml",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    return yaml.safe_load(out)
+
+
+@pytest.fixture(scope="session")
+def pod_prometheus(cluster, real_node, tmp_path_factory) -> Iterator[services.Prometheus]:
+    """A real Prometheus discovering pods through the API, relabelled as the chart's PodMonitor says."""
+    configs = scrape.podmonitor_scrape_configs(
+        fleet_podmonitor(), api_server=cluster.server, pki_dir=cluster.workdir / "pki", scrape_interval="1s"
+    )
+    prom = services.Prometheus(tmp_path_factory.mktemp("pod-prometheus"), scrape_configs=configs).start()
+    try:
+        yield prom
+    finally:
+        prom.stop()
+
+
+@pytest.fixture
+def real_ns(cluster, real_node) -> Iterator[str]:
+    """A fresh real-* namespace; deleted afterwards and waited for, so its pods free the node's memory."""
+    name = f"real-{uuid.uuid4().hex[:8]}"
+    cluster.kubectl("create", "namespace", name)
+    assert services.wait_until(
+        lambda: cluster.kubectl("get", "sa", "default", namespace=name, check=False).returncode == 0, 30
+    )
+    try:
+        yield name
+    finally:
+        cluster.kubectl("delete", "namespace", name, "--wait=true", "--timeout=90s", check=False, timeout=120)

@@ -1,0 +1,237 @@
+"""Releases on real pods: real traffic through the Service, metrics scraped from the pods themselves.
+
+Test design: the bot runs one stable replica of the tiny model on the real node. A client chats through
+the Service's ClusterIP, plain and streamed by turns; kube-proxy spreads the requests over the pods. Every
+request carries a system message, as chat front-ends send. Prometheus finds the pods through the API and
+labels the series from the pods' own labels (the chart's PodMonitor rules). The analysis thus sees only
+what the pods really served.
+
+- Bad canary: the new revision's chat template refuses the system role. It passes warm-up (no system
+  message), turns Ready, and then fails every real request. It must be rolled back on its error rate.
+  Afterwards the traffic must be off the canary: the Service's endpoints hold only stable pods, and the
+  client sees only successes.
+- Healthy release: promoted while the client keeps chatting. The failed requests are reported, not
+  asserted: zero-drop releases are later work.
+- Dying runtime: the canary's Triton process is killed from the host. Its container restarts, and the
+  health check rolls the release back without waiting for metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from typing import Any
+
+import pytest
+from chatfleet_platform.config import REPO_ROOT
+from chatfleet_platform.realpods import (
+    NO_SYSTEM_TEMPLATE,
+    ChatLoad,
+    on_real_node,
+    pod_request_counts,
+    service_url,
+)
+from chatfleet_platform.services import wait_until
+
+pytestmark = [pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.slow]
+
+RESULTS = REPO_ROOT / ".work" / "realnode-results.json"
+
+
+def bot_spec(prometheus: str) -> dict[str, Any]:
+    """One stable replica; a canary of one pod beside it (replica ratio: no Gateway API here)."""
+    return {
+        "model": {"hostPath": "/", "maxContextTokens": 512},
+        "runtime": {"maxNewTokens": 8, "streaming": True},
+        "scaling": {"replicas": 1},
+        "rollout": {
+            "strategy": "canary",
+            "canary": {"steps": [{"weight": 50, "pauseSeconds": 20}, {"weight": 100, "pauseSeconds": 0}]},
+        },
+        "analysis": {
+            "prometheusAddress": prometheus,
+            "intervalSeconds": 5,
+            "failureLimit": 1,
+            "consecutiveErrorLimit": 4,
+            "progressDeadlineSeconds": 240,
+            "thresholds": {"errorRatePercent": 5, "latencyP99Milliseconds": 20000},
+        },
+    }
+
+
+def record(key: str, value: Any) -> None:
+    """Keep a figure of these runs in .work/realnode-results.json (the closing notes quote them)."""
+    data = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    data[key] = value
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(data, indent=1, sort_keys=True))
+
+
+class Bot:
+    """The ChatbotService `bot` of one namespace."""
+
+    def __init__(self, cluster, ns: str) -> None:
+        self.cluster, self.ns, self.name = cluster, ns, "bot"
+
+    def kubectl(self, *args: str, **kw: Any) -> subprocess.CompletedProcess:
+        return self.cluster.kubectl(*args, namespace=self.ns, **kw)
+
+    def apply(self, spec: dict[str, Any]) -> None:
+        doc = {
+            "apiVersion": "chatfleet.io/v1alpha1",
+            "kind": "ChatbotService",
+            "metadata": {"name": self.name},
+        }
+        self.kubectl("apply", "-f", "-", input=json.dumps({**doc, "spec": spec}))
+
+    def patch(self, spec: dict[str, Any]) -> None:
+        self.kubectl("patch", "cbs", self.name, "--type=merge", "-p", json.dumps({"spec": spec}))
+
+    def status(self) -> dict[str, Any]:
+        res = self.kubectl("get", "cbs", self.name, "-o", "json", check=False)
+        return json.loads(res.stdout).get("status", {}) if res.returncode == 0 else {}
+
+    def cond(self, ctype: str) -> dict[str, Any]:
+        return next((c for c in self.status().get("conditions", []) if c["type"] == ctype), {})
+
+    def wait(self, predicate, timeout: float, what: str) -> Any:
+        value = wait_until(predicate, timeout, 2)
+        pods = self.kubectl("get", "pods", "-o", "wide", check=False).stdout
+        assert value, (
+            f"{what} did not happen in {timeout}s; status:\n{json.dumps(self.status(), indent=1)[-3000:]}\n{pods}"
+        )
+        return value
+
+    def pods(self, track: str) -> list[dict[str, Any]]:
+        res = self.kubectl("get", "pods", "-l", f"chatfleet.io/track={track}", "-o", "json")
+        return json.loads(res.stdout)["items"]
+
+    def endpoint_pods(self) -> set[str]:
+        res = self.kubectl(
+            "get", "endpointslices", "-l", f"kubernetes.io/service-name={self.name}", "-o", "json"
+        )
+        return {
+            e["targetRef"]["name"]
+            for s in json.loads(res.stdout)["items"]
+            for e in s.get("endpoints") or []
+            if e.get("conditions", {}).get("ready") and e.get("targetRef")
+        }
+
+
+def rolled_back(bot: Bot) -> bool:
+    stalled = bot.cond("Stalled")
+    return stalled.get("status") == "True" and stalled.get("reason") == "RolledBack"
+
+
+def started_stable(bot: Bot, pod_prometheus, runtime_image, host_model_dir) -> tuple[ChatLoad, str]:
+    """Create the bot, wait until it is Ready and its pod's metrics reach Prometheus; start the client."""
+    spec = on_real_node(bot_spec(pod_prometheus.url), image=runtime_image, model_dir=host_model_dir)
+    bot.apply(spec)
+    bot.wait(lambda: bot.cond("Ready").get("status") == "True", 600, "stable Ready")
+    url = service_url(bot.cluster, bot.ns, bot.name)
+    load = ChatLoad(url, workers=2, max_seconds=900).start()
+    bot.wait(
+        lambda: pod_request_counts(pod_prometheus.url, bot.ns, bot.name), 120, "pod metrics in Prometheus"
+    )
+    return load, url
+
+
+def test_bad_canary_on_real_traffic_is_rolled_back(
+    cluster, real_operator, real_ns, pod_prometheus, runtime_image, host_model_dir
+):
+    bot = Bot(cluster, real_ns)
+    load, _ = started_stable(bot, pod_prometheus, runtime_image, host_model_dir)
+    try:
+        t_bad = time.monotonic()
+        bot.patch({"model": {"chatTemplate": NO_SYSTEM_TEMPLATE}})
+        bot.wait(lambda: bot.pods("canary"), 120, "a canary pod")
+        bot.wait(lambda: rolled_back(bot), 420, "rollback of the bad canary")
+        t_rb = time.monotonic()
+        counts = pod_request_counts(pod_prometheus.url, bot.ns, bot.name)
+        canary_served = sum(v for (pod, track), v in counts.items() if track == "canary")
+        assert canary_served > 0, f"the canary never took real traffic: {counts}"
+        assert "error rate" in bot.cond("Stalled").get("message", ""), bot.cond("Stalled")
+        # the traffic left the canary: only stable pods behind the Service, only successes from now on
+        bot.wait(lambda: not bot.pods("canary"), 120, "canary pods gone")
+        stable = {p["metadata"]["name"] for p in bot.pods("stable")}
+        assert bot.endpoint_pods() <= stable
+        time.sleep(10)
+        after = load.since(t_rb + 5)
+        assert after and set(after) == {"ok"}, f"requests after the rollback: {after}"
+        record(
+            "bad_canary",
+            {
+                "seconds_to_rollback": round(t_rb - t_bad, 1),
+                "per_pod_requests": {f"{p}/{t}": v for (p, t), v in counts.items()},
+            },
+        )
+    finally:
+        load.stop()
+
+
+def test_healthy_release_is_promoted_while_clients_chat(
+    cluster, real_operator, real_ns, pod_prometheus, runtime_image, host_model_dir
+):
+    bot = Bot(cluster, real_ns)
+    load, _ = started_stable(bot, pod_prometheus, runtime_image, host_model_dir)
+    try:
+        before = bot.status().get("stableRevision")
+        bot.patch({"runtime": {"maxNewTokens": 6}})
+        bot.wait(lambda: bot.status().get("release"), 60, "a release")
+        bot.wait(
+            lambda: (
+                bot.status().get("stableRevision") not in (None, before) and not bot.status().get("release")
+            ),
+            600,
+            "promotion",
+        )
+        time.sleep(5)
+    finally:
+        outcomes = load.stop()
+    assert outcomes["ok"] > 0
+    record("healthy_release_while_chatting", {"outcomes": dict(outcomes), "failed": load.failed()})
+    print(f"healthy release under chat load: {dict(outcomes)} ({load.failed()} failed)")
+
+
+def kill_container_process(cluster, pod: dict[str, Any], container: str) -> int:
+    """SIGKILL a container's main process from the host (a crash); returns the PID killed."""
+    cid = next(s["containerID"] for s in pod["status"]["containerStatuses"] if s["name"] == container)
+    cid = cid.split("://", 1)[1]
+    (node,) = [n for n in cluster.realnodes.host_state().get("nodes", []) if n == pod["spec"]["nodeName"]]
+    sock = cluster.workdir / "realnodes" / node / "containerd" / "containerd.sock"
+    out = subprocess.run(
+        ["ctr", "--address", str(sock), "-n", "k8s.io", "tasks", "ls"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    pid = next(int(line.split()[1]) for line in out.splitlines() if line.startswith(cid))
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+def test_dying_runtime_container_drives_the_health_rollback(
+    cluster, real_operator, real_ns, pod_prometheus, runtime_image, host_model_dir
+):
+    bot = Bot(cluster, real_ns)
+    load, _ = started_stable(bot, pod_prometheus, runtime_image, host_model_dir)
+    try:
+        bot.patch({"runtime": {"maxNewTokens": 7}})
+
+        def ready_canary() -> dict[str, Any] | None:
+            for p in bot.pods("canary"):
+                statuses = p.get("status", {}).get("containerStatuses") or []
+                if statuses and all(s.get("ready") for s in statuses):
+                    return p
+            return None
+
+        pod = bot.wait(ready_canary, 420, "a Ready canary pod")
+        kill_container_process(cluster, pod, "triton")
+        bot.wait(lambda: rolled_back(bot), 300, "health-check rollback")
+        message = bot.cond("Stalled").get("message", "")
+        assert "restart" in message.lower() or "crash" in message.lower(), message
+    finally:
+        load.stop()

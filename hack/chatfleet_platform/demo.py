@@ -1,13 +1,17 @@
 """`make demo`: Chatfleet's main job, live, on the local platform.
 
-1. the local Kubernetes with simulated GPU nodes;
+1. the local Kubernetes: simulated GPU nodes (kwok) for scale and one real node (kubelet + containerd);
 2. the CRD installed and the operator started;
-3. a ChatbotService reconciled into Triton GPU pods on the right nodes;
-4. a chat answered by the real runtime (Triton + chat API + Redis) on a tiny local model;
-5. releases: a bad canary caught and rolled back, a good one promoted.
+3. a ChatbotService reconciled into Triton GPU pods on the right simulated H100 nodes;
+4. a ChatbotService on the real node: the project's runtime image runs Triton + the chat API on a tiny
+   local model, and a chat goes through the Service;
+5. releases on those real pods: a bad canary caught by what it really served and rolled back, a good
+   one promoted.
 
-The cluster and the operator keep running afterwards (the demo prints how to reach and stop them);
-the runtime of step 4 is stopped when the demo ends.
+What is simulated is said as it happens: the kwok nodes run no containers, and the real node's GPUs are
+fake (a device plugin), so its pods serve from the CPU. With REAL_NODES=0, step 4 runs the runtime
+beside the cluster and step 5 plays the pods' metrics with a traffic simulator.
+The cluster and the operator keep running afterwards (the demo prints how to reach and stop them).
 """
 
 from __future__ import annotations
@@ -35,9 +39,10 @@ DEMO_EXAMPLE = REPO_ROOT / "examples" / "02-h100-pinned.yaml"
 class Demo:
     """The demo's steps, each printing what it does and what it saw."""
 
-    def __init__(self, workdir: Path, steps: int = 5) -> None:
+    def __init__(self, workdir: Path, steps: int = 5, real_nodes: int = 1) -> None:
         self.cluster = Cluster(workdir, progress=lambda m: self.say(m, dim=True))
         self.steps = steps
+        self.real_nodes = real_nodes
         self.step_no = 0
         self.t0 = time.monotonic()
 
@@ -64,10 +69,22 @@ class Demo:
     # ---- steps ---------------------------------------------------------------------------------
     def platform(self) -> None:
         """Step 1: the local Kubernetes with GPU nodes."""
-        self.step("A real local Kubernetes with simulated GPU nodes")
-        self.cluster.up(nodes=int(os.environ.get("NODES", "4")))
+        self.step("A real local Kubernetes: simulated GPU nodes for scale, a real node for real pods")
+        if self.real_nodes:
+            from . import images
+
+            self.say(
+                "building the operator and runtime images from their Dockerfiles (cached; cold: minutes)"
+            )
+            images.ImageBuilder().build(list(images.ALL_NAMES))
+        self.cluster.up(nodes=int(os.environ.get("NODES", "4")), real_nodes=self.real_nodes)
         self.kubectl_show(
-            "get", "nodes", "-L", "nvidia.com/gpu.product,nvidia.com/gpu.count,nvidia.com/gpu.memory"
+            "get", "nodes", "-L", "nvidia.com/gpu.product,nvidia.com/gpu.count,chatfleet.io/real-node"
+        )
+        self.say(
+            "simulated: the kwok nodes (gpu-node-*) run no containers; real: chatfleet-real-* runs kubelet, "
+            "containerd and runc here, with fake GPUs from a device plugin (its pods serve from the CPU)",
+            dim=True,
         )
 
     def operator(self) -> None:
@@ -145,11 +162,64 @@ class Demo:
                     return
 
     def chat(self) -> None:
-        """Step 4: the real runtime answers a chat, two turns, with a session."""
+        """Step 4: a ChatbotService on real pods answers a chat through its Service."""
+        if not self.real_nodes:
+            return self._chat_beside_the_cluster()
+        from . import images
+        from .demo_release import REAL_NAME, REAL_NS
+        from .realpods import on_real_node, service_url
+
+        self.step("A chatbot on real pods: the runtime image on the real node, a chat through the Service")
+        from chatfleet_runtime.tiny import build_tiny_model
+
+        model = build_tiny_model(self.cluster.workdir.parent / "demo-model")
+        for p in [model, *model.rglob("*")]:
+            p.chmod(p.stat().st_mode | 0o444 | (0o111 if p.is_dir() else 0))
+        spec = on_real_node(
+            {"runtime": {"maxNewTokens": 32, "streaming": True}},
+            image=images.read_refs()["runtime"]["ref"],
+            model_dir=model,
+        )
+        doc = {
+            "apiVersion": "chatfleet.io/v1alpha1",
+            "kind": "ChatbotService",
+            "metadata": {"name": REAL_NAME},
+            "spec": spec,
+        }
+        self.say(f"applying {REAL_NAME}: the tiny model by hostPath, image {spec['runtime']['image']}")
+        self.cluster.kubectl("apply", "-n", REAL_NS, "-f", "-", input=json.dumps(doc))
+        t0 = time.monotonic()
+        res = self.cluster.kubectl(
+            "wait", "-n", REAL_NS, "--for=condition=Ready", f"chatbotservice/{REAL_NAME}", "--timeout=600s",
+            check=False, timeout=620,
+        )  # fmt: skip
+        if res.returncode != 0:
+            self.kubectl_show("get", "pods", "-n", REAL_NS, "-o", "wide")
+            raise PlatformError(f"{REAL_NAME} did not become Ready: {res.stderr.strip()}")
+        self.say(
+            f"{REAL_NAME} Ready in {time.monotonic() - t0:.1f}s: Triton loaded and warmed up in a real pod",
+            ok=True,
+        )
+        self.kubectl_show(
+            "get", "pods", "-n", REAL_NS, "-l", f"chatfleet.io/service={REAL_NAME}", "-o", "wide"
+        )
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        from chatfleet_runtime.demo import chat_exchange
+
+        url = service_url(self.cluster, REAL_NS, REAL_NAME)
+        self.say(f"chatting through the Service {url} (kube-proxy -> the pod's chat API -> Triton)")
+        chat_exchange(url, out=lambda line: print(f"    {CYAN}{line}{RESET}", flush=True))
+        self.say(
+            "(the model is a tiny random one built locally: the words are noise, the serving is real)",
+            dim=True,
+        )
+
+    def _chat_beside_the_cluster(self) -> None:
+        """Step 4 without real nodes: the runtime beside the cluster, from the same config generator."""
         self.step("A chat answered by the real runtime (tritonserver + chat API + Redis, tiny model)")
         self.say(
-            "kwok's simulated nodes run no containers, so the runtime the pods run starts here on "
-            "127.0.0.1, with a config made by the same generator as the ConfigMap above"
+            "REAL_NODES=0: kwok's simulated nodes run no containers, so the runtime the pods run starts here "
+            "on 127.0.0.1, with a config made by the same generator as the ConfigMap above"
         )
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -159,20 +229,33 @@ class Demo:
         with local_runtime(self.cluster.workdir / "runtime") as rt:
             self.say(f"runtime ready: CHAT_API={rt.api_url}", ok=True)
             chat_exchange(rt.api_url, out=lambda line: print(f"    {CYAN}{line}{RESET}", flush=True))
-            self.say(
-                "(the model is a tiny random one built locally: the words are noise, the serving is real)",
-                dim=True,
-            )
 
     def releases(self) -> None:
         """Step 5: a bad canary rolled back, a good one promoted."""
-        self.step("Releases: a bad canary rolled back, a good one promoted")
-        try:
+        if not self.real_nodes:
             from .demo_release import run_release_demo
-        except ImportError:
-            self.say("release demo not available in this build", bad=True)
-            return
-        run_release_demo(self)
+
+            self.step(
+                "Releases (simulated traffic: REAL_NODES=0): a bad canary rolled back, a good one promoted"
+            )
+            return run_release_demo(self)
+        from .demo_release import run_real_release_demo
+        from .realpods import fleet_podmonitor
+        from .scrape import podmonitor_scrape_configs
+        from .services import Prometheus
+
+        self.step("Releases on the real pods: a bad canary rolled back, a good one promoted")
+        configs = podmonitor_scrape_configs(
+            fleet_podmonitor(),
+            api_server=self.cluster.server,
+            pki_dir=self.cluster.workdir / "pki",
+            scrape_interval="1s",
+        )
+        prom = Prometheus(self.cluster.workdir / "demo-prometheus", scrape_configs=configs).start()
+        try:
+            run_real_release_demo(self, prom)
+        finally:
+            prom.stop()
 
     def finish(self) -> None:
         """Tell the user how to look around and how to stop."""
@@ -190,7 +273,7 @@ class Demo:
 
 def main() -> int:
     """Run the demo; exit code 1 with one clear message on a platform problem."""
-    demo = Demo(default_workdir())
+    demo = Demo(default_workdir(), real_nodes=int(os.environ.get("REAL_NODES", "1")))
     print(f"{BOLD}Chatfleet demo{RESET}: GPU chatbot fleets on Triton, released safely")
     try:
         demo.platform()

@@ -1,8 +1,13 @@
 """`make demo`, step 5: a bad canary caught by analysis and rolled back, then a good one promoted, live.
 
-Called by demo.py once `support-bot` is Ready in `default` and the operator runs. kwok pods serve no
-traffic, so a trafficsim exporter plays the pods' metrics (same names as the runtime) and a real
-Prometheus scrapes it; the operator queries that Prometheus exactly as it would in production.
+On real pods (the default, `run_real_release_demo`): the chatbot of step 4 runs on the real node. A client
+chats through its Service. A real Prometheus discovers the pods through the Kubernetes API with the
+chart's PodMonitor rules, and the operator judges the canary on what the pods really served. The bad
+revision's chat template refuses the system role that every request carries, so it fails real requests.
+
+Without real nodes (`REAL_NODES=0`, `run_release_demo`): kwok pods serve no traffic. A trafficsim
+exporter plays the pods' metrics (same names as the runtime), and the operator queries a real Prometheus
+that scrapes it.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from .config import PlatformError
 from .trafficsim import TrafficSim
 
 NS, NAME = "default", "support-bot"
+REAL_NS, REAL_NAME = "default", "chat-bot"
 IMAGE = "ghcr.io/chatfleet/chatfleet-runtime"
 STEPS = [
     {"weight": 20, "pauseSeconds": 5},
@@ -26,16 +32,16 @@ STEPS = [
 ]
 
 
-def _status(demo: Any) -> dict[str, Any]:
-    """status of support-bot."""
-    res = demo.cluster.kubectl("get", "chatbotservice", NAME, "-n", NS, "-o", "json", check=False)
+def _status(demo: Any, name: str = NAME, ns: str = NS) -> dict[str, Any]:
+    """status of a ChatbotService (support-bot by default)."""
+    res = demo.cluster.kubectl("get", "chatbotservice", name, "-n", ns, "-o", "json", check=False)
     return (json.loads(res.stdout).get("status") or {}) if res.returncode == 0 else {}
 
 
-def _patch(demo: Any, spec: dict[str, Any]) -> None:
+def _patch(demo: Any, spec: dict[str, Any], name: str = NAME, ns: str = NS) -> None:
     """Merge-patch the spec (what a GitOps commit would do)."""
     demo.cluster.kubectl(
-        "patch", "chatbotservice", NAME, "-n", NS, "--type=merge", "-p", json.dumps({"spec": spec})
+        "patch", "chatbotservice", name, "-n", ns, "--type=merge", "-p", json.dumps({"spec": spec})
     )
 
 
@@ -55,12 +61,12 @@ def _line(st: dict[str, Any]) -> str:
     return text
 
 
-def _follow(demo: Any, done, timeout: float) -> dict[str, Any]:
+def _follow(demo: Any, done, timeout: float, name: str = NAME, ns: str = NS) -> dict[str, Any]:
     """Print each change of the release until done(status); the last status."""
     last = ""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        st = _status(demo)
+        st = _status(demo, name, ns)
         line = _line(st)
         if line != last:
             demo.say(line, dim=True)
@@ -69,15 +75,15 @@ def _follow(demo: Any, done, timeout: float) -> dict[str, Any]:
             return st
         time.sleep(0.5)
     raise PlatformError(
-        f"the release did not finish within {timeout:.0f}s: {json.dumps(_status(demo))[-1500:]}"
+        f"the release did not finish within {timeout:.0f}s: {json.dumps(_status(demo, name, ns))[-1500:]}"
     )
 
 
-def _plugin(demo: Any, *args: str) -> None:
+def _plugin(demo: Any, *args: str, ns: str = NS) -> None:
     """Show `kubectl chatbot ARGS`."""
-    print(f"    $ kubectl chatbot {' '.join(args)} -n {NS}", flush=True)
+    print(f"    $ kubectl chatbot {' '.join(args)} -n {ns}", flush=True)
     res = subprocess.run(
-        [sys.executable, "-m", "chatfleet_operator.plugin", *args, "-n", NS],
+        [sys.executable, "-m", "chatfleet_operator.plugin", *args, "-n", ns],
         env=demo.cluster.env,
         capture_output=True,
         text=True,
@@ -130,18 +136,78 @@ def run_release_demo(demo: Any) -> None:
         demo.say(f"releasing the fixed {IMAGE}:0.2.0 (healthy canary)", ok=True)
         sim.set("canary", error_rate=0.002)
         _patch(demo, {"runtime": {"image": f"{IMAGE}:0.2.0"}})
-        target = None
-
-        def promoted(s: dict[str, Any]) -> bool:
-            """The good release finished: stable runs its revision."""
-            nonlocal target
-            target = target or (s.get("release") or {}).get("revision")
-            return bool(target) and s.get("stableRevision") == target and not s.get("release")
-
-        st = _follow(demo, promoted, 150)
+        st = _follow(demo, _promoted_to_new_revision(), 150)
         demo.say(f"promoted revision {st.get('stableRevision')} through 20% -> 50% -> 100%", ok=True)
         _plugin(demo, "history", NAME)
         demo.kubectl_show("get", "chatbotservice", NAME, "-n", NS, "-o", "wide")
     finally:
         prom.stop()
         sim.stop()
+
+
+def _promoted_to_new_revision() -> Any:
+    """Predicate: the release that started after this call finished and stable runs its revision."""
+    target = None
+
+    def promoted(s: dict[str, Any]) -> bool:
+        nonlocal target
+        target = target or (s.get("release") or {}).get("revision")
+        return bool(target) and s.get("stableRevision") == target and not s.get("release")
+
+    return promoted
+
+
+def run_real_release_demo(demo: Any, prometheus: services.Prometheus) -> None:
+    """On real pods: a bad canary rolled back on the errors it really served, then a good one promoted."""
+    from .realpods import NO_SYSTEM_TEMPLATE, ChatLoad, pod_request_counts, service_url
+
+    name, ns = REAL_NAME, REAL_NS
+    load = ChatLoad(service_url(demo.cluster, ns, name), workers=2, max_seconds=900).start()
+    try:
+        demo.say(
+            f"a client chats with {name} through its Service (plain and streamed, with a system message)"
+        )
+        _patch(
+            demo,
+            {
+                "rollout": {"strategy": "canary", "canary": {"steps": STEPS}},
+                "analysis": {
+                    "prometheusAddress": prometheus.url,
+                    "intervalSeconds": 5,
+                    "failureLimit": 1,
+                    "progressDeadlineSeconds": 300,
+                    "thresholds": {"errorRatePercent": 5, "latencyP99Milliseconds": 20000},
+                },
+            },
+            name,
+            ns,
+        )
+        demo.say(
+            f"Prometheus at {prometheus.url} finds the pods through the Kubernetes API (the chart's PodMonitor"
+            " rules); release plan 20% -> 50% -> 100%, analysis every 5 s, error rate <= 5%"
+        )
+        deadline = time.monotonic() + 120
+        while not pod_request_counts(prometheus.url, ns, name) and time.monotonic() < deadline:
+            time.sleep(2)
+
+        # 1. A bad release: a chat template that refuses the system role (warm-up passes, real requests fail)
+        demo.say(
+            "releasing a chat template that refuses the system role: a real defect of real pods", bad=True
+        )
+        _patch(demo, {"model": {"chatTemplate": NO_SYSTEM_TEMPLATE}}, name, ns)
+        st = _follow(demo, lambda s: (s.get("release") or {}).get("phase") == "RolledBack", 420, name, ns)
+        demo.say(f"rolled back: {st.get('abortReason', '')}", bad=True)
+        counts = pod_request_counts(prometheus.url, ns, name)
+        for (pod, track), value in sorted(counts.items()):
+            demo.say(f"  {pod} ({track}) answered {value:.0f} requests", dim=True)
+        _plugin(demo, "status", name, ns=ns)
+
+        # 2. A good release: the template fixed (back to the model's own), a smaller answer budget
+        demo.say("releasing the fix (the model's own template, maxNewTokens 24): a healthy canary", ok=True)
+        _patch(demo, {"model": {"chatTemplate": None}, "runtime": {"maxNewTokens": 24}}, name, ns)
+        st = _follow(demo, _promoted_to_new_revision(), 600, name, ns)
+        demo.say(f"promoted revision {st.get('stableRevision')} through 20% -> 50% -> 100%", ok=True)
+        _plugin(demo, "history", name, ns=ns)
+    finally:
+        outcomes = load.stop()
+        demo.say(f"client outcomes through the whole demo: {dict(outcomes)}", dim=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
 import threading
 import time
 import urllib.error
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .config import REPO_ROOT, binaries
 from .realnode import REAL_LABEL, REAL_TAINT
 
 SYSTEM_PROMPT = "You are a helpful assistant."
@@ -143,3 +145,28 @@ def pod_request_counts(prometheus_url: str, namespace: str, model: str) -> dict[
     ) as r:
         data = json.load(r)["data"]["result"]
     return {(s["metric"].get("pod", ""), s["metric"].get("track", "")): float(s["value"][1]) for s in data}
+
+
+def fleet_podmonitor() -> dict[str, Any]:
+    """The chart's fleet PodMonitor as `helm template` renders it with monitoring on."""
+    out = subprocess.run(
+        [
+            str(binaries().helm),
+            "template",
+            "cf",
+            str(REPO_ROOT / "charts" / "chatfleet-operator"),
+            "--namespace",
+            "chatfleet-system",
+            "--set",
+            "monitoring.fleetPodMonitor.enabled=true",
+            "--show-only",
+            "templates/podmonitor-fleets.yaml",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    import yaml
+
+    return yaml.safe_load(out)

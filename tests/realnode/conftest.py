@@ -8,21 +8,19 @@ layer never see it. It is tainted anyway: only pods that tolerate chatfleet.io/r
 
 from __future__ import annotations
 
-import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 from chatfleet_platform import images, scrape, services
-from chatfleet_platform.config import REPO_ROOT, binaries
+from chatfleet_platform.config import REPO_ROOT
 from chatfleet_platform.realnode import NodePlan
+from chatfleet_platform.realpods import fleet_podmonitor
 from operator_process import OperatorProcess
 
 #: Namespaces the real-pod operator watches (the other suites' operators leave them alone).
 REAL_NAMESPACES = "real-*"
-CHART = REPO_ROOT / "charts" / "chatfleet-operator"
 
 
 @pytest.fixture(scope="session")
@@ -64,29 +62,6 @@ def real_operator(chatfleet_crd, real_node, tmp_path_factory) -> Iterator[Operat
         yield op
     finally:
         op.stop()
-
-
-def fleet_podmonitor() -> dict:
-    """The chart's fleet PodMonitor as `helm template` renders it with monitoring on."""
-    out = subprocess.run(
-        [
-            str(binaries().helm),
-            "template",
-            "cf",
-            str(CHART),
-            "--namespace",
-            "chatfleet-system",
-            "--set",
-            "monitoring.fleetPodMonitor.enabled=true",
-            "--show-only",
-            "templates/podmonitor-fleets.yaml",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    ).stdout
-    return yaml.safe_load(out)
 
 
 @pytest.fixture(scope="session")

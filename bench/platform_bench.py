@@ -1,9 +1,18 @@
 """Benchmark the local platform: the floor the operator's own scale figures are compared to.
 
-Figures: cold build time (a real cold build into a scratch cache with empty Go caches, with --cold;
-otherwise the time recorded when the cache was built), warm start-to-ready (goal <= 20 s on 2 cores),
-memory of the whole platform at rest, and time for 1,000 GPU pods to be Running and Ready across 250
-simulated nodes. Prints a table and writes bench-results/platform.json.
+Figures:
+
+- Cold build time: a real cold build into a scratch cache with empty Go caches (with --cold), otherwise
+  the time recorded when the cache was built.
+- Warm start to ready (goal <= 20 s on 2 cores).
+- Memory of the whole platform at rest.
+- Time for 1,000 GPU pods to be Running and Ready across 250 simulated nodes.
+- Real nodes: the node's start (images imported included); the image builds, cold (as recorded when the
+  cache was built), warm and after a one-line change (recorded by `python -m chatfleet_platform.images
+  build --label`); a runtime pod from created to Ready; and a chat's latency through the Service
+  (kube-proxy) against the same chat straight to the pod, side by side in one run.
+
+Prints a table and writes bench-results/platform.json.
 """
 
 from __future__ import annotations
@@ -13,6 +22,7 @@ import json
 import os
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -129,6 +139,78 @@ def gpu_pods_at_scale(pods: int, nodes: int) -> dict:
             c.down()
 
 
+def real_node_figures(chats: int) -> dict:
+    """A real node's start, a runtime pod created -> Ready, chat p50 through the Service vs to the pod."""
+    from chatfleet_platform import images
+    from chatfleet_platform.realpods import chat_once, on_real_node, service_url
+    from chatfleet_runtime.tiny import build_tiny_model
+
+    builder = images.ImageBuilder()
+    t0 = time.monotonic()
+    refs = builder.build(list(images.ALL_NAMES))
+    warm_build = time.monotonic() - t0
+    recorded = json.loads((images.images_dir() / "build-times.json").read_text()).get("measured", {})
+    model = build_tiny_model(REPO_ROOT / ".work" / "realnode-model")
+    with tempfile.TemporaryDirectory(prefix="chatfleet-real-") as tmp:
+        c = Cluster(Path(tmp) / "c")
+        try:
+            c.up(nodes=4)
+            t0 = time.monotonic()
+            c.add_real_nodes(1, gpus=4)
+            node_up = time.monotonic() - t0
+            c.install_crd(
+                REPO_ROOT / "crds" / "chatfleet.io_chatbotservices.yaml", "chatbotservices.chatfleet.io"
+            )
+            c.start_extra(
+                "operator", [sys.executable, "-m", "chatfleet_operator.cli", "run"]
+            )  # down() stops it
+            spec = on_real_node({}, image=refs["runtime"]["ref"], model_dir=model)
+            doc = {
+                "apiVersion": "chatfleet.io/v1alpha1",
+                "kind": "ChatbotService",
+                "metadata": {"name": "bench"},
+            }
+            c.kubectl("apply", "-n", "default", "-f", "-", input=json.dumps({**doc, "spec": spec}))
+            c.kubectl(
+                "wait", "-n", "default", "--for=condition=Ready", "cbs/bench", "--timeout=600s", timeout=620
+            )
+            pod = json.loads(
+                c.kubectl(
+                    "get", "pods", "-n", "default", "-l", "chatfleet.io/service=bench", "-o", "json"
+                ).stdout
+            )["items"][0]
+            ready_at = next(
+                x["lastTransitionTime"] for x in pod["status"]["conditions"] if x["type"] == "Ready"
+            )
+            pod_ready_s = _ts(ready_at) - _ts(pod["metadata"]["creationTimestamp"])
+            via_service, direct = service_url(c, "default", "bench"), f"http://{pod['status']['podIP']}:8080"
+            lat: dict[str, list[float]] = {"service": [], "pod": []}
+            for _ in range(chats):  # side by side, A B A B, so drift hits both alike
+                for name, url in (("service", via_service), ("pod", direct)):
+                    t1 = time.monotonic()
+                    assert chat_once(url, stream=False) == "ok"
+                    lat[name].append(time.monotonic() - t1)
+        finally:
+            c.down()
+    p50 = {k: statistics.median(v) * 1000 for k, v in lat.items()}
+    return {
+        "node_up_s": round(node_up, 1),
+        "image_builds_recorded": {k: v.get("seconds") for k, v in sorted(recorded.items())},
+        "image_build_warm_now_s": round(warm_build, 1),
+        "runtime_pod_created_to_ready_s": round(pod_ready_s, 1),
+        "chat_p50_ms": {k: round(v, 1) for k, v in p50.items()},
+        "chat_service_over_pod": round(p50["service"] / p50["pod"], 3),
+        "chats": chats,
+    }
+
+
+def _ts(text: str) -> float:
+    """Seconds since the epoch of an RFC 3339 timestamp (second precision, as the API writes them)."""
+    import datetime
+
+    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
 def main() -> None:
     """Run the benchmark and print its table."""
     ap = argparse.ArgumentParser(description=__doc__)
@@ -136,6 +218,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3, help="warm start runs")
     ap.add_argument("--pods", type=int, default=1000)
     ap.add_argument("--nodes", type=int, default=250)
+    ap.add_argument("--chats", type=int, default=30, help="chats per path for the Service vs pod latency")
+    ap.add_argument("--no-real-node", action="store_true", help="skip the real-node rows")
     args = ap.parse_args()
     missing = binaries().missing()
     if missing:
@@ -145,6 +229,7 @@ def main() -> None:
     warm = warm_starts(args.runs)
     mem = memory_at_rest(settle_s=20)
     scale = gpu_pods_at_scale(args.pods, args.nodes)
+    real = None if args.no_real_node else real_node_figures(args.chats)
     result = {
         "versions": read_versions(),
         "cpus": os.cpu_count(),
@@ -154,6 +239,7 @@ def main() -> None:
         "memory_at_rest_mib": mem,
         "memory_at_rest_total_mib": round(sum(mem.values()), 1),
         "scale": scale,
+        "real_node": real,
     }
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "platform.json").write_text(json.dumps(result, indent=2))
@@ -182,6 +268,27 @@ def main() -> None:
             f"{scale['pods_per_second']} pods/s; {scale['ready']} ready",
         ),
     ]
+    if real:
+        builds = real["image_builds_recorded"]
+        rows += [
+            ("real node up (images imported)", f"{real['node_up_s']} s", "kubelet + containerd + kube-proxy"),
+            (
+                "image builds (recorded)",
+                f"{builds.get('runtime_cold', '-')} s",
+                "runtime cold; " + ", ".join(f"{k} {v}s" for k, v in builds.items()),
+            ),
+            ("image build, nothing changed (now)", f"{real['image_build_warm_now_s']} s", "all images"),
+            (
+                "runtime pod created -> Ready (real)",
+                f"{real['runtime_pod_created_to_ready_s']} s",
+                "tiny model, CPU",
+            ),
+            (
+                "chat p50: Service / straight to pod",
+                f"{real['chat_service_over_pod']}x",
+                f"{real['chat_p50_ms']['service']} ms vs {real['chat_p50_ms']['pod']} ms, {real['chats']} each, A B A B",
+            ),
+        ]
     print(f"\nbench-platform (Kubernetes {result['versions']['K8S_VERSION']}, {result['cpus']} CPUs)")
     print(f"{'figure':40} {'value':>12}  notes")
     for name, value, note in rows:

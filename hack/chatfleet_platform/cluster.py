@@ -271,12 +271,14 @@ class Cluster:
         """The real nodes of this cluster (started by up(real_nodes=N) or add_real_nodes)."""
         return realnode.RealNodes(self, self.progress)
 
-    def add_real_nodes(self, count: int, *, gpus: int = 4) -> list[realnode.NodePlan]:
-        """Start `count` real nodes (kubelet + containerd) with the sandbox and project images imported."""
+    def add_real_nodes(
+        self, count: int, *, gpus: int = 4, image_names: Sequence[str] | None = None
+    ) -> list[realnode.NodePlan]:
+        """Start `count` real nodes (kubelet + containerd) with images imported (all built ones by default)."""
         from . import images
 
         def load(socket: Path) -> None:
-            images.load_images(socket, progress=self.progress)
+            images.load_images(socket, image_names or images.LOAD_ORDER, progress=self.progress)
 
         return self.realnodes.up(count, gpus=gpus, images=load)
 

@@ -104,6 +104,7 @@ class ChatLoad:
     outcomes: Counter = field(default_factory=Counter)
     timeline: list[tuple[float, str]] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
     _threads: list[threading.Thread] = field(default_factory=list)
 
     def start(self) -> ChatLoad:
@@ -113,8 +114,9 @@ class ChatLoad:
             n = 0
             while not self._stop.is_set() and time.monotonic() - t0 < self.max_seconds:
                 outcome = chat_once(self.url, stream=(n + i) % 2 == 1)
-                self.outcomes[outcome] += 1
-                self.timeline.append((time.monotonic(), outcome))
+                with self._lock:
+                    self.outcomes[outcome] += 1
+                    self.timeline.append((time.monotonic(), outcome))
                 n += 1
                 time.sleep(0.1)
 
@@ -134,7 +136,8 @@ class ChatLoad:
 
     def since(self, t: float) -> Counter:
         """Outcomes of the requests finished after monotonic time t."""
-        return Counter(o for ts, o in self.timeline if ts >= t)
+        with self._lock:
+            return Counter(o for ts, o in self.timeline if ts >= t)
 
 
 def pod_request_counts(prometheus_url: str, namespace: str, model: str) -> dict[tuple[str, str], float]:

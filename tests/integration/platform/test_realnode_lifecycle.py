@@ -1,0 +1,95 @@
+"""A real node's whole life on a scratch cluster: up, a GPU pod running on it, down leaving the host as it was.
+
+Test design: a cluster of its own (one kwok node, one real node with 2 fake GPUs, only the pause image
+imported) so that `down` can be checked against the host's state before `up`: links, iptables chains,
+cgroups, mounts, network namespaces and processes. This runs before the real-pod layer starts the
+session's real node; only one cluster per host may run real nodes.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from chatfleet_platform import realnode
+from chatfleet_platform.cluster import Cluster
+from chatfleet_platform.config import REPO_ROOT, PlatformError
+from chatfleet_platform.services import wait_until
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+
+def host_snapshot() -> dict[str, object]:
+    """What real nodes change on the host, as comparable sets."""
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    rules = set()
+    for tool in ("iptables-save", "ip6tables-save"):
+        out = subprocess.run([tool], capture_output=True, text=True).stdout
+        rules |= {
+            ln for ln in out.splitlines() if any(k in ln for k in ("KUBE-", "CNI-", realnode.GUARD_COMMENT))
+        }
+    cgroups = {str(p) for p in Path("/sys/fs/cgroup").glob("*/chatfleet-real-*")}
+    mounts = {ln.split()[1] for ln in Path("/proc/mounts").read_text().splitlines() if "chatfleet" in ln}
+    routes = subprocess.run(["ip", "route"], capture_output=True, text=True).stdout
+    return {
+        "bridges": {w for w in links.split() if w.startswith("cfbr")},
+        "rules": rules,
+        "cgroups": cgroups,
+        "mounts": mounts,
+        "blackhole": "blackhole 10.244.0.0/16" in routes,
+        "owner": Path("/run/chatfleet-real-nodes.owner").exists(),
+    }
+
+
+def test_real_node_runs_a_gpu_pod_and_down_leaves_the_host_clean(tmp_path):
+    before = host_snapshot()
+    c = Cluster(REPO_ROOT / ".work" / f"realnode-life-{tmp_path.name[-12:]}")
+    try:
+        c.up(nodes=1)
+        (node,) = c.add_real_nodes(1, gpus=2, image_names=("pause",))
+        n = json.loads(c.kubectl("get", "node", node.name, "-o", "json").stdout)
+        assert n["status"]["allocatable"]["nvidia.com/gpu"] == "2"
+        assert n["metadata"]["labels"][realnode.REAL_LABEL] == "true"
+        assert {"key": realnode.REAL_LABEL, "value": "true", "effect": "NoSchedule"} in [
+            {k: t[k] for k in ("key", "value", "effect")} for t in n["spec"]["taints"]
+        ]
+        assert n["metadata"].get("annotations", {}).get("kwok.x-k8s.io/node") != "fake"
+        # a second cluster may not put real nodes on the same host
+        with pytest.raises(PlatformError, match="already run on this host"):
+            Cluster(tmp_path / "other").realnodes._claim_host()
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "gpu-pod", "namespace": "default"},
+            "spec": {
+                "nodeSelector": {realnode.REAL_LABEL: "true"},
+                "tolerations": [{"key": realnode.REAL_LABEL, "operator": "Exists"}],
+                "containers": [
+                    {
+                        "name": "c",
+                        "image": realnode.PAUSE_IMAGE,
+                        "imagePullPolicy": "Never",
+                        "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                    }
+                ],
+            },
+        }
+        c.apply([pod])
+
+        def running() -> dict | None:
+            p = json.loads(c.kubectl("get", "pod", "gpu-pod", "-o", "json", check=False).stdout or "{}")
+            return p if p.get("status", {}).get("phase") == "Running" else None
+
+        p = wait_until(running, 90)
+        assert p, c.kubectl("describe", "pod", "gpu-pod", check=False).stdout[-2000:]
+        assert p["spec"]["nodeName"] == node.name and p["status"]["podIP"].startswith("10.245.0.")
+        during = host_snapshot()
+        assert during["bridges"] == before["bridges"] | {"cfbr0"} and during["cgroups"] and during["owner"]
+    finally:
+        pids = [v[0] for v in c.realnodes.host_state().get("pids", {}).values()]
+        c.down()
+    after = host_snapshot()
+    assert after == before, {k: (before[k], after[k]) for k in after if after[k] != before[k]}
+    assert not [pid for pid in pids if Path(f"/proc/{pid}").exists()], "a real-node process outlived down"

@@ -159,8 +159,7 @@ class Cluster:
         bins = self.binaries
         if self.is_up():
             self.progress(f"cluster already running in {self.workdir}")
-            have = len(self.realnodes.host_state().get("nodes", []))
-            if real_nodes > have:
+            if real_nodes > self.realnodes.running():
                 self.add_real_nodes(real_nodes, gpus=gpus)
             return 0.0
         if self.state():

@@ -340,7 +340,10 @@ def require_host_tools() -> dict[str, str]:
 
 
 def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    res = subprocess.run(list(argv), capture_output=True, text=True, timeout=60)
+    try:
+        res = subprocess.run(list(argv), capture_output=True, text=True, timeout=60)
+    except FileNotFoundError as e:  # e.g. no modprobe: optional steps pass check=False
+        res = subprocess.CompletedProcess(list(argv), 127, "", str(e))
     if check and res.returncode != 0:
         raise PlatformError(f"{' '.join(argv)} failed: {res.stderr.strip() or res.stdout.strip()}")
     return res
@@ -374,6 +377,14 @@ class RealNodes:
         tmp = self.host_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(state, indent=2, sort_keys=True))
         tmp.replace(self.host_file)
+
+    def running(self) -> int:
+        """How many of the recorded real nodes have a live kubelet."""
+        pids = self.host_state().get("pids", {})
+        return sum(
+            procs.is_ours(procs.Proc.from_json(pids.get(f"{n}/kubelet")))
+            for n in self.host_state().get("nodes", [])
+        )
 
     @staticmethod
     def _lock_path() -> Path:

@@ -65,6 +65,7 @@ SLIM_PATHS = (
     "usr/share/info",
     "usr/share/locale",
 )
+KEEP_ARCHIVES = 2
 SKIP_PARTS = frozenset({"__pycache__", ".pytest_cache", ".ruff_cache"})
 
 
@@ -473,12 +474,14 @@ class ImageBuilder:
 
     # -- export
     def export(self, name: str, ref: str, image_id: str) -> Path:
-        """A docker-archive of ref, once per image ID (older archives of name are removed)."""
+        """A docker-archive of ref, once per image ID (only the newest KEEP_ARCHIVES per image are kept)."""
         path = archive_path(self.cache, name, image_id)
         if path.exists():
             return path
         path.parent.mkdir(parents=True, exist_ok=True)
-        for old in path.parent.glob(f"{name}-*.tar*"):
+        # keep the previous archive too (switching back and forth between two versions exports nothing)
+        older = sorted(path.parent.glob(f"{name}-*.tar*"), key=lambda p: p.stat().st_mtime, reverse=True)
+        for old in older[KEEP_ARCHIVES - 1 :]:
             old.unlink()
         t0 = time.monotonic()
         partial = path.with_suffix(".tar.partial")
@@ -543,6 +546,7 @@ def load_images(
     names: Sequence[str] = LOAD_ORDER,
     cache: Path | None = None,
     progress: Callable[[str], None] = _say,
+    label: str = "",
 ) -> dict[str, float]:
     """Import the built images (pause first) into the containerd at address; returns seconds per image."""
     refs = read_refs(cache)
@@ -556,7 +560,9 @@ def load_images(
         if entry.get("alias"):
             _check(ctr_tag_argv(str(address), entry["ref"], entry["alias"]))
         took[name] = round(time.monotonic() - t0, 1)
-        record_time(cache, f"import-{name}", took[name], image_id=entry["id"], address=str(address))
+        record_time(
+            cache, f"import-{name}", took[name], label=label, image_id=entry["id"], address=str(address)
+        )
         progress(f"imported {entry['ref']} into {address} in {took[name]}s")
     return took
 
@@ -608,6 +614,7 @@ def main(argv: list[str] | None = None) -> int:
     ld = sub.add_parser("load", help="import the images into a containerd (pause first)")
     ld.add_argument("--address", required=True, help="containerd's socket")
     ld.add_argument("names", nargs="*", default=list(LOAD_ORDER))
+    ld.add_argument("--label", default="", help="also record the timings under measured.<step>_<label>")
     sub.add_parser("refs", help="print refs.json")
     args = ap.parse_args(argv)
     try:
@@ -618,7 +625,7 @@ def main(argv: list[str] | None = None) -> int:
             for name, entry in refs.items():
                 print(f"{name:9} {entry['ref']}  {entry.get('archive', '')}")
         elif args.cmd == "load":
-            load_images(args.address, args.names)
+            load_images(args.address, args.names, label=args.label)
         else:
             print(json.dumps(read_refs(), indent=2))
     except PlatformError as e:

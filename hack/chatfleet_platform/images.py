@@ -262,9 +262,10 @@ def normalize_id(image_id: str) -> str:
     return image_id if image_id.startswith("sha256:") else f"sha256:{image_id}"
 
 
-def archive_path(cache: Path, name: str, image_id: str) -> Path:
-    """Where the docker-archive of image_id lives (one file per image ID)."""
-    return images_dir(cache) / "archives" / f"{name}-{image_id.removeprefix('sha256:')[:16]}.tar"
+def archive_path(cache: Path, name: str, image_id: str, ref: str) -> Path:
+    """Where the docker-archive of image_id under the name ref lives (one file per image ID and ref)."""
+    key = f"{image_id.removeprefix('sha256:')[:16]}-{short_hash(ref.encode(), 8)}"
+    return images_dir(cache) / "archives" / f"{name}-{key}.tar"
 
 
 def push_argv(storage: Path, ref: str, archive: Path | str) -> list[str]:
@@ -475,7 +476,7 @@ class ImageBuilder:
     # -- export
     def export(self, name: str, ref: str, image_id: str) -> Path:
         """A docker-archive of ref, once per image ID (only the newest KEEP_ARCHIVES per image are kept)."""
-        path = archive_path(self.cache, name, image_id)
+        path = archive_path(self.cache, name, image_id, ref)
         if path.exists():
             return path
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -77,10 +77,15 @@ def test_project_image_inputs_exist_in_the_repository():
         assert images.input_files(REPO_ROOT, build.inputs)
 
 
-def test_archive_is_keyed_by_image_id(tmp_path):
-    a = images.archive_path(tmp_path, "runtime", "sha256:" + "ab" * 32)
-    assert a == tmp_path / "images" / "archives" / f"runtime-{'ab' * 8}.tar"
-    assert a != images.archive_path(tmp_path, "runtime", "sha256:" + "cd" * 32)
+def test_archive_is_keyed_by_image_id_and_ref(tmp_path):
+    ref = "docker.io/chatfleet/chatfleet-runtime:0.1.0-abc"
+    a = images.archive_path(tmp_path, "runtime", "sha256:" + "ab" * 32, ref)
+    assert a.parent == tmp_path / "images" / "archives"
+    assert re.fullmatch(rf"runtime-{'ab' * 8}-[0-9a-f]{{8}}\.tar", a.name)
+    assert a == images.archive_path(tmp_path, "runtime", "ab" * 32, ref)
+    assert a != images.archive_path(tmp_path, "runtime", "sha256:" + "cd" * 32, ref)
+    # the archive names the image: the same image under a new tag is a new archive
+    assert a != images.archive_path(tmp_path, "runtime", "sha256:" + "ab" * 32, ref + "x")
 
 
 def test_project_version_is_pyprojects():

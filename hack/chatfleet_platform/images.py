@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -31,7 +32,7 @@ import sys
 import tempfile
 import time
 import tomllib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -255,6 +256,27 @@ def debootstrap_argv(rootfs: Path, mirror: str, packages: Iterable[str] = BASE_P
     """debootstrap of a minimal Debian rootfs with the base packages."""
     include = ",".join(sorted(set(packages)))
     return ["debootstrap", "--variant=minbase", f"--include={include}", BASE_SUITE, str(rootfs), mirror]
+
+
+def prune_archives(folder: Path, name: str, keep: int) -> list[Path]:
+    """Remove all but the newest `keep` archives of image name in folder, and any partial one left by an
+    interrupted export; returns the removed ones."""
+    found = sorted(folder.glob(f"{name}-*.tar"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
+    removed = [*found[keep:], *folder.glob(f"{name}-*.tar.partial")]
+    for old in removed:
+        old.unlink()
+    return removed
+
+
+@contextlib.contextmanager
+def cache_lock(cache: Path | None = None, shared: bool = False) -> Iterator[None]:
+    """An flock on the image cache: a build holds it alone (refs.json, archives), loads share it, so an
+    archive is never pruned while a containerd imports it and two builds never interleave."""
+    d = images_dir(cache)
+    d.mkdir(parents=True, exist_ok=True)
+    with (d / ".lock").open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+        yield
 
 
 def normalize_id(image_id: str) -> str:
@@ -481,9 +503,7 @@ class ImageBuilder:
             return path
         path.parent.mkdir(parents=True, exist_ok=True)
         # keep the previous archive too (switching back and forth between two versions exports nothing)
-        older = sorted(path.parent.glob(f"{name}-*.tar*"), key=lambda p: p.stat().st_mtime, reverse=True)
-        for old in older[KEEP_ARCHIVES - 1 :]:
-            old.unlink()
+        prune_archives(path.parent, name, KEEP_ARCHIVES - 1)
         t0 = time.monotonic()
         partial = path.with_suffix(".tar.partial")
         self._run(push_argv(self.storage, ref, partial))
@@ -512,7 +532,10 @@ class ImageBuilder:
             raise PlatformError(
                 f"missing tools for the image build: install the Debian packages {', '.join(missing)}"
             )
-        self.dir.mkdir(parents=True, exist_ok=True)
+        with cache_lock(self.cache):
+            return self._build_locked(names)
+
+    def _build_locked(self, names: Sequence[str]) -> dict[str, dict]:
         refs_path = self.dir / "refs.json"
         refs = _read_json(refs_path, {})
         base_id = self.build_base() if set(names) - {"pause"} else ""
@@ -550,6 +573,17 @@ def load_images(
     label: str = "",
 ) -> dict[str, float]:
     """Import the built images (pause first) into the containerd at address; returns seconds per image."""
+    with cache_lock(cache, shared=True):
+        return _load_locked(address, names, cache, progress, label)
+
+
+def _load_locked(
+    address: str | Path,
+    names: Sequence[str],
+    cache: Path | None,
+    progress: Callable[[str], None],
+    label: str,
+) -> dict[str, float]:
     refs = read_refs(cache)
     took: dict[str, float] = {}
     for name in names:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -31,7 +32,7 @@ import sys
 import tempfile
 import time
 import tomllib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,6 +66,7 @@ SLIM_PATHS = (
     "usr/share/info",
     "usr/share/locale",
 )
+KEEP_ARCHIVES = 2
 SKIP_PARTS = frozenset({"__pycache__", ".pytest_cache", ".ruff_cache"})
 
 
@@ -256,14 +258,36 @@ def debootstrap_argv(rootfs: Path, mirror: str, packages: Iterable[str] = BASE_P
     return ["debootstrap", "--variant=minbase", f"--include={include}", BASE_SUITE, str(rootfs), mirror]
 
 
+def prune_archives(folder: Path, name: str, keep: int) -> list[Path]:
+    """Remove all but the newest `keep` archives of image name in folder, and any partial one left by an
+    interrupted export; returns the removed ones."""
+    found = sorted(folder.glob(f"{name}-*.tar"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
+    removed = [*found[keep:], *folder.glob(f"{name}-*.tar.partial")]
+    for old in removed:
+        old.unlink()
+    return removed
+
+
+@contextlib.contextmanager
+def cache_lock(cache: Path | None = None, shared: bool = False) -> Iterator[None]:
+    """An flock on the image cache: a build holds it alone (refs.json, archives), loads share it, so an
+    archive is never pruned while a containerd imports it and two builds never interleave."""
+    d = images_dir(cache)
+    d.mkdir(parents=True, exist_ok=True)
+    with (d / ".lock").open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+        yield
+
+
 def normalize_id(image_id: str) -> str:
     """An image ID as `sha256:<hex>` (buildah prints it with or without the prefix)."""
     return image_id if image_id.startswith("sha256:") else f"sha256:{image_id}"
 
 
-def archive_path(cache: Path, name: str, image_id: str) -> Path:
-    """Where the docker-archive of image_id lives (one file per image ID)."""
-    return images_dir(cache) / "archives" / f"{name}-{image_id.removeprefix('sha256:')[:16]}.tar"
+def archive_path(cache: Path, name: str, image_id: str, ref: str) -> Path:
+    """Where the docker-archive of image_id under the name ref lives (one file per image ID and ref)."""
+    key = f"{image_id.removeprefix('sha256:')[:16]}-{short_hash(ref.encode(), 8)}"
+    return images_dir(cache) / "archives" / f"{name}-{key}.tar"
 
 
 def push_argv(storage: Path, ref: str, archive: Path | str) -> list[str]:
@@ -473,13 +497,13 @@ class ImageBuilder:
 
     # -- export
     def export(self, name: str, ref: str, image_id: str) -> Path:
-        """A docker-archive of ref, once per image ID (older archives of name are removed)."""
-        path = archive_path(self.cache, name, image_id)
+        """A docker-archive of ref, once per image ID (only the newest KEEP_ARCHIVES per image are kept)."""
+        path = archive_path(self.cache, name, image_id, ref)
         if path.exists():
             return path
         path.parent.mkdir(parents=True, exist_ok=True)
-        for old in path.parent.glob(f"{name}-*.tar*"):
-            old.unlink()
+        # keep the previous archive too (switching back and forth between two versions exports nothing)
+        prune_archives(path.parent, name, KEEP_ARCHIVES - 1)
         t0 = time.monotonic()
         partial = path.with_suffix(".tar.partial")
         self._run(push_argv(self.storage, ref, partial))
@@ -508,7 +532,10 @@ class ImageBuilder:
             raise PlatformError(
                 f"missing tools for the image build: install the Debian packages {', '.join(missing)}"
             )
-        self.dir.mkdir(parents=True, exist_ok=True)
+        with cache_lock(self.cache):
+            return self._build_locked(names)
+
+    def _build_locked(self, names: Sequence[str]) -> dict[str, dict]:
         refs_path = self.dir / "refs.json"
         refs = _read_json(refs_path, {})
         base_id = self.build_base() if set(names) - {"pause"} else ""
@@ -543,8 +570,20 @@ def load_images(
     names: Sequence[str] = LOAD_ORDER,
     cache: Path | None = None,
     progress: Callable[[str], None] = _say,
+    label: str = "",
 ) -> dict[str, float]:
     """Import the built images (pause first) into the containerd at address; returns seconds per image."""
+    with cache_lock(cache, shared=True):
+        return _load_locked(address, names, cache, progress, label)
+
+
+def _load_locked(
+    address: str | Path,
+    names: Sequence[str],
+    cache: Path | None,
+    progress: Callable[[str], None],
+    label: str,
+) -> dict[str, float]:
     refs = read_refs(cache)
     took: dict[str, float] = {}
     for name in names:
@@ -556,7 +595,9 @@ def load_images(
         if entry.get("alias"):
             _check(ctr_tag_argv(str(address), entry["ref"], entry["alias"]))
         took[name] = round(time.monotonic() - t0, 1)
-        record_time(cache, f"import-{name}", took[name], image_id=entry["id"], address=str(address))
+        record_time(
+            cache, f"import-{name}", took[name], label=label, image_id=entry["id"], address=str(address)
+        )
         progress(f"imported {entry['ref']} into {address} in {took[name]}s")
     return took
 
@@ -608,6 +649,7 @@ def main(argv: list[str] | None = None) -> int:
     ld = sub.add_parser("load", help="import the images into a containerd (pause first)")
     ld.add_argument("--address", required=True, help="containerd's socket")
     ld.add_argument("names", nargs="*", default=list(LOAD_ORDER))
+    ld.add_argument("--label", default="", help="also record the timings under measured.<step>_<label>")
     sub.add_parser("refs", help="print refs.json")
     args = ap.parse_args(argv)
     try:
@@ -618,7 +660,7 @@ def main(argv: list[str] | None = None) -> int:
             for name, entry in refs.items():
                 print(f"{name:9} {entry['ref']}  {entry.get('archive', '')}")
         elif args.cmd == "load":
-            load_images(args.address, args.names)
+            load_images(args.address, args.names, label=args.label)
         else:
             print(json.dumps(read_refs(), indent=2))
     except PlatformError as e:

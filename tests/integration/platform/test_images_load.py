@@ -54,7 +54,7 @@ def test_pause_image_builds_once_exports_once_and_loads_into_containerd(tmp_path
     refs = builder.build(["pause"])
     archive = Path(refs["pause"]["archive"])
     assert archive.is_file()
-    assert archive == images.archive_path(cache, "pause", refs["pause"]["id"])
+    assert archive == images.archive_path(cache, "pause", refs["pause"]["id"], images.PAUSE_REF)
     first_mtime = archive.stat().st_mtime_ns
 
     again = images.ImageBuilder(cache=cache, progress=lambda m: None).build(["pause"])

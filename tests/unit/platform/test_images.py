@@ -2,6 +2,7 @@
 
 import ast
 import json
+import os
 import re
 import subprocess
 import sys
@@ -77,10 +78,15 @@ def test_project_image_inputs_exist_in_the_repository():
         assert images.input_files(REPO_ROOT, build.inputs)
 
 
-def test_archive_is_keyed_by_image_id(tmp_path):
-    a = images.archive_path(tmp_path, "runtime", "sha256:" + "ab" * 32)
-    assert a == tmp_path / "images" / "archives" / f"runtime-{'ab' * 8}.tar"
-    assert a != images.archive_path(tmp_path, "runtime", "sha256:" + "cd" * 32)
+def test_archive_is_keyed_by_image_id_and_ref(tmp_path):
+    ref = "docker.io/chatfleet/chatfleet-runtime:0.1.0-abc"
+    a = images.archive_path(tmp_path, "runtime", "sha256:" + "ab" * 32, ref)
+    assert a.parent == tmp_path / "images" / "archives"
+    assert re.fullmatch(rf"runtime-{'ab' * 8}-[0-9a-f]{{8}}\.tar", a.name)
+    assert a == images.archive_path(tmp_path, "runtime", "ab" * 32, ref)
+    assert a != images.archive_path(tmp_path, "runtime", "sha256:" + "cd" * 32, ref)
+    # the archive names the image: the same image under a new tag is a new archive
+    assert a != images.archive_path(tmp_path, "runtime", "sha256:" + "ab" * 32, ref + "x")
 
 
 def test_project_version_is_pyprojects():
@@ -327,3 +333,25 @@ def test_build_times_keep_latest_runs_and_labelled_measurements(tmp_path):
     assert data["latest"]["runtime"]["seconds"] == 3.0
     assert data["measured"]["runtime_cold"]["seconds"] == 401.2
     assert [r["seconds"] for r in data["runs"]] == [401.2, 3.0]
+
+
+def test_prune_keeps_the_newest_archives_of_that_image_only(tmp_path):
+    for i, name in enumerate(["runtime-a.tar", "runtime-c.tar.partial", "runtime-b.tar", "operator-a.tar"]):
+        (tmp_path / name).write_text(name)
+        os.utime(tmp_path / name, ns=(i * 10**9, i * 10**9))
+    removed = images.prune_archives(tmp_path, "runtime", 1)
+    assert sorted(p.name for p in removed) == ["runtime-a.tar", "runtime-c.tar.partial"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["operator-a.tar", "runtime-b.tar"]
+
+
+def test_cache_lock_excludes_a_second_builder(tmp_path):
+    code = (
+        "import fcntl, sys; f = open(sys.argv[1], 'a')\n"
+        "try: fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB); print('free')\n"
+        "except BlockingIOError: print('held')"
+    )
+    lock = tmp_path / "images" / ".lock"
+    probe = [sys.executable, "-c", code, str(lock)]
+    with images.cache_lock(tmp_path):
+        assert subprocess.run(probe, capture_output=True, text=True).stdout.strip() == "held"
+    assert subprocess.run(probe, capture_output=True, text=True).stdout.strip() == "free"

@@ -3,7 +3,8 @@ Service.
 
 Test design: every example that admits a ChatbotService is put on the real node's CPU (`on_real_node`: the
 tiny model by hostPath, the locally built image, fp32, CPU-sized resources) and applied in its own
-namespace, all at once. Each must turn Ready, which needs the real kubelet's probes on the real Triton and
+namespace, in waves of two: a runtime pod requests 0.75 CPU (Triton 250m + the chat API's 500m), and the
+real node has two. Each must turn Ready, which needs the real kubelet's probes on the real Triton and
 the real chat API. Each must then answer a chat through its Service's ClusterIP (kube-proxy's rules), with
 the Triton instances on the CPU because the device plugin marked the GPU simulated. Before the CPU path,
 the Triton container died on KIND_GPU with no GPU, and no example turned Ready.
@@ -33,43 +34,48 @@ def test_every_example_is_covered():
     assert len(EXAMPLES) >= 5 and all(chatbot_docs(p) for p in EXAMPLES)
 
 
+WAVE = 2
+
+
+def _ready(cluster, ns: str, name: str) -> bool:
+    res = cluster.kubectl("get", "cbs", name, "-o", "json", namespace=ns, check=False)
+    conds = {c["type"]: c for c in json.loads(res.stdout or "{}").get("status", {}).get("conditions", [])}
+    return conds.get("Ready", {}).get("status") == "True"
+
+
+def _serve_and_chat(cluster, ns: str, name: str) -> None:
+    """Wait for Ready; check the pods are on the real node, on the CPU; chat through the Service."""
+    ok = wait_until(lambda: _ready(cluster, ns, name), 600, 3)
+    pods_wide = cluster.kubectl("get", "pods", "-o", "wide", namespace=ns, check=False).stdout
+    assert ok, f"{ns}/{name} never turned Ready on the real node:\n{pods_wide}"
+    pods = json.loads(cluster.kubectl("get", "pods", "-o", "json", namespace=ns).stdout)["items"]
+    assert pods and all(p["spec"]["nodeName"] == "chatfleet-real-0" for p in pods)
+    log = cluster.kubectl("logs", pods[0]["metadata"]["name"], "-c", "triton", namespace=ns).stdout
+    assert "simulated GPU" in log, log[-2000:]
+    url = service_url(cluster, ns, name)
+    outcomes = [chat_once(url, stream=s) for s in (False, True)]
+    assert outcomes == ["ok", "ok"], f"{ns}/{name} through {url}: {outcomes}"
+
+
 def test_examples_serve_a_chat_on_the_real_node(cluster, real_operator, runtime_image, host_model_dir):
-    created: list[tuple[str, str]] = []
-    try:
-        for i, path in enumerate(EXAMPLES):
-            ns = f"real-ex{i}-{path.stem[:2]}"
-            cluster.kubectl("create", "namespace", ns, check=False)
-            for doc in chatbot_docs(path):
-                doc = {
-                    **doc,
-                    "spec": on_real_node(doc["spec"], image=runtime_image, model_dir=host_model_dir),
-                }
-                cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(doc), namespace=ns)
-                created.append((ns, doc["metadata"]["name"]))
-
-        def ready(ns: str, name: str) -> bool:
-            res = cluster.kubectl("get", "cbs", name, "-o", "json", namespace=ns, check=False)
-            conds = {
-                c["type"]: c for c in json.loads(res.stdout or "{}").get("status", {}).get("conditions", [])
-            }
-            return conds.get("Ready", {}).get("status") == "True"
-
-        for ns, name in created:
-            ok = wait_until(lambda ns=ns, name=name: ready(ns, name), 600, 3)
-            pods = cluster.kubectl("get", "pods", "-o", "wide", namespace=ns, check=False).stdout
-            assert ok, f"{ns}/{name} never turned Ready on the real node:\n{pods}"
-        for ns, name in created:
-            pods = json.loads(cluster.kubectl("get", "pods", "-o", "json", namespace=ns).stdout)["items"]
-            assert pods and all(p["spec"]["nodeName"] == "chatfleet-real-0" for p in pods)
-            log = cluster.kubectl("logs", pods[0]["metadata"]["name"], "-c", "triton", namespace=ns).stdout
-            assert "simulated GPU" in log, log[-2000:]
-            url = service_url(cluster, ns, name)
-            outcomes = [chat_once(url, stream=s) for s in (False, True)]
-            assert outcomes == ["ok", "ok"], f"{ns}/{name} through {url}: {outcomes}"
-    finally:
-        for ns in {ns for ns, _ in created}:
-            cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
-        for ns in {ns for ns, _ in created}:
-            cluster.kubectl(
-                "wait", "--for=delete", f"namespace/{ns}", "--timeout=120s", check=False, timeout=150
-            )
+    for start in range(0, len(EXAMPLES), WAVE):
+        created: list[tuple[str, str]] = []
+        try:
+            for i, path in enumerate(EXAMPLES[start : start + WAVE], start):
+                ns = f"real-ex{i}-{path.stem[:2]}"
+                cluster.kubectl("create", "namespace", ns, check=False)
+                for doc in chatbot_docs(path):
+                    spec = on_real_node(doc["spec"], image=runtime_image, model_dir=host_model_dir)
+                    cluster.kubectl(
+                        "apply", "-f", "-", input=yaml.safe_dump({**doc, "spec": spec}), namespace=ns
+                    )
+                    created.append((ns, doc["metadata"]["name"]))
+            for ns, name in created:
+                _serve_and_chat(cluster, ns, name)
+        finally:
+            for ns in {ns for ns, _ in created}:
+                cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+            for ns in {ns for ns, _ in created}:
+                cluster.kubectl(
+                    "wait", "--for=delete", f"namespace/{ns}", "--timeout=120s", check=False, timeout=150
+                )

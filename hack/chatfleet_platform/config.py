@@ -49,6 +49,7 @@ class Binaries:
     kube_proxy: Path
     kwok: Path
     helm: Path
+    prometheus: Path
 
     def missing(self, names: tuple[str, ...] | None = None) -> list[str]:
         """Names of binaries (all, or those named) that are not built yet."""
@@ -79,6 +80,7 @@ def binaries(versions: dict[str, str] | None = None) -> Binaries:
         kube_proxy=k8s / "kube-proxy",
         kwok=b / f"kwok-{v['KWOK_VERSION']}" / "kwok",
         helm=b / f"helm-{v['HELM_VERSION']}" / "helm",
+        prometheus=b / f"prometheus-{v['PROMETHEUS_VERSION']}" / "prometheus",
     )
 
 

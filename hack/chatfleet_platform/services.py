@@ -1,4 +1,4 @@
-"""Prometheus and Redis from Debian packages, started on 127.0.0.1 with their own data folders.
+"""Prometheus (built from Go modules) and Redis (Debian), started on 127.0.0.1 with their own data folders.
 
 Used by tests (as context managers) and by the demo. Each stops exactly the process it started.
 """
@@ -14,9 +14,9 @@ from pathlib import Path
 import yaml
 
 from . import procs
-from .config import require_tool
+from .config import require_binaries, require_tool
 
-DEBIAN_HINT = "run `make system-deps` (installs the Debian packages prometheus and redis-server)"
+DEBIAN_HINT = "run `make system-deps` (installs the Debian package redis-server)"
 
 
 @dataclass
@@ -46,7 +46,8 @@ class Prometheus:
 
     def start(self, timeout: float = 30) -> Prometheus:
         """Start and wait until /-/ready answers."""
-        binary = require_tool("prometheus", DEBIAN_HINT)
+        # built from the Go module proxy: Debian's prometheus has no Kubernetes service discovery
+        binary = str(require_binaries(("prometheus",)).prometheus)
         self.workdir = Path(self.workdir).resolve()
         self.workdir.mkdir(parents=True, exist_ok=True)
         cfg = self.workdir / "prometheus.yml"

@@ -61,6 +61,9 @@ KWOK_POD_CIDR = (
     "10.244.0.0/16"  # blackholed: a Service backed by a simulated pod must not leak off the machine
 )
 API_FORWARD_PORT = 6443
+#: Addresses on node 0's bridge that stand for distinct users of this host: ClientIP session affinity
+#: (replica-ratio releases pin a client to a track) spreads them over the pods as it would real users.
+CLIENT_ADDRESSES = tuple(f"10.245.255.{i}" for i in range(1, 17))
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 GUARD_COMMENT = "chatfleet-real-node"
 #: Host paths the kubelet and containerd write whatever their root says; removed on down if up made them.
@@ -571,6 +574,8 @@ class RealNodes:
             ],
         )
         self.cluster.apply([api_endpoint_slice(node.ip)])
+        for addr in CLIENT_ADDRESSES:  # inside the pods' /16 (no masquerade), outside every node's /24
+            _run("ip", "addr", "replace", f"{addr}/32", "dev", node.bridge)
         if node.gpus:
             self._start(
                 state,

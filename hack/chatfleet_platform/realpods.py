@@ -5,11 +5,11 @@ and per-pod figures from Prometheus.
 from __future__ import annotations
 
 import copy
+import http.client
 import json
 import subprocess
 import threading
 import time
-import urllib.error
 import urllib.parse
 import urllib.request
 from collections import Counter
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import REPO_ROOT, binaries
-from .realnode import REAL_LABEL, REAL_TAINT
+from .realnode import CLIENT_ADDRESSES, REAL_LABEL, REAL_TAINT
 
 SYSTEM_PROMPT = "You are a helpful assistant."
 #: A chat template with a real-world defect: it refuses the system role (as some published templates do).
@@ -75,20 +75,30 @@ def chat_body(text: str, *, stream: bool = False, max_tokens: int = 8) -> dict[s
     }
 
 
-def chat_once(url: str, *, stream: bool, timeout: float = 30) -> str:
-    """One chat through url; the outcome: 'ok', 'http-<code>', 'cut' (stream without [DONE]) or 'conn'."""
-    req = urllib.request.Request(
-        f"{url}/v1/chat/completions",
-        data=json.dumps(chat_body("hello there", stream=stream)).encode(),
-        headers={"Content-Type": "application/json"},
+def chat_once(url: str, *, stream: bool, timeout: float = 30, source: str | None = None) -> str:
+    """One chat through url, from a given source address (a user); the outcome.
+
+    'ok', 'http-<code>', 'cut' (a stream without [DONE]) or 'conn' (no connection or no answer).
+    """
+    parsed = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(
+        parsed.hostname, parsed.port or 80, timeout=timeout, source_address=(source, 0) if source else None
     )
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            body = resp.read().decode(errors="replace")
-    except urllib.error.HTTPError as e:
-        return f"http-{e.code}"
-    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        conn.request(
+            "POST",
+            "/v1/chat/completions",
+            body=json.dumps(chat_body("hello there", stream=stream)),
+            headers={"Content-Type": "application/json"},
+        )
+        resp = conn.getresponse()
+        body = resp.read().decode(errors="replace")
+    except (http.client.HTTPException, ConnectionError, TimeoutError, OSError):
         return "conn"
+    finally:
+        conn.close()
+    if resp.status != 200:
+        return f"http-{resp.status}"
     if stream:
         return "ok" if "data: [DONE]" in body else "cut"
     return "ok" if '"choices"' in body else "bad-body"
@@ -96,11 +106,16 @@ def chat_once(url: str, *, stream: bool, timeout: float = 30) -> str:
 
 @dataclass
 class ChatLoad:
-    """Chats through a URL in background threads (plain and streamed by turns), bounded in time."""
+    """Chats through a URL in background threads (plain and streamed by turns), bounded in time.
+
+    Each request comes from the next of `sources` (the real node's client addresses): many users, so a
+    Service's ClientIP affinity spreads them over the pods as it would real ones.
+    """
 
     url: str
     workers: int = 2
     max_seconds: float = 600
+    sources: tuple[str, ...] = CLIENT_ADDRESSES
     outcomes: Counter = field(default_factory=Counter)
     timeline: list[tuple[float, str]] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -113,7 +128,8 @@ class ChatLoad:
         def work(i: int) -> None:
             n = 0
             while not self._stop.is_set() and time.monotonic() - t0 < self.max_seconds:
-                outcome = chat_once(self.url, stream=(n + i) % 2 == 1)
+                source = self.sources[(n * self.workers + i) % len(self.sources)] if self.sources else None
+                outcome = chat_once(self.url, stream=(n + i) % 2 == 1, source=source)
                 with self._lock:
                     self.outcomes[outcome] += 1
                     self.timeline.append((time.monotonic(), outcome))

@@ -69,6 +69,7 @@ class Reason:
     PROGRESS_DEADLINE_EXCEEDED = "ProgressDeadlineExceeded"
     CREATE_CONTAINER_CONFIG_ERROR = "CreateContainerConfigError"
     APPLY_FAILED = "ApplyFailed"
+    RECONCILE_ERROR = "ReconcileError"
     # Degraded
     CRASH_LOOP = "CrashLoopBackOff"
     PODS_NOT_READY = "PodsNotReady"

@@ -269,7 +269,9 @@ def release_status(
             new = [
                 condition(api.COND_READY, False, gate.reason, gate.message, generation),
                 condition(api.COND_RECONCILING, True, gate.reason, gate.message, generation),
-                condition(api.COND_STALLED, False, gate.reason, "No problem found", generation),
+                # Not stalled: the gate's reason with its own message, so reason and message agree
+                # (an AnalysisError pause resumes by itself once Prometheus answers).
+                condition(api.COND_STALLED, False, gate.reason, f"Not stalled: {gate.message}", generation),
             ]
         if api.COND_DEGRADED in conds:
             new.append({k: v for k, v in conds[api.COND_DEGRADED].items() if k != "lastTransitionTime"})

@@ -313,7 +313,8 @@ def reconcile_pass(
 
     # 2. Plan: desired children vs observed ones; a release (measured when due) rewrites what it moves.
     desired, revision, desired_replicas = desired_children(ref, spec, raw_spec, settings, snap)
-    release = (releases or Releases()).run(
+    releases = releases or Releases()
+    release = releases.run(
         ref,
         spec,
         raw_spec,
@@ -337,6 +338,10 @@ def reconcile_pass(
     stable_pods = [p for p in snap.pods if p.track == api.TRACK_STABLE]
     problems = diagnose(spec, snap.nodes, stable_pods, dep, missing)  # canary pods: the release judges them
     problems += [Problem(api.Reason.APPLY_FAILED, msg) for msg, _ in refused]
+    problems += [
+        Problem(api.Reason.INVALID_ANALYSIS_TARGET, msg)
+        for msg in releases.target_errors(ref, spec, raw_spec)
+    ]
     obs = Observation(
         generation=ref.generation,
         revision=release.serving_revision,

@@ -71,10 +71,11 @@ def request(
     body: Any = None,
     query: Mapping[str, str] | None = None,
     content_type: str = "application/json",
+    accept: str = "application/json",
 ) -> dict[str, Any]:
     """One API request; returns the decoded JSON body or raises ApiError."""
     client = _api()
-    headers = {"Accept": "application/json", "Content-Type": content_type}
+    headers = {"Accept": accept, "Content-Type": content_type}
     payload = body
     _, url, headers, _, _ = client.param_serialize(
         method,
@@ -147,15 +148,23 @@ def patch_status(namespace: str, name: str, patch: Mapping[str, Any]) -> dict[st
         raise
 
 
-def secret_exists(namespace: str, name: str) -> bool:
-    """Whether a Secret exists (its content is never read into the operator)."""
+#: Accept header asking the API server for an object's metadata only (PartialObjectMetadata).
+METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+
+
+def secret_metadata(namespace: str, name: str) -> dict[str, Any] | None:
+    """A Secret's metadata only (the API server sends no data); None when it does not exist."""
     try:
-        request("GET", object_path("Secret", namespace, name))
-        return True
+        return request("GET", object_path("Secret", namespace, name), accept=METADATA_ONLY)
     except ApiError as exc:
         if exc.status == 404:
-            return False
+            return None
         raise
+
+
+def secret_exists(namespace: str, name: str) -> bool:
+    """Whether a Secret exists; only its metadata is fetched, its data never reaches the operator."""
+    return secret_metadata(namespace, name) is not None
 
 
 def get(kind: str, namespace: str, name: str) -> dict[str, Any] | None:

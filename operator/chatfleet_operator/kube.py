@@ -148,14 +148,18 @@ def patch_status(namespace: str, name: str, patch: Mapping[str, Any]) -> dict[st
         raise
 
 
-#: Accept header asking the API server for an object's metadata only (PartialObjectMetadata).
-METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+#: Accept header asking the API server for the table `kubectl get` prints (name, type, key count, age).
+#: Not PartialObjectMetadata: a Secret's metadata can hold its data too (kubectl apply's
+#: last-applied-configuration annotation).
+AS_TABLE = "application/json;as=Table;g=meta.k8s.io;v=v1"
 
 
-def secret_metadata(namespace: str, name: str) -> dict[str, Any] | None:
-    """A Secret's metadata only (the API server sends no data); None when it does not exist."""
+def secret_summary(namespace: str, name: str) -> dict[str, Any] | None:
+    """A Secret's table row without the object (name, type, number of keys, age); None when it does not exist."""
     try:
-        return request("GET", object_path("Secret", namespace, name), accept=METADATA_ONLY)
+        return request(
+            "GET", object_path("Secret", namespace, name), query={"includeObject": "None"}, accept=AS_TABLE
+        )
     except ApiError as exc:
         if exc.status == 404:
             return None
@@ -163,8 +167,8 @@ def secret_metadata(namespace: str, name: str) -> dict[str, Any] | None:
 
 
 def secret_exists(namespace: str, name: str) -> bool:
-    """Whether a Secret exists; only its metadata is fetched, its data never reaches the operator."""
-    return secret_metadata(namespace, name) is not None
+    """Whether a Secret exists; neither its data nor its metadata reach the operator (a table row only)."""
+    return secret_summary(namespace, name) is not None
 
 
 def get(kind: str, namespace: str, name: str) -> dict[str, Any] | None:

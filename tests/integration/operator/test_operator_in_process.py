@@ -81,7 +81,8 @@ def test_a_pass_that_raises_shows_in_status_and_one_event(api):
     assert {c["type"]: c["reason"] for c in status["conditions"]}["Stalled"] != "ReconcileError"
 
 
-def test_secret_existence_check_reads_metadata_only(api):
+def test_secret_existence_check_never_receives_the_secret(api):
+    # Applied with kubectl apply: the value is in the data and in the last-applied-configuration annotation.
     api.apply(
         {
             "apiVersion": "v1",
@@ -90,9 +91,10 @@ def test_secret_existence_check_reads_metadata_only(api):
             "stringData": {"token": "s3cr3t-value"},
         }
     )
-    got = kube.secret_metadata(api.ns, "creds")
-    assert got is not None and got["kind"] == "PartialObjectMetadata", got
-    assert "data" not in got and "stringData" not in got
-    assert "s3cr3t" not in json.dumps(got) and "czNjcjN0" not in json.dumps(got)  # nor its base64
+    got = kube.secret_summary(api.ns, "creds")
+    assert got is not None and got["kind"] == "Table", got
+    text = json.dumps(got)
+    assert "s3cr3t" not in text and "czNjcjN0" not in text  # neither the value nor its base64
+    assert [row.get("object") for row in got["rows"]] == [None]
     assert kube.secret_exists(api.ns, "creds") is True
     assert kube.secret_exists(api.ns, "absent") is False

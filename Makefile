@@ -95,7 +95,7 @@ fmt: venv ## Format and fix with ruff
 	$(VENV)/bin/ruff check --fix .
 
 .PHONY: contracts
-contracts: venv ## import-linter: the layering of STYLE.md (one API module, pure builders)
+contracts: venv ## import-linter: the layering (one API module, pure builders and planners)
 	$(VENV)/bin/lint-imports
 
 .PHONY: unit

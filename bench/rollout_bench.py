@@ -31,6 +31,7 @@ sys.path.insert(0, str(REPO / "hack"))
 
 from chatfleet_platform import services  # noqa: E402
 from chatfleet_platform.cluster import Cluster  # noqa: E402
+from chatfleet_platform.config import LOCAL_ANALYSIS_ARGS  # noqa: E402
 from chatfleet_platform.trafficsim import TrafficSim  # noqa: E402
 
 NS = "default"
@@ -60,7 +61,9 @@ class Bench:
         self.cluster.kubectl(
             "wait", "--for=condition=Established", "crd/chatbotservices.chatfleet.io", "--timeout=60s"
         )
-        self.cluster.start_extra("operator", [sys.executable, "-m", "chatfleet_operator.cli", "run"])
+        self.cluster.start_extra(
+            "operator", [sys.executable, "-m", "chatfleet_operator.cli", "run", *LOCAL_ANALYSIS_ARGS]
+        )
         time.sleep(3)
 
     def down(self) -> None:

@@ -18,6 +18,7 @@ import pytest
 from chatfleet_platform import services
 from chatfleet_platform.cluster import Cluster
 from chatfleet_platform.config import BUILD_SCRIPT, REPO_ROOT, binaries
+from needs import pytest_runtest_makereport  # noqa: F401 - any skip is reported as a failure
 
 WORK = REPO_ROOT / ".work"
 

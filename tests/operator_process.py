@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from chatfleet_platform.config import LOCAL_ANALYSIS_ARGS
 from chatfleet_platform.config import REPO_ROOT as REPO
 from chatfleet_platform.services import wait_until
 
@@ -53,6 +54,7 @@ class OperatorProcess:
                     *scope,
                     "--stats-file",
                     str(self.stats_file),
+                    *LOCAL_ANALYSIS_ARGS,  # the platform's Prometheus and trafficsim are on 127.0.0.1
                 ],
                 cwd=REPO,
                 env=env,

@@ -10,6 +10,9 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VERSIONS_FILE = REPO_ROOT / "hack" / "versions.env"
 BUILD_SCRIPT = REPO_ROOT / "hack" / "build-platform.sh"
+#: Operator flags for the local platform: its Prometheus and trafficsim listen on 127.0.0.1, which the
+#: release analysis may call only when allowed (by default only cluster-internal *.svc hosts).
+LOCAL_ANALYSIS_ARGS = ("--analysis-allowed-host=127.0.0.1",)
 
 
 class PlatformError(RuntimeError):

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from .cluster import Cluster, default_workdir
-from .config import REPO_ROOT, PlatformError
+from .config import LOCAL_ANALYSIS_ARGS, REPO_ROOT, PlatformError
 
 BOLD, DIM, GREEN, RED, CYAN, RESET = (
     ("\033[1m", "\033[2m", "\033[32m", "\033[31m", "\033[36m", "\033[0m")
@@ -93,7 +93,9 @@ class Demo:
         self.cluster.install_crd(CRD, "chatbotservices.chatfleet.io")
         self.say("CRD chatbotservices.chatfleet.io established", ok=True)
         if not self.cluster.state().get("extras", {}).get("operator") or not self._operator_alive():
-            self.cluster.start_extra("operator", [sys.executable, "-m", "chatfleet_operator.cli", "run"])
+            self.cluster.start_extra(
+                "operator", [sys.executable, "-m", "chatfleet_operator.cli", "run", *LOCAL_ANALYSIS_ARGS]
+            )
         self.say(f"operator running (log: {self.cluster.log('operator')})", ok=True)
 
     def _operator_alive(self) -> bool:

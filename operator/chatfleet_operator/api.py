@@ -69,6 +69,8 @@ class Reason:
     PROGRESS_DEADLINE_EXCEEDED = "ProgressDeadlineExceeded"
     CREATE_CONTAINER_CONFIG_ERROR = "CreateContainerConfigError"
     APPLY_FAILED = "ApplyFailed"
+    INVALID_ANALYSIS_TARGET = "InvalidAnalysisTarget"
+    RECONCILE_ERROR = "ReconcileError"
     # Degraded
     CRASH_LOOP = "CrashLoopBackOff"
     PODS_NOT_READY = "PodsNotReady"

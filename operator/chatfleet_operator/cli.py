@@ -11,8 +11,9 @@ import random
 import resource
 import signal
 import sys
+from dataclasses import replace
 
-from chatfleet_operator.settings import RuntimeSettings, Settings
+from chatfleet_operator.settings import ReleaseSettings, RuntimeSettings, Settings
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -46,8 +47,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="peering priority (highest works, others stand by); random when --peering is given without it",
     )
+    run.add_argument(
+        "--analysis-allowed-host",
+        action="append",
+        default=None,
+        metavar="HOST",
+        help="a host the release analysis may call besides *.svc names (exact name, *.suffix, IP or CIDR; "
+        "repeatable; default env CHATFLEET_ANALYSIS_ALLOWED_HOSTS, comma-separated)",
+    )
     sub.add_parser("version", help="print the version")
     return parser.parse_args(argv)
+
+
+def build_settings(args: argparse.Namespace) -> Settings:
+    """Settings of one operator process from the `run` flags (flags win over the environment)."""
+    runtime = RuntimeSettings(namespaces=tuple(args.namespace))
+    if args.workers:
+        runtime = replace(runtime, workers=args.workers)
+    release = ReleaseSettings()
+    if args.analysis_allowed_host is not None:
+        release = replace(release, analysis_allowed_hosts=tuple(args.analysis_allowed_host))
+    return Settings(runtime=runtime, release=release)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -57,10 +77,7 @@ def run(args: argparse.Namespace) -> int:
     from chatfleet_operator import kube, main
     from chatfleet_operator.reconcile import Controller, percentile, stats
 
-    runtime = RuntimeSettings(namespaces=tuple(args.namespace))
-    if args.workers:
-        runtime = RuntimeSettings(namespaces=runtime.namespaces, workers=args.workers)
-    settings = Settings(runtime=runtime)
+    settings = build_settings(args)
     kopf.configure(verbose=args.verbose)  # kopf's log format on the root logger
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     kube.configure(pool_size=max(32, settings.runtime.workers * 2))

@@ -71,10 +71,11 @@ def request(
     body: Any = None,
     query: Mapping[str, str] | None = None,
     content_type: str = "application/json",
+    accept: str = "application/json",
 ) -> dict[str, Any]:
     """One API request; returns the decoded JSON body or raises ApiError."""
     client = _api()
-    headers = {"Accept": "application/json", "Content-Type": content_type}
+    headers = {"Accept": accept, "Content-Type": content_type}
     payload = body
     _, url, headers, _, _ = client.param_serialize(
         method,
@@ -147,15 +148,27 @@ def patch_status(namespace: str, name: str, patch: Mapping[str, Any]) -> dict[st
         raise
 
 
-def secret_exists(namespace: str, name: str) -> bool:
-    """Whether a Secret exists (its content is never read into the operator)."""
+#: Accept header asking the API server for the table `kubectl get` prints (name, type, key count, age).
+#: Not PartialObjectMetadata: a Secret's metadata can hold its data too (kubectl apply's
+#: last-applied-configuration annotation).
+AS_TABLE = "application/json;as=Table;g=meta.k8s.io;v=v1"
+
+
+def secret_summary(namespace: str, name: str) -> dict[str, Any] | None:
+    """A Secret's table row without the object (name, type, number of keys, age); None when it does not exist."""
     try:
-        request("GET", object_path("Secret", namespace, name))
-        return True
+        return request(
+            "GET", object_path("Secret", namespace, name), query={"includeObject": "None"}, accept=AS_TABLE
+        )
     except ApiError as exc:
         if exc.status == 404:
-            return False
+            return None
         raise
+
+
+def secret_exists(namespace: str, name: str) -> bool:
+    """Whether a Secret exists; neither its data nor its metadata reach the operator (a table row only)."""
+    return secret_summary(namespace, name) is not None
 
 
 def get(kind: str, namespace: str, name: str) -> dict[str, Any] | None:

@@ -46,6 +46,8 @@ from chatfleet_operator.rollout.status import (
     Observation,
     compute_status,
     derive_phase,
+    error_message,
+    error_status,
     status_events,
     status_patch,
 )
@@ -311,7 +313,8 @@ def reconcile_pass(
 
     # 2. Plan: desired children vs observed ones; a release (measured when due) rewrites what it moves.
     desired, revision, desired_replicas = desired_children(ref, spec, raw_spec, settings, snap)
-    release = (releases or Releases()).run(
+    releases = releases or Releases()
+    release = releases.run(
         ref,
         spec,
         raw_spec,
@@ -335,6 +338,10 @@ def reconcile_pass(
     stable_pods = [p for p in snap.pods if p.track == api.TRACK_STABLE]
     problems = diagnose(spec, snap.nodes, stable_pods, dep, missing)  # canary pods: the release judges them
     problems += [Problem(api.Reason.APPLY_FAILED, msg) for msg, _ in refused]
+    problems += [
+        Problem(api.Reason.INVALID_ANALYSIS_TARGET, msg)
+        for msg in releases.target_errors(ref, spec, raw_spec)
+    ]
     obs = Observation(
         generation=ref.generation,
         revision=release.serving_revision,
@@ -380,6 +387,34 @@ def reconcile_pass(
         retry=any(t for _, t in refused),
         requeue_after=release.plan.requeue_after,
     )
+
+
+class PassFailed(Exception):
+    """A pass raised; its error is already in the status (ReconcileError) and in one Warning event."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(error_message(error))
+        self.error = error
+
+
+def record_error(
+    client: Client, body: Mapping[str, Any], world: World, error: BaseException, now: datetime
+) -> None:
+    """After a pass raised: write Ready=False/Stalled=True (ReconcileError) once, and one Warning event."""
+    ref = ObjectRef.from_body(body)
+    old_status = body.get("status") or {}
+    new_status = error_status(old_status, ref.generation, error_message(error), now)
+    patch = status_patch(old_status, new_status)
+    written = client.patch_status(ref.namespace, ref.name, patch) if patch else None
+    if written:
+        world.remember(api.KIND, ref.namespace, ref.name, trim(written), _rv(written))
+    if patch and written is None:
+        return  # the object is gone
+    for event in status_events(old_status, new_status):
+        client.post_event(body, event.type, event.reason, event.message, now)
+        log.info(
+            "Posted %s event %s on ChatbotService %s/%s", event.type, event.reason, ref.namespace, ref.name
+        )
 
 
 def backoff_delay(retry: int, base: float, ceiling: float) -> float:
@@ -454,11 +489,22 @@ class Controller:
             return outcome
 
     def _timed_pass(self, body: Mapping[str, Any], snap: Snapshot) -> tuple[Outcome, float]:
-        """One pass in a worker thread, with its duration (seconds)."""
+        """One pass in a worker thread, with its duration (seconds); a pass that raises -> PassFailed."""
         started = time.monotonic()
-        outcome = reconcile_pass(
-            self.client, body, snap, self.world, self.settings, self.clock(), self.releases
-        )
+        try:
+            outcome = reconcile_pass(
+                self.client, body, snap, self.world, self.settings, self.clock(), self.releases
+            )
+        except Gone:
+            raise
+        except Exception as exc:
+            meta = body.get("metadata", {})
+            log.exception("Failed to reconcile ChatbotService %s/%s", meta.get("namespace"), meta.get("name"))
+            try:
+                record_error(self.client, body, self.world, exc, self.clock())
+            except Exception as record_exc:  # e.g. the API server is down: the retry will tell again
+                log.warning("Failed to record the error in the status: %s", record_exc)
+            raise PassFailed(exc) from exc
         return outcome, time.monotonic() - started
 
     def child_event(self, kind: str, event_type: str, body: Mapping[str, Any], key: Key | None) -> None:
@@ -467,12 +513,17 @@ class Controller:
             self.trigger(key)
 
     async def handle(self, body: Mapping[str, Any], retry: int) -> None:
-        """kopf handler body: one pass; unsatisfiable -> kopf.TemporaryError with a growing delay."""
+        """kopf handler body: one pass; unsatisfiable or raised -> kopf.TemporaryError with a growing delay."""
         meta = body["metadata"]
         key = (meta["namespace"], meta["name"])
-        outcome = await self.run_pass(key, body)
+        delay = backoff_delay(retry, self.settings.retry.base_delay, self.settings.retry.max_delay)
+        try:
+            outcome = await self.run_pass(key, body)
+        except PassFailed as exc:
+            raise kopf.TemporaryError(
+                f"Reconcile failed: {exc}; retrying in {delay:.0f}s", delay=delay
+            ) from exc
         if outcome is not None and outcome.problems:
-            delay = backoff_delay(retry, self.settings.retry.base_delay, self.settings.retry.max_delay)
             reasons = ", ".join(sorted({p.reason for p in outcome.problems}))
             raise kopf.TemporaryError(
                 f"Waiting for {reasons} to be resolved; retrying in {delay:.0f}s", delay=delay

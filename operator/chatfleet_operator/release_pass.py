@@ -13,9 +13,10 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from chatfleet_operator.analysis.assess import INCONCLUSIVE, Measurement, assess
-from chatfleet_operator.analysis.probe import probe_url, send_probe
+from chatfleet_operator.analysis.assess import INCONCLUSIVE, Measurement, Sample, assess
+from chatfleet_operator.analysis.probe import send_probe
 from chatfleet_operator.analysis.provider import PrometheusProvider, Provider, measurement_plan
+from chatfleet_operator.analysis.targets import analysis_target_errors, fill_template
 from chatfleet_operator.rollout.facts import PodFacts
 from chatfleet_operator.rollout.release import EventIntent
 from chatfleet_operator.rollout.tracks import ReleaseOutcome, due, release_children, release_track
@@ -54,6 +55,20 @@ class Releases:
             self._cached = (now, served)
         return HTTPROUTE if self._cached[1] else REPLICA_RATIO
 
+    def target_errors(
+        self, ref: ObjectRef, spec: ChatbotServiceSpec, raw_spec: Mapping[str, Any]
+    ) -> list[str]:
+        """Why the analysis URLs of this spec must not be called (each message names its field); [] if fine."""
+        return analysis_target_errors(
+            raw_spec.get("analysis") or {},
+            spec.analysis.prometheus_address,
+            ref.namespace,
+            ref.name,
+            default_probe_template=self.settings.probe_url_template,
+            allowed=self.settings.analysis_allowed_hosts,
+            cluster_domain=self.cluster_domain,
+        )
+
     def measure(
         self,
         ref: ObjectRef,
@@ -64,11 +79,15 @@ class Releases:
     ) -> Measurement:
         """One measurement (probing first when the last one had no data and the spec asks). Never raises."""
         track = release_track(spec)
+        plan = measurement_plan(ref.namespace, ref.name, spec, track)
+        refused = self.target_errors(ref, spec, raw_spec)
+        if refused:  # nothing is called: an Error measurement naming the field (never a pass)
+            return assess(Sample(now, error="; ".join(refused)), [q.check for q in plan.metrics])
         probe = (raw_spec.get("analysis") or {}).get("probe") or {}
         last = ((old_status.get("release") or {}).get("analysis") or {}).get("lastVerdict")
         if probe.get("enabled") and last == INCONCLUSIVE:
             template = probe.get("url") or self.settings.probe_url_template
-            url = probe_url(template, ref.namespace, ref.name, track, self.cluster_domain)
+            url = fill_template(template, ref.namespace, ref.name, track, self.cluster_domain)
             send_probe(
                 url,
                 ref.name,
@@ -76,7 +95,6 @@ class Releases:
                 prompts=tuple(probe.get("prompts") or ()) or ("Hello!",),
                 budget_seconds=min(10.0, spec.analysis.interval_seconds / 2),
             )
-        plan = measurement_plan(ref.namespace, ref.name, spec, track)
         sample = self.provider.measure(plan, now)
         m = assess(sample, [q.check for q in plan.metrics])
         log.info(

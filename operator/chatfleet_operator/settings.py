@@ -72,6 +72,11 @@ class RuntimeSettings:
     """DNS domain of the cluster, used in status.endpoint."""
 
 
+def _env_list(name: str) -> tuple[str, ...]:
+    """A comma-separated environment variable as a tuple of its non-empty items."""
+    return tuple(item.strip() for item in os.environ.get(name, "").split(",") if item.strip())
+
+
 @dataclass(frozen=True)
 class ReleaseSettings:
     """Release settings of one operator process (tests shorten or redirect them)."""
@@ -82,6 +87,14 @@ class ReleaseSettings:
     """Where probe prompts go; {namespace} {service} {track} {domain} are filled in (spec.analysis.probe.url wins)."""
     discovery_cache_seconds: float = 10.0
     """Seconds the answer 'does the cluster serve gateway.networking.k8s.io' is reused."""
+    analysis_allowed_hosts: tuple[str, ...] = field(
+        default_factory=lambda: _env_list("CHATFLEET_ANALYSIS_ALLOWED_HOSTS")
+    )
+    """Hosts the release analysis may call besides *.svc and *.svc.<domain> (spec.analysis.prometheusAddress,
+    spec.analysis.probe.url): exact names, *.suffix wildcards, IPs or CIDRs such as the Service CIDR.
+    Default none, so no namespace's user can make the operator call an arbitrary URL; loopback
+    (127.0.0.1) only when listed, e.g. on the local test platform. Flag --analysis-allowed-host (repeatable),
+    env CHATFLEET_ANALYSIS_ALLOWED_HOSTS (comma-separated)."""
 
 
 @dataclass(frozen=True)

@@ -26,10 +26,12 @@ def expected(path: Path) -> str:
     return first.removeprefix("# expect: ")
 
 
+@pytest.mark.harness
 def test_corpus_is_big_enough():
     assert len(CASES) >= 30
 
 
+@pytest.mark.harness
 @pytest.mark.parametrize("case", CASES, ids=[c.stem for c in CASES])
 def test_case_is_well_formed(case: Path):
     doc = yaml.safe_load(case.read_text())

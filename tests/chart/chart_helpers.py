@@ -11,9 +11,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 from chatfleet_platform.config import REPO_ROOT, binaries
+from needs import need_executable
 
 CHART = REPO_ROOT / "charts" / "chatfleet-operator"
 HELM = binaries().helm
@@ -39,10 +39,8 @@ VALUE_SETS: dict[str, list[str]] = {
 
 
 def need_helm() -> Path:
-    """The helm binary, or skip the test with the way to build it."""
-    if not HELM.exists():
-        pytest.skip(f"helm is missing at {HELM}: run `make platform-build`")
-    return HELM
+    """The helm binary, or fail the test with the way to build it."""
+    return Path(need_executable("helm", "run `make setup` (or `make platform-build`)", path=HELM))
 
 
 def helm(*args: str, check: bool = True, timeout: float = 120, env: Mapping[str, str] | None = None):

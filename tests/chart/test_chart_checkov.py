@@ -7,7 +7,6 @@ it pins many packages of its own; the scan tests skip, with that hint, until it 
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 import yaml
 from chart_helpers import VALUE_SETS, render_text
 from chatfleet_platform.config import REPO_ROOT
+from needs import need_executable
 
 pytestmark = pytest.mark.slow
 
@@ -23,12 +23,11 @@ DOCS = REPO_ROOT / "docs" / "chart.md"
 
 
 def checkov() -> str:
-    """The checkov executable, or skip."""
+    """The checkov executable, or fail with how to install it."""
     local = REPO_ROOT / ".work" / "checkov" / "venv" / "bin" / "checkov"
-    found = str(local) if local.exists() else shutil.which("checkov")
-    if not found:
-        pytest.skip("checkov is not installed: run hack/chart-checkov.sh once (or `make chart-checkov`)")
-    return found
+    if local.exists():
+        return str(local)
+    return need_executable("checkov", "run `make setup` (or hack/chart-checkov.sh --install-only)")
 
 
 def scan(directory: Path, *args: str) -> dict:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -30,6 +29,7 @@ from chart_apiproxy import Record, RecordingProxy
 from chart_helpers import CHART, VALUE_SETS, granted, helm, render_text, set_flags
 from chatfleet_platform import services
 from chatfleet_platform.config import REPO_ROOT
+from needs import missing, need_executable
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -115,17 +115,16 @@ PROMETHEUS_OPERATOR = "github.com/prometheus-operator/prometheus-operator@v0.80.
 
 
 def prometheus_operator_crds() -> Path:
-    """The Prometheus Operator CRDs in the Go module cache, or skip (hack/chart-monitoring-crds.sh fetches them)."""
-    go = shutil.which("go")
-    if go is None:
-        pytest.skip("go is missing: cannot locate the Prometheus Operator CRDs")
+    """The Prometheus Operator CRDs in the Go module cache, or fail (hack/chart-monitoring-crds.sh fetches them)."""
+    go = need_executable("go", "run `make setup` (the Go toolchain locates the Prometheus Operator CRDs)")
     cache = subprocess.run(
         [go, "env", "GOMODCACHE"], capture_output=True, text=True, timeout=30
     ).stdout.strip()
     crds = Path(cache) / PROMETHEUS_OPERATOR / "example" / "prometheus-operator-crd"
     if not crds.is_dir():
-        pytest.skip(
-            "the Prometheus Operator CRDs are not in the Go module cache: run hack/chart-monitoring-crds.sh"
+        missing(
+            "the Prometheus Operator CRDs (Go module cache)",
+            "run `make setup` (or hack/chart-monitoring-crds.sh)",
         )
     return crds
 

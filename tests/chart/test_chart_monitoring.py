@@ -13,9 +13,9 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
 import yaml
 from chart_helpers import CHART, one, render
+from needs import need_executable
 
 TESTS = Path(__file__).parent / "prometheus" / "chatfleet_rules_test.yaml"
 ALL_ON = [
@@ -32,11 +32,8 @@ KNOWN_PREFIXES = ("chatfleet_", "nv_", "chatbotservice:")
 
 
 def promtool() -> str:
-    """promtool, or skip."""
-    path = shutil.which("promtool")
-    if path is None:
-        pytest.skip("promtool is missing: run `make system-deps` (Debian package prometheus)")
-    return path
+    """promtool, or fail with how to install it."""
+    return need_executable("promtool", "run `make setup` (or `make system-deps`: Debian package prometheus)")
 
 
 def rule_groups(sets: list[str]) -> list[dict]:

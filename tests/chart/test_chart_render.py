@@ -120,6 +120,15 @@ class TestOperatorDeployment:
         assert sorted(r["metadata"]["namespace"] for r in find(docs, "KopfPeering")) == ["team-a", "team-b"]
         assert find(docs, "ClusterKopfPeering") == []
 
+    def test_analysis_allowed_hosts_become_flags(self) -> None:
+        docs = render(["operator.analysisAllowedHosts={10.96.0.0/12,*.corp.example}"])
+        args = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert [a for a in args if a.startswith("--analysis-allowed-host")] == [
+            "--analysis-allowed-host=10.96.0.0/12",
+            "--analysis-allowed-host=*.corp.example",
+        ]
+        assert not [a for a in render_default_args() if a.startswith("--analysis-allowed-host")]
+
     def test_namespace_scope_defaults_to_the_release_namespace(self) -> None:
         docs = render(["watch.scope=namespaces"], namespace="bots")
         args = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -141,7 +150,10 @@ class TestOperatorDeployment:
         """The chart passes only flags `chatfleet_operator.cli run` knows."""
         from chatfleet_operator import cli
 
-        args = one(render(["replicaCount=2", "operator.verbose=true"]), "Deployment")
+        args = one(
+            render(["replicaCount=2", "operator.verbose=true", "operator.analysisAllowedHosts={10.0.0.0/8}"]),
+            "Deployment",
+        )
         argv = args["spec"]["template"]["spec"]["containers"][0]["args"]
         missing = []
         for flag in argv[1:]:
@@ -161,6 +173,11 @@ BAD_VALUES = [
     pytest.param(["image.pullPolicy=Sometimes"], "/image/pullPolicy", id="pull-policy-enum"),
     pytest.param(["operator.healthPort=80"], "/operator/healthPort", id="privileged-port"),
     pytest.param(["operator.extraArgs={verbose}"], "/operator/extraArgs/0", id="extra-arg-not-a-flag"),
+    pytest.param(
+        ["operator.analysisAllowedHosts={http://x}"],
+        "/operator/analysisAllowedHosts/0",
+        id="allowed-host-not-a-url",
+    ),
     pytest.param(["resources.limits=null"], "/resources", id="limits-required"),
     pytest.param(
         ["monitoring.prometheusRule.errorRatePercent=150"],
@@ -207,6 +224,11 @@ class TestValuesSchema:
                 assert "description" in sub, f"{path}{key} has no description in the schema"
 
         walk(values, schema["properties"], "")
+
+
+def render_default_args() -> list[str]:
+    """The operator's args with default values."""
+    return one(render(), "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
 
 
 def test_render_text_has_no_crds_unless_asked() -> None:

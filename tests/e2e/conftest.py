@@ -6,20 +6,15 @@ e2e-*, which the integration operator leaves alone, so both suites can share one
 
 from __future__ import annotations
 
-import inspect
 import uuid
 from collections.abc import Iterator
 
 import pytest
-from chatfleet_operator import reconcile
 from chatfleet_platform import services
 from chatfleet_platform.trafficsim import TrafficSim
 from operator_process import OperatorProcess
 from release_e2e import Release, wait_until
 
-# Until the reconciler runs releases (reconcile_pass takes `releases`), these scenarios cannot pass.
-if "releases" not in inspect.signature(reconcile.reconcile_pass).parameters:
-    collect_ignore_glob = ["test_*.py"]
 E2E_NAMESPACES = "e2e-*"
 
 

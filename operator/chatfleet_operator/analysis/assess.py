@@ -1,6 +1,6 @@
 """The pure assessor: one sample of figures -> a verdict; verdicts folded into counters -> a decision.
 
-Rules (STYLE.md point 7):
+Rules:
 - a figure over its threshold makes the measurement Failed; failures roll the release back once
   `failed >= failureLimit` (Flagger's counting: failureLimit 2 rolls back at the 2nd failed check; 0 at
   the 1st);

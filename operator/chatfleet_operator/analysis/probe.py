@@ -31,9 +31,15 @@ class ProbeResult:
     seconds: float
 
 
-def probe_url(template: str, namespace: str, service: str, track: str, domain: str = "cluster.local") -> str:
-    """The probe URL of one track, e.g. http://bot-canary.ns.svc.cluster.local:8080/v1/chat/completions."""
-    return template.format(namespace=namespace, service=service, track=track, domain=domain)
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """Refuse redirects: the checked URL is the only one called (a 3xx would lead anywhere)."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[no-untyped-def]
+        """Never follow: the 3xx answer stands as an HTTPError."""
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirects)
 
 
 def send_probe(
@@ -66,7 +72,7 @@ def send_probe(
         )
         sent += 1
         try:
-            with urllib.request.urlopen(req, timeout=timeout_seconds) as r:
+            with _OPENER.open(req, timeout=timeout_seconds) as r:
                 r.read()
         except Exception:  # a failed probe is data for the metrics, not an operator error
             failed += 1

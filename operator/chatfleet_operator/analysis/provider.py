@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
+import requests
 from prometheus_api_client import PrometheusConnect
 from urllib3.util.retry import Retry
 
@@ -128,8 +129,15 @@ class PrometheusProvider:
     def _client(self, address: str) -> PrometheusConnect:
         """Cached client of one Prometheus."""
         if address not in self._clients:
+            session = requests.Session()
+            session.verify = False  # as disable_ssl=True did before a session was passed in
+            session.max_redirects = 0  # the checked address is the only one called (a 3xx is an error)
             self._clients[address] = PrometheusConnect(
-                url=address.rstrip("/"), disable_ssl=True, retry=Retry(total=0), timeout=self.timeout
+                url=address.rstrip("/"),
+                disable_ssl=True,
+                retry=Retry(total=0),
+                timeout=self.timeout,
+                session=session,
             )
         return self._clients[address]
 

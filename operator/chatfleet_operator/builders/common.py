@@ -10,7 +10,7 @@ from typing import Any
 from chatfleet_operator import api
 from chatfleet_operator.spec import ObjectRef
 
-#: Spec parts whose change makes a new revision (STYLE.md point 10). Scaling, rollout and analysis do not.
+#: Spec parts whose change makes a new revision. Scaling, rollout and analysis do not.
 REVISION_FIELDS = ("model", "runtime", "resources", "podMetadata")
 
 

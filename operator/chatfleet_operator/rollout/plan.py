@@ -2,8 +2,12 @@
 
 A pass that finds every desired manifest already contained in the observed object plans nothing, so
 steady state writes nothing. "Contained" is a subset test: fields the apiserver defaults (or other
-controllers add) are ignored; quantities compare by value ("0.5" == "500m"); a missing empty or false
+controllers add) are ignored; quantity fields compare by value ("0.5" == "500m"); a missing empty or false
 field equals an empty or false desired one.
+
+Only fields that hold a Kubernetes quantity are parsed as one (see `is_quantity_field`). Everything else
+(labels, annotations, selectors, env values, hashes) compares as a string: a revision hash such as
+'90e9577223' is not the number 90 * 10**9577223.
 """
 
 from __future__ import annotations
@@ -11,8 +15,10 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any
+
+Path = tuple[str, ...]
 
 _QUANTITY = re.compile(r"^([+-]?[0-9.]+)([eE][+-]?[0-9]+|[numkMGTPE]|[KMGTPE]i)?$")
 _SUFFIX = {
@@ -43,19 +49,43 @@ def parse_quantity(value: str) -> Decimal | None:
     number, suffix = match.group(1), match.group(2) or ""
     try:
         if suffix[:1] in ("e", "E"):
-            return Decimal(number) * (Decimal(10) ** int(suffix[1:]))
+            return Decimal(number).scaleb(int(suffix[1:]))
         return Decimal(number) * _SUFFIX[suffix]
-    except (InvalidOperation, KeyError):
+    except (ArithmeticError, KeyError, ValueError):  # decimal.Overflow, InvalidOperation: not a quantity
         return None
 
 
-def _scalar_equal(desired: Any, observed: Any) -> bool:
-    """Equal scalars, or equal quantities written differently."""
+#: Map keys whose every value is a quantity (container and PVC resources).
+_QUANTITY_MAPS = frozenset({"requests", "limits", "capacity", "allocatable", "overhead"})
+#: Keys that hold a quantity, with the key of the map they sit in ("" for any).
+_QUANTITY_KEYS = frozenset({("", "sizeLimit"), ("target", "value"), ("target", "averageValue")})
+
+
+def is_quantity_field(path: Path) -> bool:
+    """Whether the field at `path` holds a Kubernetes quantity.
+
+    Examples: ('spec', 'template', 'spec', 'containers', 'resources', 'limits', 'memory') -> True;
+    ('spec', 'metrics', 'pods', 'target', 'averageValue') -> True; ('metadata', 'labels', 'x') -> False;
+    ('spec', 'template', 'spec', 'containers', 'env', 'value') -> False. List items add no path element.
+    """
+    if len(path) >= 2 and path[-2] in _QUANTITY_MAPS:
+        return True
+    parent = path[-2] if len(path) >= 2 else ""
+    return bool(path) and (("", path[-1]) in _QUANTITY_KEYS or (parent, path[-1]) in _QUANTITY_KEYS)
+
+
+def _scalar_equal(desired: Any, observed: Any, quantity: bool) -> bool:
+    """Equal scalars (an int equals its decimal string), or, in a quantity field, equal quantities."""
     if desired == observed:
         return True
-    if isinstance(desired, (str, int)) and isinstance(observed, (str, int)) and not isinstance(desired, bool):
-        a, b = parse_quantity(str(desired)), parse_quantity(str(observed))
-        return a is not None and a == b
+    if isinstance(desired, bool) or isinstance(observed, bool):
+        return False
+    if isinstance(desired, (str, int)) and isinstance(observed, (str, int)):
+        if str(desired) == str(observed):
+            return True
+        if quantity:
+            a, b = parse_quantity(str(desired)), parse_quantity(str(observed))
+            return a is not None and a == b
     return False
 
 
@@ -64,26 +94,29 @@ def _is_empty(value: Any) -> bool:
     return value is None or value is False or value == 0 or value == "" or value == {} or value == []
 
 
-def contains(observed: Any, desired: Any) -> bool:
-    """True when every field of `desired` is present and equal in `observed` (lists: same length)."""
+def contains(observed: Any, desired: Any, path: Path = ()) -> bool:
+    """True when every field of `desired` is present and equal in `observed` (lists: same length).
+
+    `path` is where these values sit in the object (map keys only), so that quantity fields are known.
+    """
     if desired is None:
         return True
     if isinstance(desired, Mapping):
         if not isinstance(observed, Mapping):
             return _is_empty(desired) and observed is None
         return all(
-            contains(observed[key], value) if key in observed else _is_empty(value)
+            contains(observed[key], value, (*path, str(key))) if key in observed else _is_empty(value)
             for key, value in desired.items()
         )
     if isinstance(desired, Sequence) and not isinstance(desired, str):
         if not isinstance(observed, Sequence) or isinstance(observed, str):
             return _is_empty(desired) and observed is None
         return len(desired) == len(observed) and all(
-            contains(o, d) for o, d in zip(observed, desired, strict=True)
+            contains(o, d, path) for o, d in zip(observed, desired, strict=True)
         )
     if observed is None:
         return _is_empty(desired)
-    return _scalar_equal(desired, observed)
+    return _scalar_equal(desired, observed, is_quantity_field(path))
 
 
 def object_key(manifest: Mapping[str, Any]) -> tuple[str, str]:

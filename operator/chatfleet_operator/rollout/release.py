@@ -1,6 +1,6 @@
 """The release planner: canary and blue-green as one pure function of (spec, old status, facts, now).
 
-All release state lives in status (STYLE.md points 5 and 6): `status.release` holds the revision under
+All release state lives in status (facts in status, phase derived): `status.release` holds the revision under
 release, its step, when the step began, the analysis counters and the last figures; `status.releaseHistory`
 the last outcomes. A restarted operator reads them and carries on from the same step: no double promotion
 (promotion is idempotent: it ends when the stable Deployment runs the new revision), no lost rollback
@@ -16,7 +16,7 @@ One pass, in order (`plan_release`):
   5. otherwise the step machine moves: weights through the steps (canary), or preview -> switch ->
      scale-down delay (blue-green).
 
-Rollback order (applied by the reconciler in exactly this order, STYLE.md point 9):
+Rollback order (applied by the reconciler in exactly this order):
   traffic to stable (route weight 0 / active selector back) -> scale the canary down -> status Stalled
   with the reason and figures -> a Warning event.
 """

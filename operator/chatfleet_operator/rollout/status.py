@@ -211,6 +211,45 @@ def status_patch(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[
     return patch
 
 
+#: Longest error text put into a condition message (the first line of the error, with its type).
+ERROR_MESSAGE_LIMIT = 512
+
+
+def error_message(error: BaseException) -> str:
+    """The error's type and first line, e.g. ValueError('bad\\nmore') -> 'ValueError: bad'."""
+    lines = str(error).strip().splitlines()
+    text = f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+    return text[:ERROR_MESSAGE_LIMIT]
+
+
+def error_status(
+    old: Mapping[str, Any] | None, generation: int, message: str, now: datetime
+) -> dict[str, Any]:
+    """The status after a pass that raised: Ready=False and Stalled=True with reason ReconcileError.
+
+    Everything else is kept as the last good pass left it; `observedGeneration` is not advanced (the
+    generation was not reconciled). Over an unchanged error the result equals `old` (no write, no event).
+    Example: old Ready=True, observedGeneration 1; generation 2 raising 'ValueError: x' -> Ready=False
+    (ReconcileError, 'Reconcile failed, retrying with backoff: ValueError: x'), observedGeneration 1.
+    """
+    old = dict(old or {})
+    text = f"Reconcile failed, retrying with backoff: {message}"
+    replaced = {
+        COND_READY: condition(COND_READY, False, Reason.RECONCILE_ERROR, text, generation),
+        COND_RECONCILING: condition(
+            COND_RECONCILING, False, Reason.RECONCILE_ERROR, "Waiting for the error to be fixed", generation
+        ),
+        COND_STALLED: condition(COND_STALLED, True, Reason.RECONCILE_ERROR, text, generation),
+    }
+    kept = {c.get("type"): c for c in old.get("conditions") or []}
+    wanted = [replaced.get(t) or kept.get(t) for t in CONDITION_ORDER]
+    extra = [c for t, c in kept.items() if t not in CONDITION_ORDER]
+    conditions = merge_conditions(old.get("conditions") or [], [c for c in wanted if c] + extra, now)
+    status = {**old, "conditions": conditions}
+    status["phase"] = derive_phase(status)
+    return status
+
+
 @dataclass(frozen=True)
 class EventIntent:
     """A Kubernetes Event to post on the ChatbotService."""

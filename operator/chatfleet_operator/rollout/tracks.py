@@ -265,11 +265,21 @@ def release_status(
                 ),
                 condition(api.COND_STALLED, True, gate.reason, gate.message, generation),
             ]
+        elif conds.get(api.COND_STALLED, {}).get("status") == "True":
+            # A spec problem (diagnosed this pass) outranks a waiting or progressing release: the user must
+            # act on it. Ready and Stalled keep the problem; Reconciling shows the release's state.
+            new = [
+                {k: v for k, v in conds[api.COND_READY].items() if k != "lastTransitionTime"},
+                condition(api.COND_RECONCILING, True, gate.reason, gate.message, generation),
+                {k: v for k, v in conds[api.COND_STALLED].items() if k != "lastTransitionTime"},
+            ]
         else:
             new = [
                 condition(api.COND_READY, False, gate.reason, gate.message, generation),
                 condition(api.COND_RECONCILING, True, gate.reason, gate.message, generation),
-                condition(api.COND_STALLED, False, gate.reason, "No problem found", generation),
+                # Not stalled: the gate's reason with its own message, so reason and message agree
+                # (an AnalysisError pause resumes by itself once Prometheus answers).
+                condition(api.COND_STALLED, False, gate.reason, f"Not stalled: {gate.message}", generation),
             ]
         if api.COND_DEGRADED in conds:
             new.append({k: v for k, v in conds[api.COND_DEGRADED].items() if k != "lastTransitionTime"})

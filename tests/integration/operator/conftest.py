@@ -6,14 +6,16 @@ cluster, logs to a file, and is stopped by its PID (SIGTERM, or SIGKILL for the 
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 
 import pytest
 from operator_it import Kube
 from operator_process import OperatorProcess
 
-#: What the suite's operator watches: everything but the e2e suite's namespaces.
-SUITE_SCOPE = ("!e2e-*",)
+#: What the suite's operator watches: everything but the e2e suite's namespaces and the solo-* ones,
+#: where a test drives a Controller in-process (no operator process may reconcile beside it).
+SUITE_SCOPE = ("!e2e-*,!solo-*",)
 
 
 @pytest.fixture(scope="session")
@@ -31,3 +33,15 @@ def operator(chatfleet_crd, tmp_path_factory) -> Iterator[OperatorProcess]:
 def kube(operator, namespace) -> Kube:
     """kubectl helpers in a fresh namespace, with the operator running."""
     return Kube(operator.cluster, namespace)
+
+
+@pytest.fixture
+def solo_namespace(chatfleet_crd) -> Iterator[str]:
+    """A fresh solo-* namespace that no operator process watches (deleted afterwards, not waited for)."""
+    cluster = chatfleet_crd
+    name = f"solo-{uuid.uuid4().hex[:8]}"
+    cluster.kubectl("create", "namespace", name)
+    try:
+        yield name
+    finally:
+        cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)

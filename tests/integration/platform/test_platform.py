@@ -14,7 +14,7 @@ import redis
 from chatfleet_platform import nodes
 from chatfleet_platform.services import wait_until
 
-pytestmark = [pytest.mark.cluster]
+pytestmark = [pytest.mark.cluster, pytest.mark.harness]  # the simulated platform, not the product
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 

@@ -6,13 +6,15 @@ from __future__ import annotations
 import json
 
 import pytest
+from needs import need_module
 
-pytest.importorskip("torch")
-pytest.importorskip("pytriton")
+# The runtime's real parts: a missing one fails every test here with how to install it (never a skip).
+need_module("torch", "run `make setup` (the runtime extra)")
+need_module("pytriton", "run `make setup` (the runtime extra: nvidia-pytriton)")
 
-from chatfleet_platform.services import Redis
-from chatfleet_runtime.testing import ChatApiProcess, model_config, tiny_model
-from chatfleet_runtime.tritonhome import TritonServer, local_repository
+from chatfleet_platform.services import Redis  # noqa: E402 - after the checks above
+from chatfleet_runtime.testing import ChatApiProcess, model_config, tiny_model  # noqa: E402 - after the checks above
+from chatfleet_runtime.tritonhome import TritonServer, local_repository  # noqa: E402 - after the checks above
 
 FAQ = json.dumps([{"keywords": ["refund", "money"], "answer": "Refunds take 5 days (FAQ)."}])
 FALLBACK = "The assistant is unavailable; this is the fallback text."

@@ -6,13 +6,15 @@ resourceVersion); a second pass observes what the first one wrote, as the watch 
 
 from __future__ import annotations
 
+import asyncio
 import json
 from datetime import UTC, datetime
 from typing import Any
 
+import kopf
 import pytest
 from chatfleet_operator.api import ApiError, Reason
-from chatfleet_operator.reconcile import Gone, Snapshot, World, backoff_delay, reconcile_pass
+from chatfleet_operator.reconcile import Controller, Gone, Snapshot, World, backoff_delay, reconcile_pass
 from chatfleet_operator.rollout.facts import NodeFacts
 from chatfleet_operator.settings import Settings
 from operator_helpers import as_observed, cbs_body
@@ -160,3 +162,64 @@ class TestBackoff:
     )
     def test_delay_grows_and_caps(self, retry, delay):
         assert backoff_delay(retry, 5, 300) == delay
+
+
+class FailingClient(FakeClient):
+    """A client whose Secret lookup raises, as a bug in a pass would."""
+
+    def secret_exists(self, namespace, name):
+        raise ValueError("injected failure\nwith a second line")
+
+
+class TestPassThatRaises:
+    """A pass that raises is visible: status condition + one Warning event, kopf backoff, no log only."""
+
+    SPEC = {"model": {"uri": "hf://a/b"}, "runtime": {"sessions": {"redis": {"secretName": "r"}}}}
+
+    def handle(self, controller, body, retry):
+        """Run the kopf handler body once; return the TemporaryError it raised."""
+        with pytest.raises(kopf.TemporaryError) as raised:
+            asyncio.run(controller.handle(body, retry))
+        return raised.value
+
+    def test_status_event_and_backoff(self):
+        client = FailingClient()
+        controller = Controller(Settings(), client)
+        body = cbs_body(self.SPEC, generation=3)
+        body["status"] = {"observedGeneration": 2}
+        error = self.handle(controller, body, 0)
+        assert error.delay == 5 and "injected failure" in str(error)
+        patches = [w[1] for w in client.writes if w[0] == "status"]
+        assert len(patches) == 1
+        ready = next(c for c in patches[0]["conditions"] if c["type"] == "Ready")
+        assert (ready["status"], ready["reason"]) == ("False", Reason.RECONCILE_ERROR)
+        assert ready["message"].endswith(": ValueError: injected failure")  # the first line only
+        assert "observedGeneration" not in patches[0]  # generation 3 was not reconciled
+        assert [w[1] for w in client.writes if w[0] == "event"] == [("Warning", Reason.RECONCILE_ERROR)]
+
+    def test_retries_back_off_and_do_not_repeat_the_event(self):
+        client = FailingClient()
+        controller = Controller(Settings(), client)
+        body = cbs_body(self.SPEC)
+        delays, events = [], []
+        for retry in range(3):
+            client.writes.clear()
+            delays.append(self.handle(controller, body, retry).delay)
+            events += [w[1] for w in client.writes if w[0] == "event"]
+            for patch in (w[1] for w in client.writes if w[0] == "status"):  # what the watch would show next
+                body["status"] = merge_patch(body.get("status") or {}, patch)
+        assert delays == [5, 10, 20]
+        assert events == [("Warning", Reason.RECONCILE_ERROR)]
+
+
+def merge_patch(target, patch):
+    """Apply a JSON merge patch (RFC 7386) to a dict."""
+    out = dict(target)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge_patch(out[key], value)
+        else:
+            out[key] = value
+    return out

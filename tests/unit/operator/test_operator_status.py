@@ -9,9 +9,12 @@ from chatfleet_operator.api import Reason
 from chatfleet_operator.rollout.diagnose import Problem
 from chatfleet_operator.rollout.facts import DeploymentFacts
 from chatfleet_operator.rollout.status import (
+    EventIntent,
     Observation,
     compute_status,
     derive_phase,
+    error_message,
+    error_status,
     get_condition,
     merge_conditions,
     status_events,
@@ -138,3 +141,57 @@ def test_status_patch_nulls_keys_removed_from_nested_objects():
     new = {"release": {"a": 1, "analysis": {"failed": 2}}, "same": [1]}
     assert status_patch(old, new) == {"release": {"b": None, "analysis": {"failed": 2}}, "gone": None}
     assert status_patch(new, new) == {}
+
+
+class TestErrorStatus:
+    """A pass that raised: Ready=False and Stalled=True with ReconcileError, one Warning, generation kept."""
+
+    READY = compute_status({}, obs(dep()), NOW) | {"release": {"phase": "Progressing", "currentStepIndex": 1}}
+
+    def test_conditions_name_the_error(self):
+        new = error_status(self.READY, 2, "Overflow: [<class 'decimal.Overflow'>]", LATER)
+        ready, stalled = get_condition(new, "Ready"), get_condition(new, "Stalled")
+        assert (ready["status"], ready["reason"]) == ("False", Reason.RECONCILE_ERROR)
+        assert (stalled["status"], stalled["reason"]) == ("True", Reason.RECONCILE_ERROR)
+        assert stalled["message"] == ready["message"]
+        assert "Overflow: [<class 'decimal.Overflow'>]" in stalled["message"]
+        assert new["phase"] == "Failed"
+
+    def test_observed_generation_is_not_advanced(self):
+        new = error_status(self.READY, 2, "boom", LATER)
+        assert new["observedGeneration"] == 1
+        assert "observedGeneration" not in error_status({}, 1, "boom", LATER)
+
+    def test_facts_are_kept(self):
+        new = error_status(self.READY, 2, "boom", LATER)
+        assert new["release"] == self.READY["release"] and new["replicas"] == self.READY["replicas"]
+
+    def test_one_warning_then_no_write_while_the_error_repeats(self):
+        first = error_status(self.READY, 2, "boom", LATER)
+        again = error_status(first, 2, "boom", LATER + timedelta(minutes=1))
+        assert status_events(self.READY, first) == [
+            EventIntent("Warning", Reason.RECONCILE_ERROR, first_msg(first))
+        ]
+        assert status_patch(first, again) == {} and status_events(first, again) == []
+
+    def test_a_good_pass_clears_it(self):
+        failed = error_status(self.READY, 1, "boom", LATER)
+        healed = compute_status(failed, obs(dep()), LATER)
+        assert get_condition(healed, "Stalled")["status"] == "False"
+        assert get_condition(healed, "Ready")["status"] == "True"
+
+    @pytest.mark.parametrize(
+        ("error", "message"),
+        [
+            pytest.param(ValueError("bad\nsecond line"), "ValueError: bad", id="first-line"),
+            pytest.param(RuntimeError(), "RuntimeError", id="no-text"),
+            pytest.param(KeyError("x"), "KeyError: 'x'", id="key-error"),
+        ],
+    )
+    def test_error_message(self, error, message):
+        assert error_message(error) == message
+
+
+def first_msg(status):
+    """The Stalled condition's message."""
+    return get_condition(status, "Stalled")["message"]

@@ -3,9 +3,12 @@
 import os
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 from chatfleet_platform.config import BUILD_SCRIPT
+
+pytestmark = pytest.mark.harness
 
 
 def run(env: dict) -> subprocess.CompletedProcess:
@@ -14,10 +17,20 @@ def run(env: dict) -> subprocess.CompletedProcess:
     )
 
 
+def path_without_go(tmp_path) -> str:
+    """A PATH with every command of /usr/bin and /bin but go (so the test runs wherever go is installed)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for folder in (Path("/usr/bin"), Path("/bin")):
+        for exe in folder.iterdir():
+            if exe.name not in ("go", "gofmt") and not (bin_dir / exe.name).exists():
+                (bin_dir / exe.name).symlink_to(exe)
+    return str(bin_dir)
+
+
 def test_missing_go_toolchain_is_named(tmp_path):
-    env = {**os.environ, "PATH": "/usr/bin:/bin", "CHATFLEET_CACHE": str(tmp_path)}
-    if shutil.which("go", path=env["PATH"]):
-        pytest.skip("go is installed in /usr/bin")
+    env = {**os.environ, "PATH": path_without_go(tmp_path), "CHATFLEET_CACHE": str(tmp_path)}
+    assert shutil.which("go", path=env["PATH"]) is None
     res = run(env)
     assert res.returncode == 1
     assert "the Go toolchain is missing" in res.stderr

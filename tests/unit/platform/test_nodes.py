@@ -3,6 +3,8 @@
 import pytest
 from chatfleet_platform import nodes
 
+pytestmark = pytest.mark.harness  # the simulated platform, not the product
+
 
 class TestFleet:
     def test_default_mix_has_two_products_and_gpu_capacity(self):

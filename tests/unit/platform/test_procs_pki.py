@@ -4,9 +4,12 @@ import os
 import subprocess
 import sys
 
+import pytest
 import yaml
 from chatfleet_platform import pki, procs
 from cryptography import x509
+
+pytestmark = pytest.mark.harness  # the simulated platform, not the product
 
 
 class TestProcs:

@@ -5,10 +5,15 @@ from __future__ import annotations
 import copy
 from datetime import UTC, datetime
 
+import pytest
+from chatfleet_operator.api import Reason
 from chatfleet_operator.builders import revision_hash
 from chatfleet_operator.reconcile import Snapshot, desired_children
+from chatfleet_operator.rollout.diagnose import Problem
 from chatfleet_operator.rollout.facts import PodFacts
-from chatfleet_operator.rollout.tracks import release_children, release_status
+from chatfleet_operator.rollout.release import Gate, ReleasePlan, ReleaseReason, Track
+from chatfleet_operator.rollout.status import Observation, compute_status
+from chatfleet_operator.rollout.tracks import ReleaseOutcome, release_children, release_status
 from chatfleet_operator.settings import Settings
 from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
 
@@ -94,3 +99,62 @@ def test_httproute_mode_builds_route_and_track_services():
     assert [b["weight"] for b in route["spec"]["rules"][-1]["backendRefs"]] == [90, 10]
     assert d[("Service", "bot-canary")]["spec"]["selector"]["chatfleet.io/track"] == "canary"
     assert d[("Service", "bot")]["spec"]["selector"]["chatfleet.io/track"] == "stable"
+
+
+@pytest.mark.parametrize(
+    ("gate", "stalled"),
+    [
+        pytest.param(
+            Gate(
+                "paused",
+                ReleaseReason.ANALYSIS_ERROR,
+                "Release paused: Prometheus at http://p did not answer",
+            ),
+            "False",
+            id="prometheus-outage",
+        ),
+        pytest.param(
+            Gate("paused", ReleaseReason.NO_TRAFFIC, "Release paused: no traffic on the canary"),
+            "False",
+            id="no-traffic",
+        ),
+        pytest.param(
+            Gate("progressing", ReleaseReason.RELEASING, "Step 1/3: weight 10%"), "False", id="progressing"
+        ),
+        pytest.param(
+            Gate("stalled", ReleaseReason.ROLLED_BACK, "Rolled back: error rate"), "True", id="rolled-back"
+        ),
+    ],
+)
+def test_stalled_reason_and_message_agree(gate, stalled):
+    """Every condition's message explains its reason; a problem reason never says "No problem found"."""
+    out = ReleaseOutcome(
+        desired=[], plan=ReleasePlan(True, False, 2, 1, gate=gate), serving_revision="r1", canary=Track()
+    )
+    status = release_status({"conditions": []}, {}, out, 2, "r2", NOW)
+    conds = {c["type"]: c for c in status["conditions"]}
+    assert (conds["Stalled"]["status"], conds["Stalled"]["reason"]) == (stalled, gate.reason)
+    for cond in conds.values():
+        assert gate.message in cond["message"] or cond["type"] == "Reconciling", cond
+        assert "No problem found" not in cond["message"], cond
+
+
+@pytest.mark.parametrize("kind", ["paused", "progressing"])
+def test_a_problem_outranks_a_release_gate(kind):
+    """A spec problem (e.g. an analysis target the operator may not call) stays visible during a release."""
+    problem = Problem(
+        Reason.INVALID_ANALYSIS_TARGET, "spec.analysis.prometheusAddress 'http://x': not allowed"
+    )
+    obs = Observation(1, "r1", 2, 1, "http://bot", "sel", None, problems=[problem])
+    gate = Gate(kind, ReleaseReason.ANALYSIS_ERROR, "Release paused: spec.analysis.prometheusAddress ...")
+    out = ReleaseOutcome(
+        desired=[], plan=ReleasePlan(True, False, 2, 1, gate=gate), serving_revision="r1", canary=Track()
+    )
+    status = release_status(compute_status({}, obs, NOW), {}, out, 1, "r2", NOW)
+    conds = {c["type"]: c for c in status["conditions"]}
+    assert (conds["Stalled"]["status"], conds["Stalled"]["reason"]) == (
+        "True",
+        Reason.INVALID_ANALYSIS_TARGET,
+    )
+    assert (conds["Ready"]["status"], conds["Ready"]["reason"]) == ("False", Reason.INVALID_ANALYSIS_TARGET)
+    assert conds["Reconciling"]["reason"] == gate.reason  # the release's own state is still shown

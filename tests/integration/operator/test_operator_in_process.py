@@ -1,0 +1,100 @@
+"""The reconciler in-process against the real local cluster, for what an operator process cannot show.
+
+Test design: these tests drive `Controller.handle` (the kopf handler body) with the real API module
+`kube.py`, in a solo-* namespace no operator process watches. A failing pass is injected by a client
+whose Secret check raises; everything else (status writes, events, Secret reads) is the real API server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import kopf
+import pytest
+from chatfleet_operator import kube
+from chatfleet_operator.reconcile import Controller
+from chatfleet_operator.settings import Settings
+from operator_it import Kube, chatbot
+
+pytestmark = [pytest.mark.cluster]
+
+
+@pytest.fixture
+def api(chatfleet_crd, solo_namespace) -> Kube:
+    """kubectl helpers in the solo namespace, with kube.py pointed at the session cluster."""
+    kube.configure(kubeconfig=str(chatfleet_crd.kubeconfig))
+    return Kube(chatfleet_crd, solo_namespace)
+
+
+class InjectedFailure:
+    """The real API module, except that the Secret check raises (as a bug in a pass would)."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(kube, name)
+
+    def secret_exists(self, namespace: str, name: str) -> bool:
+        raise RuntimeError("injected failure\nsecond line")
+
+
+def handle(controller: Controller, api: Kube, retry: int) -> kopf.TemporaryError | None:
+    """One kopf handler call on the object as the API server has it; the TemporaryError it raised."""
+    body = api.get("chatbotservice", "bot")
+    try:
+        asyncio.run(controller.handle(body, retry))
+    except kopf.TemporaryError as exc:
+        return exc
+    return None
+
+
+def test_a_pass_that_raises_shows_in_status_and_one_event(api):
+    api.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "redis"},
+            "stringData": {"url": "redis://x"},
+        },
+        chatbot("bot", runtime={"sessions": {"redis": {"secretName": "redis"}}}),
+    )
+    failing = Controller(Settings(), InjectedFailure())
+    delays = []
+    for retry in range(3):
+        error = handle(failing, api, retry)
+        assert error is not None and "injected failure" in str(error)
+        delays.append(error.delay)
+    assert delays == [5, 10, 20]  # backoff, never a hot loop
+    status = api.get("chatbotservice", "bot")["status"]
+    conds = {c["type"]: c for c in status["conditions"]}
+    assert (conds["Ready"]["status"], conds["Ready"]["reason"]) == ("False", "ReconcileError")
+    assert (conds["Stalled"]["status"], conds["Stalled"]["reason"]) == ("True", "ReconcileError")
+    assert conds["Stalled"]["message"].endswith("RuntimeError: injected failure")
+    assert "observedGeneration" not in status  # generation 1 was never reconciled
+    warnings = [e for e in api.events("bot") if e["reason"] == "ReconcileError"]
+    assert [e["type"] for e in warnings] == ["Warning"], warnings  # one event for three failed passes
+
+    # The bug is gone: the next pass reconciles generation 1 and clears the condition.
+    handle(Controller(Settings(), kube), api, 0)
+    status = api.get("chatbotservice", "bot")["status"]
+    assert status["observedGeneration"] == 1
+    assert {c["type"]: c["reason"] for c in status["conditions"]}["Stalled"] != "ReconcileError"
+
+
+def test_secret_existence_check_never_receives_the_secret(api):
+    # Applied with kubectl apply: the value is in the data and in the last-applied-configuration annotation.
+    api.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "creds"},
+            "stringData": {"token": "s3cr3t-value"},
+        }
+    )
+    got = kube.secret_summary(api.ns, "creds")
+    assert got is not None and got["kind"] == "Table", got
+    text = json.dumps(got)
+    assert "s3cr3t" not in text and "czNjcjN0" not in text  # neither the value nor its base64
+    assert [row.get("object") for row in got["rows"]] == [None]
+    assert kube.secret_exists(api.ns, "creds") is True
+    assert kube.secret_exists(api.ns, "absent") is False

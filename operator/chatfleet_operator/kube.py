@@ -147,6 +147,25 @@ def patch_status(namespace: str, name: str, patch: Mapping[str, Any]) -> dict[st
         raise
 
 
+def seed_replicas(namespace: str, name: str, replicas: int) -> None:
+    """Set spec.scaling.replicas of a ChatbotService that has none, so its HPA can read its scale.
+
+    Called only when the pass saw no value; the HPA cannot have written one meanwhile, since its scale
+    cannot be read without it.
+    """
+    _count("PATCH", api.KIND)
+    try:
+        request(
+            "PATCH",
+            object_path(api.KIND, namespace, name),
+            body={"spec": {"scaling": {"replicas": int(replicas)}}},
+            content_type="application/merge-patch+json",
+        )
+    except ApiError as exc:
+        if exc.status != 404:
+            raise
+
+
 def secret_exists(namespace: str, name: str) -> bool:
     """Whether a Secret exists (its content is never read into the operator)."""
     try:

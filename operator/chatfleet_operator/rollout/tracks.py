@@ -117,7 +117,6 @@ def release_children(
     gateway_name: str,
     now: datetime,
     measurement: Measurement | None = None,
-    autoscaled: bool = False,
 ) -> ReleaseOutcome:
     """Plan the release of this pass and rewrite the steady-state children accordingly."""
     options = ReleaseOptions.from_dict(raw_spec.get("rollout"))
@@ -134,10 +133,9 @@ def release_children(
     observed_stable = children.get(("Deployment", stable_name))
 
     # The stable Deployment: from the spec, or its observed template kept (old revision) at a new size.
+    # Replicas are always set, autoscaled or not: the HPA scales the ChatbotService, not a Deployment.
     if plan.stable_from_spec or observed_stable is None:
-        stable_dep = dict(base_dep)
-        if plan.in_release or not autoscaled:
-            stable_dep = keep_template(base_dep, base_dep, plan.stable_replicas)
+        stable_dep = keep_template(base_dep, base_dep, plan.stable_replicas)
         serving = update_revision
         stable_cm: dict[str, Any] | None = base_cm
     else:
@@ -206,6 +204,22 @@ def release_children(
     desired += rest
     desired += [m for m, e in zip(traffic_objs, exists, strict=True) if not e]
     return ReleaseOutcome(desired=desired, plan=plan, serving_revision=serving, canary=canary)
+
+
+def scale_selector(ref: ObjectRef, spec: ChatbotServiceSpec, plan: ReleasePlan) -> str:
+    """status.selector, the pods the HPA averages over (scale subresource): those that take traffic.
+
+    No release: the stable track. Canary: both tracks (each takes its share of the traffic). Blue-green:
+    the pods of the revision the active Service selects (the preview takes no user traffic before the
+    switch; after it, the old revision takes none).
+    e.g. "chatfleet.io/service=bot,chatfleet.io/track=stable"; canary "chatfleet.io/service=bot".
+    """
+    base = f"{api.LABEL_SERVICE}={ref.name}"
+    if not plan.in_release:
+        return f"{base},{api.LABEL_TRACK}={api.TRACK_STABLE}"
+    if spec.rollout.strategy == "blueGreen" and plan.active_revision:
+        return f"{base},{api.LABEL_REVISION}={plan.active_revision}"
+    return base
 
 
 def _as_track(deployment: Mapping[str, Any], ref: ObjectRef, track: str) -> dict[str, Any]:

@@ -42,6 +42,7 @@ from chatfleet_operator.rollout.facts import (
     deployment_facts,
 )
 from chatfleet_operator.rollout.plan import Action, plan_children
+from chatfleet_operator.rollout.release import ReleaseOptions
 from chatfleet_operator.rollout.status import (
     Observation,
     compute_status,
@@ -49,7 +50,7 @@ from chatfleet_operator.rollout.status import (
     status_events,
     status_patch,
 )
-from chatfleet_operator.rollout.tracks import release_status, scale_selector
+from chatfleet_operator.rollout.tracks import release_status, scale_selector, template_update_in_place
 from chatfleet_operator.settings import Settings
 from chatfleet_operator.spec import Autoscale, ChatbotServiceSpec, ObjectRef
 
@@ -235,6 +236,7 @@ def desired_children(
         desired_replicas = autoscaled_total(autoscale, raw_spec, old_status or {}, snap, ref.name)
     else:
         desired_replicas = spec.scaling.replicas
+    capacity = ReleaseOptions.from_dict(raw_spec.get("rollout")).gpu_capacity
     deployment = build_deployment(
         ref,
         spec,
@@ -242,6 +244,7 @@ def desired_children(
         revision=revision,
         config_hash=config_hash(configmap["data"]),
         replicas=desired_replicas,
+        in_place=template_update_in_place(capacity, snap.children.get(("Deployment", ref.name)), snap.pods),
     )
     # Order matters at scale: the Service comes last because the API server allocates ClusterIPs one
     # at a time (about 30/s); the pods should not wait behind it.

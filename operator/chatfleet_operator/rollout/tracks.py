@@ -30,7 +30,7 @@ from chatfleet_operator.builders.release import (
     retarget_configmap,
     track_service_name,
 )
-from chatfleet_operator.rollout.facts import PodFacts
+from chatfleet_operator.rollout.facts import PodFacts, deployment_facts
 from chatfleet_operator.rollout.release import (
     ReleaseInput,
     ReleaseOptions,
@@ -40,7 +40,7 @@ from chatfleet_operator.rollout.release import (
     plan_release,
 )
 from chatfleet_operator.rollout.status import condition, merge_conditions
-from chatfleet_operator.rollout.traffic import HTTPROUTE
+from chatfleet_operator.rollout.traffic import HTTPROUTE, REPLACE_IN_PLACE, SURGE
 from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
 
 
@@ -220,6 +220,28 @@ def scale_selector(ref: ObjectRef, spec: ChatbotServiceSpec, plan: ReleasePlan) 
     if spec.rollout.strategy == "blueGreen" and plan.active_revision:
         return f"{base},{api.LABEL_REVISION}={plan.active_revision}"
     return base
+
+
+def template_update_in_place(
+    gpu_capacity: str, observed: Mapping[str, Any] | None, pods: Sequence[PodFacts]
+) -> bool:
+    """Whether the stable Deployment rolls a template change in place (maxSurge 0 / maxUnavailable 1).
+
+    Same policy as releases (spec.rollout.gpuCapacity): Surge never, ReplaceInPlace always, Auto once a
+    stable pod cannot be scheduled for lack of nvidia.com/gpu -- and then until that rollout is done
+    (the observed strategy is in place and the Deployment not rolled out), so it does not flip back to
+    surge between two pods. e.g. Auto, a stable pod Pending "Insufficient nvidia.com/gpu" -> True.
+    """
+    if gpu_capacity in (SURGE, REPLACE_IN_PLACE):
+        return gpu_capacity == REPLACE_IN_PLACE
+    stable = [p for p in pods if p.track == api.TRACK_STABLE and not p.deleting]
+    if any(api.GPU_RESOURCE in p.unschedulable_message for p in stable):
+        return True
+    if observed is None:
+        return False
+    strategy = ((observed.get("spec") or {}).get("strategy") or {}).get("rollingUpdate") or {}
+    in_place_now = str(strategy.get("maxSurge")) == "0"
+    return in_place_now and not deployment_facts(observed).rolled_out
 
 
 def _as_track(deployment: Mapping[str, Any], ref: ObjectRef, track: str) -> dict[str, Any]:

@@ -148,6 +148,25 @@ def patch_status(namespace: str, name: str, patch: Mapping[str, Any]) -> dict[st
         raise
 
 
+def seed_replicas(namespace: str, name: str, replicas: int) -> None:
+    """Set spec.scaling.replicas of a ChatbotService that has none, so its HPA can read its scale.
+
+    Called only when the pass saw no value; the HPA cannot have written one meanwhile, since its scale
+    cannot be read without it.
+    """
+    _count("PATCH", api.KIND)
+    try:
+        request(
+            "PATCH",
+            object_path(api.KIND, namespace, name),
+            body={"spec": {"scaling": {"replicas": int(replicas)}}},
+            content_type="application/merge-patch+json",
+        )
+    except ApiError as exc:
+        if exc.status != 404:
+            raise
+
+
 #: Accept header asking the API server for the table `kubectl get` prints (name, type, key count, age).
 #: Not PartialObjectMetadata: a Secret's metadata can hold its data too (kubectl apply's
 #: last-applied-configuration annotation).

@@ -42,6 +42,7 @@ from chatfleet_operator.rollout.facts import (
     deployment_facts,
 )
 from chatfleet_operator.rollout.plan import Action, plan_children
+from chatfleet_operator.rollout.release import ReleaseOptions
 from chatfleet_operator.rollout.status import (
     Observation,
     compute_status,
@@ -51,9 +52,9 @@ from chatfleet_operator.rollout.status import (
     status_events,
     status_patch,
 )
-from chatfleet_operator.rollout.tracks import release_status
+from chatfleet_operator.rollout.tracks import release_status, scale_selector, template_update_in_place
 from chatfleet_operator.settings import Settings
-from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
+from chatfleet_operator.spec import Autoscale, ChatbotServiceSpec, ObjectRef
 
 log = logging.getLogger("chatfleet")
 
@@ -200,21 +201,52 @@ class Outcome:
     """Seconds until a release waits on time (a pause, the next measurement); None: no timed wait."""
 
 
+def autoscaled_total(
+    autoscale: Autoscale,
+    raw_spec: Mapping[str, Any],
+    old_status: Mapping[str, Any],
+    snap: Snapshot,
+    name: str,
+) -> int:
+    """Replicas of an autoscaled ChatbotService: the HPA's decision, clamped to minReplicas..maxReplicas.
+
+    The HPA scales the ChatbotService, so its decision is spec.scaling.replicas. Until it is there (a
+    new object, or one from before the HPA scaled the ChatbotService), the last total in
+    status.desiredReplicas, else the stable Deployment's replicas, else minReplicas. Never the stable
+    Deployment during a release: the release itself shrinks it.
+    e.g. min 1, max 6: replicas 4 -> 4; replicas 9 -> 6; absent with status.desiredReplicas 3 -> 3.
+    """
+    decided = ((raw_spec.get("scaling") or {}).get("replicas"), old_status.get("desiredReplicas"))
+    current = (snap.children.get(("Deployment", name)) or {}).get("spec", {})
+    value = next((v for v in (*decided, current.get("replicas")) if v is not None), autoscale.min_replicas)
+    return max(autoscale.min_replicas, min(autoscale.max_replicas, int(value)))
+
+
 def desired_children(
-    ref: ObjectRef, spec: ChatbotServiceSpec, raw_spec: Mapping[str, Any], settings: Settings, snap: Snapshot
+    ref: ObjectRef,
+    spec: ChatbotServiceSpec,
+    raw_spec: Mapping[str, Any],
+    settings: Settings,
+    snap: Snapshot,
+    old_status: Mapping[str, Any] | None = None,
 ) -> tuple[list[dict[str, Any]], str, int]:
     """(desired manifests, revision, desired replicas) of one ChatbotService. Pure."""
     revision = revision_hash(raw_spec)
     configmap = build_triton_configmap(ref, spec)
     autoscale = spec.scaling.autoscale
-    replicas = None if autoscale else spec.scaling.replicas
+    if autoscale is not None:
+        desired_replicas = autoscaled_total(autoscale, raw_spec, old_status or {}, snap, ref.name)
+    else:
+        desired_replicas = spec.scaling.replicas
+    capacity = ReleaseOptions.from_dict(raw_spec.get("rollout")).gpu_capacity
     deployment = build_deployment(
         ref,
         spec,
         settings.pod,
         revision=revision,
         config_hash=config_hash(configmap["data"]),
-        replicas=replicas,
+        replicas=desired_replicas,
+        in_place=template_update_in_place(capacity, snap.children.get(("Deployment", ref.name)), snap.pods),
     )
     # Order matters at scale: the Service comes last because the API server allocates ClusterIPs one
     # at a time (about 30/s); the pods should not wait behind it.
@@ -222,12 +254,6 @@ def desired_children(
     if autoscale is not None:
         desired.append(build_hpa(ref, autoscale, settings.hpa_metrics))
     desired.append(build_service(ref))
-    if autoscale is not None:
-        current = snap.children.get(("Deployment", ref.name))
-        observed = (current or {}).get("spec", {}).get("replicas")
-        desired_replicas = max(autoscale.min_replicas, min(autoscale.max_replicas, int(observed or 0)))
-    else:
-        desired_replicas = spec.scaling.replicas
     return desired, revision, desired_replicas
 
 
@@ -256,6 +282,9 @@ class Client(Protocol):
 
     def secret_exists(self, namespace: str, name: str) -> bool:
         """Whether a Secret exists."""
+
+    def seed_replicas(self, namespace: str, name: str, replicas: int) -> None:
+        """Set spec.scaling.replicas of a ChatbotService where it is absent (the HPA's scale)."""
 
     def post_event(
         self, involved: Mapping[str, Any], type_: str, reason: str, message: str, now: datetime | None = None
@@ -293,6 +322,24 @@ def _apply(
     return None
 
 
+def _seed_replicas(client: Client, ref: ObjectRef, replicas: int) -> tuple[str, bool] | None:
+    """Write the first spec.scaling.replicas of an autoscaled ChatbotService; on refusal (message, retry)."""
+    try:
+        client.seed_replicas(ref.namespace, ref.name, replicas)
+    except ApiError as exc:
+        log.warning(
+            "Failed to set spec.scaling.replicas of ChatbotService %s/%s: %s", ref.namespace, ref.name, exc
+        )
+        return (
+            f"spec.scaling.replicas could not be set for the autoscaler ({exc.status}): {exc.message}",
+            True,
+        )
+    log.info(
+        "Set spec.scaling.replicas=%d of ChatbotService %s/%s for its HPA", replicas, ref.namespace, ref.name
+    )
+    return None
+
+
 def reconcile_pass(
     client: Client,
     body: Mapping[str, Any],
@@ -312,7 +359,7 @@ def reconcile_pass(
     missing = [name for name in referenced_secrets(spec) if not client.secret_exists(ref.namespace, name)]
 
     # 2. Plan: desired children vs observed ones; a release (measured when due) rewrites what it moves.
-    desired, revision, desired_replicas = desired_children(ref, spec, raw_spec, settings, snap)
+    desired, revision, desired_replicas = desired_children(ref, spec, raw_spec, settings, snap, old_status)
     releases = releases or Releases()
     release = releases.run(
         ref,
@@ -324,13 +371,15 @@ def reconcile_pass(
         old_status,
         update_revision=revision,
         total=desired_replicas,
-        autoscaled=spec.scaling.autoscale is not None,
         now=now,
     )
     actions = plan_children(release.desired, snap.children, DELETABLE_KINDS)
 
     # 3. Apply: only what differs. An invalid object is a problem for the user, not a crash.
     refused = [r for action in actions if (r := _apply(client, action, world, snap, ref.namespace))]
+    seed = spec.scaling.autoscale is not None and (raw_spec.get("scaling") or {}).get("replicas") is None
+    if seed:  # the HPA reads and writes spec.scaling.replicas (the scale subresource): it must exist
+        refused += [r for r in [_seed_replicas(client, ref, desired_replicas)] if r]
 
     # 4. Compute the whole new status (pure) from the freshest view of the Deployment.
     dep_body = snap.children.get(("Deployment", ref.name))
@@ -348,7 +397,7 @@ def reconcile_pass(
         desired_replicas=desired_replicas,
         gpus_per_replica=spec.resources.gpus_per_replica,
         endpoint=endpoint(ref, settings.runtime.cluster_domain),
-        selector=f"{api.LABEL_SERVICE}={ref.name},{api.LABEL_TRACK}={api.TRACK_STABLE}",
+        selector=scale_selector(ref, spec, release.plan),
         deployment=dep,
         pods=stable_pods,
         problems=problems,
@@ -360,7 +409,7 @@ def reconcile_pass(
 
     # 5. One status write, only when something changed; then events from the difference.
     patch = status_patch(old_status, new_status)
-    writes = len(actions)
+    writes = len(actions) + int(seed)
     written = client.patch_status(ref.namespace, ref.name, patch) if patch else None
     if written:
         world.remember(api.KIND, ref.namespace, ref.name, trim(written), _rv(written))

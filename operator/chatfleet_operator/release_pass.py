@@ -114,7 +114,6 @@ class Releases:
         *,
         update_revision: str,
         total: int,
-        autoscaled: bool,
         now: datetime,
     ) -> ReleaseOutcome:
         """Measure if due, then plan the release and the children of this pass."""
@@ -135,7 +134,6 @@ class Releases:
             gateway_name=self.settings.gateway_name,
             now=now,
             measurement=measurement,
-            autoscaled=autoscaled,
         )
 
 

@@ -50,23 +50,53 @@ def _hub_download(repo_id: str, revision: str | None, cache_dir: str | None) -> 
     return Path(snapshot_download(repo_id, revision=revision, cache_dir=cache_dir))
 
 
+def instance_device(
+    kind: str, *, cuda_available: bool, device_id: int | None = None, device_count: int = 1
+) -> str:
+    """The torch device of one Triton model instance: the GPU Triton assigned it, or the CPU.
+
+    Triton puts `count` instances on each GPU of the instance group and tells each its GPU
+    (args['model_instance_device_id']); loading there, not on the default device, is what keeps the
+    other GPUs of a multi-GPU replica busy.
+    >>> instance_device("KIND_GPU", cuda_available=True, device_id=1, device_count=2)
+    'cuda:1'
+    >>> instance_device("KIND_GPU", cuda_available=False, device_id=1, device_count=0)
+    'cpu'
+    """
+    if kind != "KIND_GPU" or not cuda_available:
+        return "cpu"
+    if device_id is None:
+        return "cuda"
+    if not 0 <= device_id < device_count:
+        raise ValueError(f"model_instance_device_id {device_id}: only {device_count} GPU(s) visible")
+    return f"cuda:{device_id}"
+
+
 def choose_placement(
-    precision: str, kind: str, *, cuda_available: bool, bf16_supported: bool = True
+    precision: str,
+    kind: str,
+    *,
+    cuda_available: bool,
+    bf16_supported: bool = True,
+    device_id: int | None = None,
+    device_count: int = 1,
 ) -> Placement:
     """Pick device and effective precision: fp32 on CPU, fp16/bf16 on GPU, int8 where supported.
 
     >>> choose_placement("fp16", "KIND_CPU", cuda_available=False)
     Placement(device='cpu', precision='fp32', reason='fp16 is not served on CPU; using fp32')
     """
-    device = "cuda" if kind == "KIND_GPU" and cuda_available else "cpu"
+    device = instance_device(
+        kind, cuda_available=cuda_available, device_id=device_id, device_count=device_count
+    )
     reason = "" if kind != "KIND_GPU" or cuda_available else "no CUDA device; running on CPU. "
     if device == "cpu":
         if precision in ("fp16", "bf16"):
             return Placement("cpu", "fp32", f"{reason}{precision} is not served on CPU; using fp32".strip())
         return Placement("cpu", precision, reason.strip())
     if precision == "bf16" and not bf16_supported:
-        return Placement("cuda", "fp16", "bf16 is not supported by this GPU; using fp16")
-    return Placement("cuda", precision)
+        return Placement(device, "fp16", "bf16 is not supported by this GPU; using fp16")
+    return Placement(device, precision)
 
 
 def torch_dtype(precision: str):
@@ -99,12 +129,14 @@ def load_model(path: str | Path, placement: Placement):
     import torch
     from transformers import AutoModelForCausalLM
 
-    if placement.precision == "int8" and placement.device == "cuda":
+    if placement.precision == "int8" and placement.device.startswith("cuda"):
         try:
             from transformers import BitsAndBytesConfig
 
             return AutoModelForCausalLM.from_pretrained(
-                str(path), quantization_config=BitsAndBytesConfig(load_in_8bit=True), device_map="cuda"
+                str(path),
+                quantization_config=BitsAndBytesConfig(load_in_8bit=True),
+                device_map={"": placement.device},
             ).eval()
         except ImportError as exc:  # pragma: no cover - GPU images only
             raise RuntimeError("precision int8 on GPU needs bitsandbytes in the image") from exc

@@ -19,7 +19,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from chatfleet_runtime.generation import BatchGenerator, GenerationRequest, GenerationResult, InflightEngine
@@ -85,6 +85,8 @@ class ServiceSettings:
     """Streaming model: requests join the running batch between steps (continuous batching)."""
     max_batch_size: int = 8
     """Rows in one batch (Triton's max_batch_size; also the in-flight engine's limit)."""
+    device_id: int | None = None
+    """The GPU Triton assigned this instance (args['model_instance_device_id']); None: the default."""
 
     @classmethod
     def from_parameters(
@@ -115,6 +117,17 @@ class ServiceSettings:
             cancel_check_ms=num("cancel_check_ms", 200),
             max_batch_size=max(1, int(max_batch_size)),
         )
+
+    @classmethod
+    def from_triton_args(cls, args: Mapping[str, str]) -> ServiceSettings:
+        """Settings of one Triton model instance from `initialize(args)`: its config and assigned device."""
+        config = json.loads(args["model_config"])
+        settings = cls.from_parameters(
+            parameters_from_model_config(config), instance_kind(config), max_batch_size(config)
+        )
+        raw = args.get("model_instance_device_id")
+        on_gpu = str(args.get("model_instance_kind", "")).upper() == "GPU" and settings.kind == "KIND_GPU"
+        return replace(settings, device_id=int(raw) if on_gpu and raw not in (None, "") else None)
 
 
 def parameters_from_model_config(model_config: Mapping[str, Any]) -> dict[str, str]:
@@ -165,6 +178,8 @@ class ChatService:
             settings.kind,
             cuda_available=torch.cuda.is_available(),
             bf16_supported=torch.cuda.is_available() and torch.cuda.is_bf16_supported(),
+            device_id=settings.device_id,
+            device_count=torch.cuda.device_count() if torch.cuda.is_available() else 0,
         )
         if self.placement.reason:
             log.warning("placement: %s", self.placement.reason)

@@ -44,6 +44,9 @@ class ChatModelConfig:
     """Triton instance kind: KIND_GPU in a GPU pod, KIND_CPU for local runs and tests."""
     instance_count: int = 1
     """Model instances per device (per GPU with KIND_GPU)."""
+    gpus: tuple[int, ...] = ()
+    """GPU indices of the instance group (KIND_GPU): `instance_count` instances on each, every instance
+    loading on the GPU Triton assigns it. Empty: Triton's default, every visible GPU."""
     max_batch_size: int = 8
     """Largest dynamic batch Triton forms; one generate() runs per batch."""
     preferred_batch_sizes: tuple[int, ...] = ()
@@ -79,6 +82,8 @@ class ChatModelConfig:
                 )
         if self.instance_count < 1:
             raise ValueError(f"instance_count: must be at least 1, got {self.instance_count}")
+        if len(set(self.gpus)) != len(self.gpus) or any(g < 0 for g in self.gpus):
+            raise ValueError(f"gpus: must be distinct GPU indices (0, 1, ...), got {list(self.gpus)}")
 
     def parameters(self) -> dict[str, str]:
         """The `parameters { ... }` entries, all strings as Triton wants them."""
@@ -127,7 +132,8 @@ def render_config_pbtxt(cfg: ChatModelConfig, *, name: str, decoupled: bool) -> 
         lines.append(f"  preferred_batch_size: [ {sizes} ]")
     delay = 0 if inflight else cfg.max_queue_delay_us
     lines += [f"  max_queue_delay_microseconds: {delay}", "}"]
-    lines += [f"instance_group [ {{ count: {cfg.instance_count} kind: {cfg.kind} }} ]"]
+    gpus = f" gpus: [ {', '.join(str(g) for g in cfg.gpus)} ]" if cfg.gpus and cfg.kind == "KIND_GPU" else ""
+    lines += [f"instance_group [ {{ count: {cfg.instance_count} kind: {cfg.kind}{gpus} }} ]"]
     if decoupled:
         lines.append("model_transaction_policy { decoupled: true }")
     lines.append("parameters [")

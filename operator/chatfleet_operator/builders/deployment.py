@@ -223,6 +223,18 @@ def build_pod_template(
     return {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod_spec}
 
 
+def rolling_update(pod: PodSettings, *, in_place: bool) -> dict[str, Any]:
+    """maxSurge/maxUnavailable of a template change that is no release (e.g. an operator upgrade).
+
+    Surge (the settings, default 1/0) needs a free GPU for the extra pod; in place (0/1) replaces one
+    pod at a time, so it proceeds when no GPU is free -- the same choice as spec.rollout.gpuCapacity
+    makes for releases (rollout/tracks.py `template_update_in_place` decides).
+    """
+    if in_place:
+        return {"maxSurge": 0, "maxUnavailable": 1}
+    return {"maxSurge": pod.max_surge, "maxUnavailable": pod.max_unavailable}
+
+
 def build_deployment(
     ref: ObjectRef,
     spec: ChatbotServiceSpec,
@@ -232,16 +244,14 @@ def build_deployment(
     config_hash: str,
     track: str = api.TRACK_STABLE,
     replicas: int | None = None,
+    in_place: bool = False,
 ) -> dict[str, Any]:
-    """Deployment of one track; `replicas=None` leaves the count to the HPA (autoscaled)."""
+    """Deployment of one track; `replicas=None` leaves the count unset; `in_place`: see rolling_update."""
     deployment_spec: dict[str, Any] = {
         "selector": {"matchLabels": selector_labels(ref, track)},
         "revisionHistoryLimit": pod.revision_history_limit,
         "progressDeadlineSeconds": spec.analysis.progress_deadline_seconds,
-        "strategy": {
-            "type": "RollingUpdate",
-            "rollingUpdate": {"maxSurge": pod.max_surge, "maxUnavailable": pod.max_unavailable},
-        },
+        "strategy": {"type": "RollingUpdate", "rollingUpdate": rolling_update(pod, in_place=in_place)},
         "template": build_pod_template(
             ref, spec, pod, track=track, revision=revision, config_hash=config_hash
         ),

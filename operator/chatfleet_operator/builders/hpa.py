@@ -1,9 +1,17 @@
-"""The HorizontalPodAutoscaler (autoscaling/v2), only when spec.scaling.autoscale is set."""
+"""The HorizontalPodAutoscaler (autoscaling/v2), only when spec.scaling.autoscale is set.
+
+It scales the ChatbotService itself, through its scale subresource (spec.scaling.replicas, pods chosen
+by status.selector), not the stable Deployment: a release splits the replicas over two Deployments and
+shrinks the stable one, so an HPA on that Deployment would see its own target shrink and follow it down
+(the flagger#1347 / argo-rollouts#4380 class). The operator spreads spec.scaling.replicas over the
+tracks, and status.selector names the pods that serve (docs/releases.md, "Autoscaling").
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+from chatfleet_operator import api
 from chatfleet_operator.builders.common import (
     deployment_name,
     object_meta,
@@ -38,18 +46,14 @@ def hpa_metrics(autoscale: Autoscale, names: HpaMetricSettings) -> list[dict[str
 
 
 def build_hpa(ref: ObjectRef, autoscale: Autoscale, names: HpaMetricSettings) -> dict[str, Any]:
-    """HPA scaling the stable Deployment between minReplicas and maxReplicas."""
+    """HPA scaling the ChatbotService (its scale subresource) between minReplicas and maxReplicas."""
     return with_desired_hash(
         {
             "apiVersion": "autoscaling/v2",
             "kind": "HorizontalPodAutoscaler",
             "metadata": object_meta(ref, deployment_name(ref)),
             "spec": {
-                "scaleTargetRef": {
-                    "apiVersion": "apps/v1",
-                    "kind": "Deployment",
-                    "name": deployment_name(ref),
-                },
+                "scaleTargetRef": {"apiVersion": api.API_VERSION, "kind": api.KIND, "name": ref.name},
                 "minReplicas": autoscale.min_replicas,
                 "maxReplicas": autoscale.max_replicas,
                 "metrics": hpa_metrics(autoscale, names),

@@ -27,6 +27,8 @@ def chat_model_config(spec: ChatbotServiceSpec) -> ChatModelConfig:
         precision=rt.precision,
         kind="KIND_GPU",
         instance_count=rt.instances_per_gpu,
+        # Every GPU of the replica gets its instances (one GPU: Triton's default, the config unchanged).
+        gpus=tuple(range(spec.resources.gpus_per_replica)) if spec.resources.gpus_per_replica > 1 else (),
         max_batch_size=rt.dynamic_batching.max_batch_size,
         preferred_batch_sizes=rt.dynamic_batching.preferred_batch_sizes,
         max_queue_delay_us=rt.dynamic_batching.max_queue_delay_us,

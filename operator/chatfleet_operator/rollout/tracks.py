@@ -30,7 +30,7 @@ from chatfleet_operator.builders.release import (
     retarget_configmap,
     track_service_name,
 )
-from chatfleet_operator.rollout.facts import PodFacts
+from chatfleet_operator.rollout.facts import PodFacts, deployment_facts
 from chatfleet_operator.rollout.release import (
     ReleaseInput,
     ReleaseOptions,
@@ -40,7 +40,7 @@ from chatfleet_operator.rollout.release import (
     plan_release,
 )
 from chatfleet_operator.rollout.status import condition, merge_conditions
-from chatfleet_operator.rollout.traffic import HTTPROUTE
+from chatfleet_operator.rollout.traffic import HTTPROUTE, REPLACE_IN_PLACE, SURGE
 from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
 
 
@@ -117,7 +117,6 @@ def release_children(
     gateway_name: str,
     now: datetime,
     measurement: Measurement | None = None,
-    autoscaled: bool = False,
 ) -> ReleaseOutcome:
     """Plan the release of this pass and rewrite the steady-state children accordingly."""
     options = ReleaseOptions.from_dict(raw_spec.get("rollout"))
@@ -134,10 +133,9 @@ def release_children(
     observed_stable = children.get(("Deployment", stable_name))
 
     # The stable Deployment: from the spec, or its observed template kept (old revision) at a new size.
+    # Replicas are always set, autoscaled or not: the HPA scales the ChatbotService, not a Deployment.
     if plan.stable_from_spec or observed_stable is None:
-        stable_dep = dict(base_dep)
-        if plan.in_release or not autoscaled:
-            stable_dep = keep_template(base_dep, base_dep, plan.stable_replicas)
+        stable_dep = keep_template(base_dep, base_dep, plan.stable_replicas)
         serving = update_revision
         stable_cm: dict[str, Any] | None = base_cm
     else:
@@ -206,6 +204,44 @@ def release_children(
     desired += rest
     desired += [m for m, e in zip(traffic_objs, exists, strict=True) if not e]
     return ReleaseOutcome(desired=desired, plan=plan, serving_revision=serving, canary=canary)
+
+
+def scale_selector(ref: ObjectRef, spec: ChatbotServiceSpec, plan: ReleasePlan) -> str:
+    """status.selector, the pods the HPA averages over (scale subresource): those that take traffic.
+
+    No release: the stable track. Canary: both tracks (each takes its share of the traffic). Blue-green:
+    the pods of the revision the active Service selects (the preview takes no user traffic before the
+    switch; after it, the old revision takes none).
+    e.g. "chatfleet.io/service=bot,chatfleet.io/track=stable"; canary "chatfleet.io/service=bot".
+    """
+    base = f"{api.LABEL_SERVICE}={ref.name}"
+    if not plan.in_release:
+        return f"{base},{api.LABEL_TRACK}={api.TRACK_STABLE}"
+    if spec.rollout.strategy == "blueGreen" and plan.active_revision:
+        return f"{base},{api.LABEL_REVISION}={plan.active_revision}"
+    return base
+
+
+def template_update_in_place(
+    gpu_capacity: str, observed: Mapping[str, Any] | None, pods: Sequence[PodFacts]
+) -> bool:
+    """Whether the stable Deployment rolls a template change in place (maxSurge 0 / maxUnavailable 1).
+
+    Same policy as releases (spec.rollout.gpuCapacity): Surge never, ReplaceInPlace always, Auto once a
+    stable pod cannot be scheduled for lack of nvidia.com/gpu -- and then until that rollout is done
+    (the observed strategy is in place and the Deployment not rolled out), so it does not flip back to
+    surge between two pods. e.g. Auto, a stable pod Pending "Insufficient nvidia.com/gpu" -> True.
+    """
+    if gpu_capacity in (SURGE, REPLACE_IN_PLACE):
+        return gpu_capacity == REPLACE_IN_PLACE
+    stable = [p for p in pods if p.track == api.TRACK_STABLE and not p.deleting]
+    if any(api.GPU_RESOURCE in p.unschedulable_message for p in stable):
+        return True
+    if observed is None:
+        return False
+    strategy = ((observed.get("spec") or {}).get("strategy") or {}).get("rollingUpdate") or {}
+    in_place_now = str(strategy.get("maxSurge")) == "0"
+    return in_place_now and not deployment_facts(observed).rolled_out
 
 
 def _as_track(deployment: Mapping[str, Any], ref: ObjectRef, track: str) -> dict[str, Any]:

@@ -14,14 +14,7 @@ import logging
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from chatfleet_runtime.service import (
-    ChatService,
-    Prepared,
-    ServiceSettings,
-    instance_kind,
-    max_batch_size,
-    parameters_from_model_config,
-)
+from chatfleet_runtime.service import ChatService, Prepared, ServiceSettings
 
 log = logging.getLogger("chatfleet.model")
 
@@ -135,12 +128,11 @@ class TritonPythonModel:
     """The chat model: one batched generate per dynamic batch; streaming when decoupled."""
 
     def initialize(self, args):
-        """Parse the model config and load the model once (with a warm-up generation)."""
+        """Parse the model config and load the model once, on this instance's GPU (with a warm-up)."""
         config = json.loads(args["model_config"])
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
-        settings = ServiceSettings.from_parameters(
-            parameters_from_model_config(config), instance_kind(config), max_batch_size(config)
-        )
+        # Loads on the GPU Triton assigned this instance (args['model_instance_device_id']).
+        settings = ServiceSettings.from_triton_args(args)
         observer = TritonObserver(args["model_name"], args.get("model_version", "1"))
         self.service = ChatService(settings, observer)
         self.inflight = self.decoupled and settings.inflight_batching

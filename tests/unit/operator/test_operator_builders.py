@@ -240,7 +240,12 @@ class TestHpa:
         ]
         assert got == expected
         assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 5)
-        assert hpa["spec"]["scaleTargetRef"]["name"] == "bot"
+        # the ChatbotService's scale, not the stable Deployment a release shrinks
+        assert hpa["spec"]["scaleTargetRef"] == {
+            "apiVersion": "chatfleet.io/v1alpha1",
+            "kind": "ChatbotService",
+            "name": "bot",
+        }
 
     @pytest.mark.parametrize(
         ("ms", "quantity"),

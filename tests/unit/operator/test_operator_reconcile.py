@@ -49,6 +49,9 @@ class FakeClient:
     def secret_exists(self, namespace, name):
         return name in self.secrets
 
+    def seed_replicas(self, namespace, name, replicas):
+        self.writes.append(("seed", replicas))
+
     def post_event(self, involved, type_, reason, message, now=None):
         self.writes.append(("event", (type_, reason)))
 
@@ -99,6 +102,7 @@ class TestReconcilePass:
         )
         body["status"] = reconcile_pass(client, body, snap, World(), Settings(), NOW).status
         assert ("HorizontalPodAutoscaler", "bot") in snap.children
+        assert ("seed", 1) in client.writes  # spec.scaling.replicas, the scale the HPA reads and writes
         client.writes.clear()
         body = {**body, "spec": {"model": {"uri": "hf://a/b"}, "scaling": {"replicas": 2}}}
         reconcile_pass(client, body, snap, World(), Settings(), NOW)

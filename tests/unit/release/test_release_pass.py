@@ -52,7 +52,6 @@ def run(releases, raw, children, pods, status, now):
         status,
         update_revision=rev,
         total=total,
-        autoscaled=False,
         now=now,
     )
 

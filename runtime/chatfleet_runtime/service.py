@@ -141,6 +141,11 @@ class Prepared:
     error: str | None = None
 
 
+def error_message(kind: str, message: str) -> str:
+    """The wire message of a failed row: `invalid_request: ...` for the client's fault, else `internal: ...`."""
+    return (INVALID if kind == "invalid" else "internal: ") + message
+
+
 def _decode(raw: Any) -> str:
     if isinstance(raw, bytes):
         return raw.decode("utf-8")
@@ -281,10 +286,12 @@ class ChatService:
             # OpenMP thread counts are per OS thread; the backend may call execute from another thread.
             self.generator.torch.set_num_threads(self.settings.torch_threads)
         t0 = time.perf_counter()
+        # Never raises for one request's sake: a row that fails carries `error` (see error_message).
         results = self.generator.generate(requests)
         tokens = sum(len(r.token_ids) for r in results)
         self.observer.batch(len(requests), time.perf_counter() - t0, tokens)
         for result in results:
-            self.observer.finished(result)
+            if result.error is None:
+                self.observer.finished(result)
         self.observer.cache(self.prefix_cache)
         return results

@@ -18,6 +18,7 @@ from chatfleet_runtime.service import (
     ChatService,
     Prepared,
     ServiceSettings,
+    error_message,
     instance_kind,
     max_batch_size,
     parameters_from_model_config,
@@ -116,11 +117,12 @@ class TritonObserver:
         self.cache_bytes.set(cache.nbytes)
 
 
-def _outputs(text: str, num_tokens: int, finish: str):
+def _outputs(text: str, num_tokens: int, finish: str, prompt_tokens: int = 0):
     return [
         pb_utils.Tensor("TEXT", np.array([text.encode("utf-8")], dtype=np.object_)),
         pb_utils.Tensor("NUM_TOKENS", np.array([num_tokens], dtype=np.int32)),
         pb_utils.Tensor("FINISH_REASON", np.array([finish.encode("utf-8")], dtype=np.object_)),
+        pb_utils.Tensor("PROMPT_TOKENS", np.array([prompt_tokens], dtype=np.int32)),
     ]
 
 
@@ -185,13 +187,14 @@ class TritonPythonModel:
             results, error = iter(()), f"internal: generate failed: {exc}"
         responses = []
         for prep, sender in zip(prepared, senders, strict=True):
-            if prep.request is None or error is not None:
-                response = pb_utils.InferenceResponse(error=pb_utils.TritonError(prep.error or error))
+            result = next(results) if prep.request is not None and error is None else None
+            if result is None or result.error is not None:
+                message = prep.error or error or error_message(result.error_kind, result.error)
+                response = pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
             else:
-                result = next(results)
                 text = "" if self.decoupled else result.text
                 response = pb_utils.InferenceResponse(
-                    _outputs(text, len(result.token_ids), result.finish_reason)
+                    _outputs(text, len(result.token_ids), result.finish_reason, result.prompt_tokens)
                 )
             if sender is None:
                 responses.append(response)
@@ -212,11 +215,14 @@ class TritonPythonModel:
     def _finisher(self, sender):
         def on_done(result, error):
             if error is not None:
-                message = f"internal: generate failed: {error}"
+                kind = getattr(error, "kind", "internal")
+                message = error_message(
+                    kind, str(error) if kind == "invalid" else f"generate failed: {error}"
+                )
                 response = pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
             else:
                 response = pb_utils.InferenceResponse(
-                    _outputs("", len(result.token_ids), result.finish_reason)
+                    _outputs("", len(result.token_ids), result.finish_reason, result.prompt_tokens)
                 )
             self._send_final(sender, response)
 

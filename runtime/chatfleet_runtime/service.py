@@ -48,6 +48,9 @@ class Observer(Protocol):
     def cache(self, cache: PrefixCache) -> None:
         """The prefix cache after a batch or a finished request."""
 
+    def placement(self, requested: str, precision: str, device: str) -> None:
+        """The precision asked for, the one that runs and the device (once, at load)."""
+
 
 class NullObserver:
     """Observer that records nothing."""
@@ -60,6 +63,9 @@ class NullObserver:
 
     def cache(self, cache: PrefixCache) -> None:
         """Ignore cache statistics."""
+
+    def placement(self, requested: str, precision: str, device: str) -> None:
+        """Ignore the placement."""
 
 
 @dataclass(frozen=True)
@@ -173,6 +179,16 @@ class ChatService:
         )
         if self.placement.reason:
             log.warning("placement: %s", self.placement.reason)
+        # Say what runs: fp16/bf16 asked on a CPU-only pod run fp32, and that must never be silent.
+        log.info(
+            "serving precision %s on %s (asked: %s)",
+            self.placement.precision,
+            self.placement.device,
+            settings.precision,
+        )
+        observe_placement = getattr(self.observer, "placement", None)
+        if observe_placement is not None:
+            observe_placement(settings.precision, self.placement.precision, self.placement.device)
         self.tokenizer = tokenizer or loading.load_tokenizer(settings.tokenizer_dir, settings.chat_template)
         self.model = model or loading.load_model(settings.model_dir, self.placement)
         self.prefix_cache = PrefixCache(settings.prefix_cache_entries, settings.prefix_cache_bytes)

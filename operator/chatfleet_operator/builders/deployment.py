@@ -116,6 +116,11 @@ def _triton_container(ref: ObjectRef, spec: ChatbotServiceSpec, pod: PodSettings
     return container
 
 
+def _label_env(name: str, label: str) -> dict[str, Any]:
+    """An env var holding one of the pod's labels (downward API)."""
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{label}']"}}}
+
+
 def _chat_api_container(ref: ObjectRef, spec: ChatbotServiceSpec, pod: PodSettings) -> dict[str, Any]:
     """The `chat-api` container: OpenAI-style HTTP API relaying to Triton over local gRPC."""
     rt = spec.runtime
@@ -125,6 +130,10 @@ def _chat_api_container(ref: ObjectRef, spec: ChatbotServiceSpec, pod: PodSettin
         {"name": "CHATFLEET_HISTORY_TURNS", "value": str(rt.sessions.history_turns)},
         {"name": "CHATFLEET_REQUEST_TIMEOUT_SECONDS", "value": str(rt.request_timeout_seconds)},
         {"name": "CHATFLEET_FALLBACK_TEXT", "value": rt.fallback_text},
+        # The pod's own track and revision, echoed on every answer (x-chatfleet-track), read from the
+        # pod labels through the downward API so they can never disagree with the selector.
+        _label_env("CHATFLEET_TRACK", api.LABEL_TRACK),
+        _label_env("CHATFLEET_REVISION", api.LABEL_REVISION),
     ]
     if rt.sessions.redis is not None:
         env.append(

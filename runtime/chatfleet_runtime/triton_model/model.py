@@ -84,7 +84,19 @@ class TritonObserver:
         self.cache_bytes = family(
             "chatfleet_model_prefix_cache_bytes", "Bytes held by the KV prefix cache", mf.GAUGE
         ).Metric(labels=labels)
+        self.precision = family(
+            "chatfleet_model_precision_info",
+            "1 for the precision that runs (label precision) and the one asked for (label requested)",
+            mf.GAUGE,
+        )
+        self._labels = labels
         self._seen = (0, 0, 0)
+
+    def placement(self, requested, precision, device):
+        """Record the effective precision (fp16/bf16 asked on CPU run fp32: the labels say so)."""
+        labels = {**self._labels, "requested": requested, "precision": precision, "device": device}
+        self.precision_metric = self.precision.Metric(labels=labels)
+        self.precision_metric.set(1)
 
     def batch(self, rows, generate_s, tokens):
         """Record one batched generate (in-flight batching: the batch size when requests join)."""

@@ -197,6 +197,18 @@ class TestDeployment:
         assert env["CHATFLEET_REDIS_URL"]["valueFrom"]["secretKeyRef"] == {"name": "r", "key": "url"}
         assert env["CHATFLEET_MODEL_NAME"]["value"] == "bot"
 
+    @pytest.mark.parametrize("track", [api.TRACK_STABLE, api.TRACK_CANARY, api.TRACK_PREVIEW])
+    def test_chat_api_knows_its_track_and_revision_from_the_pod_labels(self, track):
+        spec = spec_of()
+        dep = build_deployment(REF, spec, PodSettings(), revision="rev9", config_hash="cfg", track=track)
+        env = {e["name"]: e for e in containers(dep)["chat-api"]["env"]}
+        labels = dep["spec"]["template"]["metadata"]["labels"]
+        for var, label in (("CHATFLEET_TRACK", api.LABEL_TRACK), ("CHATFLEET_REVISION", api.LABEL_REVISION)):
+            path = env[var]["valueFrom"]["fieldRef"]["fieldPath"]
+            assert path == f"metadata.labels['{label}']"
+            assert label in labels
+        assert (labels[api.LABEL_TRACK], labels[api.LABEL_REVISION]) == (track, "rev9")
+
     def test_progress_deadline_from_analysis(self):
         assert deployment(analysis={"progressDeadlineSeconds": 42})["spec"]["progressDeadlineSeconds"] == 42
 

@@ -333,3 +333,48 @@ def test_unknown_fields_are_ignored_but_named_in_the_response(client, backend):
     r = post(client, {"messages": U, "best_of": 3, "guided_json": {}})
     assert r.status_code == 200
     assert r.json()["chatfleet"]["ignored_fields"] == ["best_of", "guided_json"]
+
+
+# ---- Track echo: every response names the answering pod's track and revision ----------------------
+
+
+@pytest.fixture
+def canary_client(backend):
+    settings = ApiSettings(model_name="m1", request_timeout_s=0.5, track="canary", revision="5f9c2a1b")
+    with TestClient(create_app(settings, backend=backend)) as c:
+        yield c
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        pytest.param("POST", "/v1/chat/completions", {"messages": U}, id="completion"),
+        pytest.param("POST", "/v1/chat/completions", {"messages": U, "stream": True}, id="stream"),
+        pytest.param("POST", "/v1/chat/completions", {"messages": []}, id="error-400"),
+        pytest.param("POST", "/v1/chat/completions", {"messages": U, "model": "x"}, id="error-404"),
+        pytest.param("GET", "/v1/models", None, id="models"),
+        pytest.param("GET", "/healthz", None, id="healthz"),
+        pytest.param("GET", "/readyz", None, id="readyz"),
+        pytest.param("GET", "/metrics", None, id="metrics"),
+    ],
+)
+def test_every_response_names_track_and_revision(canary_client, method, path, body):
+    r = canary_client.request(method, path, content=json.dumps(body) if body is not None else None)
+    assert r.headers["x-chatfleet-track"] == "canary"
+    assert r.headers["x-chatfleet-revision"] == "5f9c2a1b"
+
+
+def test_fallback_response_names_the_track(canary_client, backend):
+    backend.mode = "down"
+    for stream in (False, True):
+        r = post(canary_client, {"messages": U, "stream": stream})
+        assert r.headers["x-chatfleet-fallback"] == "text" and r.headers["x-chatfleet-track"] == "canary"
+
+
+def test_track_and_revision_come_from_the_pod_env():
+    s = ApiSettings.from_env({"CHATFLEET_TRACK": "stable", "CHATFLEET_REVISION": "abc"})
+    assert (s.track, s.revision) == ("stable", "abc")
+
+
+def test_no_track_header_when_the_pod_does_not_know_it(client):
+    assert "x-chatfleet-track" not in post(client, {"messages": U}).headers

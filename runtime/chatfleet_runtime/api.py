@@ -354,12 +354,32 @@ def create_app(settings: ApiSettings, backend=None, redis_client=None):
             return {"status": "ready", "breaker": breaker.state}
         return JSONResponse({"status": "waiting for triton"}, status_code=503)
 
+    async def triton_metrics() -> str:
+        """Triton's exposition text ('' when not configured or unreachable within 2 s)."""
+        if not settings.triton_metrics_url:
+            return ""
+        import httpx
+
+        try:
+            async with httpx.AsyncClient(timeout=2.0) as http:
+                resp = await http.get(settings.triton_metrics_url)
+                resp.raise_for_status()
+        except Exception as exc:
+            log.warning("Triton metrics not re-exported: %s", exc)
+            metrics.triton_up.labels(name).set(0)
+            return ""
+        metrics.triton_up.labels(name).set(1)
+        text = resp.text
+        return text if text.endswith("\n") else text + "\n"
+
     @app.get("/metrics")
     async def prometheus_metrics():
-        """Prometheus exposition of the API's metrics."""
+        """The pod's one scrape endpoint: the API's metrics, then Triton's (re-exported) when configured."""
         metrics.active_sessions.labels(name).set(active.count())
         metrics.breaker_state.labels(name).set(STATE_VALUE[breaker.state])
-        return PlainTextResponse(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        triton = await triton_metrics()
+        own = generate_latest(metrics.registry).decode()
+        return PlainTextResponse(own + triton, media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
     async def models():

@@ -174,7 +174,12 @@ class TestDeployment:
         assert meta["labels"][api.LABEL_TRACK] == "stable" and meta["labels"][api.LABEL_REVISION] == "abc"
         assert meta["annotations"]["a"] == "b"
         assert meta["annotations"]["prometheus.io/scrape"] == "true"
-        assert meta["annotations"]["prometheus.io/port"] == "8002"
+        assert meta["annotations"]["prometheus.io/port"] == "8080"  # the chat API: the one scrape port
+        assert meta["annotations"]["prometheus.io/path"] == "/metrics"
+        env = {e["name"]: e for e in containers(dep)["chat-api"]["env"]}
+        assert env["CHATFLEET_TRITON_METRICS_URL"]["value"] == "http://127.0.0.1:8002/metrics"
+        chat_ports = {p["containerPort"]: p["name"] for p in containers(dep)["chat-api"]["ports"]}
+        assert chat_ports[8080] == "chat"
 
     @pytest.mark.parametrize(
         ("scaling", "replicas"),

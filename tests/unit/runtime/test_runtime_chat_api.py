@@ -378,3 +378,53 @@ def test_track_and_revision_come_from_the_pod_env():
 
 def test_no_track_header_when_the_pod_does_not_know_it(client):
     assert "x-chatfleet-track" not in post(client, {"messages": U}).headers
+
+
+# ---- One scrape endpoint: the chat API re-exports Triton's metrics ------------------------------------
+
+
+@pytest.fixture
+def fake_triton_metrics():
+    """A real HTTP server on 127.0.0.1 serving a Triton-like exposition page."""
+    import http.server
+    import threading
+
+    page = b'# HELP nv_inference_count Number of inferences\n# TYPE nv_inference_count counter\nnv_inference_count{model="chat",version="1"} 5\n'
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.end_headers()
+            self.wfile.write(page)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    server.shutdown()
+    server.server_close()
+
+
+def test_metrics_re_export_triton(backend, fake_triton_metrics):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    settings = ApiSettings(model_name="m1", triton_metrics_url=fake_triton_metrics)
+    with TestClient(create_app(settings, backend=backend)) as c:
+        text = c.get("/metrics").text
+    families = {f.name: f for f in text_string_to_metric_families(text)}  # one valid exposition
+    assert families["nv_inference_count"].samples[0].value == 5
+    assert "chatfleet_requests" in families
+    assert families["chatfleet_triton_metrics_up"].samples[0].value == 1
+
+
+def test_metrics_still_answer_when_triton_is_unreachable(backend):
+    from chatfleet_runtime.tritonhome import free_port
+
+    settings = ApiSettings(model_name="m1", triton_metrics_url=f"http://127.0.0.1:{free_port()}/metrics")
+    with TestClient(create_app(settings, backend=backend)) as c:
+        r = c.get("/metrics")
+    assert r.status_code == 200 and 'chatfleet_triton_metrics_up{model="m1"} 0.0' in r.text

@@ -82,7 +82,13 @@ def chat_api(rt_workdir, triton, make_api_env, pod):
     # In the pod Triton's metrics are at 127.0.0.1:8002; here the local Triton's port stands in for it.
     assert env["CHATFLEET_TRITON_METRICS_URL"] == "http://127.0.0.1:8002/metrics"
     env["CHATFLEET_TRITON_METRICS_URL"] = triton.metrics_url
-    env.update(CHATFLEET_MODEL_NAME=SERVICE, CHATFLEET_TRACK=TRACK)
+    # CHATFLEET_TRACK / CHATFLEET_REVISION come from the pod labels (downward API) in a pod
+    labels = pod["metadata"]["labels"]
+    env.update(
+        CHATFLEET_MODEL_NAME=SERVICE,
+        CHATFLEET_TRACK=labels[api.LABEL_TRACK],
+        CHATFLEET_REVISION=labels[api.LABEL_REVISION],
+    )
     proc = ChatApiProcess(triton.grpc_url, make_api_env(None, **env), log_path=rt_workdir / "api-scrape.log")
     try:
         yield proc.start()
@@ -246,3 +252,22 @@ def test_chart_podmonitor_finds_what_the_analysis_queries(
     assert [ports[name] for name in scraped] == [int(pod["metadata"]["annotations"]["prometheus.io/port"])]
     prom = make_prometheus(scrape_configs=podmonitor_jobs(pod, podmonitor, pod_network_map))
     analysis_queries_return_data(prom, chat_api.url)
+
+
+def test_every_answer_names_the_pods_track(chat_api):
+    """Track echo (docs/releases.md): JSON answers, streams and errors all carry the pod's track."""
+    import httpx
+
+    with httpx.Client(timeout=60) as client:
+        url = f"{chat_api.url}/v1/chat/completions"
+        ok = client.post(url, json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+        bad = client.post(url, json={"messages": []})
+        with client.stream(
+            "POST",
+            url,
+            json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stream": True},
+        ) as streamed:
+            streamed.read()
+    for resp in (ok, bad, streamed):
+        assert resp.headers["x-chatfleet-track"] == TRACK and resp.headers["x-chatfleet-revision"] == "rev1"
+    assert (ok.status_code, bad.status_code, streamed.status_code) == (200, 400, 200)

@@ -107,3 +107,17 @@ def test_half_precision_asked_on_cpu_says_fp32_runs(tiny_model_dir, caplog, aske
     assert next(service.model.parameters()).dtype == torch.float32
     assert f"serving precision fp32 on cpu (asked: {asked})" in caplog.text
     assert f"{asked} is not served on CPU; using fp32" in caplog.text
+
+
+def test_bench_precision_row_compares_int8_with_fp32(tiny_model_dir):
+    import importlib.util
+
+    from chatfleet_platform.config import REPO_ROOT
+
+    spec = importlib.util.spec_from_file_location("runtime_bench", REPO_ROOT / "bench" / "runtime_bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows = bench.precision_rows(tiny_model_dir, 1, batch=2, max_tokens=4, reps=1)
+    assert rows["int8"]["weights_mib"] < rows["fp32"]["weights_mib"]
+    assert rows["int8"]["tokens_per_s"] > 0 and rows["int8_vs_fp32"]["memory_ratio"] < 0.6
+    assert "int8 weights" in "\n".join(bench.precision_table(rows))

@@ -87,13 +87,14 @@ def request_problem(request: GenerationRequest, vocab_size: int) -> str | None:
         return f"temperature: {p.temperature!r:.20} must be a finite number >= 0"
     if not isinstance(p.top_p, (int, float)) or not 0 < p.top_p <= 1:
         return f"top_p: {p.top_p!r:.20} must be in (0, 1]"
-    for name in ("presence_penalty", "frequency_penalty"):
-        value = getattr(p, name, 0.0)
+    for name, value in (("presence_penalty", p.presence_penalty), ("frequency_penalty", p.frequency_penalty)):
         if not isinstance(value, (int, float)) or not math.isfinite(value):
             return f"{name}: {value!r:.20} must be a finite number"
-    bad = next((t for t, _ in getattr(p, "logit_bias", ()) if not 0 <= t < vocab_size), None)
-    if bad is not None:
-        return f"logit_bias: token {bad} is outside 0..{vocab_size - 1}"
+    for token, bias in p.logit_bias:
+        if not isinstance(token, int) or not 0 <= token < vocab_size:
+            return f"logit_bias: token {token!r:.20} is outside 0..{vocab_size - 1}"
+        if not isinstance(bias, (int, float)) or not math.isfinite(bias):
+            return f"logit_bias[{token}]: {bias!r:.20} must be a finite number"
     if p.seed is not None and (
         isinstance(p.seed, bool) or not isinstance(p.seed, int) or not SEED_MIN <= p.seed <= SEED_MAX
     ):

@@ -6,7 +6,9 @@
 
 At 1, 8 and 32 concurrent conversations (closed loop): tokens per second, time to first token p50/p99
 and whole-response latency p50/p99. Multi-turn: second-turn latency at about 1,000 tokens of history with
-KV-prefix reuse vs recompute (the same request to Triton with ``prefix_cache: false``).
+KV-prefix reuse vs recompute (the same request to Triton with ``prefix_cache: false``). Precision: int8
+(dynamic quantisation) vs fp32, weights memory and batched tokens/s, in process (``--precision-only``
+runs just that row).
 
 Writes bench-results/runtime.json and bench-results/runtime.png and prints a table with ratios.
 CPU only: no GPU machine is lent to this task.
@@ -287,6 +289,63 @@ class Baseline:
         self.thread.join(10)
 
 
+# ---- precision: int8 vs fp32 -----------------------------------------------------------------------
+
+
+def precision_rows(
+    model_dir: Path, threads: int, *, batch: int = 8, max_tokens: int = 64, reps: int = 3
+) -> dict:
+    """int8 vs fp32 on CPU with the production loader and BatchGenerator: weights MiB and tokens/s.
+
+    One greedy batch of `batch` requests, `max_tokens` each, best of `reps` (after a warm-up batch).
+    """
+    import torch
+    from chatfleet_runtime.generation import BatchGenerator, GenerationRequest
+    from chatfleet_runtime.loading import choose_placement, load_model, load_tokenizer, weights_bytes
+    from chatfleet_runtime.prompting import SamplingParams, render_prompt
+
+    torch.set_num_threads(threads)
+    tokenizer = load_tokenizer(model_dir)
+    prompts = [
+        render_prompt(tokenizer, prompt_for(i, 0), max_context_tokens=2048, max_new_tokens=max_tokens).ids
+        for i in range(batch)
+    ]
+    out: dict[str, dict] = {}
+    for precision in ("fp32", "int8"):
+        model = load_model(model_dir, choose_placement(precision, "KIND_CPU", cuda_available=False))
+        gen = BatchGenerator(model, tokenizer)
+        requests = [GenerationRequest(p, SamplingParams(max_new_tokens=max_tokens)) for p in prompts]
+        gen.generate(requests[:2])  # warm-up
+        best = 0.0
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            results = gen.generate(requests)
+            tokens = sum(len(r.token_ids) for r in results)
+            best = max(best, tokens / (time.perf_counter() - t0))
+        out[precision] = {
+            "weights_mib": round(weights_bytes(model) / 2**20, 2),
+            "tokens_per_s": round(best, 1),
+        }
+    out["int8_vs_fp32"] = {
+        "memory_ratio": round(out["int8"]["weights_mib"] / out["fp32"]["weights_mib"], 3),
+        "tokens_per_s_ratio": round(out["int8"]["tokens_per_s"] / out["fp32"]["tokens_per_s"], 3),
+        "batch": batch,
+        "max_tokens": max_tokens,
+    }
+    return out
+
+
+def precision_table(p: dict) -> list[str]:
+    """Rows of the int8 vs fp32 comparison."""
+    r = p["int8_vs_fp32"]
+    return [
+        f"precision (in process, batch {r['batch']} x {r['max_tokens']} tokens, greedy):",
+        f"    fp32 weights {p['fp32']['weights_mib']:.2f} MiB, {p['fp32']['tokens_per_s']:.0f} tok/s",
+        f"    int8 weights {p['int8']['weights_mib']:.2f} MiB, {p['int8']['tokens_per_s']:.0f} tok/s "
+        f"(memory {r['memory_ratio']:.2f}x, tokens/s {r['tokens_per_s_ratio']:.2f}x of fp32)",
+    ]
+
+
 # ---- report --------------------------------------------------------------------------------------
 
 
@@ -335,6 +394,8 @@ def table(result: dict) -> str:
             else "n/a"
         )
     )
+    if result.get("precision"):
+        lines += ["", *precision_table(result["precision"])]
     return "\n".join(lines)
 
 
@@ -424,12 +485,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--max-tokens", type=int, default=MAX_TOKENS, help="tokens generated per request (both sides)"
     )
+    parser.add_argument(
+        "--precision-only", action="store_true", help="only the int8 vs fp32 row (in process, seconds)"
+    )
     args = parser.parse_args(argv)
     MAX_TOKENS = args.max_tokens
     workdir, out = Path(args.workdir), Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     per_conv = {1: 8, 8: 4, 32: 3} if not args.quick else {1: 3, 8: 2, 32: 1}
     model_dir = tiny_model(workdir, size=args.size)
+    if args.precision_only:
+        print("\n".join(precision_table(precision_rows(model_dir, args.threads))))
+        return 0
 
     from chatfleet_runtime.loading import load_tokenizer
 
@@ -475,6 +542,8 @@ def main(argv: list[str] | None = None) -> int:
             mt_small = multiturn(srv.grpc_url, load_tokenizer(small_dir), reps=4 if args.quick else 6)
         print(f"  {mt_small}", flush=True)
 
+    print("precision: int8 vs fp32 ...", flush=True)
+    precision = precision_rows(model_dir, args.threads)
     import torch
     from transformers import AutoConfig
 
@@ -513,6 +582,7 @@ def main(argv: list[str] | None = None) -> int:
         "baseline": bl,
         "multiturn": mt,
         "multiturn_small_model": mt_small,
+        "precision": precision,
         "goals": {
             "throughput_ratio_32": round(thr, 2),
             "throughput_ratio_32_vs_best_baseline": round(

@@ -8,7 +8,11 @@ session id is given) -> breaker and in-flight limit -> Triton over gRPC (``chat`
 Triton is down, slow or overloaded the answer comes from the FAQ or fallback text, marked
 ``"chatfleet": {"fallback": true, ...}`` and with the header ``X-Chatfleet-Fallback``.
 
-Session id, first found: header ``X-Session-Id``, body ``session_id``, body ``user`` (OpenAI's field).
+Session id, first found: header ``X-Session-Id``, body ``session_id``, body ``user`` (OpenAI's field;
+a value that is not a valid session id, such as an e-mail address, is hashed into one).
+
+Every response (JSON, stream, error, health) carries ``x-chatfleet-track`` (and ``x-chatfleet-revision``)
+when the pod knows them (``CHATFLEET_TRACK``, ``CHATFLEET_REVISION``, set by the operator).
 """
 
 from __future__ import annotations
@@ -31,7 +35,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from chatfleet_runtime.breaker import STATE_VALUE, CircuitBreaker, Fallback
 from chatfleet_runtime.metrics import ApiMetrics
-from chatfleet_runtime.prompting import RequestError, parse_sampling, validate_messages, validate_session_id
+from chatfleet_runtime.prompting import (
+    RequestError,
+    check_openai_fields,
+    parse_sampling,
+    session_key_from_user,
+    validate_messages,
+    validate_session_id,
+)
 from chatfleet_runtime.sessions import ActiveSessions, SessionStore, compose
 from chatfleet_runtime.tritonconfig import MODEL_NAME, STREAM_MODEL_NAME
 
@@ -58,6 +69,12 @@ class ApiSettings:
     breaker_failures: int = 3
     breaker_reset_s: float = 5.0
     max_body_bytes: int = 1_000_000
+    track: str | None = None
+    """The pod's release track (stable, canary, preview), echoed as `x-chatfleet-track`."""
+    revision: str | None = None
+    """The pod's revision hash, echoed as `x-chatfleet-revision`."""
+    triton_metrics_url: str | None = None
+    """Triton's metrics endpoint, re-exported on this API's /metrics (None: not re-exported)."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> ApiSettings:
@@ -75,6 +92,9 @@ class ApiSettings:
             "max_inflight": ("CHATFLEET_MAX_INFLIGHT", int),
             "breaker_failures": ("CHATFLEET_BREAKER_FAILURES", int),
             "breaker_reset_s": ("CHATFLEET_BREAKER_RESET_SECONDS", float),
+            "track": ("CHATFLEET_TRACK", str),
+            "revision": ("CHATFLEET_REVISION", str),
+            "triton_metrics_url": ("CHATFLEET_TRITON_METRICS_URL", str),
         }
         values: dict[str, Any] = {}
         for field_name, (var, kind) in pick.items():
@@ -94,11 +114,12 @@ class BackendError(Exception):
 
 @dataclass
 class Chunk:
-    """A piece of a response: text and, on the last one, the finish reason and token count."""
+    """A piece of a response: text and, on the last one, the finish reason and token counts."""
 
     text: str
     finish_reason: str = ""
     num_tokens: int = 0
+    prompt_tokens: int = 0
 
 
 def _classify(exc: Exception) -> BackendError:
@@ -160,11 +181,7 @@ class TritonChat:
             res = await self.client.infer(MODEL_NAME, self._inputs(messages, params), client_timeout=timeout)
         except Exception as exc:
             raise _classify(exc) from exc
-        return Chunk(
-            res.as_numpy("TEXT").reshape(-1)[0].decode("utf-8", "replace"),
-            res.as_numpy("FINISH_REASON").reshape(-1)[0].decode(),
-            int(res.as_numpy("NUM_TOKENS").reshape(-1)[0]),
-        )
+        return _chunk(res)
 
     async def stream(self, messages, params, timeout: float) -> AsyncIterator[Chunk]:
         """Streamed completion: deltas, the last one with a finish reason; cancels Triton on exit."""
@@ -177,11 +194,7 @@ class TritonChat:
             async for result, error in call:
                 if error is not None:
                     raise _classify(error)
-                chunk = Chunk(
-                    result.as_numpy("TEXT").reshape(-1)[0].decode("utf-8", "replace"),
-                    result.as_numpy("FINISH_REASON").reshape(-1)[0].decode(),
-                    int(result.as_numpy("NUM_TOKENS").reshape(-1)[0]),
-                )
+                chunk = _chunk(result)
                 yield chunk
                 if chunk.finish_reason:
                     return
@@ -199,6 +212,50 @@ class TritonChat:
         """Close the channel."""
         if self._client is not None:
             await self._client.close()
+
+
+def _chunk(result) -> Chunk:
+    """A Chunk from a Triton result (PROMPT_TOKENS may be missing on an older model config)."""
+    prompt = result.as_numpy("PROMPT_TOKENS")
+    return Chunk(
+        result.as_numpy("TEXT").reshape(-1)[0].decode("utf-8", "replace"),
+        result.as_numpy("FINISH_REASON").reshape(-1)[0].decode(),
+        int(result.as_numpy("NUM_TOKENS").reshape(-1)[0]),
+        int(prompt.reshape(-1)[0]) if prompt is not None else 0,
+    )
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    """OpenAI's usage object."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+class TrackHeaders:
+    """ASGI middleware: adds fixed headers (track, revision) to every HTTP response, streams included.
+
+    Pure ASGI rather than Starlette's BaseHTTPMiddleware, which would wrap streaming responses and
+    break the client-disconnect cancellation the streams rely on.
+    """
+
+    def __init__(self, app, headers: Mapping[str, str]):
+        self.app = app
+        self.headers = [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+
+    async def __call__(self, scope, receive, send):
+        """Pass through, adding the headers to `http.response.start`."""
+        if scope["type"] != "http" or not self.headers:
+            return await self.app(scope, receive, send)
+
+        async def send_with_headers(message):
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), *self.headers]}
+            await send(message)
+
+        return await self.app(scope, receive, send_with_headers)
 
 
 def _error(status: int, message: str):
@@ -276,6 +333,8 @@ def create_app(settings: ApiSettings, backend=None, redis_client=None):
                 await redis_client.aclose()
 
     app = FastAPI(title="chatfleet chat API", lifespan=lifespan)
+    echo = {"x-chatfleet-track": settings.track, "x-chatfleet-revision": settings.revision}
+    app.add_middleware(TrackHeaders, headers={k: v for k, v in echo.items() if v})
     app.state.settings, app.state.metrics, app.state.breaker, app.state.backend = (
         settings,
         metrics,
@@ -295,12 +354,32 @@ def create_app(settings: ApiSettings, backend=None, redis_client=None):
             return {"status": "ready", "breaker": breaker.state}
         return JSONResponse({"status": "waiting for triton"}, status_code=503)
 
+    async def triton_metrics() -> str:
+        """Triton's exposition text ('' when not configured or unreachable within 2 s)."""
+        if not settings.triton_metrics_url:
+            return ""
+        import httpx
+
+        try:
+            async with httpx.AsyncClient(timeout=2.0) as http:
+                resp = await http.get(settings.triton_metrics_url)
+                resp.raise_for_status()
+        except Exception as exc:
+            log.warning("Triton metrics not re-exported: %s", exc)
+            metrics.triton_up.labels(name).set(0)
+            return ""
+        metrics.triton_up.labels(name).set(1)
+        text = resp.text
+        return text if text.endswith("\n") else text + "\n"
+
     @app.get("/metrics")
     async def prometheus_metrics():
-        """Prometheus exposition of the API's metrics."""
+        """The pod's one scrape endpoint: the API's metrics, then Triton's (re-exported) when configured."""
         metrics.active_sessions.labels(name).set(active.count())
         metrics.breaker_state.labels(name).set(STATE_VALUE[breaker.state])
-        return PlainTextResponse(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        triton = await triton_metrics()
+        own = generate_latest(metrics.registry).decode()
+        return PlainTextResponse(own + triton, media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
     async def models():
@@ -311,6 +390,7 @@ def create_app(settings: ApiSettings, backend=None, redis_client=None):
         }
 
     def envelope(obj: str, sid: str | None, extra: dict[str, Any]) -> dict[str, Any]:
+        extra = {k: v for k, v in extra.items() if k != "ignored_fields" or v}
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
             "object": obj,
@@ -334,7 +414,7 @@ def create_app(settings: ApiSettings, backend=None, redis_client=None):
             body["choices"] = [
                 {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
             ]
-            body["usage"] = {"completion_tokens": 0, "total_tokens": 0}
+            body["usage"] = _usage(0, 0)
             return JSONResponse(body, headers=headers)
 
         async def events():
@@ -371,18 +451,17 @@ def create_app(settings: ApiSettings, backend=None, redis_client=None):
             if model != name:
                 raise RequestError(f"model: {model!r:.80} is not served here (available: {name})", 404)
             messages = validate_messages(body.get("messages"))
+            ignored = check_openai_fields(body)
             sampling = parse_sampling(body, max_new_tokens_limit=limits["max_new_tokens"])
-            if body.get("n", 1) != 1:
+            if body.get("n", 1) not in (1, None):
                 raise RequestError("n: only 1 is supported")
             sid = None
-            for field_name, value in (
-                ("X-Session-Id", request.headers.get("x-session-id")),
-                ("session_id", body.get("session_id")),
-                ("user", body.get("user")),
-            ):
-                if value is not None:
-                    sid = validate_session_id(value, field_name)
-                    break
+            if request.headers.get("x-session-id") is not None:
+                sid = validate_session_id(request.headers["x-session-id"], "X-Session-Id")
+            elif body.get("session_id") is not None:
+                sid = validate_session_id(body["session_id"], "session_id")
+            elif body.get("user") is not None:
+                sid = session_key_from_user(body["user"])
         except RequestError as exc:
             count("client_error", exc.status, stream)
             return _error(exc.status, str(exc))
@@ -400,9 +479,14 @@ def create_app(settings: ApiSettings, backend=None, redis_client=None):
             "top_p": sampling.top_p,
             "stop": list(sampling.stop),
             "seed": sampling.seed,
+            "presence_penalty": sampling.presence_penalty,
+            "frequency_penalty": sampling.frequency_penalty,
+            "logit_bias": {str(t): b for t, b in sampling.logit_bias},
             "session_id": sid,
         }
-        info = {"history": history_state}
+        if ignored:
+            log.info("ignored unknown request fields: %s", ", ".join(ignored))
+        info = {"history": history_state, "ignored_fields": ignored}
         if not breaker.allow():
             return fallback_response(messages, sid, stream, "circuit_open", info, t0)
         if inflight["n"] >= settings.max_inflight:
@@ -448,7 +532,7 @@ def create_app(settings: ApiSettings, backend=None, redis_client=None):
                 "finish_reason": result.finish_reason or "stop",
             }
         ]
-        body["usage"] = {"completion_tokens": result.num_tokens, "total_tokens": result.num_tokens}
+        body["usage"] = _usage(result.prompt_tokens, result.num_tokens)
         return JSONResponse(body)
 
     async def start_stream(prompt_messages, new_messages, params, sid, info, t0):
@@ -491,8 +575,8 @@ def create_app(settings: ApiSettings, backend=None, redis_client=None):
         async def events():
             chunk_id = envelope("chat.completion.chunk", sid, info)
             parts: list[str] = []
-            finish, num_tokens, last = "", 0, time.monotonic()
-            completed = False
+            finish, num_tokens, prompt_tokens, last = "", 0, 0, time.monotonic()
+            completed = timed_out = False
 
             def sse(delta: dict[str, Any], finish_reason: str | None, usage: dict | None = None) -> str:
                 chunk = dict(chunk_id)
@@ -510,20 +594,23 @@ def create_app(settings: ApiSettings, backend=None, redis_client=None):
                         yield sse({"content": chunk.text}, None)
                     if chunk.finish_reason:
                         finish, num_tokens = chunk.finish_reason, chunk.num_tokens
+                        prompt_tokens = chunk.prompt_tokens
                         break
                     try:
                         async with asyncio.timeout(max(0.001, deadline - time.monotonic())):
                             chunk = await it.__anext__()
                     except TimeoutError:
-                        finish = "length"
+                        # The deadline cut the answer short: the client gets what came, ended as
+                        # "length", but it is an error for the metrics (and the canary analysis).
+                        finish, timed_out = "length", True
                         breaker.record_failure()
                         break
                     now = time.monotonic()
                     metrics.itl.labels(name).observe(now - last)
                     last = now
-                if finish != "length" or num_tokens:
+                if not timed_out:
                     breaker.record_success()
-                usage = {"completion_tokens": num_tokens, "total_tokens": num_tokens}
+                usage = _usage(prompt_tokens, num_tokens)
                 yield sse({}, "length" if finish == "length" else "stop", usage)
                 yield "data: [DONE]\n\n"
                 completed = True
@@ -544,6 +631,9 @@ def create_app(settings: ApiSettings, backend=None, redis_client=None):
             elapsed = time.monotonic() - t0
             metrics.duration.labels(name, "true").observe(elapsed)
             metrics.tokens.labels(name).inc(num_tokens)
+            if timed_out:
+                count("error", 200, True)
+                return
             if num_tokens > 1 and elapsed > ttft:
                 metrics.tps.labels(name).observe(num_tokens / (elapsed - ttft))
             count("success", 200, True)

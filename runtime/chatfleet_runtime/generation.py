@@ -15,6 +15,7 @@ Pads are masked out and positions are explicit, so rows with and without a cache
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -40,7 +41,7 @@ class GenerationRequest:
 
 @dataclass
 class GenerationResult:
-    """What a row produced and why it ended (stop, length or cancelled)."""
+    """What a row produced and why it ended (stop, length, cancelled, or error with `error` set)."""
 
     text: str
     token_ids: list[int]
@@ -49,6 +50,56 @@ class GenerationResult:
     cached_tokens: int = 0
     first_token_s: float | None = None
     total_s: float = 0.0
+    error: str | None = None
+    """Why this row failed (the other rows of its batch are unaffected); None on success."""
+    error_kind: str = ""
+    """`invalid` (the request's own settings or ids) or `internal` (a hook or the model failed)."""
+
+
+class RowError(Exception):
+    """One row's failure, handed to an in-flight completion callback; kind is invalid or internal."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+#: torch.Generator.manual_seed accepts seeds in this range (inclusive); anything else raises.
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+
+
+def request_problem(request: GenerationRequest, vocab_size: int) -> str | None:
+    """Why a row cannot run (checked per row, so a bad row never fails its batch), or None.
+
+    >>> request_problem(GenerationRequest([1, 2], SamplingParams(seed=2**64)), 100)
+    'seed: 18446744073709551616 is outside -9223372036854775808..18446744073709551615'
+    """
+    p = request.params
+    ids = request.prompt_ids
+    if not ids:
+        return "prompt_ids: must not be empty"
+    bad = next((t for t in ids if not isinstance(t, int) or not 0 <= t < vocab_size), None)
+    if bad is not None:
+        return f"prompt_ids: token {bad!r:.20} is outside 0..{vocab_size - 1}"
+    if not isinstance(p.max_new_tokens, int) or p.max_new_tokens < 1:
+        return f"max_tokens: {p.max_new_tokens!r:.20} must be at least 1"
+    if not isinstance(p.temperature, (int, float)) or not math.isfinite(p.temperature) or p.temperature < 0:
+        return f"temperature: {p.temperature!r:.20} must be a finite number >= 0"
+    if not isinstance(p.top_p, (int, float)) or not 0 < p.top_p <= 1:
+        return f"top_p: {p.top_p!r:.20} must be in (0, 1]"
+    for name, value in (("presence_penalty", p.presence_penalty), ("frequency_penalty", p.frequency_penalty)):
+        if not isinstance(value, (int, float)) or not math.isfinite(value):
+            return f"{name}: {value!r:.20} must be a finite number"
+    for token, bias in p.logit_bias:
+        if not isinstance(token, int) or not 0 <= token < vocab_size:
+            return f"logit_bias: token {token!r:.20} is outside 0..{vocab_size - 1}"
+        if not isinstance(bias, (int, float)) or not math.isfinite(bias):
+            return f"logit_bias[{token}]: {bias!r:.20} must be a finite number"
+    if p.seed is not None and (
+        isinstance(p.seed, bool) or not isinstance(p.seed, int) or not SEED_MIN <= p.seed <= SEED_MAX
+    ):
+        return f"seed: {p.seed!r:.40} is outside {SEED_MIN}..{SEED_MAX}"
+    return None
 
 
 class IncrementalDetokenizer:
@@ -139,6 +190,8 @@ class _Row:
         self.start = start
         self.first_token_s: float | None = None
         self.rng = None
+        self.error: str | None = None
+        self.error_kind = ""
         self.pending: list[int] = []
         self.unsent = ""
         self.last_sent: float | None = None
@@ -196,14 +249,14 @@ class BatchGenerator:
         self.stream_interval_s = stream_interval_s
         self.max_chunks_per_s = max(1.0, max_chunks_per_s)
         self.clock = clock
-        self.device = next(model.parameters()).device
+        self.device = _device_of(model)
         eos = model.generation_config.eos_token_id if model.generation_config is not None else None
         eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         if tokenizer.eos_token_id is not None:
             eos_ids.add(tokenizer.eos_token_id)
         self.eos_ids = sorted(eos_ids)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
-        vocab = model.get_output_embeddings().weight.shape[0]
+        vocab = self.vocab_size = _vocab_size(model)
         suppress = [i for i in tokenizer.all_special_ids if i not in eos_ids and i < vocab]
         self.suppress = (
             torch.tensor(suppress, dtype=torch.long, device=self.device)
@@ -223,8 +276,10 @@ class BatchGenerator:
             return []
         self.stats["batches"] += 1
         self.stats["rows"] += len(rows)
-        with self.torch.inference_mode():
-            self._run(rows)
+        live = [row for row in rows if row.error is None]
+        if live:
+            with self.torch.inference_mode():
+                self._run(live)
         return [self.result(row) for row in rows]
 
     # ---- internals ----------------------------------------------------------------------------
@@ -329,31 +384,79 @@ class BatchGenerator:
         logits = logits.float()
         if self.suppress is not None:
             logits[:, self.suppress] = float("-inf")
+        for i, row in enumerate(rows):
+            p = row.req.params
+            if p.logit_bias:
+                ids = torch.tensor([t for t, _ in p.logit_bias], dtype=torch.long, device=logits.device)
+                bias = torch.tensor([b for _, b in p.logit_bias], dtype=logits.dtype, device=logits.device)
+                logits[i, ids] += bias
+            if row.generated and (p.presence_penalty or p.frequency_penalty):
+                # OpenAI's penalties over the tokens generated so far: logit -= count * frequency
+                # + (count > 0) * presence, e.g. a token seen twice, 0.5 and 0.2 -> logit - 1.2.
+                seen = torch.tensor(row.generated, dtype=torch.long, device=logits.device)
+                counts = torch.bincount(seen, minlength=logits.shape[1])[: logits.shape[1]].to(logits.dtype)
+                logits[i] -= counts * p.frequency_penalty + (counts > 0).to(logits.dtype) * p.presence_penalty
         out = torch.argmax(logits, dim=-1)
         for i, row in enumerate(rows):
             p = row.req.params
             if p.temperature <= 0:
                 continue
-            probs = torch.softmax(logits[i] / p.temperature, dim=-1)
-            if p.top_p < 1.0:
-                sorted_p, order = torch.sort(probs, descending=True)
-                keep = torch.cumsum(sorted_p, 0) - sorted_p < p.top_p
-                keep[0] = True
-                filtered = torch.zeros_like(probs)
-                filtered[order[keep]] = sorted_p[keep]
-                probs = filtered / filtered.sum()
-            out[i] = torch.multinomial(probs, 1, generator=row.rng)[0]
+            try:  # one row's sampling trouble fails that row only
+                probs = torch.softmax(logits[i] / p.temperature, dim=-1)
+                if p.top_p < 1.0:
+                    sorted_p, order = torch.sort(probs, descending=True)
+                    keep = torch.cumsum(sorted_p, 0) - sorted_p < p.top_p
+                    keep[0] = True
+                    filtered = torch.zeros_like(probs)
+                    filtered[order[keep]] = sorted_p[keep]
+                    probs = filtered / filtered.sum()
+                out[i] = torch.multinomial(probs, 1, generator=row.rng)[0]
+            except Exception as exc:
+                log.warning("sampling failed for one row: %s", exc)
+                self._fail(row, "internal", f"sampling failed: {exc}")
         return out.tolist()
 
+    @staticmethod
+    def _fail(row: _Row, kind: str, message: str) -> None:
+        """Mark one row failed (it leaves the batch at the next step; the others run on)."""
+        if row.error is None:
+            row.error, row.error_kind, row.finish = message, kind, "error"
+
     def _run(self, rows: list[_Row]) -> None:
-        batch: _Batch | None = self._start(rows)
+        batch = self.start_isolated(rows)
         while batch is not None:
-            batch, _ = self._step(batch)
+            try:
+                batch, _ = self._step(batch)
+            except Exception as exc:  # the shared forward pass failed: no row can go on
+                log.exception("decode step failed")
+                for row in batch.rows:
+                    self._fail(row, "internal", f"generate failed: {exc}")
+                batch = None
 
     def _start(self, rows: list[_Row]) -> _Batch:
         """Prefill rows into a new batch (logits pending for the first sampling)."""
         logits, cache, mask, next_pos = self._prefill(rows)
         return _Batch(list(rows), logits, cache, mask, next_pos, last_check=self.clock())
+
+    def start_isolated(self, rows: list[_Row]) -> _Batch | None:
+        """Prefill rows together; if that fails, prefill each alone so only the culprit rows fail.
+
+        Rows that fail alone are marked (`row.error`); the others are merged into one batch. Returns
+        None when no row could start.
+        """
+        try:
+            return self._start(rows)
+        except Exception as exc:
+            if len(rows) == 1:
+                log.warning("prefill failed for one row: %s", exc)
+                self._fail(rows[0], "internal", f"prefill failed: {exc}")
+                return None
+        batch: _Batch | None = None
+        for row in rows:
+            one = self.start_isolated([row])
+            if one is not None:
+                batch = one if batch is None else self._merge(batch, one)
+        return batch
 
     def _merge(self, a: _Batch, b: _Batch) -> _Batch:
         """Join two batches between steps: left-pad the shorter cache (masked), concatenate rows.
@@ -412,40 +515,15 @@ class BatchGenerator:
         # max_chunks_per_s stream chunks (each one costs IPC, gRPC and SSE work downstream).
         interval = max(self.stream_interval_s, len(active) / self.max_chunks_per_s)
         for b, (row, tok) in enumerate(zip(active, tokens, strict=True)):
-            if row.first_token_s is None:
-                row.first_token_s = now - row.start
-            row.generated.append(tok)
-            self.stats["tokens"] += 1
-            if tok in self.eos_ids:
-                row.finish = "stop"
-            else:
-                row.pending.append(tok)
-                # Text is needed now only for stop sequences or a due stream chunk; else it waits.
-                streaming_due = row.req.on_text is not None and (
-                    row.last_sent is None or now - row.last_sent >= interval
-                )
-                if row.stop.stops or streaming_due:
-                    row.flush_tokens()
-                if row.stop.stopped:
-                    row.finish = "stop"
-                elif len(row.generated) >= row.req.params.max_new_tokens:
-                    row.finish = "length"
-                else:
-                    row.send(now, interval)
-            if row.finish is None and row.req.is_cancelled and check_cancel:
-                try:
-                    if row.req.is_cancelled():
-                        row.finish = "cancelled"
-                except Exception:  # a broken hook must not break the batch
-                    log.exception("is_cancelled hook failed")
+            if row.error is None:
+                try:  # whatever one row's hooks or text do, the other rows run on
+                    self._advance(row, tok, now, interval, check_cancel, cache, mask, b)
+                except Exception as exc:
+                    log.warning("row failed: %s", exc)
+                    self._fail(row, "internal", f"{type(exc).__name__}: {exc}")
             if row.finish is None:
                 keep.append(b)
                 continue
-            if row.finish != "cancelled":
-                row.flush_tokens()
-                row.unsent += row.stop.flush()
-                row.send(now, interval, force=True)
-            self._store_session(row, cache, mask, b)
             row.end = now
             finished.append(row)
         if not keep:
@@ -474,8 +552,54 @@ class BatchGenerator:
         batch.next_pos, batch.step = next_pos + 1, batch.step + 1
         return batch, finished
 
+    def _advance(self, row: _Row, tok: int, now: float, interval: float, check_cancel: bool, cache, mask, b):
+        """Take one sampled token into a row: text, stop sequences, limits, streaming, cancellation."""
+        if row.first_token_s is None:
+            row.first_token_s = now - row.start
+        row.generated.append(tok)
+        self.stats["tokens"] += 1
+        if tok in self.eos_ids:
+            row.finish = "stop"
+        else:
+            row.pending.append(tok)
+            # Text is needed now only for stop sequences or a due stream chunk; else it waits.
+            streaming_due = row.req.on_text is not None and (
+                row.last_sent is None or now - row.last_sent >= interval
+            )
+            if row.stop.stops or streaming_due:
+                row.flush_tokens()
+            if row.stop.stopped:
+                row.finish = "stop"
+            elif len(row.generated) >= row.req.params.max_new_tokens:
+                row.finish = "length"
+            else:
+                row.send(now, interval)
+        if row.finish is None and row.req.is_cancelled and check_cancel:
+            try:
+                if row.req.is_cancelled():
+                    row.finish = "cancelled"
+            except Exception:  # a broken hook must not break the batch
+                log.exception("is_cancelled hook failed")
+        if row.finish is None:
+            return
+        if row.finish != "cancelled":
+            row.flush_tokens()
+            row.unsent += row.stop.flush()
+            row.send(now, interval, force=True)
+        self._store_session(row, cache, mask, b)
+
     def result(self, row: _Row) -> GenerationResult:
         """The GenerationResult of a finished row."""
+        if row.error is not None:
+            return GenerationResult(
+                text="",
+                token_ids=[],
+                finish_reason="error",
+                prompt_tokens=len(row.req.prompt_ids),
+                total_s=(row.end or self.clock()) - row.start,
+                error=row.error,
+                error_kind=row.error_kind,
+            )
         return GenerationResult(
             text=row.stop.text,
             token_ids=row.generated,
@@ -489,8 +613,14 @@ class BatchGenerator:
     def new_row(self, index: int, request: GenerationRequest, start: float) -> _Row:
         """Wrap a request as a batch row (seeded generator when the request asks for one)."""
         row = _Row(index, request, self.tokenizer, start)
-        if request.params.seed is not None:
-            row.rng = self.torch.Generator(device=self.device).manual_seed(request.params.seed)
+        problem = request_problem(request, self.vocab_size)
+        if problem is not None:
+            self._fail(row, "invalid", problem)
+        elif request.params.seed is not None:
+            try:
+                row.rng = self.torch.Generator(device=self.device).manual_seed(request.params.seed)
+            except Exception as exc:
+                self._fail(row, "invalid", f"seed: {exc}")
         return row
 
 
@@ -559,16 +689,23 @@ class InflightEngine:
                         rows = []
                         for request, on_done, start in joining:
                             row = self.generator.new_row(0, request, start)
+                            if row.error is not None:  # refused alone, before it can touch the batch
+                                self._finish(on_done, row)
+                                continue
                             callbacks[id(row)] = on_done
                             rows.append(row)
-                        new = self.generator._start(rows)
-                        batch = new if batch is None else self.generator._merge(batch, new)
-                        self.on_join(len(batch.rows), len(rows))
+                        new = self.generator.start_isolated(rows) if rows else None
+                        for row in rows:
+                            if row.error is not None:
+                                self._finish(callbacks.pop(id(row)), row)
+                        if new is not None:
+                            batch = new if batch is None else self.generator._merge(batch, new)
+                            self.on_join(len(batch.rows), len(new.rows))
                     if batch is None:
                         continue
                     batch, finished = self.generator._step(batch)
                 for row in finished:
-                    self._done(callbacks.pop(id(row)), self.generator.result(row), None)
+                    self._finish(callbacks.pop(id(row)), row)
             except Exception as exc:  # answer every affected request, then carry on with an empty batch
                 log.exception("in-flight batch failed")
                 for key in list(callbacks):
@@ -577,9 +714,36 @@ class InflightEngine:
         for key in list(callbacks):
             self._done(callbacks.pop(key), None, RuntimeError("engine stopped"))
 
+    def _finish(self, callback, row: _Row) -> None:
+        """Answer a finished row: its result, or a RowError when the row failed."""
+        result = self.generator.result(row)
+        if result.error is not None:
+            self._done(callback, None, RowError(result.error_kind, result.error))
+        else:
+            self._done(callback, result, None)
+
     @staticmethod
     def _done(callback, result, error) -> None:
         try:
             callback(result, error)
         except Exception:
             log.exception("completion callback failed")
+
+
+def _device_of(model):
+    """The device of the model's first parameter or buffer (int8 models may hold only buffers)."""
+    for tensor in (*model.parameters(), *model.buffers()):
+        return tensor.device
+    import torch
+
+    return torch.device("cpu")
+
+
+def _vocab_size(model) -> int:
+    """Rows of the output projection (works for plain, tied and quantized lm_heads alike)."""
+    head = model.get_output_embeddings()
+    weight = head.weight() if callable(getattr(head, "weight", None)) else getattr(head, "weight", None)
+    if weight is not None:
+        return int(weight.shape[0])
+    out = getattr(head, "out_features", None)
+    return int(out) if out is not None else int(model.config.get_text_config().vocab_size)

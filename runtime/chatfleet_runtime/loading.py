@@ -11,6 +11,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 log = logging.getLogger(__name__)
@@ -124,32 +125,75 @@ def load_tokenizer(path: str | Path, chat_template: str | None = None):
     return tokenizer
 
 
+def int8_gpu_load_kwargs(device_map: Any = "cuda") -> dict[str, Any]:
+    """`from_pretrained` keyword arguments for 8-bit weights on GPU (bitsandbytes LLM.int8()).
+
+    Built apart from the load so the GPU path is checked without a GPU: bitsandbytes must import
+    (it is pinned in the runtime extra) and the quantization config must be an 8-bit one.
+    """
+    try:
+        import bitsandbytes  # noqa: F401  (transformers needs it at load time; fail early and clearly)
+    except ImportError as exc:
+        raise RuntimeError("precision int8 on GPU needs bitsandbytes (the runtime extra pins it)") from exc
+    from transformers import BitsAndBytesConfig
+
+    return {"quantization_config": BitsAndBytesConfig(load_in_8bit=True), "device_map": device_map}
+
+
+def quantize_int8_cpu(model):
+    """Dynamic int8 quantisation of every Linear layer (lm_head included) with torch.ao, on CPU.
+
+    Weights are stored as int8 with a per-tensor scale; activations are quantised on the fly, so
+    no calibration data is needed. A tied lm_head (sharing the input embedding's weight) becomes its
+    own int8 copy while the embedding stays float; the config is marked untied so nothing ties the
+    float embedding back onto the quantised head.
+    """
+    import warnings
+
+    import torch
+
+    if getattr(model.config, "tie_word_embeddings", False):
+        model.config.tie_word_embeddings = False
+        text = model.config.get_text_config()
+        if text is not model.config and hasattr(text, "tie_word_embeddings"):
+            text.tie_word_embeddings = False
+    with warnings.catch_warnings():  # torch.ao dynamic quantisation warns that torchao is its successor
+        warnings.simplefilter("ignore")
+        return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+
+
+def weights_bytes(model) -> int:
+    """Bytes held by the model's weights, quantised (packed int8) ones included."""
+    seen: set[int] = set()
+    total = 0
+
+    def add(value) -> None:
+        nonlocal total
+        if isinstance(value, (tuple, list)):
+            for v in value:
+                add(v)
+        elif hasattr(value, "element_size") and hasattr(value, "numel"):
+            key = value.data_ptr() if value.numel() else id(value)
+            if key not in seen:
+                seen.add(key)
+                total += value.numel() * value.element_size()
+
+    for value in model.state_dict().values():
+        add(value)
+    return total
+
+
 def load_model(path: str | Path, placement: Placement):
     """Load the causal LM in eval mode on the placement's device and precision."""
-    import torch
     from transformers import AutoModelForCausalLM
 
     if placement.precision == "int8" and placement.device.startswith("cuda"):
-        try:
-            from transformers import BitsAndBytesConfig
-
-            return AutoModelForCausalLM.from_pretrained(
-                str(path),
-                quantization_config=BitsAndBytesConfig(load_in_8bit=True),
-                device_map={"": placement.device},
-            ).eval()
-        except ImportError as exc:  # pragma: no cover - GPU images only
-            raise RuntimeError("precision int8 on GPU needs bitsandbytes in the image") from exc
+        kwargs = int8_gpu_load_kwargs({"": placement.device})
+        return AutoModelForCausalLM.from_pretrained(str(path), **kwargs).eval()
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype(placement.precision))
     model = model.to(placement.device).eval()
     if placement.precision == "int8":
-        # Dynamic int8 quantization of the Linear layers: supported on x86/ARM CPUs by torch itself
-        # (deprecated upstream in favour of torchao, which this image does not carry).
-        import warnings
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+        model = quantize_int8_cpu(model)
     return model
 
 

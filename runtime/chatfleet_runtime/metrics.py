@@ -79,6 +79,12 @@ class ApiMetrics:
             ["model", "op"],
             registry=r,
         )
+        self.triton_up = Gauge(
+            "chatfleet_triton_metrics_up",
+            "1 when the last /metrics scrape could include Triton's metrics (re-exported), else 0",
+            ["model"],
+            registry=r,
+        )
         self.disconnects = Counter(
             "chatfleet_client_disconnects",
             "Streams whose client went away before the end",

@@ -7,6 +7,8 @@ assistant``.
 
 from __future__ import annotations
 
+import hashlib
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -18,6 +20,52 @@ MAX_MESSAGES = 256
 MAX_CONTENT_CHARS = 32_000
 MAX_STOP_SEQUENCES = 4
 MAX_STOP_CHARS = 64
+#: OpenAI's seed is a 64-bit signed integer (vLLM bounds it the same way); torch accepts this range.
+SEED_RANGE = (-(2**63), 2**63 - 1)
+#: OpenAI's presence_penalty and frequency_penalty range.
+PENALTY_RANGE = (-2.0, 2.0)
+#: OpenAI's logit_bias: token id -> bias in -100..100.
+LOGIT_BIAS_RANGE = (-100.0, 100.0)
+MAX_LOGIT_BIAS = 300
+MAX_USER_CHARS = 512
+
+#: OpenAI chat-completion fields this server refuses (400 naming the field) unless given a value that
+#: asks for nothing: field -> (values that are accepted as "off", what the message says).
+REFUSED_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
+    "tools": ((None, []), "tool calling is not supported by this server"),
+    "tool_choice": ((None, "none"), "tool calling is not supported by this server"),
+    "functions": ((None, []), "tool calling is not supported by this server"),
+    "function_call": ((None, "none"), "tool calling is not supported by this server"),
+    "response_format": ((None, {"type": "text"}), 'only {"type": "text"} is supported (no JSON mode)'),
+    "logprobs": ((None, False), "not supported"),
+    "top_logprobs": ((None, 0), "not supported"),
+    "modalities": ((None, ["text"]), 'only ["text"] is supported'),
+    "audio": ((None,), "not supported"),
+    "prediction": ((None,), "not supported"),
+}
+#: Fields that are read and honoured (see parse_sampling and the chat API).
+HONOURED_FIELDS = frozenset(
+    {
+        "model",
+        "messages",
+        "max_tokens",
+        "max_completion_tokens",
+        "temperature",
+        "top_p",
+        "stop",
+        "seed",
+        "stream",
+        "stream_options",
+        "n",
+        "user",
+        "session_id",
+        "presence_penalty",
+        "frequency_penalty",
+        "logit_bias",
+    }
+)
+#: OpenAI bookkeeping fields accepted without effect (documented no-ops, not reported as ignored).
+NO_OP_FIELDS = frozenset({"metadata", "store", "service_tier", "parallel_tool_calls", "reasoning_effort"})
 
 
 class RequestError(ValueError):
@@ -37,6 +85,12 @@ class SamplingParams:
     top_p: float = 1.0
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    presence_penalty: float = 0.0
+    """Subtracted once from the logit of every token already generated (OpenAI semantics)."""
+    frequency_penalty: float = 0.0
+    """Subtracted from a token's logit once per time it was already generated (OpenAI semantics)."""
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    """(token id, bias) pairs added to those tokens' logits at every step (OpenAI's logit_bias)."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +110,59 @@ def validate_session_id(value: Any, field_name: str = "session_id") -> str:
             f"{field_name}: must be 1-128 characters of A-Z a-z 0-9 _ . : - (got {value!r:.40})"
         )
     return value
+
+
+def session_key_from_user(value: Any) -> str:
+    """OpenAI's `user` as a session key: kept when it is a valid session id, else hashed.
+
+    >>> session_key_from_user("conv-1")
+    'conv-1'
+    >>> session_key_from_user("alice@example.com")
+    'user-ff8d9819fc0e12bf0d24892e45987e24'
+    """
+    if not isinstance(value, str) or not value:
+        raise RequestError(f"user: must be a string of 1-{MAX_USER_CHARS} characters (got {value!r:.40})")
+    if len(value) > MAX_USER_CHARS:
+        raise RequestError(f"user: {len(value)} characters is more than the limit {MAX_USER_CHARS}")
+    if SESSION_ID_RE.match(value):
+        return value
+    return "user-" + hashlib.sha256(value.encode("utf-8")).hexdigest()[:32]
+
+
+def check_openai_fields(body: dict[str, Any]) -> list[str]:
+    """Refuse OpenAI fields this server cannot honour (RequestError naming the field); return the
+    names of unknown fields, which are ignored (the chat API lists them in its answer)."""
+    for name, (off, why) in REFUSED_FIELDS.items():
+        if name in body and body[name] not in off:
+            raise RequestError(f"{name}: {why}")
+    options = body.get("stream_options")
+    if options is not None:
+        if not isinstance(options, dict):
+            raise RequestError("stream_options: must be an object")
+        include = options.get("include_usage")
+        if include is not None and not isinstance(include, bool):
+            raise RequestError("stream_options.include_usage: must be true or false")
+    known = HONOURED_FIELDS | NO_OP_FIELDS | REFUSED_FIELDS.keys()
+    return sorted(k for k in body if k not in known)
+
+
+def parse_logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
+    """OpenAI's logit_bias {"token id": bias} as sorted (id, bias) pairs; ids are checked at the model."""
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise RequestError("logit_bias: must be an object mapping token ids to numbers")
+    if len(value) > MAX_LOGIT_BIAS:
+        raise RequestError(f"logit_bias: {len(value)} entries is more than the limit {MAX_LOGIT_BIAS}")
+    out = []
+    for key, bias in value.items():
+        if not isinstance(key, str) or not key.isdigit() or len(key) > 9:
+            raise RequestError(f"logit_bias: keys must be token ids (got {key!r:.20})")
+        lo, hi = LOGIT_BIAS_RANGE
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not lo <= bias <= hi:
+            raise RequestError(f"logit_bias[{key}]: {bias!r:.20} is outside {lo:g}..{hi:g}")
+        out.append((int(key), float(bias)))
+    return tuple(sorted(out))
 
 
 def validate_messages(
@@ -109,7 +216,7 @@ def _number(params: dict, key: str, kind: type, lo: float, hi: float, default):
         raise RequestError(
             f"{key}: must be {'an integer' if kind is int else 'a number'} (got {value!r:.40})"
         )
-    if not lo <= value <= hi:
+    if not lo <= value <= hi or (isinstance(value, float) and not math.isfinite(value)):
         raise RequestError(f"{key}: {value} is outside {lo}..{hi}")
     return kind(value)
 
@@ -117,7 +224,11 @@ def _number(params: dict, key: str, kind: type, lo: float, hi: float, default):
 def parse_sampling(
     params: dict[str, Any], *, max_new_tokens_limit: int, default_max_tokens: int = 64
 ) -> SamplingParams:
-    """Validate OpenAI-style sampling fields (max_tokens, temperature, top_p, stop, seed)."""
+    """Validate OpenAI-style sampling fields (max_tokens, temperature, top_p, stop, seed, penalties).
+
+    Every number is bounded (a value outside its range is a RequestError naming the field), so no
+    request can carry a setting that fails in the batch: e.g. seed 2**64 -> "seed: ... is outside".
+    """
     if not isinstance(params, dict):
         raise RequestError("parameters: must be an object")
     max_tokens = params.get("max_tokens", params.get("max_completion_tokens"))
@@ -149,10 +260,11 @@ def parse_sampling(
     for i, s in enumerate(stops):
         if not s or len(s) > MAX_STOP_CHARS:
             raise RequestError(f"stop[{i}]: must be 1-{MAX_STOP_CHARS} characters")
-    seed = params.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise RequestError("seed: must be an integer")
-    return SamplingParams(max_tokens, temperature, top_p, stops, seed)
+    seed = _number(params, "seed", int, *SEED_RANGE, None)
+    presence = _number(params, "presence_penalty", float, *PENALTY_RANGE, 0.0)
+    frequency = _number(params, "frequency_penalty", float, *PENALTY_RANGE, 0.0)
+    bias = parse_logit_bias(params.get("logit_bias"))
+    return SamplingParams(max_tokens, temperature, top_p, stops, seed, presence, frequency, bias)
 
 
 def _encode(tokenizer, messages: Sequence[dict[str, str]], add_generation_prompt: bool) -> list[int]:

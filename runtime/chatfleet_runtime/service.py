@@ -48,6 +48,9 @@ class Observer(Protocol):
     def cache(self, cache: PrefixCache) -> None:
         """The prefix cache after a batch or a finished request."""
 
+    def placement(self, requested: str, precision: str, device: str) -> None:
+        """The precision asked for, the one that runs and the device (once, at load)."""
+
 
 class NullObserver:
     """Observer that records nothing."""
@@ -60,6 +63,9 @@ class NullObserver:
 
     def cache(self, cache: PrefixCache) -> None:
         """Ignore cache statistics."""
+
+    def placement(self, requested: str, precision: str, device: str) -> None:
+        """Ignore the placement."""
 
 
 @dataclass(frozen=True)
@@ -154,6 +160,11 @@ class Prepared:
     error: str | None = None
 
 
+def error_message(kind: str, message: str) -> str:
+    """The wire message of a failed row: `invalid_request: ...` for the client's fault, else `internal: ...`."""
+    return (INVALID if kind == "invalid" else "internal: ") + message
+
+
 def _decode(raw: Any) -> str:
     if isinstance(raw, bytes):
         return raw.decode("utf-8")
@@ -183,6 +194,16 @@ class ChatService:
         )
         if self.placement.reason:
             log.warning("placement: %s", self.placement.reason)
+        # Say what runs: fp16/bf16 asked on a CPU-only pod run fp32, and that must never be silent.
+        log.info(
+            "serving precision %s on %s (asked: %s)",
+            self.placement.precision,
+            self.placement.device,
+            settings.precision,
+        )
+        observe_placement = getattr(self.observer, "placement", None)
+        if observe_placement is not None:
+            observe_placement(settings.precision, self.placement.precision, self.placement.device)
         self.tokenizer = tokenizer or loading.load_tokenizer(settings.tokenizer_dir, settings.chat_template)
         self.model = model or loading.load_model(settings.model_dir, self.placement)
         self.prefix_cache = PrefixCache(settings.prefix_cache_entries, settings.prefix_cache_bytes)
@@ -296,10 +317,12 @@ class ChatService:
             # OpenMP thread counts are per OS thread; the backend may call execute from another thread.
             self.generator.torch.set_num_threads(self.settings.torch_threads)
         t0 = time.perf_counter()
+        # Never raises for one request's sake: a row that fails carries `error` (see error_message).
         results = self.generator.generate(requests)
         tokens = sum(len(r.token_ids) for r in results)
         self.observer.batch(len(requests), time.perf_counter() - t0, tokens)
         for result in results:
-            self.observer.finished(result)
+            if result.error is None:
+                self.observer.finished(result)
         self.observer.cache(self.prefix_cache)
         return results

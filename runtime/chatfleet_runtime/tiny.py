@@ -80,7 +80,7 @@ def build_tokenizer(vocab_size: int = 1024):
     return fast
 
 
-def build_model(tokenizer, size: str = "tiny", seed: int = 0):
+def build_model(tokenizer, size: str = "tiny", seed: int = 0, tie_word_embeddings: bool = False):
     """A randomly initialised LlamaForCausalLM sized for CPU tests (see SIZES)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -94,7 +94,7 @@ def build_model(tokenizer, size: str = "tiny", seed: int = 0):
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tie_word_embeddings,
         **dims,
     )
     model = LlamaForCausalLM(config)
@@ -104,18 +104,21 @@ def build_model(tokenizer, size: str = "tiny", seed: int = 0):
     return model.eval()
 
 
-def build_tiny_model(outdir: str | Path, size: str = "tiny", seed: int = 0) -> Path:
+def build_tiny_model(
+    outdir: str | Path, size: str = "tiny", seed: int = 0, *, tie_word_embeddings: bool = False
+) -> Path:
     """Build tokenizer + model into OUTDIR (idempotent: a complete OUTDIR is reused) and return it."""
     out = Path(outdir)
     marker = out / ".chatfleet-tiny"
-    if marker.exists() and marker.read_text() == f"{size}:{seed}":
+    tag = f"{size}:{seed}" + (":tied" if tie_word_embeddings else "")
+    if marker.exists() and marker.read_text() == tag:
         return out
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer()
-    model = build_model(tokenizer, size=size, seed=seed)
+    model = build_model(tokenizer, size=size, seed=seed, tie_word_embeddings=tie_word_embeddings)
     tokenizer.save_pretrained(out)
     model.save_pretrained(out)
-    marker.write_text(f"{size}:{seed}")
+    marker.write_text(tag)
     return out
 
 

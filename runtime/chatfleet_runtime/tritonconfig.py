@@ -120,7 +120,8 @@ def render_config_pbtxt(cfg: ChatModelConfig, *, name: str, decoupled: bool) -> 
         "output [",
         '  { name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] },',
         '  { name: "NUM_TOKENS" data_type: TYPE_INT32 dims: [ 1 ] },',
-        '  { name: "FINISH_REASON" data_type: TYPE_STRING dims: [ 1 ] }',
+        '  { name: "FINISH_REASON" data_type: TYPE_STRING dims: [ 1 ] },',
+        '  { name: "PROMPT_TOKENS" data_type: TYPE_INT32 dims: [ 1 ] }',
         "]",
         "dynamic_batching {",
     ]

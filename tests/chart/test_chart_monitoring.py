@@ -149,12 +149,15 @@ def test_dashboard_covers_the_required_panels() -> None:
     assert dashboard["uid"] == "chatfleet-fleets"
 
 
-def test_fleet_podmonitor_scrapes_both_ports_with_service_labels() -> None:
+def test_fleet_podmonitor_scrapes_the_pods_scrape_port_with_service_labels() -> None:
+    from chatfleet_operator.builders.deployment import SCRAPE_PATH, SCRAPE_PORT_NAME
+
     docs = render(["monitoring.fleetPodMonitor.enabled=true"])
     monitor = next(d for d in docs if d["kind"] == "PodMonitor")
     assert monitor["spec"]["namespaceSelector"] == {"any": True}
     endpoints = monitor["spec"]["podMetricsEndpoints"]
-    assert [e["port"] for e in endpoints] == ["metrics", "chat"]
+    # One scrape contract: the chat API's port, which re-exports Triton's metrics (no double scrape).
+    assert [(e["port"], e["path"]) for e in endpoints] == [(SCRAPE_PORT_NAME, SCRAPE_PATH)]
     for e in endpoints:
         targets = {r["targetLabel"] for r in e["relabelings"]}
         assert targets == {"chatbotservice", "track", "revision"}

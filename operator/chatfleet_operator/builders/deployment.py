@@ -20,6 +20,8 @@ from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
 CONFIG_DIR = "/etc/chatfleet/triton"
 REPOSITORY_DIR = "/tmp/model-repository"
 HTTP_PORT, GRPC_PORT, METRICS_PORT, CHAT_PORT = 8000, 8001, 8002, 8080
+#: Where Prometheus scrapes a pod: the chat API (port name `chat`), which re-exports Triton's metrics.
+SCRAPE_PORT, SCRAPE_PORT_NAME, SCRAPE_PATH = CHAT_PORT, "chat", "/metrics"
 
 #: Tolerated on every GPU pod: the taint GPU node pools commonly carry.
 GPU_TOLERATION = {"key": api.GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
@@ -116,6 +118,11 @@ def _triton_container(ref: ObjectRef, spec: ChatbotServiceSpec, pod: PodSettings
     return container
 
 
+def _label_env(name: str, label: str) -> dict[str, Any]:
+    """An env var holding one of the pod's labels (downward API)."""
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{label}']"}}}
+
+
 def _chat_api_container(ref: ObjectRef, spec: ChatbotServiceSpec, pod: PodSettings) -> dict[str, Any]:
     """The `chat-api` container: OpenAI-style HTTP API relaying to Triton over local gRPC."""
     rt = spec.runtime
@@ -125,6 +132,12 @@ def _chat_api_container(ref: ObjectRef, spec: ChatbotServiceSpec, pod: PodSettin
         {"name": "CHATFLEET_HISTORY_TURNS", "value": str(rt.sessions.history_turns)},
         {"name": "CHATFLEET_REQUEST_TIMEOUT_SECONDS", "value": str(rt.request_timeout_seconds)},
         {"name": "CHATFLEET_FALLBACK_TEXT", "value": rt.fallback_text},
+        # The pod's own track and revision, echoed on every answer (x-chatfleet-track), read from the
+        # pod labels through the downward API so they can never disagree with the selector.
+        _label_env("CHATFLEET_TRACK", api.LABEL_TRACK),
+        _label_env("CHATFLEET_REVISION", api.LABEL_REVISION),
+        # One scrape endpoint per pod: the chat API's /metrics re-exports Triton's (docs/metrics.md).
+        {"name": "CHATFLEET_TRITON_METRICS_URL", "value": f"http://127.0.0.1:{METRICS_PORT}/metrics"},
     ]
     if rt.sessions.redis is not None:
         env.append(
@@ -180,9 +193,11 @@ def build_pod_template(
     }
     annotations = {
         **spec.pod_metadata.annotations,
+        # The scrape contract (docs/metrics.md): the chat API's port carries every metric the
+        # analysis and the HPA read, Triton's re-exported, so annotation discovery finds them all.
         "prometheus.io/scrape": "true",
-        "prometheus.io/port": str(METRICS_PORT),
-        "prometheus.io/path": "/metrics",
+        "prometheus.io/port": str(SCRAPE_PORT),
+        "prometheus.io/path": SCRAPE_PATH,
         api.ANNOTATION_CONFIG_HASH: config_hash,
     }
     node_selector = dict(res.node_selector)

@@ -14,7 +14,7 @@ import logging
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from chatfleet_runtime.service import ChatService, Prepared, ServiceSettings
+from chatfleet_runtime.service import ChatService, Prepared, ServiceSettings, error_message
 
 log = logging.getLogger("chatfleet.model")
 
@@ -76,7 +76,19 @@ class TritonObserver:
         self.cache_bytes = family(
             "chatfleet_model_prefix_cache_bytes", "Bytes held by the KV prefix cache", mf.GAUGE
         ).Metric(labels=labels)
+        self.precision = family(
+            "chatfleet_model_precision_info",
+            "1 for the precision that runs (label precision) and the one asked for (label requested)",
+            mf.GAUGE,
+        )
+        self._labels = labels
         self._seen = (0, 0, 0)
+
+    def placement(self, requested, precision, device):
+        """Record the effective precision (fp16/bf16 asked on CPU run fp32: the labels say so)."""
+        labels = {**self._labels, "requested": requested, "precision": precision, "device": device}
+        self.precision_metric = self.precision.Metric(labels=labels)
+        self.precision_metric.set(1)
 
     def batch(self, rows, generate_s, tokens):
         """Record one batched generate (in-flight batching: the batch size when requests join)."""
@@ -109,11 +121,12 @@ class TritonObserver:
         self.cache_bytes.set(cache.nbytes)
 
 
-def _outputs(text: str, num_tokens: int, finish: str):
+def _outputs(text: str, num_tokens: int, finish: str, prompt_tokens: int = 0):
     return [
         pb_utils.Tensor("TEXT", np.array([text.encode("utf-8")], dtype=np.object_)),
         pb_utils.Tensor("NUM_TOKENS", np.array([num_tokens], dtype=np.int32)),
         pb_utils.Tensor("FINISH_REASON", np.array([finish.encode("utf-8")], dtype=np.object_)),
+        pb_utils.Tensor("PROMPT_TOKENS", np.array([prompt_tokens], dtype=np.int32)),
     ]
 
 
@@ -177,13 +190,14 @@ class TritonPythonModel:
             results, error = iter(()), f"internal: generate failed: {exc}"
         responses = []
         for prep, sender in zip(prepared, senders, strict=True):
-            if prep.request is None or error is not None:
-                response = pb_utils.InferenceResponse(error=pb_utils.TritonError(prep.error or error))
+            result = next(results) if prep.request is not None and error is None else None
+            if result is None or result.error is not None:
+                message = prep.error or error or error_message(result.error_kind, result.error)
+                response = pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
             else:
-                result = next(results)
                 text = "" if self.decoupled else result.text
                 response = pb_utils.InferenceResponse(
-                    _outputs(text, len(result.token_ids), result.finish_reason)
+                    _outputs(text, len(result.token_ids), result.finish_reason, result.prompt_tokens)
                 )
             if sender is None:
                 responses.append(response)
@@ -204,11 +218,14 @@ class TritonPythonModel:
     def _finisher(self, sender):
         def on_done(result, error):
             if error is not None:
-                message = f"internal: generate failed: {error}"
+                kind = getattr(error, "kind", "internal")
+                message = error_message(
+                    kind, str(error) if kind == "invalid" else f"generate failed: {error}"
+                )
                 response = pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
             else:
                 response = pb_utils.InferenceResponse(
-                    _outputs("", len(result.token_ids), result.finish_reason)
+                    _outputs("", len(result.token_ids), result.finish_reason, result.prompt_tokens)
                 )
             self._send_final(sender, response)
 

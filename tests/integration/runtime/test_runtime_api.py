@@ -40,6 +40,33 @@ def test_models_and_single_chat(api, triton):
     assert choice["message"]["role"] == "assistant" and choice["finish_reason"] == "length"
     assert body["usage"]["completion_tokens"] == 8 and body["chatfleet"]["fallback"] is False
     assert choice["message"]["content"] == triton_text(triton, user("Hello!"), 8)
+    prompt_tokens = body["usage"]["prompt_tokens"]  # the rendered chat template's tokens, from Triton
+    assert prompt_tokens > len("Hello!") // 4 and body["usage"]["total_tokens"] == prompt_tokens + 8
+
+
+def test_stream_usage_has_prompt_tokens_like_non_streaming(api):
+    body = {"messages": user("Count my tokens"), "max_tokens": 5}
+    _, plain = chat(api, body)
+    with (
+        httpx.Client(timeout=30) as client,
+        client.stream("POST", f"{api.url}/v1/chat/completions", json={**body, "stream": True}) as resp,
+    ):
+        events = read_sse(resp)
+    assert events[-1]["usage"] == plain["usage"] and plain["usage"]["prompt_tokens"] > 0
+
+
+def test_openai_extras_through_the_real_stack(api):
+    status, body = chat(api, {"messages": user("hi"), "user": "alice@example.com", "max_tokens": 3})
+    assert status == 200 and body["chatfleet"]["session_id"].startswith("user-")
+    status, body = chat(api, {"messages": user("hi"), "tools": [{"type": "function"}]})
+    assert status == 400 and body["error"]["param"] == "tools"
+    forced = {"messages": user("hi"), "max_tokens": 4, "logit_bias": {"100": 100}}
+    status, body = chat(api, forced)
+    assert status == 200 and body["usage"]["completion_tokens"] == 4
+    status, penalised = chat(api, {**forced, "logit_bias": {"100": 5}, "frequency_penalty": 2})
+    assert status == 200, penalised
+    status, body = chat(api, {"messages": user("hi"), "logit_bias": {"999999": 1}})
+    assert status == 400 and body["error"]["message"].startswith("logit_bias: token 999999 is outside")
 
 
 def test_multi_turn_uses_history_from_redis(api, triton, redis_srv):
@@ -167,6 +194,18 @@ def test_streaming_sse_matches_non_streaming(api):
             400,
             "temperature: must be a number",
             id="bad-temperature",
+        ),
+        pytest.param(
+            {"messages": user("hi"), "seed": 2**64},
+            400,
+            "seed: 18446744073709551616 is outside",
+            id="seed-2^64",
+        ),
+        pytest.param(
+            {"messages": user("hi"), "presence_penalty": 9},
+            400,
+            "presence_penalty: 9 is outside",
+            id="penalty",
         ),
         pytest.param(
             {"messages": user("word " * 3000)}, 400, "messages: the prompt is", id="prompt-over-context"

@@ -93,6 +93,7 @@ def test_grpc_stream_sends_deltas_then_final(triton):
             [{"role": "user", "content": "word " * 2000}], {}, "messages: the prompt is", id="context"
         ),
         pytest.param(USER, {"session_id": "bad id!"}, "session_id: must be 1-128", id="session"),
+        pytest.param(USER, {"seed": 2**64}, "seed: 18446744073709551616 is outside", id="seed"),
     ],
 )
 def test_bad_input_is_an_error_response_and_server_keeps_serving(triton, messages, params, message):
@@ -160,3 +161,53 @@ def test_dynamic_batches_form_under_concurrency(triton):
     rows = metric_value(triton.metrics_url, "chatfleet_model_batch_size_sum", model="chat") - rows_before
     execs = metric_value(triton.metrics_url, "chatfleet_model_batch_size_count", model="chat") - execs_before
     assert rows == 16 and execs < 16
+
+
+@pytest.mark.parametrize("model", ["chat", "chat_stream"])
+def test_a_poisoned_request_never_fails_its_batch(triton, model):
+    """Bad requests (a seed torch refuses, out-of-range numbers, a token id outside the vocabulary) sent
+    at the same moment as good ones: every good one is answered, every bad one gets its own error."""
+    import tritonclient.grpc as grpcclient
+
+    bad_params = [
+        {"seed": 2**64, "temperature": 1.0},
+        {"temperature": float("inf")},
+        {"logit_bias": {"99999999": 1}},
+        {"top_p": float("nan")},
+    ]
+
+    def unary(params):
+        g = grpcclient.InferenceServerClient(triton.grpc_url)
+        try:
+            return "ok", int(g.infer("chat", inputs(grpcclient, USER, params)).as_numpy("NUM_TOKENS")[0])
+        except Exception as exc:
+            return "error", str(exc)
+        finally:
+            g.close()
+
+    def streamed(params):
+        q: queue.Queue = queue.Queue()
+        g = grpcclient.InferenceServerClient(triton.grpc_url)
+        g.start_stream(callback=lambda result, error: q.put((result, error)))
+        try:
+            g.async_stream_infer("chat_stream", inputs(grpcclient, USER, params))
+            while True:
+                result, error = q.get(timeout=60)
+                if error is not None:
+                    return "error", str(error)
+                if result.as_numpy("FINISH_REASON")[0]:
+                    return "ok", int(result.as_numpy("NUM_TOKENS")[0])
+        finally:
+            g.stop_stream()
+            g.close()
+
+    def one(i):
+        params = {"max_tokens": 4} if i % 2 else bad_params[(i // 2) % len(bad_params)]
+        return (unary if model == "chat" else streamed)(params)
+
+    answers = run_concurrently(one, 16)
+    for i, (kind, detail) in enumerate(answers):
+        if i % 2:
+            assert (kind, detail) == ("ok", 4), (i, detail)
+        else:
+            assert kind == "error" and "invalid_request: " in detail, (i, detail)

@@ -174,7 +174,12 @@ class TestDeployment:
         assert meta["labels"][api.LABEL_TRACK] == "stable" and meta["labels"][api.LABEL_REVISION] == "abc"
         assert meta["annotations"]["a"] == "b"
         assert meta["annotations"]["prometheus.io/scrape"] == "true"
-        assert meta["annotations"]["prometheus.io/port"] == "8002"
+        assert meta["annotations"]["prometheus.io/port"] == "8080"  # the chat API: the one scrape port
+        assert meta["annotations"]["prometheus.io/path"] == "/metrics"
+        env = {e["name"]: e for e in containers(dep)["chat-api"]["env"]}
+        assert env["CHATFLEET_TRITON_METRICS_URL"]["value"] == "http://127.0.0.1:8002/metrics"
+        chat_ports = {p["containerPort"]: p["name"] for p in containers(dep)["chat-api"]["ports"]}
+        assert chat_ports[8080] == "chat"
 
     @pytest.mark.parametrize(
         ("scaling", "replicas"),
@@ -196,6 +201,18 @@ class TestDeployment:
         env = {e["name"]: e for e in containers(dep)["chat-api"]["env"]}
         assert env["CHATFLEET_REDIS_URL"]["valueFrom"]["secretKeyRef"] == {"name": "r", "key": "url"}
         assert env["CHATFLEET_MODEL_NAME"]["value"] == "bot"
+
+    @pytest.mark.parametrize("track", [api.TRACK_STABLE, api.TRACK_CANARY, api.TRACK_PREVIEW])
+    def test_chat_api_knows_its_track_and_revision_from_the_pod_labels(self, track):
+        spec = spec_of()
+        dep = build_deployment(REF, spec, PodSettings(), revision="rev9", config_hash="cfg", track=track)
+        env = {e["name"]: e for e in containers(dep)["chat-api"]["env"]}
+        labels = dep["spec"]["template"]["metadata"]["labels"]
+        for var, label in (("CHATFLEET_TRACK", api.LABEL_TRACK), ("CHATFLEET_REVISION", api.LABEL_REVISION)):
+            path = env[var]["valueFrom"]["fieldRef"]["fieldPath"]
+            assert path == f"metadata.labels['{label}']"
+            assert label in labels
+        assert (labels[api.LABEL_TRACK], labels[api.LABEL_REVISION]) == (track, "rev9")
 
     def test_progress_deadline_from_analysis(self):
         assert deployment(analysis={"progressDeadlineSeconds": 42})["spec"]["progressDeadlineSeconds"] == 42

@@ -37,7 +37,7 @@ class FakeBackend:
             await asyncio.sleep(10)
         if self.mode == "invalid":
             raise BackendError("invalid", "messages: the prompt is 9999 tokens, more than the 100 left")
-        return Chunk(f"echo: {messages[-1]['content']}", "stop", 3)
+        return Chunk(f"echo: {messages[-1]['content']}", "stop", 3, prompt_tokens=7)
 
     async def stream(self, messages, params, timeout):
         self.calls.append((messages, params))
@@ -45,7 +45,9 @@ class FakeBackend:
             raise BackendError("unavailable", "connection refused")
         for word in ("one ", "two ", "three"):
             yield Chunk(word)
-        yield Chunk("", "length", 3)
+            if self.mode == "stall":  # the stream stops part-way: the deadline ends it
+                await asyncio.sleep(10)
+        yield Chunk("", "length", 3, prompt_tokens=7)
 
 
 @pytest.fixture
@@ -112,7 +114,7 @@ def test_models_health_ready_metrics(client):
             {"messages": U, "max_tokens": 51}, 400, "max_tokens: 51 is more than the limit 50", id="tokens"
         ),
         pytest.param(
-            {"messages": U, "user": "a/b"}, 400, "user: must be 1-128 characters", id="bad-user-as-session"
+            {"messages": U, "session_id": "a/b"}, 400, "session_id: must be 1-128 characters", id="session"
         ),
         pytest.param({"messages": U, "n": 2}, 400, "n: only 1 is supported", id="n"),
         pytest.param(
@@ -203,3 +205,226 @@ def test_token_limit_comes_from_triton_when_not_set(backend):
             r.status_code == 400
             and r.json()["error"]["message"] == "max_tokens: 41 is more than the limit 40"
         )
+
+
+# ---- OpenAI compatibility: user as session key, usage, per-field policy ------------------------------
+
+
+def test_user_that_is_an_email_is_accepted_and_hashed_into_a_session_key(client, backend):
+    r = post(client, {"messages": U, "user": "alice@example.com"})
+    assert r.status_code == 200, r.text
+    sid = r.json()["chatfleet"]["session_id"]
+    assert sid.startswith("user-") and "alice" not in sid
+    assert backend.calls[-1][1]["session_id"] == sid
+    again = post(client, {"messages": U, "user": "alice@example.com"}).json()["chatfleet"]["session_id"]
+    other = post(client, {"messages": U, "user": "bob@example.com"}).json()["chatfleet"]["session_id"]
+    assert again == sid != other
+
+
+def test_user_must_be_a_string(client):
+    r = post(client, {"messages": U, "user": 42})
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith("user: must be a string")
+
+
+def test_usage_has_prompt_tokens(client):
+    usage = post(client, {"messages": U}).json()["usage"]
+    assert usage == {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
+
+
+def test_stream_usage_has_prompt_tokens(client):
+    with client.stream(
+        "POST", "/v1/chat/completions", content=json.dumps({"messages": U, "stream": True})
+    ) as r:
+        events = [json.loads(x[6:]) for x in r.iter_lines() if x.startswith("data: {")]
+    assert events[-1]["usage"] == {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
+
+
+def metric(client, name, **labels):
+    total = 0.0
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rpartition(" ")[2])
+    return total
+
+
+def test_stream_that_times_out_part_way_is_an_error_in_the_metrics(client, backend):
+    backend.mode = "stall"
+    with client.stream(
+        "POST", "/v1/chat/completions", content=json.dumps({"messages": U, "stream": True})
+    ) as r:
+        text = r.read().decode()
+    assert text.endswith("data: [DONE]\n\n")
+    assert metric(client, "chatfleet_requests_total", outcome="error", stream="true") == 1
+    assert metric(client, "chatfleet_requests_total", outcome="success") == 0
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        pytest.param(
+            {"tools": [{"type": "function", "function": {"name": "f"}}]},
+            "tools: tool calling is not supported",
+            id="tools",
+        ),
+        pytest.param(
+            {"tool_choice": "required"}, "tool_choice: tool calling is not supported", id="tool-choice"
+        ),
+        pytest.param(
+            {"functions": [{"name": "f"}]}, "functions: tool calling is not supported", id="functions"
+        ),
+        pytest.param({"function_call": "auto"}, "function_call: tool calling is not supported", id="fn-call"),
+        pytest.param(
+            {"response_format": {"type": "json_object"}},
+            'response_format: only {"type": "text"} is supported',
+            id="response-format",
+        ),
+        pytest.param(
+            {"response_format": {"type": "json_schema", "json_schema": {}}},
+            'response_format: only {"type": "text"} is supported',
+            id="json-schema",
+        ),
+        pytest.param({"logprobs": True}, "logprobs: not supported", id="logprobs"),
+        pytest.param({"top_logprobs": 2}, "top_logprobs: not supported", id="top-logprobs"),
+        pytest.param({"modalities": ["audio"]}, 'modalities: only ["text"] is supported', id="modalities"),
+        pytest.param({"audio": {"voice": "x"}}, "audio: not supported", id="audio"),
+        pytest.param({"prediction": {"type": "content"}}, "prediction: not supported", id="prediction"),
+        pytest.param({"presence_penalty": 2.5}, "presence_penalty: 2.5 is outside -2.0..2.0", id="presence"),
+        pytest.param({"frequency_penalty": "x"}, "frequency_penalty: must be a number", id="frequency"),
+        pytest.param({"logit_bias": {"abc": 1}}, "logit_bias: keys must be token ids", id="bias-key"),
+        pytest.param({"logit_bias": {"5": 101}}, "logit_bias[5]: 101 is outside -100..100", id="bias-value"),
+        pytest.param({"seed": 2**64}, "seed: 18446744073709551616 is outside", id="seed"),
+        pytest.param({"temperature": 2.5}, "temperature: 2.5 is outside", id="temperature"),
+        pytest.param({"stream_options": {"include_usage": "yes"}}, "stream_options.include_usage", id="so"),
+    ],
+)
+def test_unsupported_or_out_of_range_fields_are_refused_naming_the_field(client, backend, extra, message):
+    r = post(client, {"messages": U, **extra})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["message"].startswith(message), error
+    assert error["param"] == message.split(":")[0]
+    assert backend.calls == []
+
+
+@pytest.mark.parametrize(
+    ("extra", "sent"),
+    [
+        pytest.param({"presence_penalty": 0.5}, {"presence_penalty": 0.5}, id="presence"),
+        pytest.param({"frequency_penalty": -1}, {"frequency_penalty": -1.0}, id="frequency"),
+        pytest.param({"logit_bias": {"5": -100, "9": 3}}, {"logit_bias": {"5": -100.0, "9": 3.0}}, id="bias"),
+        pytest.param({"tool_choice": "none"}, {}, id="tool-choice-none"),
+        pytest.param({"tools": []}, {}, id="no-tools"),
+        pytest.param({"response_format": {"type": "text"}}, {}, id="text-format"),
+        pytest.param({"logprobs": False}, {}, id="logprobs-false"),
+        pytest.param({"stream_options": {"include_usage": True}}, {}, id="stream-options"),
+        pytest.param({"metadata": {"a": "b"}, "store": False, "service_tier": "auto"}, {}, id="bookkeeping"),
+        pytest.param({"parallel_tool_calls": False}, {}, id="parallel-tool-calls"),
+    ],
+)
+def test_supported_fields_reach_the_model(client, backend, extra, sent):
+    r = post(client, {"messages": U, **extra})
+    assert r.status_code == 200, r.text
+    params = backend.calls[-1][1]
+    assert {k: params[k] for k in sent} == sent
+    assert "ignored_fields" not in r.json()["chatfleet"]
+
+
+def test_unknown_fields_are_ignored_but_named_in_the_response(client, backend):
+    r = post(client, {"messages": U, "best_of": 3, "guided_json": {}})
+    assert r.status_code == 200
+    assert r.json()["chatfleet"]["ignored_fields"] == ["best_of", "guided_json"]
+
+
+# ---- Track echo: every response names the answering pod's track and revision ----------------------
+
+
+@pytest.fixture
+def canary_client(backend):
+    settings = ApiSettings(model_name="m1", request_timeout_s=0.5, track="canary", revision="5f9c2a1b")
+    with TestClient(create_app(settings, backend=backend)) as c:
+        yield c
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        pytest.param("POST", "/v1/chat/completions", {"messages": U}, id="completion"),
+        pytest.param("POST", "/v1/chat/completions", {"messages": U, "stream": True}, id="stream"),
+        pytest.param("POST", "/v1/chat/completions", {"messages": []}, id="error-400"),
+        pytest.param("POST", "/v1/chat/completions", {"messages": U, "model": "x"}, id="error-404"),
+        pytest.param("GET", "/v1/models", None, id="models"),
+        pytest.param("GET", "/healthz", None, id="healthz"),
+        pytest.param("GET", "/readyz", None, id="readyz"),
+        pytest.param("GET", "/metrics", None, id="metrics"),
+    ],
+)
+def test_every_response_names_track_and_revision(canary_client, method, path, body):
+    r = canary_client.request(method, path, content=json.dumps(body) if body is not None else None)
+    assert r.headers["x-chatfleet-track"] == "canary"
+    assert r.headers["x-chatfleet-revision"] == "5f9c2a1b"
+
+
+def test_fallback_response_names_the_track(canary_client, backend):
+    backend.mode = "down"
+    for stream in (False, True):
+        r = post(canary_client, {"messages": U, "stream": stream})
+        assert r.headers["x-chatfleet-fallback"] == "text" and r.headers["x-chatfleet-track"] == "canary"
+
+
+def test_track_and_revision_come_from_the_pod_env():
+    s = ApiSettings.from_env({"CHATFLEET_TRACK": "stable", "CHATFLEET_REVISION": "abc"})
+    assert (s.track, s.revision) == ("stable", "abc")
+
+
+def test_no_track_header_when_the_pod_does_not_know_it(client):
+    assert "x-chatfleet-track" not in post(client, {"messages": U}).headers
+
+
+# ---- One scrape endpoint: the chat API re-exports Triton's metrics ------------------------------------
+
+
+@pytest.fixture
+def fake_triton_metrics():
+    """A real HTTP server on 127.0.0.1 serving a Triton-like exposition page."""
+    import http.server
+    import threading
+
+    page = b'# HELP nv_inference_count Number of inferences\n# TYPE nv_inference_count counter\nnv_inference_count{model="chat",version="1"} 5\n'
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.end_headers()
+            self.wfile.write(page)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    server.shutdown()
+    server.server_close()
+
+
+def test_metrics_re_export_triton(backend, fake_triton_metrics):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    settings = ApiSettings(model_name="m1", triton_metrics_url=fake_triton_metrics)
+    with TestClient(create_app(settings, backend=backend)) as c:
+        text = c.get("/metrics").text
+    families = {f.name: f for f in text_string_to_metric_families(text)}  # one valid exposition
+    assert families["nv_inference_count"].samples[0].value == 5
+    assert "chatfleet_requests" in families
+    assert families["chatfleet_triton_metrics_up"].samples[0].value == 1
+
+
+def test_metrics_still_answer_when_triton_is_unreachable(backend):
+    from chatfleet_runtime.tritonhome import free_port
+
+    settings = ApiSettings(model_name="m1", triton_metrics_url=f"http://127.0.0.1:{free_port()}/metrics")
+    with TestClient(create_app(settings, backend=backend)) as c:
+        r = c.get("/metrics")
+    assert r.status_code == 200 and 'chatfleet_triton_metrics_up{model="m1"} 0.0' in r.text

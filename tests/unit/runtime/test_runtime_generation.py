@@ -264,3 +264,35 @@ def test_inflight_engine_reports_errors_and_keeps_serving(model, tokenizer):
         assert got[1][1] is None and len(got[1][0].token_ids) == 3
     finally:
         engine.close()
+
+
+def test_logit_bias_forces_a_token(gen, tokenizer):
+    ids = prompt(tokenizer, "Hello there").ids
+    res = gen.generate(
+        [GenerationRequest(ids, SamplingParams(max_new_tokens=5, logit_bias=((100, 100.0),)))]
+    )[0]
+    assert res.token_ids == [100] * 5
+
+
+@pytest.mark.parametrize(
+    ("presence", "frequency", "generated", "winner"),
+    [
+        # logits: token 50 -> 3.0, token 70 -> 2.5, token 90 -> 1.0; logit -= count * f + (count > 0) * p
+        pytest.param(0.0, 0.0, [50, 50, 50, 50], 50, id="no-penalty"),
+        pytest.param(0.6, 0.0, [50], 70, id="presence"),  # 50: 3.0 - 0.6 = 2.4 < 2.5
+        pytest.param(0.6, 0.0, [50, 70], 50, id="presence-both-seen"),  # 2.4 > 1.9
+        pytest.param(0.0, 0.3, [50, 50, 50, 50], 70, id="frequency"),  # 50: 3.0 - 4 * 0.3 = 1.8 < 2.5
+        pytest.param(0.0, 0.3, [50], 50, id="frequency-once"),  # 2.7 > 2.5
+        pytest.param(-2.1, 0.0, [90], 90, id="negative-presence-favours"),  # 90: 1.0 + 2.1 = 3.1 > 3.0
+    ],
+)
+def test_penalties_follow_openai_arithmetic(gen, presence, frequency, generated, winner):
+    import torch
+    from chatfleet_runtime.generation import _Row
+
+    logits = torch.full((1, gen.vocab_size), -10.0)
+    logits[0, 50], logits[0, 70], logits[0, 90] = 3.0, 2.5, 1.0
+    params = SamplingParams(4, presence_penalty=presence, frequency_penalty=frequency)
+    row = _Row(0, GenerationRequest([1], params), gen.tokenizer, 0.0)
+    row.generated = list(generated)
+    assert gen._sample(logits, [row]) == [winner]

@@ -5,7 +5,8 @@
 
 1. Read one ``<model>.config.pbtxt`` per model from the ConfigMap folder (``tritonconfig.configmap_key``).
 2. If ``CHATFLEET_MODEL_URI`` is set and the weights folder (the ``model_dir`` parameter) is empty, fill it
-   from the URI (file://, a path, hf://org/name or org/name, at ``CHATFLEET_MODEL_REVISION``).
+   from the URI (``chatfleet_runtime.model_sources``: hf, s3, gs, oci, http(s), file, at
+   ``CHATFLEET_MODEL_REVISION``), with the credentials the pod's environment carries.
 3. Write the model repository: each model's config.pbtxt plus the shipped ``model.py`` adapter.
 4. Exec tritonserver (NGC image or the pytriton wheel) on the given ports; Triton's readiness then means
    "model loaded and warm-up generation done".
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -41,23 +41,9 @@ def ensure_weights(model_dir: Path, uri: str | None, revision: str | None) -> Pa
     """Fill an empty weights folder from a URI; a folder that already holds a config.json is kept."""
     if (model_dir / "config.json").exists() or not uri:
         return model_dir
-    from urllib.parse import urlparse
+    from chatfleet_runtime.model_sources import fetch
 
-    from chatfleet_runtime.loading import resolve_model_path
-
-    parsed = urlparse(uri)
-    if parsed.scheme in ("hf", "huggingface") or (
-        not parsed.scheme and not Path(uri).exists() and uri.count("/") == 1
-    ):
-        from huggingface_hub import snapshot_download
-
-        repo_id = f"{parsed.netloc}{parsed.path}".strip("/") if parsed.scheme else uri
-        snapshot_download(repo_id, revision=revision, local_dir=str(model_dir))
-        return model_dir
-    source = resolve_model_path(uri)
-    model_dir.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(source, model_dir, dirs_exist_ok=True)
-    return model_dir
+    return fetch(uri, model_dir, revision=revision)
 
 
 def main(argv: list[str] | None = None) -> int:

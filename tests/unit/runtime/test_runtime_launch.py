@@ -85,7 +85,11 @@ def test_choose_placement(precision, kind, cuda, bf16, expected):
 @pytest.mark.parametrize(
     ("uri", "error"),
     [
-        pytest.param("s3://bucket/model", "scheme 's3' is not one of file, hf", id="unknown-scheme"),
+        pytest.param(
+            "ftp://host/model",
+            "scheme 'ftp' is not one of file, gs, hf, http, https, oci, s3",
+            id="unknown-scheme",
+        ),
         pytest.param("/does/not/exist", "is not a folder", id="missing-path"),
     ],
 )

@@ -1,6 +1,6 @@
 """Real servers for the model-URI fetchers, started on 127.0.0.1 free ports with their own folders.
 
-- `S3Server`: moto's S3-compatible server (its own venv, built by hack/build-test-servers.sh).
+- `S3Server`: moto's S3-compatible server with one IAM user (its own venv, hack/build-test-servers.sh).
 - `GcsEmulator`: gcp-storage-emulator, a Cloud Storage JSON-API server (dev extra).
 - `OciRegistry`: the CNCF distribution registry over TLS with htpasswd users (built by the same script).
 - `HttpsFileServer`: a static HTTPS file server (chatfleet_platform.fileserver), optional bearer token.
@@ -11,6 +11,7 @@ first use, like the platform's binaries; a build that fails is an error with the
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -76,16 +77,36 @@ class _Server:
         raise NotImplementedError
 
 
+# Run by moto's own venv (it has boto3): one IAM user allowed s3:*, its access key printed as JSON.
+_MOTO_IAM_USER = """
+import json, sys, boto3
+iam = boto3.client("iam", endpoint_url=sys.argv[1], region_name="us-east-1",
+                   aws_access_key_id="bootstrap", aws_secret_access_key="bootstrap")
+iam.create_user(UserName="fetcher")
+iam.put_user_policy(UserName="fetcher", PolicyName="s3", PolicyDocument=json.dumps(
+    {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))
+key = iam.create_access_key(UserName="fetcher")["AccessKey"]
+print(json.dumps([key["AccessKeyId"], key["SecretAccessKey"]]))
+"""
+
+
 @dataclass
 class S3Server(_Server):
-    """moto_server: an S3 API on http://127.0.0.1:PORT (any access key is accepted)."""
+    """moto_server: an S3 API on http://127.0.0.1:PORT that checks signatures against one IAM user.
+
+    moto lets the first INITIAL_NO_AUTH_ACTION_COUNT requests through unsigned: exactly the three IAM
+    calls that create the user; from then on a wrong key or secret is refused like AWS does.
+    """
+
+    access_key: str = ""
+    secret_key: str = ""
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 60) -> S3Server:
-        """Start and wait until the port answers."""
+        """Start, wait until the port answers, and create the IAM user (access_key, secret_key)."""
         binary = _ensure(moto_server_binary(), "moto")
         self.port = self.port or procs.free_port()
         self._start(
@@ -93,7 +114,18 @@ class S3Server(_Server):
             [str(binary), "-H", "127.0.0.1", "-p", str(self.port)],
             lambda: procs.port_in_use(self.port),
             timeout,
+            env={**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "3"},
         )
+        result = subprocess.run(
+            [str(binary.parent / "python"), "-c", _MOTO_IAM_USER, self.url],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        if result.returncode != 0:
+            self.stop()
+            raise PlatformError(f"moto: could not create the IAM user:\n{result.stderr[-2000:]}")
+        self.access_key, self.secret_key = json.loads(result.stdout)
         return self
 
 

@@ -226,7 +226,8 @@ def s3_client(env: Mapping[str, str]):
 
 def fetch_s3(source: ModelUri, dest: Path, env: Mapping[str, str], revision: str | None) -> None:
     """Download every object under s3://BUCKET/PREFIX/ (keys keep their path below the prefix)."""
-    from minio.error import S3Error
+    import urllib3
+    from minio.error import MinioException, S3Error
 
     client = s3_client(env)
     prefix = f"{source.key_prefix}/" if source.key_prefix else ""
@@ -239,6 +240,8 @@ def fetch_s3(source: ModelUri, dest: Path, env: Mapping[str, str], revision: str
             client.fget_object(source.host, obj.object_name, str(target))
     except S3Error as e:
         raise ModelSourceError(f"{FIELD} {source.raw!r}: S3 said {e.code}: {e.message}") from e
+    except (MinioException, urllib3.exceptions.HTTPError) as e:
+        raise ModelSourceError(f"{FIELD} {source.raw!r}: the S3 request failed: {e}") from e
 
 
 # --- gs:// -------------------------------------------------------------------------------------------
@@ -323,15 +326,17 @@ def fetch_oci(source: ModelUri, dest: Path, env: Mapping[str, str], revision: st
 
     verify: bool | str = env.get("OCI_CA_BUNDLE") or True
     user, password = env.get("ORAS_USER"), env.get("ORAS_PASS")
-    backend = "token"
-    if user and password:
-        # Registries answer /v2/ with the scheme they want: Basic (htpasswd) or Bearer (a token service).
-        try:
-            probe = requests.get(f"https://{source.host}/v2/", verify=verify, timeout=30)
-            if probe.headers.get("Www-Authenticate", "").lower().startswith("basic"):
-                backend = "basic"
-        except requests.RequestException as e:
-            raise ModelSourceError(f"{FIELD} {source.raw!r}: registry not reachable: {e}") from e
+    # Registries answer /v2/ with the scheme they want: Basic (htpasswd) or Bearer (a token service).
+    try:
+        probe = requests.get(f"https://{source.host}/v2/", verify=verify, timeout=30)
+    except requests.RequestException as e:
+        raise ModelSourceError(f"{FIELD} {source.raw!r}: registry not reachable: {e}") from e
+    backend = "basic" if probe.headers.get("Www-Authenticate", "").lower().startswith("basic") else "token"
+    if backend == "basic" and not (user and password):
+        raise ModelSourceError(
+            f"{FIELD} {source.raw!r}: the registry asks for a user and password; put ORAS_USER and "
+            "ORAS_PASS in spec.model.credentialsSecret"
+        )
     client = oras.client.OrasClient(hostname=source.host, tls_verify=verify, auth_backend=backend)
     if user and password:
         client.auth.set_basic_auth(user, password)

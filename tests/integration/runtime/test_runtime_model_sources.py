@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from chatfleet_platform import procs
 from chatfleet_platform.objectstores import GcsEmulator, HttpsFileServer, OciRegistry, S3Server
 from chatfleet_runtime import launch, loading, model_sources
 from chatfleet_runtime.model_sources import ModelSourceError
@@ -68,7 +69,13 @@ def s3_model(tmp_path_factory, tiny_model_dir):
     from minio import Minio
 
     with S3Server(tmp_path_factory.mktemp("s3")) as server:
-        client = Minio(f"127.0.0.1:{server.port}", access_key="k", secret_key="s", secure=False)
+        client = Minio(
+            f"127.0.0.1:{server.port}",
+            access_key=server.access_key,
+            secret_key=server.secret_key,
+            secure=False,
+            region="us-east-1",
+        )
         client.make_bucket("models")
         for path in sorted(tiny_model_dir.rglob("*")):
             if path.is_file():
@@ -77,8 +84,8 @@ def s3_model(tmp_path_factory, tiny_model_dir):
             "s3://models/tiny/v1",
             {
                 "AWS_ENDPOINT_URL": server.url,
-                "AWS_ACCESS_KEY_ID": "fetcher",
-                "AWS_SECRET_ACCESS_KEY": "fetcher-secret",
+                "AWS_ACCESS_KEY_ID": server.access_key,
+                "AWS_SECRET_ACCESS_KEY": server.secret_key,
                 "AWS_REGION": "us-east-1",
             },
         )
@@ -196,9 +203,36 @@ def test_launcher_fills_the_weights_folder(scheme, request, monkeypatch, tmp_pat
     ("scheme", "drop", "change", "message"),
     [
         pytest.param(
+            "s3_model",
+            (),
+            {"AWS_ACCESS_KEY_ID": "AKIANOTAUSER"},
+            r"S3 said InvalidAccessKeyId",
+            id="s3-wrong-key",
+        ),
+        pytest.param(
+            "s3_model",
+            (),
+            {"AWS_SECRET_ACCESS_KEY": "wrong"},
+            r"S3 said SignatureDoesNotMatch",
+            id="s3-wrong-secret",
+        ),
+        pytest.param(
+            "s3_model",
+            ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"),
+            {},
+            r"(S3 said AccessDenied|the S3 request failed: .*Response code: 500)",  # moto answers 500
+            id="s3-anonymous",
+        ),
+        pytest.param(
             "oci_model", (), {"ORAS_PASS": "wrong"}, r"pull failed: .*Unauthorized", id="oci-wrong-password"
         ),
-        pytest.param("oci_model", ("ORAS_USER", "ORAS_PASS"), {}, r"pull failed", id="oci-no-credentials"),
+        pytest.param(
+            "oci_model",
+            ("ORAS_USER", "ORAS_PASS"),
+            {},
+            r"the registry asks for a user and password; put ORAS_USER and ORAS_PASS in spec\.model\.credentialsSecret",
+            id="oci-no-credentials",
+        ),
         pytest.param(
             "oci_model", ("OCI_CA_BUNDLE",), {}, r"CERTIFICATE_VERIFY_FAILED", id="oci-untrusted-ca"
         ),
@@ -250,6 +284,26 @@ def test_missing_objects_fail_naming_the_field(scheme, uri, message, request, tm
     published: Published = request.getfixturevalue(scheme)
     with pytest.raises(ModelSourceError, match=r"^spec\.model\.uri .*" + message):
         model_sources.fetch(uri, tmp_path / "weights", env=published.env)
+
+
+@pytest.mark.parametrize(
+    ("uri", "env", "message"),
+    [
+        pytest.param(
+            "s3://models/tiny",
+            {"AWS_ENDPOINT_URL": "http://127.0.0.1:{port}"},
+            "the S3 request failed",
+            id="s3",
+        ),
+        pytest.param("oci://127.0.0.1:{port}/models/tiny:v1", {}, "registry not reachable", id="oci"),
+        pytest.param("https://127.0.0.1:{port}/tiny/", {}, "config.json failed", id="https"),
+    ],
+)
+def test_unreachable_servers_fail_naming_the_field(uri, env, message, tmp_path):
+    port = procs.free_port()  # nothing listens there
+    env = {k: v.format(port=port) for k, v in env.items()}
+    with pytest.raises(ModelSourceError, match=r"^spec\.model\.uri .*" + message):
+        model_sources.fetch(uri.format(port=port), tmp_path / "weights", env=env)
 
 
 def test_a_tokenizer_uri_is_fetched_once_into_the_cache(s3_model, monkeypatch, tmp_path, tiny_model_dir):

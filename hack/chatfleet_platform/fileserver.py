@@ -1,6 +1,6 @@
-"""A static HTTPS file server for tests: serves a folder on 127.0.0.1 with a given certificate.
+"""A static HTTP(S) file server for tests: serves a folder on 127.0.0.1, over TLS when given a certificate.
 
-``python -m chatfleet_platform.fileserver --root DIR --port N --cert C --key K [--token T]``
+``python -m chatfleet_platform.fileserver --root DIR --port N [--cert C --key K] [--token T]``
 With --token, every request must carry ``Authorization: Bearer T`` (401 otherwise). Paths ending in "/"
 are folders: listings are refused (403), so a client must name the files it wants.
 """
@@ -39,19 +39,20 @@ class _Handler(SimpleHTTPRequestHandler):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Serve --root over HTTPS on 127.0.0.1:--port until terminated."""
+    """Serve --root on 127.0.0.1:--port (HTTPS with --cert/--key, else plain HTTP) until terminated."""
     parser = argparse.ArgumentParser(description="static HTTPS file server (tests)")
     parser.add_argument("--root", required=True)
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--cert", required=True)
-    parser.add_argument("--key", required=True)
+    parser.add_argument("--cert")
+    parser.add_argument("--key")
     parser.add_argument("--token")
     args = parser.parse_args(argv)
     handler = type("Handler", (_Handler,), {"token": args.token})
     server = ThreadingHTTPServer(("127.0.0.1", args.port), functools.partial(handler, directory=args.root))
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.load_cert_chain(args.cert, args.key)
-    server.socket = ctx.wrap_socket(server.socket, server_side=True)
+    if args.cert:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(args.cert, args.key)
+        server.socket = ctx.wrap_socket(server.socket, server_side=True)
     server.serve_forever()
     return 0
 

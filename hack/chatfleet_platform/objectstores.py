@@ -3,7 +3,8 @@
 - `S3Server`: moto's S3-compatible server with one IAM user (its own venv, hack/build-test-servers.sh).
 - `GcsEmulator`: gcp-storage-emulator, a Cloud Storage JSON-API server (dev extra).
 - `OciRegistry`: the CNCF distribution registry over TLS with htpasswd users (built by the same script).
-- `HttpsFileServer`: a static HTTPS file server (chatfleet_platform.fileserver), optional bearer token.
+- `HttpsFileServer`: a static HTTPS (or plain HTTP) file server (chatfleet_platform.fileserver), optional
+  bearer token.
 
 Each is a context manager and stops exactly the process it started. A missing server binary is built on
 first use, like the platform's binaries; a build that fails is an error with the command to run.
@@ -208,20 +209,21 @@ class OciRegistry(_Server):
 
 @dataclass
 class HttpsFileServer(_Server):
-    """A static HTTPS server of `root` on https://127.0.0.1:PORT with its own CA; optional bearer token."""
+    """A static server of `root` on https://127.0.0.1:PORT with its own CA (plain http with tls=False);
+    optional bearer token."""
 
     root: Path = Path()
     token: str | None = None
+    tls: bool = True
     ca: Path | None = None
 
     @property
     def url(self) -> str:
-        return f"https://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 30) -> HttpsFileServer:
-        """Write the TLS pair, start, and wait until the port answers."""
+        """Write the TLS pair (tls=True), start, and wait until the port answers."""
         self.workdir = Path(self.workdir).resolve()
-        self.ca, crt, key = pki.serving_pair(self.workdir / "pki", "files")
         self.port = self.port or procs.free_port()
         argv = [
             sys.executable,
@@ -229,9 +231,10 @@ class HttpsFileServer(_Server):
             "chatfleet_platform.fileserver",
             f"--root={Path(self.root).resolve()}",
             f"--port={self.port}",
-            f"--cert={crt}",
-            f"--key={key}",
         ]
+        if self.tls:
+            self.ca, crt, key = pki.serving_pair(self.workdir / "pki", "files")
+            argv += [f"--cert={crt}", f"--key={key}"]
         if self.token:
             argv.append(f"--token={self.token}")
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}

@@ -190,11 +190,18 @@ def fetch_file(source: ModelUri, dest: Path, env: Mapping[str, str], revision: s
 
 
 def fetch_hf(source: ModelUri, dest: Path, env: Mapping[str, str], revision: str | None) -> None:
-    """Download a Hugging Face hub snapshot (ORG/MODEL at revision) with huggingface_hub; HF_TOKEN authenticates."""
+    """Download a Hugging Face hub snapshot (ORG/MODEL at revision) with huggingface_hub; HF_TOKEN
+    authenticates, HF_ENDPOINT names a mirror."""
     from huggingface_hub import snapshot_download
 
     repo_id = f"{source.host}/{source.key_prefix}"
-    snapshot_download(repo_id, revision=revision, local_dir=str(dest), token=env.get("HF_TOKEN") or None)
+    snapshot_download(
+        repo_id,
+        revision=revision,
+        local_dir=str(dest),
+        token=env.get("HF_TOKEN") or None,
+        endpoint=env.get("HF_ENDPOINT") or None,
+    )
 
 
 # --- s3:// -------------------------------------------------------------------------------------------

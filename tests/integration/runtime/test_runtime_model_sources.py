@@ -157,7 +157,23 @@ def https_archive_model(https_server):
     return Published(f"{https_server.url}/tiny.tar.gz", env)
 
 
-SCHEMES = ["s3_model", "gs_model", "oci_model", "https_folder_model", "https_archive_model"]
+@pytest.fixture(scope="module")
+def http_archive_model(tmp_path_factory, tiny_model_dir):
+    """The model as a .zip archive on a plain-HTTP server (the CRD admits http:// too)."""
+    root = tmp_path_factory.mktemp("www-plain")
+    shutil.make_archive(str(root / "tiny"), "zip", root_dir=tiny_model_dir)
+    with HttpsFileServer(tmp_path_factory.mktemp("http"), root=root, tls=False) as server:
+        yield Published(f"{server.url}/tiny.zip", {})
+
+
+SCHEMES = [
+    "s3_model",
+    "gs_model",
+    "oci_model",
+    "https_folder_model",
+    "https_archive_model",
+    "http_archive_model",
+]
 
 
 def pod_env(monkeypatch, published: Published) -> None:

@@ -19,6 +19,7 @@ import os
 import sys
 from pathlib import Path
 
+from chatfleet_runtime.model_sources import ModelSourceError, fetch
 from chatfleet_runtime.tritonconfig import MODEL_NAME, configmap_key, parse_parameters
 from chatfleet_runtime.tritonhome import Ports, command, environment, find_installation, write_repository
 
@@ -41,8 +42,6 @@ def ensure_weights(model_dir: Path, uri: str | None, revision: str | None) -> Pa
     """Fill an empty weights folder from a URI; a folder that already holds a config.json is kept."""
     if (model_dir / "config.json").exists() or not uri:
         return model_dir
-    from chatfleet_runtime.model_sources import fetch
-
     return fetch(uri, model_dir, revision=revision)
 
 
@@ -64,11 +63,14 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     configs = read_configs(Path(args.config_dir))
     params = parse_parameters(configs[MODEL_NAME])
-    ensure_weights(
-        Path(params.get("model_dir", "/models/weights")),
-        os.environ.get("CHATFLEET_MODEL_URI"),
-        os.environ.get("CHATFLEET_MODEL_REVISION"),
-    )
+    try:
+        ensure_weights(
+            Path(params.get("model_dir", "/models/weights")),
+            os.environ.get("CHATFLEET_MODEL_URI"),
+            os.environ.get("CHATFLEET_MODEL_REVISION"),
+        )
+    except ModelSourceError as e:
+        raise SystemExit(f"launch: {e}") from e
     repo = write_repository(Path(args.repository), configs)
     inst = find_installation(Path(args.triton_home))
     cmd = command(inst, repo, Ports(args.http_port, args.grpc_port, args.metrics_port), args.address, extra)

@@ -1,6 +1,6 @@
 """Model URIs: parsing, the scheme registry against the CRD, archive safety, credential parsing.
 
-The fetchers themselves run against real servers in tests/integration/runtime/test_runtime_model_sources.py.
+The fetchers themselves run against real servers in tests/integration/runtime/test_runtime_model_downloads.py.
 """
 
 from __future__ import annotations

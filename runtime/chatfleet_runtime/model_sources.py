@@ -294,10 +294,11 @@ def gcs_client(env: Mapping[str, str]):
 def fetch_gs(source: ModelUri, dest: Path, env: Mapping[str, str], revision: str | None) -> None:
     """Download every object under gs://BUCKET/PREFIX/ (names keep their path below the prefix)."""
     from google.api_core import exceptions as gexc
+    from google.auth import exceptions as auth_exc
 
-    client = gcs_client(env)
     prefix = f"{source.key_prefix}/" if source.key_prefix else ""
     try:
+        client = gcs_client(env)
         for blob in client.list_blobs(source.host, prefix=prefix):
             if blob.name.endswith("/"):
                 continue
@@ -306,6 +307,11 @@ def fetch_gs(source: ModelUri, dest: Path, env: Mapping[str, str], revision: str
             blob.download_to_filename(str(target))
     except gexc.GoogleAPIError as e:
         raise ModelSourceError(f"{FIELD} {source.raw!r}: Cloud Storage said {e}") from e
+    except auth_exc.GoogleAuthError as e:
+        raise ModelSourceError(
+            f"{FIELD} {source.raw!r}: no Google credentials ({e}); put GOOGLE_APPLICATION_CREDENTIALS_JSON "
+            "in spec.model.credentialsSecret or give the pod a workload identity"
+        ) from e
 
 
 # --- oci:// ------------------------------------------------------------------------------------------

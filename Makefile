@@ -32,7 +32,7 @@ help: ## This list
 ##@ Setup (each target installs what it needs; `make test` and `make demo` call them)
 
 .PHONY: setup
-setup: venv system-deps platform-build chart-tools images ## Python packages, Debian packages, platform binaries, chart tools, images
+setup: venv system-deps platform-build chart-tools test-servers images ## Python packages, Debian packages, platform binaries, chart tools, test servers, images
 
 .PHONY: venv
 venv: $(STAMP) ## Virtual environment with the operator, runtime and dev extras (pinned)
@@ -51,6 +51,10 @@ system-deps: ## Debian packages: prometheus, redis-server; containerd, runc, CNI
 .PHONY: platform-build
 platform-build: ## Build etcd, Kubernetes, kwok and helm from the Go module proxy (cached by version)
 	@bash hack/build-platform.sh
+
+.PHONY: test-servers
+test-servers: ## The OCI registry (Go module proxy) and moto's S3 server (own venv) the model-URI tests start
+	@bash hack/build-test-servers.sh
 
 .PHONY: chart-tools
 chart-tools: venv platform-build ## checkov in its own venv (.work/checkov) and the Prometheus Operator CRDs

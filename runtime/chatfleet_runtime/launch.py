@@ -8,7 +8,8 @@
    ``CHATFLEET_SIMULATED_GPU=1``) serves with ``KIND_CPU``; a ``KIND_GPU`` config with no CUDA device visible
    and no such marker stops here with a message, never silently serving from the CPU (``place_instances``).
 3. If ``CHATFLEET_MODEL_URI`` is set and the weights folder (the ``model_dir`` parameter) is empty, fill it
-   from the URI (file://, a path, hf://org/name or org/name, at ``CHATFLEET_MODEL_REVISION``).
+   from the URI (``chatfleet_runtime.model_sources``: hf, s3, gs, oci, http(s), file, at
+   ``CHATFLEET_MODEL_REVISION``), with the credentials the pod's environment carries.
 4. Write the model repository: each model's config.pbtxt plus the shipped ``model.py`` adapter.
 5. Exec tritonserver (NGC image or the pytriton wheel) on the given ports; Triton's readiness then means
    "model loaded and warm-up generation done".
@@ -18,11 +19,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from chatfleet_runtime.model_sources import ModelSourceError, fetch
 from chatfleet_runtime.tritonconfig import MODEL_NAME, configmap_key, instance_kinds, on_cpu, parse_parameters
 from chatfleet_runtime.tritonhome import Ports, command, environment, find_installation, write_repository
 
@@ -82,23 +83,7 @@ def ensure_weights(model_dir: Path, uri: str | None, revision: str | None) -> Pa
     """Fill an empty weights folder from a URI; a folder that already holds a config.json is kept."""
     if (model_dir / "config.json").exists() or not uri:
         return model_dir
-    from urllib.parse import urlparse
-
-    from chatfleet_runtime.loading import resolve_model_path
-
-    parsed = urlparse(uri)
-    if parsed.scheme in ("hf", "huggingface") or (
-        not parsed.scheme and not Path(uri).exists() and uri.count("/") == 1
-    ):
-        from huggingface_hub import snapshot_download
-
-        repo_id = f"{parsed.netloc}{parsed.path}".strip("/") if parsed.scheme else uri
-        snapshot_download(repo_id, revision=revision, local_dir=str(model_dir))
-        return model_dir
-    source = resolve_model_path(uri)
-    model_dir.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(source, model_dir, dirs_exist_ok=True)
-    return model_dir
+    return fetch(uri, model_dir, revision=revision)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,11 +108,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"[launch] {why}", flush=True)
     params = parse_parameters(configs[MODEL_NAME])
-    ensure_weights(
-        Path(params.get("model_dir", "/models/weights")),
-        os.environ.get("CHATFLEET_MODEL_URI"),
-        os.environ.get("CHATFLEET_MODEL_REVISION"),
-    )
+    try:
+        ensure_weights(
+            Path(params.get("model_dir", "/models/weights")),
+            os.environ.get("CHATFLEET_MODEL_URI"),
+            os.environ.get("CHATFLEET_MODEL_REVISION"),
+        )
+    except ModelSourceError as e:
+        raise SystemExit(f"launch: {e}") from e
     repo = write_repository(Path(args.repository), configs)
     inst = find_installation(Path(args.triton_home))
     cmd = command(inst, repo, Ports(args.http_port, args.grpc_port, args.metrics_port), args.address, extra)

@@ -7,12 +7,12 @@ path is the same: `resolve_model_path` -> `load_tokenizer` / `load_model`.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 log = logging.getLogger(__name__)
 
@@ -27,21 +27,28 @@ class Placement:
 
 
 def resolve_model_path(uri: str, *, revision: str | None = None, cache_dir: str | None = None) -> Path:
-    """Turn a path, file:// URI, hf:// URI or hub id into a local folder (downloading hub models)."""
-    parsed = urlparse(uri)
-    if parsed.scheme == "file":
-        path = Path(parsed.path)
-    elif parsed.scheme in ("hf", "huggingface"):
-        return _hub_download(f"{parsed.netloc}{parsed.path}".strip("/"), revision, cache_dir)
-    elif parsed.scheme:
-        raise ValueError(f"model uri: scheme {parsed.scheme!r} is not one of file, hf")
-    else:
-        path = Path(uri)
-        if not path.exists() and not uri.startswith(("/", ".")) and uri.count("/") == 1:
-            return _hub_download(uri, revision, cache_dir)
-    if not path.is_dir():
-        raise FileNotFoundError(f"model path {str(path)!r} is not a folder")
-    return path
+    """Turn a path, file:// URI or remote URI (any scheme of `model_sources`) into a local folder.
+
+    hf:// goes through the hub cache; s3://, gs://, oci:// and http(s):// are fetched once into a folder
+    under cache_dir (default $CHATFLEET_MODEL_CACHE or /tmp/chatfleet-models) keyed by URI and revision.
+    """
+    from chatfleet_runtime import model_sources
+
+    source = model_sources.parse_uri(uri)
+    if source.scheme == "file":
+        path = Path(source.path)
+        if not path.is_dir():
+            raise FileNotFoundError(f"model path {str(path)!r} is not a folder")
+        return path
+    if source.scheme == "hf":
+        return _hub_download(f"{source.host}/{source.key_prefix}", revision, cache_dir)
+    root = Path(cache_dir or os.environ.get("CHATFLEET_MODEL_CACHE") or "/tmp/chatfleet-models")
+    key = hashlib.sha256(f"{uri}\n{revision or ''}".encode()).hexdigest()[:16]
+    dest = root / key
+    marker = dest / model_sources.MARKER
+    if marker.exists() and marker.read_text() == uri:
+        return dest
+    return model_sources.fetch(uri, dest, revision=revision)
 
 
 def _hub_download(repo_id: str, revision: str | None, cache_dir: str | None) -> Path:

@@ -106,8 +106,9 @@ class ServiceSettings:
         model_dir = params.get("model_dir") or "/models/weights"
         return cls(
             model_dir=model_dir,
-            # a tokenizer given as a URI (spec.model.tokenizer) is resolved like the weights at load time
-            tokenizer_dir=params.get("tokenizer_dir") or params.get("tokenizer_uri") or model_dir,
+            # a tokenizer given as a URI (spec.model.tokenizer) wins over the default tokenizer_dir (the weights
+            # folder) and is resolved like the weights at load time
+            tokenizer_dir=params.get("tokenizer_uri") or params.get("tokenizer_dir") or model_dir,
             precision=params.get("precision", "fp32"),
             kind=kind,
             max_new_tokens=num("max_new_tokens", 256),

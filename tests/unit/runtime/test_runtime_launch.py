@@ -60,6 +60,20 @@ def test_launch_dry_run_builds_repository_and_fetches_weights(tmp_path, tiny_mod
     assert "--http-port=8000" in capsys.readouterr().out
 
 
+def test_launch_with_a_bad_uri_exits_naming_the_field(tmp_path, monkeypatch):
+    config_dir = tmp_path / "cm"
+    config_dir.mkdir()
+    for model, text in model_repository_configs(
+        ChatModelConfig(model_dir=str(tmp_path / "weights"), kind="KIND_CPU")
+    ).items():
+        (config_dir / configmap_key(model)).write_text(text)
+    monkeypatch.setenv("CHATFLEET_MODEL_URI", "s3:///no-bucket")
+    with pytest.raises(
+        SystemExit, match=r"^launch: spec\.model\.uri 's3:///no-bucket': the bucket is missing"
+    ):
+        launch.main([f"--config-dir={config_dir}", f"--repository={tmp_path / 'repo'}", "--dry-run"])
+
+
 def test_launch_without_configmap_fails_clearly(tmp_path):
     with pytest.raises(SystemExit, match=r"chat.config.pbtxt is missing"):
         launch.main([f"--config-dir={tmp_path}", "--dry-run"])
@@ -85,7 +99,11 @@ def test_choose_placement(precision, kind, cuda, bf16, expected):
 @pytest.mark.parametrize(
     ("uri", "error"),
     [
-        pytest.param("s3://bucket/model", "scheme 's3' is not one of file, hf", id="unknown-scheme"),
+        pytest.param(
+            "ftp://host/model",
+            "scheme 'ftp' is not one of file, gs, hf, http, https, oci, s3",
+            id="unknown-scheme",
+        ),
         pytest.param("/does/not/exist", "is not a folder", id="missing-path"),
     ],
 )

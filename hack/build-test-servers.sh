@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Build the servers the model-URI tests start on 127.0.0.1, once, cached by version:
+#   registry  the CNCF distribution registry (oci://), from the Go module proxy:
+#             $CHATFLEET_CACHE/bin/registry-<version>/registry  (cold: ~3 min on 2 cores)
+#   moto      moto's S3 server (s3://) in its own virtual environment (moto needs botocore, whose
+#             python-dateutil<3 pin conflicts with the kubernetes client's >=3 in the project venv):
+#             $CHATFLEET_CACHE/tools/moto-<version>/bin/moto_server
+# The GCS emulator (gs://) and the HTTPS server (http(s)://) come with the dev extra.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=versions.env
+. "$here/versions.env"
+CACHE=${CHATFLEET_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/chatfleet}
+export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-buildvcs=false
+say() { printf '[build] %s\n' "$*" >&2; }
+die() { printf '[build] error: %s\n' "$*" >&2; exit 1; }
+
+build_registry() {
+  local v=$DISTRIBUTION_VERSION out="$CACHE/bin/registry-$DISTRIBUTION_VERSION" d="$CACHE/build/registry-$DISTRIBUTION_VERSION"
+  [ -x "$out/registry" ] && { say "registry v$v cached"; return; }
+  command -v go >/dev/null 2>&1 || die "the Go toolchain is missing: install Go >= 1.25 (it builds the OCI registry)"
+  say "building the distribution registry v$v"
+  mkdir -p "$d" "$out.tmp" && cd "$d"
+  printf 'module example.local/registrybin\n\ngo 1.25.0\n\nrequire github.com/distribution/distribution/v3 v%s\n\ntool github.com/distribution/distribution/v3/cmd/registry\n' "$v" > go.mod
+  go mod tidy || die "cannot fetch github.com/distribution/distribution/v3@v$v from the Go module proxy"
+  go build -trimpath -ldflags "-s -w" -o "$out.tmp/registry" github.com/distribution/distribution/v3/cmd/registry
+  rm -rf "$out" && mv "$out.tmp" "$out"
+}
+
+build_moto() {
+  local v=$MOTO_VERSION venv="$CACHE/tools/moto-$MOTO_VERSION"
+  [ -f "$venv/.complete" ] && { say "moto v$v cached"; return; }
+  say "installing moto[server]==$v into $venv"
+  rm -rf "$venv"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q "moto[server]==$v" || die "cannot install moto[server]==$v from the Python package registry"
+  touch "$venv/.complete"
+}
+
+for t in ${*:-registry moto}; do
+  case $t in
+    registry) build_registry ;; moto) build_moto ;;
+    *) die "unknown test server '$t' (registry, moto)" ;;
+  esac
+done

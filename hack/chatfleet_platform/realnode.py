@@ -66,6 +66,8 @@ API_FORWARD_PORT = 6443
 CLIENT_ADDRESSES = tuple(f"10.245.255.{i}" for i in range(1, 17))
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 GUARD_COMMENT = "chatfleet-real-node"
+#: The FORWARD rule (with -j DROP) that keeps pod traffic on the machine: from the pods to anything else.
+GUARD = ("FORWARD", "-s", PODS_CIDR, "!", "-d", PODS_CIDR, "-m", "comment", "--comment", GUARD_COMMENT)
 #: Host paths the kubelet and containerd write whatever their root says; removed on down if up made them.
 HOST_PATHS = (
     Path("/var/lib/kubelet"),
@@ -450,20 +452,8 @@ class RealNodes:
         _run("sysctl", "-qw", "net.ipv4.ip_forward=1")
         _run("modprobe", "br_netfilter", check=False)
         _run("sysctl", "-qw", "net.bridge.bridge-nf-call-iptables=1", check=False)
-        guard = [
-            "FORWARD",
-            "-s",
-            PODS_CIDR,
-            "!",
-            "-d",
-            PODS_CIDR,
-            "-m",
-            "comment",
-            "--comment",
-            GUARD_COMMENT,
-        ]
-        if _run("iptables", "-C", *guard, "-j", "DROP", check=False).returncode != 0:
-            _run("iptables", "-I", guard[0], "1", *guard[1:], "-j", "DROP")
+        if _run("iptables", "-C", *GUARD, "-j", "DROP", check=False).returncode != 0:
+            _run("iptables", "-I", GUARD[0], "1", *GUARD[1:], "-j", "DROP")
         _run("ip", "route", "replace", "blackhole", KWOK_POD_CIDR)
 
     def _start(self, state: dict, key: str, node: NodePlan, argv: list[str]) -> procs.Proc:
@@ -656,19 +646,7 @@ class RealNodes:
         # 4. network: bridges, the guard, CNI's and the kubelet's iptables chains, the blackhole route
         for n in nodes:
             _run("ip", "link", "del", n.bridge, check=False)
-        guard = [
-            "FORWARD",
-            "-s",
-            PODS_CIDR,
-            "!",
-            "-d",
-            PODS_CIDR,
-            "-m",
-            "comment",
-            "--comment",
-            GUARD_COMMENT,
-        ]
-        while _run("iptables", "-D", *guard, "-j", "DROP", check=False).returncode == 0:
+        while _run("iptables", "-D", *GUARD, "-j", "DROP", check=False).returncode == 0:
             pass
         _remove_chains("CNI-", "KUBE-")
         _run("ip", "route", "del", "blackhole", KWOK_POD_CIDR, check=False)

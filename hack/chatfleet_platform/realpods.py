@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import REPO_ROOT, binaries
+from .config import REPO_ROOT, require_binaries
 from .realnode import CLIENT_ADDRESSES, REAL_LABEL, REAL_TAINT
 
 SYSTEM_PROMPT = "You are a helpful assistant."
@@ -170,7 +170,7 @@ def fleet_podmonitor() -> dict[str, Any]:
     """The chart's fleet PodMonitor as `helm template` renders it with monitoring on."""
     out = subprocess.run(
         [
-            str(binaries().helm),
+            str(require_binaries(("helm",)).helm),
             "template",
             "cf",
             str(REPO_ROOT / "charts" / "chatfleet-operator"),

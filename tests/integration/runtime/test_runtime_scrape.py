@@ -13,17 +13,15 @@ Triton's series (re-exported by the chat API) must be there too.
 from __future__ import annotations
 
 import re
-import subprocess
 import time
 
 import pytest
-import yaml
 from chatfleet_operator import api
 from chatfleet_operator.analysis import queries
 from chatfleet_operator.builders import build_deployment
 from chatfleet_operator.settings import PodSettings
 from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
-from chatfleet_platform.config import REPO_ROOT, binaries
+from chatfleet_platform.realpods import fleet_podmonitor
 from chatfleet_runtime.testing import ChatApiProcess, post_json
 
 pytestmark = [pytest.mark.triton, pytest.mark.prometheus, pytest.mark.slow]
@@ -50,26 +48,7 @@ def pod():
 @pytest.fixture(scope="module")
 def podmonitor():
     """The fleet PodMonitor rendered from the chart (helm must be built: `make platform-build`)."""
-    helm = binaries().helm
-    if not helm.exists():
-        pytest.fail(f"helm is missing at {helm}: run `make platform-build` (needed to render the chart)")
-    out = subprocess.run(
-        [
-            str(helm),
-            "template",
-            "chatfleet",
-            str(REPO_ROOT / "charts" / "chatfleet-operator"),
-            "--set",
-            "monitoring.fleetPodMonitor.enabled=true",
-            "--show-only",
-            "templates/podmonitor-fleets.yaml",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    ).stdout
-    return yaml.safe_load(out)
+    return fleet_podmonitor()
 
 
 @pytest.fixture(scope="module")

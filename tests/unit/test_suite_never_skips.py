@@ -17,7 +17,10 @@ import pytest
 pytestmark = pytest.mark.harness
 
 TESTS = Path(__file__).resolve().parents[1]
-FORBIDDEN = re.compile(r"importorskip|collect_ignore|pytest\.skip\b|\.mark\.skip|skipif")
+# spelled in parts so that a plain grep for these names finds only real uses
+FORBIDDEN = re.compile(
+    "|".join(["import" + "orskip", "collect" + "_ignore", r"pytest\.skip\b", r"\.mark\.skip", "skip" + "if"])
+)
 
 
 def test_no_skip_machinery_in_the_tests():

@@ -3,6 +3,7 @@
 - `S3Server`: moto's S3-compatible server with one IAM user (its own venv, hack/build-test-servers.sh).
 - `GcsEmulator`: gcp-storage-emulator, a Cloud Storage JSON-API server (dev extra).
 - `OciRegistry`: the CNCF distribution registry over TLS with htpasswd users (built by the same script).
+- `ModelHub`: the few Hugging Face Hub routes snapshot_download uses (chatfleet_platform.hubserver).
 - `HttpsFileServer`: a static HTTPS (or plain HTTP) file server (chatfleet_platform.fileserver), optional
   bearer token.
 
@@ -239,4 +240,33 @@ class HttpsFileServer(_Server):
             argv.append(f"--token={self.token}")
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
         self._start("https-files", argv, lambda: procs.port_in_use(self.port), timeout, env)
+        return self
+
+
+@dataclass
+class ModelHub(_Server):
+    """A minimal model hub on http://127.0.0.1:PORT serving root/ORG/NAME as ORG/NAME; optional token."""
+
+    root: Path = Path()
+    token: str | None = None
+
+    @property
+    def url(self) -> str:
+        """The value for HF_ENDPOINT."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30) -> ModelHub:
+        """Start and wait until the port answers."""
+        self.port = self.port or procs.free_port()
+        argv = [
+            sys.executable,
+            "-m",
+            "chatfleet_platform.hubserver",
+            f"--root={Path(self.root).resolve()}",
+            f"--port={self.port}",
+        ]
+        if self.token:
+            argv.append(f"--token={self.token}")
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+        self._start("hub", argv, lambda: procs.port_in_use(self.port), timeout, env)
         return self

@@ -193,15 +193,21 @@ def fetch_hf(source: ModelUri, dest: Path, env: Mapping[str, str], revision: str
     """Download a Hugging Face hub snapshot (ORG/MODEL at revision) with huggingface_hub; HF_TOKEN
     authenticates, HF_ENDPOINT names a mirror."""
     from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError
 
     repo_id = f"{source.host}/{source.key_prefix}"
-    snapshot_download(
-        repo_id,
-        revision=revision,
-        local_dir=str(dest),
-        token=env.get("HF_TOKEN") or None,
-        endpoint=env.get("HF_ENDPOINT") or None,
-    )
+    try:
+        snapshot_download(
+            repo_id,
+            revision=revision,
+            local_dir=str(dest),
+            token=env.get("HF_TOKEN") or None,
+            endpoint=env.get("HF_ENDPOINT") or None,
+        )
+    except (HfHubHTTPError, EntryNotFoundError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelSourceError(f"{FIELD} {source.raw!r}: the hub said {type(e).__name__}: {first}") from e
+    shutil.rmtree(dest / ".cache", ignore_errors=True)  # huggingface_hub's download bookkeeping
 
 
 # --- s3:// -------------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Model URIs end to end: the pod's launcher fills an empty weights folder from real servers on 127.0.0.1.
 
-Test design: one fixture per scheme starts a real server (moto's S3 server, a Cloud Storage emulator, the
+Test design: one fixture per scheme starts a real server (a minimal hub speaking the Hugging Face Hub
+routes snapshot_download uses, moto's S3 server, a Cloud Storage emulator, the
 CNCF distribution registry over TLS with an htpasswd user, an HTTPS file server with its own CA and a
 bearer token), publishes the tiny model there with that ecosystem's client, and returns the URI plus the
 environment a pod would get from spec.model.credentialsSecret. The launcher (`launch.main --dry-run`)
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from chatfleet_platform import procs
-from chatfleet_platform.objectstores import GcsEmulator, HttpsFileServer, OciRegistry, S3Server
+from chatfleet_platform.objectstores import GcsEmulator, HttpsFileServer, ModelHub, OciRegistry, S3Server
 from chatfleet_runtime import launch, loading, model_sources
 from chatfleet_runtime.model_sources import ModelSourceError
 from chatfleet_runtime.tritonconfig import ChatModelConfig, configmap_key, model_repository_configs
@@ -26,6 +27,7 @@ from chatfleet_runtime.tritonconfig import ChatModelConfig, configmap_key, model
 # Every variable a fetcher reads: cleared before each launch so only the published environment counts.
 CREDENTIAL_VARS = (
     "HF_TOKEN",
+    "HF_ENDPOINT",
     "AWS_ACCESS_KEY_ID",
     "AWS_SECRET_ACCESS_KEY",
     "AWS_SESSION_TOKEN",
@@ -61,6 +63,15 @@ def files_of(folder: Path) -> dict[str, bytes]:
         for p in sorted(folder.rglob("*"))
         if p.is_file() and not p.name.startswith(".chatfleet")
     }
+
+
+@pytest.fixture(scope="module")
+def hf_model(tmp_path_factory, tiny_model_dir):
+    """The tiny model as hub repository org/tiny (branch main) on a local hub that wants a token."""
+    root = tmp_path_factory.mktemp("hub")
+    shutil.copytree(tiny_model_dir, root / "org" / "tiny")
+    with ModelHub(tmp_path_factory.mktemp("hub-server"), root=root, token="hf-token") as hub:
+        yield Published("hf://org/tiny", {"HF_ENDPOINT": hub.url, "HF_TOKEN": "hf-token"}, revision="main")
 
 
 @pytest.fixture(scope="module")
@@ -167,6 +178,7 @@ def http_archive_model(tmp_path_factory, tiny_model_dir):
 
 
 SCHEMES = [
+    "hf_model",
     "s3_model",
     "gs_model",
     "oci_model",
@@ -218,6 +230,8 @@ def test_launcher_fills_the_weights_folder(scheme, request, monkeypatch, tmp_pat
 @pytest.mark.parametrize(
     ("scheme", "drop", "change", "message"),
     [
+        pytest.param("hf_model", ("HF_TOKEN",), {}, r"the hub said", id="hf-no-token"),
+        pytest.param("hf_model", (), {"HF_TOKEN": "wrong"}, r"the hub said", id="hf-wrong-token"),
         pytest.param(
             "s3_model",
             (),
@@ -286,6 +300,9 @@ def test_wrong_credentials_fail_naming_the_field(scheme, drop, change, message, 
 @pytest.mark.parametrize(
     ("scheme", "uri", "message"),
     [
+        pytest.param(
+            "hf_model", "hf://org/no-such-model", r"the hub said RepositoryNotFoundError", id="hf-no-repo"
+        ),
         pytest.param(
             "s3_model", "s3://models/no-such-model", r"nothing was found there", id="s3-empty-prefix"
         ),

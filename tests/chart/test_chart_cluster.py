@@ -413,13 +413,15 @@ def test_operator_runs_under_the_chart_serviceaccount_with_no_permission_missing
             "--from-literal=url=redis://redis:6379/0",
             namespace=namespace,
         )
-        first = services.wait_until(lambda: ready_at(cluster, namespace, "rbac-bot", 1), 90)
+        # generation 2: the operator set spec.scaling.replicas, the scale its HPA reads and writes
+        first = services.wait_until(lambda: ready_at(cluster, namespace, "rbac-bot", 2), 90)
         assert first, (
             f"never Ready:\n{cluster.kubectl('get', 'cbs', 'rbac-bot', '-o', 'yaml', namespace=namespace).stdout}\n{log.read_text()[-3000:]}"
         )
         assert cluster.kubectl("get", "hpa", "rbac-bot", namespace=namespace, check=False).returncode == 0
 
-        # release: a new revision (generation 2) that also switches to fixed replicas (the HPA goes).
+        assert first["spec"]["scaling"]["replicas"] == 1
+        # release: a new revision (generation 3) that also switches to fixed replicas (the HPA goes).
         patch = {"spec": {"runtime": {"maxNewTokens": 128}, "scaling": {"autoscale": None, "replicas": 1}}}
         cluster.kubectl(
             "patch",
@@ -430,7 +432,7 @@ def test_operator_runs_under_the_chart_serviceaccount_with_no_permission_missing
             json.dumps(patch),
             namespace=namespace,
         )
-        second = services.wait_until(lambda: ready_at(cluster, namespace, "rbac-bot", 2), 90)
+        second = services.wait_until(lambda: ready_at(cluster, namespace, "rbac-bot", 3), 90)
         assert second, log.read_text()[-3000:]
         assert second["status"]["stableRevision"] != first["status"]["stableRevision"]
         gone = services.wait_until(

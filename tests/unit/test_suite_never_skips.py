@@ -52,3 +52,9 @@ def test_a_skip_is_reported_as_a_failure(tmp_path):
     assert result.returncode == 1, result.stdout + result.stderr
     assert "1 failed" in result.stdout and "some tool is missing" in result.stdout, result.stdout
     assert "from needs import pytest_runtest_makereport" in (TESTS / "conftest.py").read_text()
+
+
+def test_no_two_test_modules_share_a_basename():
+    """pytest's default import mode cannot collect two test modules of one name: the whole run stops."""
+    names = [p.name for p in TESTS.rglob("test_*.py")]
+    assert sorted({n for n in names if names.count(n) > 1}) == []

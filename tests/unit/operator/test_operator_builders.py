@@ -125,6 +125,32 @@ class TestDeployment:
         assert tolerations[0] == {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
         assert tolerations[1] == extra
 
+    @pytest.mark.parametrize(
+        "toleration",
+        [
+            pytest.param({"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}, id="exists"),
+            pytest.param(
+                {"key": "d", "operator": "Equal", "value": "x", "effect": "PreferNoSchedule"}, id="prefer"
+            ),
+            pytest.param(
+                {"key": "d", "operator": "Equal", "value": "x", "effect": "NoExecute"}, id="no-execute"
+            ),
+        ],
+    )
+    def test_every_admitted_toleration_operator_and_effect_reaches_the_pod(self, toleration):
+        tolerations = deployment(resources={"tolerations": [toleration]})["spec"]["template"]["spec"][
+            "tolerations"
+        ]
+        assert toleration in tolerations
+
+    @pytest.mark.parametrize("policy", ["Always", "IfNotPresent", "Never"])
+    def test_every_admitted_pull_policy_reaches_both_containers(self, policy):
+        dep = deployment(runtime={"imagePullPolicy": policy})
+        assert {n: c["imagePullPolicy"] for n, c in containers(dep).items()} == {
+            "triton": policy,
+            "chat-api": policy,
+        }
+
     def test_shm_is_memory_backed(self):
         volumes = {
             v["name"]: v

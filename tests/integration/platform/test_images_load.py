@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from chatfleet_platform import images
 
+pytestmark = pytest.mark.harness  # tests of the local platform (test infrastructure)
+
 
 @pytest.fixture
 def containerd(tmp_path: Path):

@@ -18,7 +18,7 @@ from chatfleet_platform.cluster import Cluster
 from chatfleet_platform.config import REPO_ROOT, PlatformError
 from chatfleet_platform.services import wait_until
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+pytestmark = [pytest.mark.harness, pytest.mark.cluster, pytest.mark.slow]
 
 
 def host_snapshot() -> dict[str, object]:

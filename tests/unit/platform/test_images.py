@@ -1,6 +1,5 @@
-"""The local image build's pure parts (cache keys, tags, argv) and the Dockerfiles' structure."""
+"""The local image build's pure parts: cache keys, tags, argv (the Dockerfiles: tests/unit/test_dockerfiles.py)."""
 
-import ast
 import json
 import os
 import re
@@ -13,8 +12,7 @@ import pytest
 from chatfleet_platform import images
 from chatfleet_platform.config import REPO_ROOT, PlatformError
 
-OPERATOR_DOCKERFILE = REPO_ROOT / "operator" / "Dockerfile"
-RUNTIME_DOCKERFILE = REPO_ROOT / "runtime" / "Dockerfile"
+pytestmark = pytest.mark.harness  # tests of the local platform (test infrastructure)
 
 
 # ------------------------------------------------------------ cache keys and tags
@@ -226,99 +224,6 @@ def test_load_without_a_build_names_make_images(tmp_path):
 
 def test_load_order_puts_the_sandbox_image_first():
     assert images.LOAD_ORDER[0] == "pause"
-
-
-# ------------------------------------------------------------ the Dockerfiles
-
-
-def _instructions(path: Path) -> list[str]:
-    """Dockerfile instructions with continuation lines joined and comments dropped."""
-    out: list[str] = []
-    cur = ""
-    for line in path.read_text().splitlines():
-        if not cur and (not line.strip() or line.lstrip().startswith("#")):
-            continue
-        cur += line.rstrip("\\").rstrip() + " "
-        if not line.endswith("\\"):
-            out.append(cur.strip())
-            cur = ""
-    return out
-
-
-def _first_party_imports(package_dir: Path) -> set[str]:
-    """Top-level chatfleet_* packages imported anywhere under package_dir (other than itself)."""
-    found: set[str] = set()
-    for f in package_dir.rglob("*.py"):
-        for node in ast.walk(ast.parse(f.read_text())):
-            names = []
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                names = [node.module]
-            found.update(n.split(".")[0] for n in names if n.startswith("chatfleet_"))
-    return found - {package_dir.name}
-
-
-def test_operator_image_copies_every_first_party_package_the_operator_imports():
-    copied = {
-        m.group(1)
-        for ins in _instructions(OPERATOR_DOCKERFILE)
-        if (m := re.match(r"COPY (?:operator|runtime|hack)/(chatfleet_\w+)/? ", ins))
-    }
-    needed = _first_party_imports(REPO_ROOT / "operator" / "chatfleet_operator")
-    assert "chatfleet_runtime" in needed  # builders/tritonconfig.py renders the Triton config with it
-    missing = needed - copied
-    assert not missing, (
-        f"operator/Dockerfile does not copy {sorted(missing)}: the image dies with ModuleNotFoundError"
-    )
-
-
-def test_operator_image_build_imports_every_handler_module_and_not_torch():
-    runs = " ".join(i for i in _instructions(OPERATOR_DOCKERFILE) if i.startswith("RUN "))
-    # cli.py imports main lazily: importing the CLI alone does not prove the handlers import
-    assert re.search(r'python -c "import chatfleet_operator\.main\b', runs)
-    assert '! python -c "import torch"' in runs or '! /opt/venv/bin/python -c "import torch"' in runs
-
-
-@pytest.mark.parametrize("dockerfile", [OPERATOR_DOCKERFILE, RUNTIME_DOCKERFILE], ids=["operator", "runtime"])
-def test_dependencies_install_before_any_code_is_copied(dockerfile):
-    ins = _instructions(dockerfile)
-    first_code = min(i for i, x in enumerate(ins) if re.match(r"COPY (operator|runtime|hack)/", x))
-    deps = [i for i, x in enumerate(ins) if x.startswith("RUN ") and "optional-dependencies" in x]
-    assert deps and max(deps) < first_code
-    before = [x for x in ins[: max(deps)] if x.startswith("COPY ") and "--from" not in x]
-    assert all(x.split()[1:-1] == ["pyproject.toml"] for x in before), before
-
-
-@pytest.mark.parametrize(
-    ("dockerfile", "arg"), [(OPERATOR_DOCKERFILE, "PYTHON_IMAGE"), (RUNTIME_DOCKERFILE, "TRITON_IMAGE")]
-)
-def test_base_is_a_build_argument(dockerfile, arg):
-    ins = _instructions(dockerfile)
-    assert any(i.startswith(f"ARG {arg}=") for i in ins)
-    assert all(i.split()[1] in (f"${{{arg}}}", "deps") for i in ins if i.startswith("FROM "))
-
-
-def test_runtime_image_does_not_force_a_tritonserver_home():
-    # the local base has no /opt/tritonserver: the launcher must be free to fall back to the pytriton wheel
-    assert "TRITONSERVER_HOME" not in " ".join(
-        i for i in _instructions(RUNTIME_DOCKERFILE) if i.startswith("ENV ")
-    )
-
-
-@pytest.mark.parametrize(
-    ("dockerfile", "extra"), [(OPERATOR_DOCKERFILE, "operator"), (RUNTIME_DOCKERFILE, "runtime")]
-)
-def test_dockerfile_requirement_line_reads_the_extra(tmp_path, dockerfile, extra):
-    run = next(i for i in _instructions(dockerfile) if "optional-dependencies" in i)
-    cmd = re.search(r"python3? -c ('[^']+')", run).group(1)
-    (tmp_path / "pyproject.toml").write_bytes((REPO_ROOT / "pyproject.toml").read_bytes())
-    out = subprocess.run(
-        [sys.executable, "-c", cmd.strip("'")], cwd=tmp_path, capture_output=True, text=True, check=True
-    ).stdout.split()
-    with (REPO_ROOT / "pyproject.toml").open("rb") as f:
-        assert out == tomllib.load(f)["project"]["optional-dependencies"][extra]
-    assert "torch==" not in " ".join(out) or extra == "runtime"
 
 
 def test_image_ids_are_normalized():

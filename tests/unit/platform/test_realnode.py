@@ -16,6 +16,8 @@ import pytest
 from chatfleet_platform import fakegpu, realnode
 from chatfleet_platform.config import PlatformError
 
+pytestmark = pytest.mark.harness  # tests of the local platform (test infrastructure)
+
 
 @pytest.mark.parametrize(
     ("index", "ip", "cidr", "bridge"),

@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 from chatfleet_platform.scrape import podmonitor_scrape_configs, selector_rules
 
+pytestmark = pytest.mark.harness  # tests of the local platform (test infrastructure)
+
 PODMONITOR = {
     "apiVersion": "monitoring.coreos.com/v1",
     "kind": "PodMonitor",

@@ -46,7 +46,11 @@ def on_real_node(spec: dict[str, Any], *, image: str, model_dir: Path) -> dict[s
     rt = s.setdefault("runtime", {})
     rt.update({"image": image, "imagePullPolicy": "IfNotPresent", "precision": "fp32"})
     rt["maxNewTokens"] = min(int(rt.get("maxNewTokens", 64)), 64)
-    rt.get("sessions", {}).pop("redis", None)
+    sessions = rt.setdefault("sessions", {})
+    sessions.pop("redis", None)
+    # the Service's ClientIP affinity lasts the session TTL: a minute (the least admitted), so ChatLoad's
+    # users (addresses) can come back as new users after reuse_after = 65 s
+    sessions["ttlSeconds"] = 60
     res = s.setdefault("resources", {})
     res.pop("gpuProduct", None)
     res.update({"cpu": "250m", "memory": "3Gi", "shmSize": "256Mi"})
@@ -106,21 +110,50 @@ def chat_once(url: str, *, stream: bool, timeout: float = 30, source: str | None
 
 @dataclass
 class ChatLoad:
-    """Chats through a URL in background threads (plain and streamed by turns), bounded in time.
+    """Users chatting through a URL from background threads, bounded in time.
 
-    Each request comes from the next of `sources` (the real node's client addresses): many users, so a
-    Service's ClientIP affinity spreads them over the pods as it would real ones.
+    Each user is one of `sources` (the real node's client addresses). A user arrives, chats `turns` turns
+    (plain and streamed by turns) and leaves. An address comes back as a new user only `reuse_after`
+    seconds later, once the Service's ClientIP affinity (the session TTL) has forgotten it. So users
+    keep arriving, as on a real service. A replica-ratio release pins a dialogue to its track, so only
+    new users reach a canary: a fixed set of users who all arrived before it would never reach it.
     """
 
     url: str
     workers: int = 2
     max_seconds: float = 600
     sources: tuple[str, ...] = CLIENT_ADDRESSES
+    turns: int = 3
+    reuse_after: float = 65.0
     outcomes: Counter = field(default_factory=Counter)
     timeline: list[tuple[float, str]] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
     _threads: list[threading.Thread] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _last_left: dict[str, float] = field(default_factory=dict)
+    _busy: set[str] = field(default_factory=set)
+    _last_arrival: float = -1e9
+
+    def _arrive(self) -> str | None:
+        """The address of a new user: one never used, or left more than reuse_after ago (None: wait).
+
+        Arrivals are spaced reuse_after / len(sources) apart, so users arrive steadily, not in bursts.
+        """
+        now = time.monotonic()
+        with self._lock:
+            if now - self._last_arrival < self.reuse_after / len(self.sources):
+                return None
+            for addr in self.sources:
+                if addr not in self._busy and now - self._last_left.get(addr, -1e9) >= self.reuse_after:
+                    self._busy.add(addr)
+                    self._last_arrival = now
+                    return addr
+        return None
+
+    def _leave(self, addr: str) -> None:
+        with self._lock:
+            self._busy.discard(addr)
+            self._last_left[addr] = time.monotonic()
 
     def start(self) -> ChatLoad:
         t0 = time.monotonic()
@@ -128,13 +161,21 @@ class ChatLoad:
         def work(i: int) -> None:
             n = 0
             while not self._stop.is_set() and time.monotonic() - t0 < self.max_seconds:
-                source = self.sources[(n * self.workers + i) % len(self.sources)] if self.sources else None
-                outcome = chat_once(self.url, stream=(n + i) % 2 == 1, source=source)
-                with self._lock:
-                    self.outcomes[outcome] += 1
-                    self.timeline.append((time.monotonic(), outcome))
-                n += 1
-                time.sleep(0.1)
+                user = self._arrive() if self.sources else None
+                if self.sources and user is None:
+                    time.sleep(0.2)
+                    continue
+                for _ in range(self.turns):
+                    if self._stop.is_set():
+                        break
+                    outcome = chat_once(self.url, stream=(n + i) % 2 == 1, source=user)
+                    with self._lock:
+                        self.outcomes[outcome] += 1
+                        self.timeline.append((time.monotonic(), outcome))
+                    n += 1
+                    time.sleep(0.1)
+                if user:
+                    self._leave(user)
 
         self._threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(self.workers)]
         for t in self._threads:

@@ -136,3 +136,22 @@ def test_the_marker_is_the_one_the_runtime_reads():
     from chatfleet_runtime import launch
 
     assert fakegpu.SIMULATED_ENV == launch.SIMULATED_GPU_ENV
+
+
+def test_chat_load_users_arrive_steadily_and_come_back_only_after_the_affinity_timeout():
+    """Each address is a user: a new one every reuse_after/len(sources) s, an address again only after reuse_after."""
+    import time
+
+    from chatfleet_platform.realpods import ChatLoad
+
+    load = ChatLoad("http://unused", sources=("a", "b"), reuse_after=0.4)
+    first = load._arrive()
+    assert first == "a" and load._arrive() is None, "arrivals are spaced 0.2 s apart"
+    time.sleep(0.21)
+    assert load._arrive() == "b"
+    load._leave("a")
+    load._leave("b")
+    time.sleep(0.21)
+    assert load._arrive() is None, "a left less than reuse_after ago: the Service may still pin it"
+    time.sleep(0.25)
+    assert load._arrive() == "a"

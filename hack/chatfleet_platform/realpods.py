@@ -70,7 +70,7 @@ def service_url(cluster: Any, namespace: str, name: str) -> str:
     return f"http://{res.stdout.strip()}:8080"
 
 
-def chat_body(text: str, *, stream: bool = False, max_tokens: int = 8) -> dict[str, Any]:
+def chat_body(text: str, *, stream: bool = False, max_tokens: int = 4) -> dict[str, Any]:
     """An OpenAI-shaped chat request with a system message, as chat front-ends send them."""
     return {
         "messages": [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": text}],
@@ -197,9 +197,16 @@ class ChatLoad:
             return Counter(o for ts, o in self.timeline if ts >= t)
 
 
-def pod_request_counts(prometheus_url: str, namespace: str, model: str) -> dict[tuple[str, str], float]:
-    """{(pod, track): requests counted by that pod} from the pods' own metrics, scraped via pod discovery."""
-    query = f'sum by (pod, track) (chatfleet_requests_total{{namespace="{namespace}",model="{model}"}})'
+def pod_request_counts(
+    prometheus_url: str, namespace: str, model: str, window: str = "15m"
+) -> dict[tuple[str, str], float]:
+    """{(pod, track): requests counted by that pod} from the pods' own metrics, scraped via pod discovery.
+
+    max_over_time over `window`, not the instant value: a pod that is gone (a rolled-back canary) has
+    staleness markers from the moment its target disappeared, and an instant query would drop it.
+    """
+    series = f'chatfleet_requests_total{{namespace="{namespace}",model="{model}"}}'
+    query = f"sum by (pod, track) (max_over_time({series}[{window}]))"
     with urllib.request.urlopen(
         f"{prometheus_url}/api/v1/query?{urllib.parse.urlencode({'query': query})}", timeout=10
     ) as r:

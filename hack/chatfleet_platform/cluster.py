@@ -25,7 +25,7 @@ import yaml
 
 from . import nodes as nodes_mod
 from . import pki, procs, realnode
-from .config import REPO_ROOT, Binaries, PlatformError, read_versions, require_binaries
+from .config import REPO_ROOT, Binaries, PlatformError, read_json, read_versions, require_binaries, write_json
 
 STAGES_FILE = Path(__file__).with_name("kwok-stages.yaml")
 SERVICE_CIDR = "10.96.0.0/16"  # room for thousands of Services (one ClusterIP per ChatbotService)
@@ -76,16 +76,10 @@ class Cluster:
 
     def state(self) -> dict:
         """The recorded ports and PIDs ({} when never started)."""
-        try:
-            return json.loads(self.state_file.read_text())
-        except (OSError, ValueError):
-            return {}
+        return read_json(self.state_file)
 
     def _save(self, state: dict) -> None:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state, indent=2, sort_keys=True))
-        tmp.replace(self.state_file)
+        write_json(self.state_file, state)
 
     def log(self, name: str) -> Path:
         """Log file of a component."""

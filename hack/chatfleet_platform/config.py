@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from dataclasses import dataclass
@@ -110,3 +111,19 @@ def require_tool(name: str, hint: str) -> str:
     if not path:
         raise PlatformError(f"{name} is missing: {hint}")
     return path
+
+
+def read_json(path: Path) -> dict:
+    """A state file's content ({} when it is missing or not whole JSON)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def write_json(path: Path, data: dict) -> None:
+    """Write a state file atomically (a reader never sees half of it)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    tmp.replace(path)

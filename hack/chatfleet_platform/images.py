@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import REPO_ROOT, PlatformError, cache_dir
+from .config import REPO_ROOT, PlatformError, cache_dir, read_json, write_json
 
 BASE_SUITE = "bookworm"
 # libpython3.11: the Triton Python-backend stub links it; python-is-python3: the operator image runs `python`.
@@ -537,7 +537,7 @@ class ImageBuilder:
 
     def _build_locked(self, names: Sequence[str]) -> dict[str, dict]:
         refs_path = self.dir / "refs.json"
-        refs = _read_json(refs_path, {})
+        refs = read_json(refs_path)
         base_id = self.build_base() if set(names) - {"pause"} else ""
         if "pause" in names:
             pid = self.build_pause()
@@ -550,7 +550,7 @@ class ImageBuilder:
             entry = refs.get(name)
             if name in names and entry:
                 entry["archive"] = str(self.export(name, entry["ref"], entry["id"]))
-        _write_json(refs_path, refs)
+        write_json(refs_path, refs)
         return refs
 
 
@@ -605,7 +605,7 @@ def _load_locked(
 def record_time(cache: Path | None, step: str, seconds: float, label: str = "", **info: object) -> None:
     """Add a timing to build-times.json: `latest[step]`, the `runs` list, and `measured[step_label]`."""
     path = images_dir(cache) / "build-times.json"
-    data = _read_json(path, {})
+    data = read_json(path)
     row: dict[str, object] = {
         "step": step,
         "seconds": round(seconds, 1),
@@ -617,26 +617,13 @@ def record_time(cache: Path | None, step: str, seconds: float, label: str = "", 
         data.setdefault("measured", {})[f"{step}_{label}"] = row
     data["runs"] = [*data.get("runs", []), row][-200:]
     data.setdefault("latest", {})[step] = row
-    _write_json(path, data)
+    write_json(path, data)
 
 
 def _check(argv: Sequence[str]) -> None:
     r = subprocess.run(list(argv), capture_output=True, text=True)
     if r.returncode != 0:
         raise PlatformError(f"{' '.join(argv)} failed: {(r.stderr or r.stdout).strip()[-800:]}")
-
-
-def _read_json(path: Path, default: dict) -> dict:
-    with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
-        return json.loads(path.read_text())
-    return default
-
-
-def _write_json(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    tmp.replace(path)
 
 
 def main(argv: list[str] | None = None) -> int:

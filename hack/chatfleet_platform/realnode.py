@@ -51,7 +51,7 @@ from pathlib import Path
 import yaml
 
 from . import pki, procs
-from .config import Binaries, PlatformError, require_tool
+from .config import Binaries, PlatformError, read_json, require_tool, write_json
 
 REAL_LABEL = "chatfleet.io/real-node"
 #: Pods that tolerate this taint (and select REAL_LABEL) run on a real node; nothing else lands there.
@@ -372,16 +372,10 @@ class RealNodes:
 
     def host_state(self) -> dict:
         """What up changed on the host and which processes it started ({} when none)."""
-        try:
-            return json.loads(self.host_file.read_text())
-        except (OSError, ValueError):
-            return {}
+        return read_json(self.host_file)
 
     def _save(self, state: dict) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        tmp = self.host_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state, indent=2, sort_keys=True))
-        tmp.replace(self.host_file)
+        write_json(self.host_file, state)
 
     def running(self) -> int:
         """How many of the recorded real nodes have a live kubelet."""

@@ -146,12 +146,18 @@ def run_release_demo(demo: Any) -> None:
 
 
 def _promoted_to_new_revision() -> Any:
-    """Predicate: the release that started after this call finished and stable runs its revision."""
+    """Predicate: the release that started after this call finished and stable runs its revision.
+
+    Right after a patch the status may still show the previous, rolled-back release: its revision is
+    never the target.
+    """
     target = None
 
     def promoted(s: dict[str, Any]) -> bool:
         nonlocal target
-        target = target or (s.get("release") or {}).get("revision")
+        rel = s.get("release") or {}
+        if rel and rel.get("phase") != "RolledBack":
+            target = rel.get("revision") or target
         return bool(target) and s.get("stableRevision") == target and not s.get("release")
 
     return promoted

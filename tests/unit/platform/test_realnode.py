@@ -155,3 +155,13 @@ def test_chat_load_users_arrive_steadily_and_come_back_only_after_the_affinity_t
     assert load._arrive() is None, "a left less than reuse_after ago: the Service may still pin it"
     time.sleep(0.25)
     assert load._arrive() == "a"
+
+
+def test_demo_waits_for_the_new_release_not_the_rolled_back_one():
+    from chatfleet_platform.demo_release import _promoted_to_new_revision
+
+    done = _promoted_to_new_revision()
+    rolled_back = {"stableRevision": "s1", "release": {"phase": "RolledBack", "revision": "bad"}}
+    assert not done(rolled_back)
+    assert not done({"stableRevision": "s1", "release": {"phase": "Progressing", "revision": "good"}})
+    assert done({"stableRevision": "good"})

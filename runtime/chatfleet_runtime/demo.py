@@ -60,7 +60,9 @@ def chat_exchange(
         "max_tokens": 24,
         "session_id": session_id,
     }
-    out(f"user> {turn2['messages'][1]['content']}  (streamed; history from Redis)")
+    history = body["chatfleet"]["history"]
+    where = "history from Redis" if history == "ok" else "no session store reached: this turn sees no history"
+    out(f"user> {turn2['messages'][1]['content']}  (streamed; {where})")
     reply2, ttft, chunks = _stream(api_url, turn2)
     out(f"assistant> {reply2!r}  [first text after {ttft * 1000:.0f} ms, {chunks} SSE chunks]")
     bad_status, bad = post_json(

@@ -34,7 +34,8 @@ def host_snapshot() -> dict[str, object]:
     mounts = {ln.split()[1] for ln in Path("/proc/mounts").read_text().splitlines() if "chatfleet" in ln}
     routes = subprocess.run(["ip", "route"], capture_output=True, text=True).stdout
     return {
-        "bridges": {w for w in links.split() if w.startswith("cfbr")},
+        # `ip -o link` lines read "5: cfbr0: <...>" (a veth's "master cfbr0" is not a link of its own)
+        "bridges": {ln.split(": ")[1].split("@")[0] for ln in links.splitlines() if ": cfbr" in ln},
         "rules": rules,
         "cgroups": cgroups,
         "mounts": mounts,

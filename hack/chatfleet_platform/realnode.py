@@ -36,6 +36,8 @@ Gotchas met on this kind of machine, each handled below:
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import ipaddress
 import json
 import os
@@ -66,6 +68,8 @@ API_FORWARD_PORT = 6443
 CLIENT_ADDRESSES = tuple(f"10.245.255.{i}" for i in range(1, 65))
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 GUARD_COMMENT = "chatfleet-real-node"
+#: Where the nodes' folders live (short, for the Unix sockets in them); removed by down.
+NODES_ROOT = Path("/var/lib/chatfleet-real")
 #: The FORWARD rule (with -j DROP) that keeps pod traffic on the machine: from the pods to anything else.
 GUARD = ("FORWARD", "-s", PODS_CIDR, "!", "-d", PODS_CIDR, "-m", "comment", "--comment", GUARD_COMMENT)
 #: Host paths the kubelet and containerd write whatever their root says; removed on down if up made them.
@@ -94,7 +98,13 @@ class NodePlan:
 
     @property
     def dir(self) -> Path:
-        return self.root / "realnodes" / self.name
+        """The node's folder: short and fixed per cluster, wherever the checkout is.
+
+        containerd and the kubelet put Unix sockets in it, and a socket path must stay under 104 bytes.
+        Under a long checkout path, containerd failed with "unix socket path too long".
+        """
+        key = hashlib.sha1(str(self.root).encode()).hexdigest()[:8]
+        return NODES_ROOT / f"{key}-{self.index}"
 
     @property
     def bridge(self) -> str:
@@ -634,9 +644,15 @@ class RealNodes:
         for n in nodes:
             _kill_cgroup_tree(n.cgroup_root)
             _remove_cgroup_tree(n.cgroup_root)
-        # 3. mounts under the folder (overlay snapshots, shm, pod volumes), our pods' network namespaces
+        # 3. mounts under the folders (overlay snapshots, shm, pod volumes), our pods' network namespaces
         _unmount_under(self.folder)
+        for n in nodes:
+            _unmount_under(n.dir)
         _remove_netns_in(PODS_CIDR)
+        for n in nodes:
+            shutil.rmtree(n.dir, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            NODES_ROOT.rmdir()  # only when no other cluster's node folder is left
         # 4. network: bridges, the guard, CNI's and the kubelet's iptables chains, the blackhole route
         for n in nodes:
             _run("ip", "link", "del", n.bridge, check=False)

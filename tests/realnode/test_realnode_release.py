@@ -26,6 +26,7 @@ import time
 from typing import Any
 
 import pytest
+from chatfleet_platform import realnode
 from chatfleet_platform.config import REPO_ROOT
 from chatfleet_platform.realpods import (
     NO_SYSTEM_TEMPLATE,
@@ -201,8 +202,10 @@ def kill_container_process(cluster, pod: dict[str, Any], container: str) -> int:
     """SIGKILL a container's main process from the host (a crash); returns the PID killed."""
     cid = next(s["containerID"] for s in pod["status"]["containerStatuses"] if s["name"] == container)
     cid = cid.split("://", 1)[1]
-    (node,) = [n for n in cluster.realnodes.host_state().get("nodes", []) if n == pod["spec"]["nodeName"]]
-    sock = cluster.workdir / "realnodes" / node / "containerd" / "containerd.sock"
+    names = cluster.realnodes.host_state().get("nodes", [])
+    sock = next(
+        n.socket for n in realnode.plans(cluster.workdir, len(names), 0) if n.name == pod["spec"]["nodeName"]
+    )
     out = subprocess.run(
         ["ctr", "--address", str(sock), "-n", "k8s.io", "tasks", "ls"],
         capture_output=True,

@@ -31,7 +31,21 @@ def host_snapshot() -> dict[str, object]:
             ln for ln in out.splitlines() if any(k in ln for k in ("KUBE-", "CNI-", realnode.GUARD_COMMENT))
         }
     cgroups = {str(p) for p in Path("/sys/fs/cgroup").glob("*/chatfleet-real-*")}
-    mounts = {ln.split()[1] for ln in Path("/proc/mounts").read_text().splitlines() if "chatfleet" in ln}
+    # what a node mounts: its folder, the pods' netns, the kubelet's and containerd's host paths (not the
+    # image builder's storage, whose mounts come and go on their own)
+    node_paths = (
+        str(realnode.NODES_ROOT),
+        "/realnodes/",
+        "/var/run/netns",
+        "/run/netns",
+        "/var/lib/kubelet",
+        "/run/containerd",
+    )
+    mounts = {
+        ln.split()[1]
+        for ln in Path("/proc/mounts").read_text().splitlines()
+        if any(p in ln.split()[1] for p in node_paths)
+    }
     routes = subprocess.run(["ip", "route"], capture_output=True, text=True).stdout
     return {
         # `ip -o link` lines read "5: cfbr0: <...>" (a veth's "master cfbr0" is not a link of its own)
@@ -92,5 +106,6 @@ def test_real_node_runs_a_gpu_pod_and_down_leaves_the_host_clean(tmp_path):
         pids = [v[0] for v in c.realnodes.host_state().get("pids", {}).values()]
         c.down()
     after = host_snapshot()
+    assert not node.dir.exists(), f"{node.dir} outlived down"
     assert after == before, {k: (before[k], after[k]) for k in after if after[k] != before[k]}
     assert not [pid for pid in pids if Path(f"/proc/{pid}").exists()], "a real-node process outlived down"

@@ -32,7 +32,7 @@ def operator(chatfleet_crd, tmp_path_factory) -> Iterator[OperatorProcess]:
 @pytest.fixture
 def kube(operator, namespace) -> Kube:
     """kubectl helpers in a fresh namespace, with the operator running."""
-    return Kube(operator.cluster, namespace)
+    return Kube(operator.cluster, namespace, operator)
 
 
 @pytest.fixture

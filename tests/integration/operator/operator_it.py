@@ -25,8 +25,8 @@ def wait_until(predicate: Callable[[], Any], timeout: float, interval: float = 0
 class Kube:
     """Small kubectl helpers bound to one namespace."""
 
-    def __init__(self, cluster: Any, namespace: str) -> None:
-        self.cluster, self.ns = cluster, namespace
+    def __init__(self, cluster: Any, namespace: str, operator: Any = None) -> None:
+        self.cluster, self.ns, self.operator = cluster, namespace, operator
 
     def apply(self, *docs: dict[str, Any]) -> None:
         """kubectl apply the documents."""
@@ -59,10 +59,38 @@ class Kube:
             check=False,
             timeout=timeout + 10,
         )
-        assert res.returncode == 0, (
-            f"{name} not Ready: {res.stderr}\n{json.dumps(self.get('chatbotservice', name), indent=1)[-2500:]}"
-        )
+        assert res.returncode == 0, f"{name} not Ready: {res.stderr}\n{self.diagnose(name)}"
         return self.get("chatbotservice", name)
+
+    def diagnose(self, name: str) -> str:
+        """What a failed wait needs: the object's status, its pods and Deployments, recent events."""
+        body = self.get("chatbotservice", name) or {}
+        pods = [
+            f"{p['metadata']['name']} node={p['spec'].get('nodeName')} phase={p['status'].get('phase')} "
+            f"conditions={[(c['type'], c['status'], c.get('reason')) for c in p['status'].get('conditions', [])]}"
+            for p in self.get("pods", selector=f"chatfleet.io/service={name}") or []
+        ]
+        deployments = [
+            f"{d['metadata']['name']} {d.get('status', {})}"
+            for d in self.get("deployment", selector=f"chatfleet.io/service={name}") or []
+        ]
+        events = [
+            f"{e['involvedObject']['kind']}/{e['involvedObject'].get('name')} {e.get('reason')}: {e.get('message')}"
+            for e in (self.get("events") or [])[-15:]
+        ]
+        return "\n".join(
+            [
+                json.dumps(body.get("status", {}), indent=1)[-2000:],
+                "pods:",
+                *pods,
+                "deployments:",
+                *deployments,
+                "events:",
+                *events,
+                "operator log:",
+                self.operator.log_text()[-3000:] if self.operator else "-",
+            ]
+        )
 
     def events(self, name: str) -> list[dict[str, Any]]:
         """Events about a ChatbotService."""

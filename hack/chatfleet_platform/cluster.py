@@ -404,6 +404,16 @@ class Cluster:
             "--allow-privileged=true",
             # logs/exec/port-forward on a real node: dial its InternalIP (its hostname resolves nowhere)
             "--kubelet-preferred-address-types=InternalIP,Hostname",
+            # the aggregation layer (APIServices such as a metrics adapter's): the API server proxies as
+            # front-proxy-client and dials the adapter's endpoint itself (no kube-proxy beside it)
+            f"--requestheader-client-ca-file={k / 'front-proxy-ca.crt'}",
+            "--requestheader-allowed-names=front-proxy-client",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={k / 'front-proxy-client.crt'}",
+            f"--proxy-client-key-file={k / 'front-proxy-client.key'}",
+            "--enable-aggregator-routing=true",
             "--profiling=false",
             "--max-requests-inflight=800",
             "--max-mutating-requests-inflight=400",

@@ -79,10 +79,46 @@ def _write_cert(path: Path, cert: x509.Certificate) -> None:
 
 
 def generate(pki_dir: Path) -> None:
-    """Write ca, apiserver, admin and service-account key material into pki_dir (idempotent)."""
+    """Write ca, apiserver, admin, service-account and front-proxy key material into pki_dir (idempotent)."""
     pki_dir.mkdir(parents=True, exist_ok=True)
-    if (pki_dir / "admin.crt").exists():
-        return
+    if not (pki_dir / "admin.crt").exists():
+        _generate_core(pki_dir)
+    front_proxy(pki_dir)
+
+
+def front_proxy(pki_dir: Path) -> tuple[Path, Path, Path]:
+    """The aggregation layer's identity: its own CA and the `front-proxy-client` certificate (idempotent).
+
+    The API server presents this certificate when it proxies a request to an aggregated API server (a
+    metrics adapter behind an APIService); the adapter trusts the CA for the X-Remote-User headers.
+    Returns (front-proxy-ca.crt, front-proxy-client.crt, front-proxy-client.key).
+    """
+    paths = (
+        pki_dir / "front-proxy-ca.crt",
+        pki_dir / "front-proxy-client.crt",
+        pki_dir / "front-proxy-client.key",
+    )
+    if all(path.exists() for path in paths):
+        return paths
+    ca_key = _key()
+    ca_name = _name("chatfleet-front-proxy-ca")
+    ca = _cert(ca_name, ca_key.public_key(), ca_name, ca_key, ca=True)
+    key = _key()
+    cert = _cert(
+        _name("front-proxy-client"),
+        key.public_key(),
+        ca_name,
+        ca_key,
+        usage=[ExtendedKeyUsageOID.CLIENT_AUTH],
+    )
+    _write_cert(paths[0], ca)
+    _write_cert(paths[1], cert)
+    _write_key(paths[2], key)
+    return paths
+
+
+def _generate_core(pki_dir: Path) -> None:
+    """The cluster CA, the API server's serving pair, the admin client and the service-account keys."""
     ca_key = _key()
     ca_name = _name("chatfleet-local-ca")
     ca = _cert(ca_name, ca_key.public_key(), ca_name, ca_key, ca=True)

@@ -405,7 +405,8 @@ class Cluster:
             # logs/exec/port-forward on a real node: dial its InternalIP (its hostname resolves nowhere)
             "--kubelet-preferred-address-types=InternalIP,Hostname",
             # the aggregation layer (APIServices such as a metrics adapter's): the API server proxies as
-            # front-proxy-client and dials the adapter's endpoint itself (no kube-proxy beside it)
+            # front-proxy-client. It dials a Service's ClusterIP, or an ExternalName Service's name: the
+            # platform's adapters sit behind ExternalName "localhost" Services, on 127.0.0.1
             f"--requestheader-client-ca-file={k / 'front-proxy-ca.crt'}",
             "--requestheader-allowed-names=front-proxy-client",
             "--requestheader-username-headers=X-Remote-User",
@@ -413,7 +414,6 @@ class Cluster:
             "--requestheader-extra-headers-prefix=X-Remote-Extra-",
             f"--proxy-client-cert-file={k / 'front-proxy-client.crt'}",
             f"--proxy-client-key-file={k / 'front-proxy-client.key'}",
-            "--enable-aggregator-routing=true",
             "--profiling=false",
             "--max-requests-inflight=800",
             "--max-mutating-requests-inflight=400",

@@ -189,17 +189,22 @@ def kubeconfig(server: str, pki_dir: Path, namespace: str = "default", *, user: 
     )
 
 
-def serving_pair(pki_dir: Path, name: str) -> tuple[Path, Path, Path]:
-    """A fresh CA plus a server certificate for 127.0.0.1/localhost: (ca.crt, NAME.crt, NAME.key) paths."""
+def serving_pair(
+    pki_dir: Path, name: str, *, dns: tuple[str, ...] = (), client_auth: bool = False
+) -> tuple[Path, Path, Path]:
+    """A fresh CA plus a server certificate for 127.0.0.1, localhost and `dns`: (ca.crt, NAME.crt, NAME.key).
+
+    `client_auth` adds the clientAuth usage, for a certificate that both ends of a mutual-TLS link share.
+    """
     pki_dir.mkdir(parents=True, exist_ok=True)
     ca_key = _key()
     ca_name = _name(f"{name}-test-ca")
     ca = _cert(ca_name, ca_key.public_key(), ca_name, ca_key, ca=True)
     srv_key = _key()
-    sans = [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
-    srv = _cert(
-        _name(name), srv_key.public_key(), ca_name, ca_key, usage=[ExtendedKeyUsageOID.SERVER_AUTH], sans=sans
-    )
+    names = dict.fromkeys(("localhost", *dns))
+    sans = [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), *(x509.DNSName(n) for n in names)]
+    usage = [ExtendedKeyUsageOID.SERVER_AUTH] + ([ExtendedKeyUsageOID.CLIENT_AUTH] if client_auth else [])
+    srv = _cert(_name(name), srv_key.public_key(), ca_name, ca_key, usage=usage, sans=sans)
     paths = (pki_dir / "ca.crt", pki_dir / f"{name}.crt", pki_dir / f"{name}.key")
     _write_cert(paths[0], ca)
     _write_cert(paths[1], srv)

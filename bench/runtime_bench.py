@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "runtime"))
 
-from chatfleet_runtime.testing import local_runtime, model_config, tiny_model  # noqa: E402
+from chatfleet_platform.localruntime.testing import local_runtime, model_config, tiny_model  # noqa: E402
 
 CONCURRENCY = (1, 8, 32)
 MAX_TOKENS = 128  # a typical chat answer; --max-tokens changes it (both sides)
@@ -462,7 +462,10 @@ def main(argv: list[str] | None = None) -> int:
     global MAX_TOKENS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--size", choices=("tiny", "small"), default="tiny", help="model built by chatfleet_runtime.tiny"
+        "--size",
+        choices=("tiny", "small"),
+        default="tiny",
+        help="model built by chatfleet_platform.localruntime.tiny",
     )
     parser.add_argument("--workdir", default=str(ROOT / ".work" / "bench-runtime"))
     parser.add_argument("--out", default=str(ROOT / "bench-results"))

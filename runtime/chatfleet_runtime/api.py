@@ -29,6 +29,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from chatfleet_contract.tritonconfig import MODEL_NAME, STREAM_MODEL_NAME
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -44,7 +45,6 @@ from chatfleet_runtime.prompting import (
     validate_session_id,
 )
 from chatfleet_runtime.sessions import ActiveSessions, SessionStore, compose
-from chatfleet_runtime.tritonconfig import MODEL_NAME, STREAM_MODEL_NAME
 
 log = logging.getLogger("chatfleet.api")
 INVALID = "invalid_request: "

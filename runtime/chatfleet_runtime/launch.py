@@ -23,8 +23,15 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from chatfleet_contract.tritonconfig import (
+    MODEL_NAME,
+    configmap_key,
+    instance_kinds,
+    on_cpu,
+    parse_parameters,
+)
+
 from chatfleet_runtime.model_sources import ModelSourceError, fetch
-from chatfleet_runtime.tritonconfig import MODEL_NAME, configmap_key, instance_kinds, on_cpu, parse_parameters
 from chatfleet_runtime.tritonhome import Ports, command, environment, find_installation, write_repository
 
 SUFFIX = configmap_key("")  # ".config.pbtxt"

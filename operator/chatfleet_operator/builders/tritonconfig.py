@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from chatfleet_runtime.tritonconfig import ChatModelConfig, configmap_key, model_repository_configs
+from chatfleet_contract.tritonconfig import ChatModelConfig, configmap_key, model_repository_configs
 
 from chatfleet_operator.builders.common import configmap_name, object_meta, short_hash, with_desired_hash
 from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef

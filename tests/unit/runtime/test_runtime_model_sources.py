@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from chatfleet_contract.tritonconfig import model_repository_configs, parse_parameters
 from chatfleet_runtime import model_sources
 from chatfleet_runtime.model_sources import ModelSourceError, ModelUri, oci_reference, parse_uri
 from chatfleet_runtime.service import ServiceSettings
-from chatfleet_runtime.tritonconfig import model_repository_configs, parse_parameters
 
 REPO = Path(__file__).resolve().parents[3]
 CRD = REPO / "crds" / "chatfleet.io_chatbotservices.yaml"

@@ -24,7 +24,7 @@ from chatfleet_runtime.service import ChatService, ServiceSettings
 
 @pytest.fixture(scope="module")
 def tied_model_dir(tmp_path_factory):
-    from chatfleet_runtime.tiny import build_tiny_model
+    from chatfleet_platform.localruntime.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-tied"), tie_word_embeddings=True)
 

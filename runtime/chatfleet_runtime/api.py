@@ -29,6 +29,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from chatfleet_contract.parameters import ModelParameters, read_model_config
 from chatfleet_contract.tritonconfig import MODEL_NAME, STREAM_MODEL_NAME
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
@@ -64,7 +65,7 @@ class ApiSettings:
     fallback_text: str = DEFAULT_FALLBACK
     faq: str | None = None
     max_new_tokens: int | None = None
-    """Limit on max_tokens; None reads the chat model's `max_new_tokens` parameter from Triton (else 256)."""
+    """Limit on max_tokens; None reads the chat model's `max_new_tokens` parameter from Triton (else its default)."""
     max_inflight: int = 256
     breaker_failures: int = 3
     breaker_reset_s: float = 5.0
@@ -171,7 +172,8 @@ class TritonChat:
         """The chat model's max_new_tokens parameter (None when it cannot be read)."""
         try:
             cfg = await self.client.get_model_config(MODEL_NAME, as_json=True)
-            return int(cfg["config"]["parameters"]["max_new_tokens"]["string_value"])
+            params, _, _ = read_model_config(cfg["config"])
+            return ModelParameters.from_parameters(params).max_new_tokens
         except Exception:
             return None
 
@@ -310,7 +312,7 @@ def create_app(settings: ApiSettings, backend=None, redis_client=None):
     inflight = {"n": 0}
     state = {"ready": False}
 
-    limits = {"max_new_tokens": settings.max_new_tokens or 256}
+    limits = {"max_new_tokens": settings.max_new_tokens or ModelParameters().max_new_tokens}
 
     async def wait_ready() -> None:
         while not state["ready"]:

@@ -23,6 +23,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from chatfleet_contract.parameters import ModelParameters
 from chatfleet_contract.tritonconfig import (
     MODEL_NAME,
     configmap_key,
@@ -114,10 +115,10 @@ def main(argv: list[str] | None = None) -> int:
         configs, simulated=os.environ.get(SIMULATED_GPU_ENV) == "1", cuda_devices=cuda_device_count
     )
     print(f"[launch] {why}", flush=True)
-    params = parse_parameters(configs[MODEL_NAME])
+    params = ModelParameters.from_parameters(parse_parameters(configs[MODEL_NAME]))
     try:
         ensure_weights(
-            Path(params.get("model_dir", "/models/weights")),
+            Path(params.model_dir),
             os.environ.get("CHATFLEET_MODEL_URI"),
             os.environ.get("CHATFLEET_MODEL_REVISION"),
         )

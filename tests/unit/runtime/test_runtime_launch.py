@@ -123,8 +123,8 @@ def test_tokenizer_given_as_uri_is_resolved_like_the_weights(tiny_model_dir):
     settings = ServiceSettings.from_parameters(
         {"model_dir": "/models/weights", "tokenizer_uri": f"file://{tiny_model_dir}"}
     )
-    assert settings.tokenizer_dir == f"file://{tiny_model_dir}"
-    tokenizer = loading.load_tokenizer(settings.tokenizer_dir)
+    assert settings.tokenizer_source == f"file://{tiny_model_dir}"
+    tokenizer = loading.load_tokenizer(settings.tokenizer_source)
     assert tokenizer.padding_side == "left" and tokenizer.chat_template
 
 

@@ -192,4 +192,4 @@ def test_tokenizer_uri_wins_over_the_weights_folder():
 
     spec = ChatbotServiceSpec.from_dict({"model": {"uri": "s3://b/m", "tokenizer": "s3://b/tok"}})
     params = parse_parameters(model_repository_configs(chat_model_config(spec))["chat"])
-    assert ServiceSettings.from_parameters(params).tokenizer_dir == "s3://b/tok"
+    assert ServiceSettings.from_parameters(params).tokenizer_source == "s3://b/tok"

@@ -300,9 +300,10 @@ def precision_rows(
     One greedy batch of `batch` requests, `max_tokens` each, best of `reps` (after a warm-up batch).
     """
     import torch
-    from chatfleet_runtime.generation import BatchGenerator, GenerationRequest
+    from chatfleet_runtime.generation import BatchGenerator
     from chatfleet_runtime.loading import choose_placement, load_model, load_tokenizer, weights_bytes
     from chatfleet_runtime.prompting import SamplingParams, render_prompt
+    from chatfleet_runtime.rows import GenerationRequest
 
     torch.set_num_threads(threads)
     tokenizer = load_tokenizer(model_dir)

@@ -24,7 +24,8 @@ from typing import Any, Protocol
 
 from chatfleet_contract.parameters import ModelParameters, read_model_config
 
-from chatfleet_runtime.generation import BatchGenerator, GenerationRequest, GenerationResult, InflightEngine
+from chatfleet_runtime.generation import BatchGenerator
+from chatfleet_runtime.inflight import InflightEngine
 from chatfleet_runtime.prefix_cache import PrefixCache
 from chatfleet_runtime.prompting import (
     RequestError,
@@ -33,6 +34,7 @@ from chatfleet_runtime.prompting import (
     validate_messages,
     validate_session_id,
 )
+from chatfleet_runtime.rows import GenerationRequest, GenerationResult
 
 log = logging.getLogger(__name__)
 INVALID = "invalid_request: "

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 
 import pytest
-from chatfleet_runtime.generation import BatchGenerator, GenerationRequest
+from chatfleet_runtime.generation import BatchGenerator
 from chatfleet_runtime.loading import (
     choose_placement,
     int8_gpu_load_kwargs,
@@ -19,6 +19,7 @@ from chatfleet_runtime.loading import (
     weights_bytes,
 )
 from chatfleet_runtime.prompting import SamplingParams, render_prompt
+from chatfleet_runtime.rows import GenerationRequest
 from chatfleet_runtime.service import ChatService, ServiceSettings
 
 

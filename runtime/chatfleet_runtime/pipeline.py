@@ -257,6 +257,16 @@ class ChatPipeline:
 
         return Reply(events=events(), headers=headers)
 
+    def _failed(self, turn: Turn, exc: BackendError) -> Reply:
+        """Triton failed before any answer: the client's fault is a 400 (and no breaker failure), anything
+        else a breaker failure and a fallback answer."""
+        if exc.kind == "invalid":
+            self.breaker.record_success()
+            self._count("client_error", 400, turn.stream)
+            return responses.error(400, str(exc))
+        self.breaker.record_failure()
+        return self._fallback(turn, turn.new_messages, exc.kind)
+
     async def _complete(self, turn: Turn) -> Reply:
         """Steps 4 and 5 without streaming: one completion within the deadline."""
         slot = _Slot(self)
@@ -265,12 +275,7 @@ class ChatPipeline:
             async with asyncio.timeout(timeout):
                 result = await self.backend.complete(turn.prompt_messages, turn.params, timeout)
         except BackendError as exc:
-            if exc.kind == "invalid":
-                self.breaker.record_success()
-                self._count("client_error", 400, False)
-                return responses.error(400, str(exc))
-            self.breaker.record_failure()
-            return self._fallback(turn, turn.new_messages, exc.kind)
+            return self._failed(turn, exc)
         except TimeoutError:
             self.breaker.record_failure()
             return self._fallback(turn, turn.new_messages, "timeout")
@@ -302,12 +307,7 @@ class ChatPipeline:
         except BackendError as exc:
             slot.release()
             await _close(it)
-            if exc.kind == "invalid":
-                self.breaker.record_success()
-                self._count("client_error", 400, True)
-                return responses.error(400, str(exc))
-            self.breaker.record_failure()
-            return self._fallback(turn, turn.new_messages, exc.kind)
+            return self._failed(turn, exc)
         except (TimeoutError, StopAsyncIteration):
             slot.release()
             await _close(it)

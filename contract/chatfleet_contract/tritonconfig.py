@@ -27,6 +27,8 @@ from chatfleet_contract.parameters import ModelParameters
 MODEL_NAME = "chat"
 #: Name of the decoupled (token-streaming) model in the repository.
 STREAM_MODEL_NAME = "chat_stream"
+#: How the chat models' error messages start when the request is at fault (the chat API answers 400).
+INVALID_REQUEST = "invalid_request: "
 
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 KINDS = ("KIND_GPU", "KIND_CPU")

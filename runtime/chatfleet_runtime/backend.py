@@ -13,12 +13,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from chatfleet_contract.parameters import ModelParameters, read_model_config
+from chatfleet_contract.tritonconfig import INVALID_REQUEST as INVALID
 from chatfleet_contract.tritonconfig import MODEL_NAME, STREAM_MODEL_NAME
 
 from chatfleet_runtime.prompting import SamplingParams
-
-#: The prefix of the model's errors caused by the request (chatfleet_runtime.service).
-INVALID = "invalid_request: "
 
 
 class BackendError(Exception):

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from chatfleet_contract.parameters import ModelParameters, read_model_config
+from chatfleet_contract.tritonconfig import INVALID_REQUEST as INVALID
 
 from chatfleet_runtime.generation import BatchGenerator
 from chatfleet_runtime.inflight import InflightEngine
@@ -37,7 +38,6 @@ from chatfleet_runtime.prompting import (
 from chatfleet_runtime.rows import GenerationRequest, GenerationResult
 
 log = logging.getLogger(__name__)
-INVALID = "invalid_request: "
 
 
 class Observer(Protocol):

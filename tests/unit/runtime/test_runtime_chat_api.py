@@ -452,3 +452,14 @@ def test_the_pipeline_answers_without_http(backend):
     }
     assert bad.status == 400 and bad.body["error"]["param"] == "messages"
     assert pipeline.inflight == 0
+
+
+def test_the_models_bad_request_error_reads_as_the_clients_fault_in_the_api():
+    from chatfleet_runtime.backend import _classify
+    from chatfleet_runtime.service import error_message
+
+    err = _classify(
+        Exception(f"[StatusCode.INTERNAL] {error_message('invalid', 'messages: must not be empty')}")
+    )
+    assert (err.kind, str(err)) == ("invalid", "messages: must not be empty")
+    assert _classify(Exception(error_message("internal", "generate failed: boom"))).kind == "error"

@@ -120,7 +120,7 @@ run: venv ## Run the operator in the foreground against the current KUBECONFIG
 
 .PHONY: serve
 serve: venv system-deps ## Run the runtime locally (Triton + chat API + Redis) on a tiny model; prints CHAT_API=...
-	$(PY) -m chatfleet_runtime.serve
+	$(PY) -m chatfleet_platform.localruntime.serve
 
 ##@ Helm chart
 

@@ -142,8 +142,8 @@ def gpu_pods_at_scale(pods: int, nodes: int) -> dict:
 def real_node_figures(chats: int) -> dict:
     """A real node's start, a runtime pod created -> Ready, chat p50 through the Service vs to the pod."""
     from chatfleet_platform import images
+    from chatfleet_platform.localruntime.tiny import build_tiny_model
     from chatfleet_platform.realpods import chat_once, on_real_node, service_url
-    from chatfleet_runtime.tiny import build_tiny_model
 
     builder = images.ImageBuilder()
     t0 = time.monotonic()

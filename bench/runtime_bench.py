@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "runtime"))
 
-from chatfleet_runtime.testing import local_runtime, model_config, tiny_model  # noqa: E402
+from chatfleet_platform.localruntime.testing import local_runtime, model_config, tiny_model  # noqa: E402
 
 CONCURRENCY = (1, 8, 32)
 MAX_TOKENS = 128  # a typical chat answer; --max-tokens changes it (both sides)
@@ -300,9 +300,10 @@ def precision_rows(
     One greedy batch of `batch` requests, `max_tokens` each, best of `reps` (after a warm-up batch).
     """
     import torch
-    from chatfleet_runtime.generation import BatchGenerator, GenerationRequest
+    from chatfleet_runtime.generation import BatchGenerator
     from chatfleet_runtime.loading import choose_placement, load_model, load_tokenizer, weights_bytes
     from chatfleet_runtime.prompting import SamplingParams, render_prompt
+    from chatfleet_runtime.rows import GenerationRequest
 
     torch.set_num_threads(threads)
     tokenizer = load_tokenizer(model_dir)
@@ -462,7 +463,10 @@ def main(argv: list[str] | None = None) -> int:
     global MAX_TOKENS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--size", choices=("tiny", "small"), default="tiny", help="model built by chatfleet_runtime.tiny"
+        "--size",
+        choices=("tiny", "small"),
+        default="tiny",
+        help="model built by chatfleet_platform.localruntime.tiny",
     )
     parser.add_argument("--workdir", default=str(ROOT / ".work" / "bench-runtime"))
     parser.add_argument("--out", default=str(ROOT / "bench-results"))

@@ -172,7 +172,7 @@ class Demo:
         from .realpods import on_real_node, service_url
 
         self.step("A chatbot on real pods: the runtime image on the real node, a chat through the Service")
-        from chatfleet_runtime.tiny import build_tiny_model
+        from chatfleet_platform.localruntime.tiny import build_tiny_model
 
         model = build_tiny_model(self.cluster.workdir.parent / "demo-model")
         for p in [model, *model.rglob("*")]:
@@ -206,7 +206,7 @@ class Demo:
             "get", "pods", "-n", REAL_NS, "-l", f"chatfleet.io/service={REAL_NAME}", "-o", "wide"
         )
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-        from chatfleet_runtime.demo import chat_exchange
+        from chatfleet_platform.localruntime.demo import chat_exchange
 
         url = service_url(self.cluster, REAL_NS, REAL_NAME)
         self.say(f"chatting through the Service {url} (kube-proxy -> the pod's chat API -> Triton)")
@@ -225,8 +225,8 @@ class Demo:
         )
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-        from chatfleet_runtime.demo import chat_exchange
-        from chatfleet_runtime.testing import local_runtime
+        from chatfleet_platform.localruntime.demo import chat_exchange
+        from chatfleet_platform.localruntime.testing import local_runtime
 
         with local_runtime(self.cluster.workdir / "runtime") as rt:
             self.say(f"runtime ready: CHAT_API={rt.api_url}", ok=True)

@@ -91,8 +91,8 @@ OPERATOR = ImageBuild(
         "README.md",
         ".dockerignore",
         "operator/Dockerfile",
+        "contract/chatfleet_contract",
         "operator/chatfleet_operator",
-        "runtime/chatfleet_runtime",
     ),
 )
 RUNTIME = ImageBuild(
@@ -105,6 +105,7 @@ RUNTIME = ImageBuild(
         "README.md",
         ".dockerignore",
         "runtime/Dockerfile",
+        "contract/chatfleet_contract",
         "runtime/chatfleet_runtime",
     ),
 )

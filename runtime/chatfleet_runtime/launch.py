@@ -23,8 +23,16 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from chatfleet_contract.parameters import ModelParameters
+from chatfleet_contract.tritonconfig import (
+    MODEL_NAME,
+    configmap_key,
+    instance_kinds,
+    on_cpu,
+    parse_parameters,
+)
+
 from chatfleet_runtime.model_sources import ModelSourceError, fetch
-from chatfleet_runtime.tritonconfig import MODEL_NAME, configmap_key, instance_kinds, on_cpu, parse_parameters
 from chatfleet_runtime.tritonhome import Ports, command, environment, find_installation, write_repository
 
 SUFFIX = configmap_key("")  # ".config.pbtxt"
@@ -107,10 +115,10 @@ def main(argv: list[str] | None = None) -> int:
         configs, simulated=os.environ.get(SIMULATED_GPU_ENV) == "1", cuda_devices=cuda_device_count
     )
     print(f"[launch] {why}", flush=True)
-    params = parse_parameters(configs[MODEL_NAME])
+    params = ModelParameters.from_parameters(parse_parameters(configs[MODEL_NAME]))
     try:
         ensure_weights(
-            Path(params.get("model_dir", "/models/weights")),
+            Path(params.model_dir),
             os.environ.get("CHATFLEET_MODEL_URI"),
             os.environ.get("CHATFLEET_MODEL_REVISION"),
         )

@@ -1,7 +1,7 @@
 """Load the chat model and tokenizer from a local path or URI, in the precision the config asks for.
 
 Production weights come from a path the operator mounts (a PVC or host path) or from a URI the launcher
-resolves to a local folder first; tests use the tiny model built by `chatfleet_runtime.tiny`. The code
+resolves to a local folder first; tests use the tiny model built by `chatfleet_platform.localruntime.tiny`. The code
 path is the same: `resolve_model_path` -> `load_tokenizer` / `load_model`.
 """
 

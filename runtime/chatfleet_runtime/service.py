@@ -19,10 +19,14 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Protocol
 
-from chatfleet_runtime.generation import BatchGenerator, GenerationRequest, GenerationResult, InflightEngine
+from chatfleet_contract.parameters import ModelParameters, read_model_config
+from chatfleet_contract.tritonconfig import INVALID_REQUEST as INVALID
+
+from chatfleet_runtime.generation import BatchGenerator
+from chatfleet_runtime.inflight import InflightEngine
 from chatfleet_runtime.prefix_cache import PrefixCache
 from chatfleet_runtime.prompting import (
     RequestError,
@@ -31,9 +35,9 @@ from chatfleet_runtime.prompting import (
     validate_messages,
     validate_session_id,
 )
+from chatfleet_runtime.rows import GenerationRequest, GenerationResult
 
 log = logging.getLogger(__name__)
-INVALID = "invalid_request: "
 
 
 class Observer(Protocol):
@@ -69,88 +73,29 @@ class NullObserver:
 
 
 @dataclass(frozen=True)
-class ServiceSettings:
-    """The model's config.pbtxt parameters, typed."""
+class ServiceSettings(ModelParameters):
+    """One model instance's settings: the config.pbtxt parameters (the pod contract's schema and defaults)
+    plus what Triton tells the instance about itself."""
 
-    model_dir: str
-    tokenizer_dir: str
-    precision: str = "fp32"
     kind: str = "KIND_CPU"
-    max_new_tokens: int = 256
-    max_context_tokens: int = 2048
-    prefix_cache_entries: int = 64
-    prefix_cache_bytes: int = 256 * 2**20
-    chat_template: str | None = None
-    torch_threads: int = 0
-    default_max_tokens: int = 64
-    warmup: bool = True
-    stream_interval_ms: int = 20
-    cancel_check_ms: int = 200
-    """How often each running request asks Triton whether its client is gone (an IPC round trip)."""
-    inflight_batching: bool = True
-    """Streaming model: requests join the running batch between steps (continuous batching)."""
+    """Triton's instance kind (KIND_GPU or KIND_CPU) from the instance group."""
     max_batch_size: int = 8
     """Rows in one batch (Triton's max_batch_size; also the in-flight engine's limit)."""
     device_id: int | None = None
     """The GPU Triton assigned this instance (args['model_instance_device_id']); None: the default."""
 
     @classmethod
-    def from_parameters(
-        cls, params: Mapping[str, str], kind: str = "KIND_CPU", max_batch_size: int = 8
-    ) -> ServiceSettings:
-        """Build settings from config.pbtxt string parameters (unknown keys are ignored)."""
-
-        def num(key: str, default: int) -> int:
-            return int(params.get(key, default))
-
-        model_dir = params.get("model_dir") or "/models/weights"
-        return cls(
-            model_dir=model_dir,
-            # a tokenizer given as a URI (spec.model.tokenizer) wins over the default tokenizer_dir (the weights
-            # folder) and is resolved like the weights at load time
-            tokenizer_dir=params.get("tokenizer_uri") or params.get("tokenizer_dir") or model_dir,
-            precision=params.get("precision", "fp32"),
-            kind=kind,
-            max_new_tokens=num("max_new_tokens", 256),
-            max_context_tokens=num("max_context_tokens", 2048),
-            prefix_cache_entries=num("prefix_cache_entries", 64),
-            prefix_cache_bytes=num("prefix_cache_bytes", 256 * 2**20),
-            chat_template=params.get("chat_template") or None,
-            torch_threads=num("torch_threads", 0),
-            default_max_tokens=num("default_max_tokens", 64),
-            warmup=params.get("warmup", "true").lower() != "false",
-            stream_interval_ms=num("stream_interval_ms", 20),
-            inflight_batching=params.get("inflight_batching", "true").lower() != "false",
-            cancel_check_ms=num("cancel_check_ms", 200),
-            max_batch_size=max(1, int(max_batch_size)),
-        )
-
-    @classmethod
     def from_triton_args(cls, args: Mapping[str, str]) -> ServiceSettings:
         """Settings of one Triton model instance from `initialize(args)`: its config and assigned device."""
-        config = json.loads(args["model_config"])
-        settings = cls.from_parameters(
-            parameters_from_model_config(config), instance_kind(config), max_batch_size(config)
-        )
+        params, kind, max_batch_size = read_model_config(json.loads(args["model_config"]))
         raw = args.get("model_instance_device_id")
-        on_gpu = str(args.get("model_instance_kind", "")).upper() == "GPU" and settings.kind == "KIND_GPU"
-        return replace(settings, device_id=int(raw) if on_gpu and raw not in (None, "") else None)
-
-
-def parameters_from_model_config(model_config: Mapping[str, Any]) -> dict[str, str]:
-    """Flatten Triton's JSON model config ``parameters`` into {key: string_value}."""
-    return {k: v.get("string_value", "") for k, v in (model_config.get("parameters") or {}).items()}
-
-
-def max_batch_size(model_config: Mapping[str, Any]) -> int:
-    """Triton's max_batch_size from a model config (1 when batching is off)."""
-    return max(1, int(model_config.get("max_batch_size") or 1))
-
-
-def instance_kind(model_config: Mapping[str, Any]) -> str:
-    """KIND_GPU or KIND_CPU from the instance group of a Triton model config."""
-    groups = model_config.get("instance_group") or [{}]
-    return "KIND_GPU" if groups[0].get("kind") == "KIND_GPU" else "KIND_CPU"
+        on_gpu = str(args.get("model_instance_kind", "")).upper() == "GPU" and kind == "KIND_GPU"
+        return cls.from_parameters(
+            params,
+            kind=kind,
+            max_batch_size=max_batch_size,
+            device_id=int(raw) if on_gpu and raw not in (None, "") else None,
+        )
 
 
 @dataclass
@@ -205,7 +150,9 @@ class ChatService:
         observe_placement = getattr(self.observer, "placement", None)
         if observe_placement is not None:
             observe_placement(settings.precision, self.placement.precision, self.placement.device)
-        self.tokenizer = tokenizer or loading.load_tokenizer(settings.tokenizer_dir, settings.chat_template)
+        self.tokenizer = tokenizer or loading.load_tokenizer(
+            settings.tokenizer_source, settings.chat_template
+        )
         self.model = model or loading.load_model(settings.model_dir, self.placement)
         self.prefix_cache = PrefixCache(settings.prefix_cache_entries, settings.prefix_cache_bytes)
         self.generator = BatchGenerator(

@@ -26,7 +26,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chatfleet_runtime.tritonconfig import ChatModelConfig, model_repository_configs
+from chatfleet_contract.tritonconfig import ChatModelConfig, model_repository_configs
 
 MODEL_CODE = Path(__file__).resolve().parent / "triton_model" / "model.py"
 

@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.triton, p
 def runtimes(tmp_path, e2e_namespace):
     """Stable and canary runtimes whose chat APIs label their series with model=bot."""
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    from chatfleet_runtime.testing import local_runtime
+    from chatfleet_platform.localruntime.testing import local_runtime
 
     env = {"CHATFLEET_MODEL_NAME": "bot", "CHATFLEET_REQUEST_TIMEOUT_SECONDS": "5"}
     with (
@@ -38,7 +38,7 @@ def runtimes(tmp_path, e2e_namespace):
 def test_real_triton_canary_turning_bad_rolls_back(
     release_operator, e2e_namespace, cluster, make_prometheus, runtimes
 ):
-    from chatfleet_runtime.testing import post_json
+    from chatfleet_platform.localruntime.testing import post_json
     from release_e2e import Release
 
     stable_rt, canary_rt = runtimes

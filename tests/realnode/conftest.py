@@ -45,7 +45,7 @@ def runtime_image(image_refs) -> str:
 @pytest.fixture(scope="session")
 def host_model_dir() -> Path:
     """The tiny model on the host, readable by the pods' non-root user (mounted with model.hostPath)."""
-    from chatfleet_runtime.tiny import build_tiny_model
+    from chatfleet_platform.localruntime.tiny import build_tiny_model
 
     path = build_tiny_model(REPO_ROOT / ".work" / "realnode-model")
     for p in [path, *path.rglob("*")]:

@@ -1,7 +1,9 @@
 """The production Dockerfiles' structure: what the images need, in an order that caches.
 
-The operator image died with `ModuleNotFoundError: No module named 'chatfleet_runtime'` until it copied
-the runtime package; these checks, and the import check the build itself runs, would have caught it.
+The operator image once died with `ModuleNotFoundError: No module named 'chatfleet_runtime'`; these
+checks, and the import check the build itself runs, would have caught it. Today the operator needs only
+the pod-contract package (`chatfleet_contract`), and the runtime image never carries the development
+package (`chatfleet_platform`).
 """
 
 import ast
@@ -46,18 +48,38 @@ def _first_party_imports(package_dir: Path) -> set[str]:
     return found - {package_dir.name}
 
 
-def test_operator_image_copies_every_first_party_package_the_operator_imports():
-    copied = {
+def _copied_packages(dockerfile: Path) -> set[str]:
+    """The chatfleet_* packages a Dockerfile copies into its build."""
+    return {
         m.group(1)
-        for ins in _instructions(OPERATOR_DOCKERFILE)
-        if (m := re.match(r"COPY (?:operator|runtime|hack)/(chatfleet_\w+)/? ", ins))
+        for ins in _instructions(dockerfile)
+        if (m := re.match(r"COPY (?:contract|operator|runtime|hack)/(chatfleet_\w+)/? ", ins))
     }
+
+
+def test_operator_image_copies_every_first_party_package_the_operator_imports():
+    copied = _copied_packages(OPERATOR_DOCKERFILE)
     needed = _first_party_imports(REPO_ROOT / "operator" / "chatfleet_operator")
-    assert "chatfleet_runtime" in needed  # builders/tritonconfig.py renders the Triton config with it
+    assert "chatfleet_contract" in needed  # builders/tritonconfig.py renders the Triton config with it
     missing = needed - copied
     assert not missing, (
         f"operator/Dockerfile does not copy {sorted(missing)}: the image dies with ModuleNotFoundError"
     )
+
+
+def test_operator_image_carries_the_contract_but_not_the_runtime():
+    assert "chatfleet_runtime" not in _first_party_imports(REPO_ROOT / "operator" / "chatfleet_operator")
+    assert _copied_packages(OPERATOR_DOCKERFILE) == {"chatfleet_contract", "chatfleet_operator"}
+    runs = " ".join(i for i in _instructions(OPERATOR_DOCKERFILE) if i.startswith("RUN "))
+    assert '! python -c "import chatfleet_runtime"' in runs
+
+
+def test_runtime_image_copies_what_the_runtime_imports_and_no_development_package():
+    needed = _first_party_imports(REPO_ROOT / "runtime" / "chatfleet_runtime")
+    assert needed == {"chatfleet_contract"}, "the runtime imports only the pod-contract package"
+    assert _copied_packages(RUNTIME_DOCKERFILE) == {"chatfleet_contract", "chatfleet_runtime"}
+    runs = " ".join(i for i in _instructions(RUNTIME_DOCKERFILE) if i.startswith("RUN "))
+    assert '! python3 -c "import chatfleet_platform"' in runs
 
 
 def test_operator_image_build_imports_every_handler_module_and_not_torch():
@@ -70,7 +92,7 @@ def test_operator_image_build_imports_every_handler_module_and_not_torch():
 @pytest.mark.parametrize("dockerfile", [OPERATOR_DOCKERFILE, RUNTIME_DOCKERFILE], ids=["operator", "runtime"])
 def test_dependencies_install_before_any_code_is_copied(dockerfile):
     ins = _instructions(dockerfile)
-    first_code = min(i for i, x in enumerate(ins) if re.match(r"COPY (operator|runtime|hack)/", x))
+    first_code = min(i for i, x in enumerate(ins) if re.match(r"COPY (contract|operator|runtime|hack)/", x))
     deps = [i for i, x in enumerate(ins) if x.startswith("RUN ") and "optional-dependencies" in x]
     assert deps and max(deps) < first_code
     before = [x for x in ins[: max(deps)] if x.startswith("COPY ") and "--from" not in x]

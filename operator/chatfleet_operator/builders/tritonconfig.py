@@ -1,29 +1,26 @@
-"""The Triton model configuration ConfigMap, made by the runtime's own generator."""
+"""The Triton model configuration ConfigMap, made by the pod contract's writer (chatfleet_contract)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from chatfleet_runtime.tritonconfig import ChatModelConfig, configmap_key, model_repository_configs
+from chatfleet_contract.parameters import WEIGHTS_DIR
+from chatfleet_contract.tritonconfig import ChatModelConfig, configmap_key, model_repository_configs
 
 from chatfleet_operator.builders.common import configmap_name, object_meta, short_hash, with_desired_hash
 from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
 
-WEIGHTS_DIR = "/models/weights"
-
 
 def chat_model_config(spec: ChatbotServiceSpec) -> ChatModelConfig:
-    """Translate the CRD spec into the runtime's ChatModelConfig (KIND_GPU: instances are per GPU)."""
+    """Translate the CRD spec into the pod contract's ChatModelConfig (KIND_GPU: instances are per GPU)."""
     rt = spec.runtime
     tokenizer = spec.model.tokenizer
-    extra: dict[str, str] = {}
-    if tokenizer and not tokenizer.startswith("/"):
-        extra["tokenizer_uri"] = tokenizer
-    if spec.model.revision:
-        extra["model_revision"] = spec.model.revision
+    local = bool(tokenizer) and tokenizer.startswith("/")
     return ChatModelConfig(
         model_dir=WEIGHTS_DIR,
-        tokenizer_dir=tokenizer if tokenizer and tokenizer.startswith("/") else None,
+        tokenizer_dir=tokenizer if local else None,
+        tokenizer_uri=tokenizer if tokenizer and not local else None,
+        model_revision=spec.model.revision or None,
         precision=rt.precision,
         kind="KIND_GPU",
         instance_count=rt.instances_per_gpu,
@@ -37,7 +34,6 @@ def chat_model_config(spec: ChatbotServiceSpec) -> ChatModelConfig:
         streaming=rt.streaming,
         chat_template=spec.model.chat_template,
         history_turns=rt.sessions.history_turns,
-        extra_parameters=extra,
     )
 
 

@@ -1,124 +1,24 @@
 """Triton Python-backend adapter for the chat model (both `chat` and the decoupled `chat_stream`).
 
-Thin by design: ``initialize`` parses the config and loads once (through ``ChatService``), ``execute``
-turns the dynamic batch into one ``ChatService.run`` call and answers every request exactly once; errors
-go into the response, never raised. In decoupled mode every request gets text deltas as they are
+Thin by design: ``initialize`` parses the config and loads once (through ``ChatService``, with
+``ModelObserver`` recording its metrics), ``execute`` turns the dynamic batch into one ``ChatService.run``
+call and answers every request exactly once; errors go into the response, never raised. In decoupled mode every request gets text deltas as they are
 generated and always a final response flagged ``TRITONSERVER_RESPONSE_COMPLETE_FINAL``.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from chatfleet_runtime.model_metrics import ModelObserver
 from chatfleet_runtime.service import ChatService, Prepared, ServiceSettings, error_message
 
 log = logging.getLogger("chatfleet.model")
-
-BATCH_BUCKETS = [1, 2, 4, 8, 16, 32, 64]
-SECONDS_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30]
-
-
-class TritonObserver:
-    """Exports the service's metrics on Triton's metrics endpoint (pb_utils custom metrics)."""
-
-    def __init__(self, model: str, version: str):
-        labels = {"model": model, "version": version}
-        mf = pb_utils.MetricFamily
-
-        # Families must outlive their metrics: keep every one referenced.
-        self._families = []
-
-        def family(name, desc, kind):
-            fam = mf(name=name, description=desc, kind=kind)
-            self._families.append(fam)
-            return fam
-
-        self.batch_rows = family(
-            "chatfleet_model_batch_size",
-            "Requests per batched generate (one per dynamic batch)",
-            mf.HISTOGRAM,
-        ).Metric(labels=labels, buckets=BATCH_BUCKETS)
-        self.generate_s = family(
-            "chatfleet_model_generate_seconds", "Wall time of one batched generate", mf.HISTOGRAM
-        ).Metric(labels=labels, buckets=SECONDS_BUCKETS)
-        self.ttft = family(
-            "chatfleet_model_time_to_first_token_seconds",
-            "From the start of the batch's generate to a row's first token (queue time is nv_inference_queue_duration_us)",
-            mf.HISTOGRAM,
-        ).Metric(labels=labels, buckets=SECONDS_BUCKETS)
-        self.tokens = family("chatfleet_model_generated_tokens_total", "Tokens generated", mf.COUNTER).Metric(
-            labels=labels
-        )
-        self.finish = family("chatfleet_model_finished_total", "Rows finished, by finish reason", mf.COUNTER)
-        self.finish_metrics = {
-            r: self.finish.Metric(labels={**labels, "reason": r}) for r in ("stop", "length", "cancelled")
-        }
-        self.cache_hits = family(
-            "chatfleet_model_prefix_cache_hits_total", "Prefill that reused a cached KV prefix", mf.COUNTER
-        ).Metric(labels=labels)
-        self.cache_misses = family(
-            "chatfleet_model_prefix_cache_misses_total", "Prefix look-ups without a usable entry", mf.COUNTER
-        ).Metric(labels=labels)
-        self.cache_reused = family(
-            "chatfleet_model_prefix_cache_reused_tokens_total",
-            "Prompt tokens not recomputed thanks to the cache",
-            mf.COUNTER,
-        ).Metric(labels=labels)
-        self.cache_entries = family(
-            "chatfleet_model_prefix_cache_entries",
-            "Entries (conversations + system prompts) in the KV prefix cache",
-            mf.GAUGE,
-        ).Metric(labels=labels)
-        self.cache_bytes = family(
-            "chatfleet_model_prefix_cache_bytes", "Bytes held by the KV prefix cache", mf.GAUGE
-        ).Metric(labels=labels)
-        self.precision = family(
-            "chatfleet_model_precision_info",
-            "1 for the precision that runs (label precision) and the one asked for (label requested)",
-            mf.GAUGE,
-        )
-        self._labels = labels
-        self._seen = (0, 0, 0)
-
-    def placement(self, requested, precision, device):
-        """Record the effective precision (fp16/bf16 asked on CPU run fp32: the labels say so)."""
-        labels = {**self._labels, "requested": requested, "precision": precision, "device": device}
-        self.precision_metric = self.precision.Metric(labels=labels)
-        self.precision_metric.set(1)
-
-    def batch(self, rows, generate_s, tokens):
-        """Record one batched generate (in-flight batching: the batch size when requests join)."""
-        self.batch_rows.observe(rows)
-        if generate_s > 0:
-            self.generate_s.observe(generate_s)
-
-    def finished(self, result):
-        """Record one finished row (and its tokens)."""
-        if result.token_ids:
-            self.tokens.increment(len(result.token_ids))
-        if result.first_token_s is not None:
-            self.ttft.observe(result.first_token_s)
-        metric = self.finish_metrics.get(result.finish_reason)
-        if metric is not None:
-            metric.increment(1)
-
-    def cache(self, cache):
-        """Record the prefix cache's counters (as deltas) and gauges."""
-        hits, misses, reused = cache.hits, cache.misses, cache.reused_tokens
-        h0, m0, r0 = self._seen
-        if hits > h0:
-            self.cache_hits.increment(hits - h0)
-        if misses > m0:
-            self.cache_misses.increment(misses - m0)
-        if reused > r0:
-            self.cache_reused.increment(reused - r0)
-        self._seen = (hits, misses, reused)
-        self.cache_entries.set(len(cache))
-        self.cache_bytes.set(cache.nbytes)
 
 
 def _outputs(text: str, num_tokens: int, finish: str, prompt_tokens: int = 0):
@@ -146,7 +46,7 @@ class TritonPythonModel:
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         # Loads on the GPU Triton assigned this instance (args['model_instance_device_id']).
         settings = ServiceSettings.from_triton_args(args)
-        observer = TritonObserver(args["model_name"], args.get("model_version", "1"))
+        observer = ModelObserver(pb_utils.MetricFamily, args["model_name"], args.get("model_version", "1"))
         self.service = ChatService(settings, observer)
         self.inflight = self.decoupled and settings.inflight_batching
         if self.inflight:
@@ -233,12 +133,12 @@ class TritonPythonModel:
 
     @staticmethod
     def _streamer(sender):
-        count = {"n": 0}
+        sent = itertools.count(1)
 
         def on_text(delta: str) -> None:
-            count["n"] += 1
+            n = next(sent)
             try:
-                sender.send(pb_utils.InferenceResponse(_outputs(delta, count["n"], "")))
+                sender.send(pb_utils.InferenceResponse(_outputs(delta, n, "")))
             except Exception:
                 pass  # cancelled or gone; is_cancelled ends the row
 

@@ -11,7 +11,7 @@ import time
 
 import httpx
 import pytest
-from chatfleet_runtime.testing import metric_value, post_json, run_concurrently
+from chatfleet_platform.localruntime.testing import metric_value, post_json, run_concurrently
 
 pytestmark = [pytest.mark.triton, pytest.mark.redis, pytest.mark.slow]
 
@@ -282,7 +282,7 @@ def test_api_metrics_are_exported(api):
 
 
 def test_demo_chat_exchange(api):
-    from chatfleet_runtime.demo import chat_exchange
+    from chatfleet_platform.localruntime.demo import chat_exchange
 
     lines: list[str] = []
     summary = chat_exchange(api.url, lines.append, session_id=f"demo-{time.time_ns()}")

@@ -15,7 +15,7 @@ import time
 
 import httpx
 import pytest
-from chatfleet_runtime.testing import ChatApiProcess, metric_value, post_json
+from chatfleet_platform.localruntime.testing import ChatApiProcess, metric_value, post_json
 from chatfleet_runtime.tritonhome import TritonServer
 
 pytestmark = [pytest.mark.triton, pytest.mark.redis, pytest.mark.slow]

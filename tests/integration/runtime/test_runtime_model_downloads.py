@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from chatfleet_contract.tritonconfig import ChatModelConfig, configmap_key, model_repository_configs
 from chatfleet_platform import procs
 from chatfleet_platform.objectstores import GcsEmulator, HttpsFileServer, ModelHub, OciRegistry, S3Server
 from chatfleet_runtime import launch, loading, model_sources
 from chatfleet_runtime.model_sources import ModelSourceError
-from chatfleet_runtime.tritonconfig import ChatModelConfig, configmap_key, model_repository_configs
 
 # Every variable a fetcher reads: cleared before each launch so only the published environment counts.
 CREDENTIAL_VARS = (

@@ -11,7 +11,7 @@ import json
 
 import httpx
 import pytest
-from chatfleet_runtime.testing import ChatApiProcess, metric_value, model_config, post_json
+from chatfleet_platform.localruntime.testing import ChatApiProcess, metric_value, model_config, post_json
 from chatfleet_runtime.tritonhome import TritonServer, local_repository
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]

@@ -9,7 +9,7 @@ import urllib.request
 
 import numpy as np
 import pytest
-from chatfleet_runtime.testing import metric_value, run_concurrently
+from chatfleet_platform.localruntime.testing import metric_value, run_concurrently
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 

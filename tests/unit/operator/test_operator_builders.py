@@ -75,7 +75,8 @@ class TestTritonConfigMap:
             chat_model_config(spec_of(model={"uri": "hf://a/b", "tokenizer": "/tok"})).tokenizer_dir == "/tok"
         )
         cfg = chat_model_config(spec_of(model={"uri": "hf://a/b", "tokenizer": "hf://a/tok"}))
-        assert cfg.tokenizer_dir is None and cfg.extra_parameters["tokenizer_uri"] == "hf://a/tok"
+        assert cfg.tokenizer_dir is None and cfg.tokenizer_uri == "hf://a/tok"
+        assert cfg.parameters()["tokenizer_uri"] == "hf://a/tok"
 
     def test_owned_and_hashed(self):
         cm = build_triton_configmap(REF, spec_of())

@@ -260,3 +260,11 @@ def test_cache_lock_excludes_a_second_builder(tmp_path):
     with images.cache_lock(tmp_path):
         assert subprocess.run(probe, capture_output=True, text=True).stdout.strip() == "held"
     assert subprocess.run(probe, capture_output=True, text=True).stdout.strip() == "free"
+
+
+def test_project_image_inputs_hold_every_folder_its_dockerfile_copies():
+    # the inputs key the image cache: a copied folder left out would not rebuild the image when it changes
+    for build in images.PROJECT_IMAGES:
+        dockerfile = (REPO_ROOT / build.dockerfile).read_text()
+        copied = set(re.findall(r"^COPY (?!--from)(\S+?)/? \S+$", dockerfile, re.M))
+        assert copied and copied <= set(build.inputs), (build.name, sorted(copied - set(build.inputs)))

@@ -8,9 +8,9 @@ from needs import need_module
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
-    """A tiny random Llama + tokenizer built offline (chatfleet_runtime.tiny)."""
+    """A tiny random Llama + tokenizer built offline (chatfleet_platform.localruntime.tiny)."""
     need_module("torch", "run `make setup` (the runtime extra)")
-    from chatfleet_runtime.tiny import build_tiny_model
+    from chatfleet_platform.localruntime.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))
 

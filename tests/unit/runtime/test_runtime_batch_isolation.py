@@ -17,8 +17,10 @@ import random
 import threading
 
 import pytest
-from chatfleet_runtime.generation import BatchGenerator, GenerationRequest, InflightEngine
+from chatfleet_runtime.generation import BatchGenerator
+from chatfleet_runtime.inflight import InflightEngine
 from chatfleet_runtime.prompting import SamplingParams, render_prompt
+from chatfleet_runtime.rows import GenerationRequest
 
 ROUNDS = 12
 

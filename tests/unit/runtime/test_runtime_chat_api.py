@@ -9,7 +9,8 @@ import asyncio
 import json
 
 import pytest
-from chatfleet_runtime.api import ApiSettings, BackendError, Chunk, create_app
+from chatfleet_runtime.api import ApiSettings, create_app
+from chatfleet_runtime.backend import BackendError, Chunk
 from fastapi.testclient import TestClient
 
 
@@ -428,3 +429,37 @@ def test_metrics_still_answer_when_triton_is_unreachable(backend):
     with TestClient(create_app(settings, backend=backend)) as c:
         r = c.get("/metrics")
     assert r.status_code == 200 and 'chatfleet_triton_metrics_up{model="m1"} 0.0' in r.text
+
+
+def test_the_pipeline_answers_without_http(backend):
+    """ChatPipeline is plain Python: a reply (body or events) for raw bytes and headers, no app needed."""
+    from chatfleet_runtime.pipeline import ChatPipeline
+
+    async def run():
+        pipeline = ChatPipeline(ApiSettings(model_name="m1", max_new_tokens=50), backend)
+        reply = await pipeline.chat(json.dumps({"messages": U}).encode(), {"x-session-id": "s-1"})
+        stream = await pipeline.chat(json.dumps({"messages": U, "stream": True}).encode(), {})
+        events = [e async for e in stream.events]
+        bad = await pipeline.chat(b'{"messages": []}', {})
+        return pipeline, reply, events, bad
+
+    pipeline, reply, events, bad = asyncio.run(run())
+    assert reply.status == 200 and reply.events is None
+    assert reply.body["choices"][0]["message"]["content"] == "echo: hello"
+    assert reply.body["chatfleet"]["session_id"] == "s-1"
+    assert events[-1] == "data: [DONE]\n\n" and json.loads(events[1][6:])["choices"][0]["delta"] == {
+        "content": "one "
+    }
+    assert bad.status == 400 and bad.body["error"]["param"] == "messages"
+    assert pipeline.inflight == 0
+
+
+def test_the_models_bad_request_error_reads_as_the_clients_fault_in_the_api():
+    from chatfleet_runtime.backend import _classify
+    from chatfleet_runtime.service import error_message
+
+    err = _classify(
+        Exception(f"[StatusCode.INTERNAL] {error_message('invalid', 'messages: must not be empty')}")
+    )
+    assert (err.kind, str(err)) == ("invalid", "messages: must not be empty")
+    assert _classify(Exception(error_message("internal", "generate failed: boom"))).kind == "error"

@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from chatfleet_contract.tritonconfig import ChatModelConfig, render_config_pbtxt
 from chatfleet_runtime import loading
 from chatfleet_runtime.service import ServiceSettings
-from chatfleet_runtime.tritonconfig import ChatModelConfig, render_config_pbtxt
 
 
 def instance_group(text: str) -> str:

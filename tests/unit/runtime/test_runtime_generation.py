@@ -7,9 +7,11 @@ plain single-request path for identical token ids.
 from __future__ import annotations
 
 import pytest
-from chatfleet_runtime.generation import BatchGenerator, GenerationRequest, StopMatcher
+from chatfleet_runtime.generation import BatchGenerator
 from chatfleet_runtime.prefix_cache import PrefixCache
 from chatfleet_runtime.prompting import SamplingParams, render_prompt
+from chatfleet_runtime.rows import GenerationRequest
+from chatfleet_runtime.textstream import StopMatcher
 
 
 @pytest.mark.parametrize(
@@ -200,7 +202,7 @@ def test_inflight_engine_joins_running_batch_with_identical_output(model, tokeni
     import threading
     import time
 
-    from chatfleet_runtime.generation import InflightEngine
+    from chatfleet_runtime.inflight import InflightEngine
 
     gen = BatchGenerator(model, tokenizer, prefix_cache=PrefixCache())
     texts = ["Hello there", "Tell me a long story about Kubernetes and pods", "Hi", "What is Triton?"]
@@ -241,7 +243,7 @@ def test_inflight_engine_joins_running_batch_with_identical_output(model, tokeni
 def test_inflight_engine_reports_errors_and_keeps_serving(model, tokenizer):
     import threading
 
-    from chatfleet_runtime.generation import InflightEngine
+    from chatfleet_runtime.inflight import InflightEngine
 
     gen = BatchGenerator(model, tokenizer)
     engine = InflightEngine(gen)
@@ -288,11 +290,35 @@ def test_logit_bias_forces_a_token(gen, tokenizer):
 )
 def test_penalties_follow_openai_arithmetic(gen, presence, frequency, generated, winner):
     import torch
-    from chatfleet_runtime.generation import _Row
+    from chatfleet_runtime.rows import Row
+    from chatfleet_runtime.sampling import sample
 
     logits = torch.full((1, gen.vocab_size), -10.0)
     logits[0, 50], logits[0, 70], logits[0, 90] = 3.0, 2.5, 1.0
     params = SamplingParams(4, presence_penalty=presence, frequency_penalty=frequency)
-    row = _Row(0, GenerationRequest([1], params), gen.tokenizer, 0.0)
+    row = Row(GenerationRequest([1], params), gen.tokenizer, 0.0)
     row.generated = list(generated)
-    assert gen._sample(logits, [row]) == [winner]
+    assert sample(torch, logits, [row], gen.suppress) == [winner]
+
+
+def test_public_steps_merge_a_late_row_with_output_identical_to_generate(model, tokenizer):
+    """new_row -> start -> step -> merge (a row joins one step late) -> step until done == generate."""
+    import torch
+
+    engine = BatchGenerator(model, tokenizer)
+    reqs = [
+        GenerationRequest(prompt(tokenizer, text).ids, SamplingParams(max_new_tokens=n))
+        for text, n in (("Hello there", 6), ("Tell me a story about a dragon", 4))
+    ]
+    expected = [r.token_ids for r in engine.generate(reqs)]
+    with torch.inference_mode():
+        first = engine.start([engine.new_row(reqs[0], 0.0)])
+        batch, finished = engine.step(first)
+        assert not finished and len(batch.rows) == 1
+        batch = engine.merge(batch, engine.start([engine.new_row(reqs[1], 0.0)]))
+        done = []
+        while batch is not None:
+            batch, finished = engine.step(batch)
+            done += finished
+    results = {id(row.req): engine.result(row) for row in done}
+    assert [results[id(r)].token_ids for r in reqs] == expected

@@ -5,13 +5,13 @@ from __future__ import annotations
 import sys
 
 import pytest
-from chatfleet_runtime import launch, loading
-from chatfleet_runtime.tritonconfig import (
+from chatfleet_contract.tritonconfig import (
     ChatModelConfig,
     configmap_key,
     model_repository_configs,
     parse_parameters,
 )
+from chatfleet_runtime import launch, loading
 from chatfleet_runtime.tritonhome import Installation, Ports, command, write_repository
 
 
@@ -123,8 +123,8 @@ def test_tokenizer_given_as_uri_is_resolved_like_the_weights(tiny_model_dir):
     settings = ServiceSettings.from_parameters(
         {"model_dir": "/models/weights", "tokenizer_uri": f"file://{tiny_model_dir}"}
     )
-    assert settings.tokenizer_dir == f"file://{tiny_model_dir}"
-    tokenizer = loading.load_tokenizer(settings.tokenizer_dir)
+    assert settings.tokenizer_source == f"file://{tiny_model_dir}"
+    tokenizer = loading.load_tokenizer(settings.tokenizer_source)
     assert tokenizer.padding_side == "left" and tokenizer.chat_template
 
 
@@ -139,10 +139,10 @@ def test_int8_on_cpu_quantizes_linear_layers(tiny_model_dir):
 
 
 def test_tiny_cli(tmp_path):
-    from chatfleet_runtime import tiny
+    from chatfleet_platform.localruntime import tiny
 
     assert tiny.main([str(tmp_path / "m")]) == 0 and (tmp_path / "m" / "tokenizer.json").exists()
-    assert sys.modules["chatfleet_runtime.tiny"] is tiny
+    assert sys.modules["chatfleet_platform.localruntime.tiny"] is tiny
 
 
 @pytest.mark.parametrize(

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from chatfleet_runtime import model_sources
-from chatfleet_runtime.model_sources import ModelSourceError, ModelUri, oci_reference, parse_uri
+from chatfleet_contract.tritonconfig import model_repository_configs, parse_parameters
+from chatfleet_runtime import fetchers, model_sources
+from chatfleet_runtime.fetchers import oci_reference
+from chatfleet_runtime.model_uri import SCHEMES, ModelSourceError, ModelUri, parse_uri
 from chatfleet_runtime.service import ServiceSettings
-from chatfleet_runtime.tritonconfig import model_repository_configs, parse_parameters
 
 REPO = Path(__file__).resolve().parents[3]
 CRD = REPO / "crds" / "chatfleet.io_chatbotservices.yaml"
@@ -39,6 +40,7 @@ def test_every_scheme_the_crd_admits_has_a_fetcher():
     schemes = crd_uri_schemes()
     assert schemes >= {"hf", "s3", "https"}, schemes
     assert schemes <= set(model_sources.FETCHERS), schemes - set(model_sources.FETCHERS)
+    assert set(model_sources.FETCHERS) == set(SCHEMES)  # what parse_uri admits can be fetched
 
 
 @pytest.mark.parametrize(
@@ -140,12 +142,12 @@ def test_archives_cannot_write_outside_the_weights_folder(tmp_path):
     tar = tmp_path / "evil.tar.gz"
     tar.write_bytes(_tar_with("../escaped.json"))
     with pytest.raises(ModelSourceError, match=r"refusing the unsafe archive member .*escaped\.json"):
-        model_sources._extract(tar, tmp_path / "out", "https://h/evil.tar.gz")
+        fetchers._extract(tar, tmp_path / "out", "https://h/evil.tar.gz")
     zpath = tmp_path / "evil.zip"
     with zipfile.ZipFile(zpath, "w") as zf:
         zf.writestr("../escaped.json", "{}")
     with pytest.raises(ModelSourceError, match=r"refusing the unsafe file name '\.\./escaped\.json'"):
-        model_sources._extract(zpath, tmp_path / "out", "https://h/evil.zip")
+        fetchers._extract(zpath, tmp_path / "out", "https://h/evil.zip")
     assert not (tmp_path / "escaped.json").exists()
 
 
@@ -153,7 +155,7 @@ def test_gcs_service_account_key_must_parse():
     with pytest.raises(
         ModelSourceError, match=r"GOOGLE_APPLICATION_CREDENTIALS_JSON: not a service-account key"
     ):
-        model_sources.gcs_client({"GOOGLE_APPLICATION_CREDENTIALS_JSON": json.dumps({"type": "x"})})
+        fetchers.gcs_client({"GOOGLE_APPLICATION_CREDENTIALS_JSON": json.dumps({"type": "x"})})
 
 
 def test_gcs_service_account_key_is_used(tmp_path):
@@ -173,7 +175,7 @@ def test_gcs_service_account_key_is_used(tmp_path):
         "client_id": "1",
         "token_uri": "https://oauth2.googleapis.com/token",
     }
-    client = model_sources.gcs_client({"GOOGLE_APPLICATION_CREDENTIALS_JSON": json.dumps(info)})
+    client = fetchers.gcs_client({"GOOGLE_APPLICATION_CREDENTIALS_JSON": json.dumps(info)})
     assert client.project == "proj-1"
     assert client._credentials.service_account_email == "fetcher@proj-1.iam.gserviceaccount.com"
 
@@ -182,7 +184,7 @@ def test_s3_endpoint_must_be_http():
     with pytest.raises(
         ModelSourceError, match=r"AWS_ENDPOINT_URL 'ftp://x': must be http\(s\)://HOST\[:PORT\]"
     ):
-        model_sources.s3_client({"AWS_ENDPOINT_URL": "ftp://x"})
+        fetchers.s3_client({"AWS_ENDPOINT_URL": "ftp://x"})
 
 
 def test_tokenizer_uri_wins_over_the_weights_folder():
@@ -192,4 +194,4 @@ def test_tokenizer_uri_wins_over_the_weights_folder():
 
     spec = ChatbotServiceSpec.from_dict({"model": {"uri": "s3://b/m", "tokenizer": "s3://b/tok"}})
     params = parse_parameters(model_repository_configs(chat_model_config(spec))["chat"])
-    assert ServiceSettings.from_parameters(params).tokenizer_dir == "s3://b/tok"
+    assert ServiceSettings.from_parameters(params).tokenizer_source == "s3://b/tok"

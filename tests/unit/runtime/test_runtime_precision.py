@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 
 import pytest
-from chatfleet_runtime.generation import BatchGenerator, GenerationRequest
+from chatfleet_runtime.generation import BatchGenerator
 from chatfleet_runtime.loading import (
     choose_placement,
     int8_gpu_load_kwargs,
@@ -19,12 +19,13 @@ from chatfleet_runtime.loading import (
     weights_bytes,
 )
 from chatfleet_runtime.prompting import SamplingParams, render_prompt
+from chatfleet_runtime.rows import GenerationRequest
 from chatfleet_runtime.service import ChatService, ServiceSettings
 
 
 @pytest.fixture(scope="module")
 def tied_model_dir(tmp_path_factory):
-    from chatfleet_runtime.tiny import build_tiny_model
+    from chatfleet_platform.localruntime.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-tied"), tie_word_embeddings=True)
 

@@ -14,7 +14,7 @@ import sys
 import threading
 from pathlib import Path
 
-from chatfleet_runtime.testing import local_runtime
+from chatfleet_platform.localruntime.testing import local_runtime
 
 
 def main(argv: list[str] | None = None) -> int:

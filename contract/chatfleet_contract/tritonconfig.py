@@ -1,8 +1,8 @@
-"""Triton model configuration (config.pbtxt) generator, shared by the operator and the runtime.
+"""Triton model configuration (config.pbtxt) writer and reader, shared by the operator and the runtime.
 
-This module is deliberately dependency-free (stdlib only): the operator imports it to render the
-ConfigMap it mounts into every pod, and the runtime's launcher and tests import it to build a local
-model repository. One generator, so what the operator writes is exactly what the runtime reads.
+Standard library only: the operator imports it to render the ConfigMap it mounts into every pod, the
+runtime's launcher reads that ConfigMap back with it, and local runs build their model repository with
+it. The parameters' schema and defaults are ``chatfleet_contract.parameters``.
 
 Example::
 
@@ -21,25 +21,27 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from chatfleet_contract.parameters import ModelParameters
+
 #: Name of the batched, non-streaming model in the repository.
 MODEL_NAME = "chat"
 #: Name of the decoupled (token-streaming) model in the repository.
 STREAM_MODEL_NAME = "chat_stream"
+#: How the chat models' error messages start when the request is at fault (the chat API answers 400).
+INVALID_REQUEST = "invalid_request: "
 
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 KINDS = ("KIND_GPU", "KIND_CPU")
 
 
 @dataclass(frozen=True)
-class ChatModelConfig:
-    """Everything the Triton model configuration carries, in runtime terms (not CRD terms)."""
+class ChatModelConfig(ModelParameters):
+    """Everything the Triton model configuration carries, in runtime terms (not CRD terms).
 
-    model_dir: str = "/models/weights"
-    """Local path of the weights inside the pod (the operator mounts or fetches them there)."""
-    tokenizer_dir: str | None = None
-    """Local path of the tokenizer; None means the tokenizer sits beside the weights."""
-    precision: str = "fp32"
-    """Weights and activations: fp32 (CPU), fp16/bf16 (GPU), int8 (devices that support it)."""
+    The model parameters (weights, precision, limits, tuning) are the fields of ``ModelParameters``,
+    which the runtime reads back; the fields below are Triton's own (instances, batching, models).
+    """
+
     kind: str = "KIND_GPU"
     """Triton instance kind: KIND_GPU in a GPU pod, KIND_CPU for local runs and tests."""
     instance_count: int = 1
@@ -53,20 +55,10 @@ class ChatModelConfig:
     """Batch sizes the dynamic batcher aims for; empty lets it use any size up to the maximum."""
     max_queue_delay_us: int = 10_000
     """How long (microseconds) a request may wait in the queue for a batch to fill."""
-    max_new_tokens: int = 256
-    """Upper bound on generated tokens per request (a request may ask for fewer)."""
-    max_context_tokens: int = 2048
-    """Prompt plus history is truncated (oldest turns first) to fit this many tokens."""
     streaming: bool = True
     """Also serve the decoupled streaming model (chat_stream)."""
-    chat_template: str | None = None
-    """Jinja chat template overriding the tokenizer's own; None keeps the tokenizer's."""
-    history_turns: int = 5
-    """Sliding window of conversation turns kept as history."""
-    prefix_cache_entries: int = 64
-    """Conversations whose KV cache is kept for prefix reuse (least recently used evicted)."""
     extra_parameters: Mapping[str, str] = field(default_factory=dict)
-    """Further string parameters passed through to the model (advanced)."""
+    """Further string parameters passed through to the model, over the typed ones (advanced)."""
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -86,20 +78,12 @@ class ChatModelConfig:
             raise ValueError(f"gpus: must be distinct GPU indices (0, 1, ...), got {list(self.gpus)}")
 
     def parameters(self) -> dict[str, str]:
-        """The `parameters { ... }` entries, all strings as Triton wants them."""
-        params = {
-            "model_dir": self.model_dir,
-            "tokenizer_dir": self.tokenizer_dir or self.model_dir,
-            "precision": self.precision,
-            "max_new_tokens": str(self.max_new_tokens),
-            "max_context_tokens": str(self.max_context_tokens),
-            "history_turns": str(self.history_turns),
-            "prefix_cache_entries": str(self.prefix_cache_entries),
-        }
-        if self.chat_template:
-            params["chat_template"] = self.chat_template
-        params.update({str(k): str(v) for k, v in self.extra_parameters.items()})
-        return params
+        """The `parameters { ... }` entries: the typed ones, then the extra ones over them."""
+        return {**self.to_parameters(), **{str(k): str(v) for k, v in self.extra_parameters.items()}}
+
+    def model_parameters(self) -> ModelParameters:
+        """The parameters as the runtime reads them (extra parameters included)."""
+        return ModelParameters.from_parameters(self.parameters())
 
 
 def _q(value: str) -> str:
@@ -127,7 +111,7 @@ def render_config_pbtxt(cfg: ChatModelConfig, *, name: str, decoupled: bool) -> 
     ]
     # The streaming model batches in flight (requests join the running batch between decode steps), so
     # holding requests in Triton's queue would only add latency: hand them over at once.
-    inflight = decoupled and str(cfg.extra_parameters.get("inflight_batching", "true")).lower() != "false"
+    inflight = decoupled and cfg.model_parameters().inflight_batching
     if cfg.preferred_batch_sizes and not inflight:
         sizes = ", ".join(str(s) for s in cfg.preferred_batch_sizes)
         lines.append(f"  preferred_batch_size: [ {sizes} ]")

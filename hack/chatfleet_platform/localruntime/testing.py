@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from chatfleet_platform.services import Redis
-
-from chatfleet_runtime.tritonconfig import ChatModelConfig
+from chatfleet_contract.tritonconfig import ChatModelConfig
 from chatfleet_runtime.tritonhome import TritonServer, free_port, local_repository, stop_process
+
+from chatfleet_platform.services import Redis
 
 
 def _wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None, what: str = "server") -> None:
@@ -92,7 +92,7 @@ class ChatApiProcess:
 
 def tiny_model(cache_dir: Path, size: str = "tiny") -> Path:
     """Build (once) and return the tiny model folder under cache_dir."""
-    from chatfleet_runtime.tiny import build_tiny_model
+    from chatfleet_platform.localruntime.tiny import build_tiny_model
 
     return build_tiny_model(Path(cache_dir) / f"{size}-model", size=size)
 

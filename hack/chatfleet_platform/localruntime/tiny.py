@@ -6,7 +6,7 @@ special tokens and the Jinja chat template a real chat model carries, wrapped in
 `PreTrainedTokenizerFast`, and a random `LlamaForCausalLM` saved with `save_pretrained`. The result
 loads through the same code path as production weights (`chatfleet_runtime.loading`).
 
-CLI: ``python -m chatfleet_runtime.tiny OUTDIR [--size tiny|small]``.
+CLI: ``python -m chatfleet_platform.localruntime.tiny OUTDIR [--size tiny|small]``.
 """
 
 from __future__ import annotations

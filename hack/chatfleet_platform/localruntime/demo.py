@@ -1,6 +1,6 @@
 """A chat exchange answered by the real runtime (tiny model, Redis, Triton, chat API), printed.
 
-``python -m chatfleet_runtime.demo [--workdir DIR]``; the platform demo can call ``chat_exchange(api_url)``
+``python -m chatfleet_platform.localruntime.demo [--workdir DIR]``; the platform demo can call ``chat_exchange(api_url)``
 against a runtime it already runs, or ``run_demo(workdir)`` to start one (everything stopped at the end).
 The tiny model's weights are random, so the words are gibberish: what the demo shows is the path.
 """
@@ -15,7 +15,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from chatfleet_runtime.testing import local_runtime, post_json
+from chatfleet_platform.localruntime.testing import local_runtime, post_json
 
 
 def _stream(api_url: str, body: dict) -> tuple[str, float, int]:

@@ -1,0 +1,142 @@
+"""The chat models' `parameters` in config.pbtxt: one schema, one set of defaults, writer and reader.
+
+The operator writes these string parameters into the ConfigMap (``ChatModelConfig.parameters``); the
+Triton model reads them back (``ModelParameters.from_parameters``) from the same fields, so a key, a
+type or a default is spelled once. Triton hands the model its config as JSON: ``read_model_config``
+turns that into the parameters, the instance kind and the batch limit.
+
+Round trip::
+
+    >>> p = ModelParameters(max_new_tokens=64, warmup=False)
+    >>> p.to_parameters()["max_new_tokens"], p.to_parameters()["warmup"]
+    ('64', 'false')
+    >>> ModelParameters.from_parameters(p.to_parameters()) == p
+    True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+#: Where the pod's weights are (the operator mounts or the launcher fetches them there).
+WEIGHTS_DIR = "/models/weights"
+
+#: Field metadata: the parameter is written even at its default (the operator's ConfigMap always holds it).
+ALWAYS = {"always": True}
+
+P = TypeVar("P", bound="ModelParameters")
+
+
+@dataclass(frozen=True)
+class ModelParameters:
+    """The chat models' string parameters, typed; field name = parameter key, field default = the default.
+
+    Written: the fields marked ALWAYS, and every other field whose value differs from its default.
+    Read: a key that is missing or empty takes the field's default.
+    """
+
+    model_dir: str = field(default=WEIGHTS_DIR, metadata=ALWAYS)
+    """Local path of the weights inside the pod (the operator mounts or fetches them there)."""
+    tokenizer_dir: str | None = field(default=None, metadata=ALWAYS)
+    """Local path of the tokenizer; None means the tokenizer sits beside the weights (written as model_dir)."""
+    precision: str = field(default="fp32", metadata=ALWAYS)
+    """Weights and activations: fp32 (CPU), fp16/bf16 (GPU), int8 (devices that support it)."""
+    max_new_tokens: int = field(default=256, metadata=ALWAYS)
+    """Upper bound on generated tokens per request (a request may ask for fewer)."""
+    max_context_tokens: int = field(default=2048, metadata=ALWAYS)
+    """Prompt plus history is truncated (oldest turns first) to fit this many tokens."""
+    history_turns: int = field(default=5, metadata=ALWAYS)
+    """Sliding window of conversation turns kept as history."""
+    prefix_cache_entries: int = field(default=64, metadata=ALWAYS)
+    """Conversations whose KV cache is kept for prefix reuse (least recently used evicted)."""
+    chat_template: str | None = None
+    """Jinja chat template overriding the tokenizer's own; None keeps the tokenizer's."""
+    tokenizer_uri: str | None = None
+    """A tokenizer given as a URI (spec.model.tokenizer): wins over tokenizer_dir, fetched like the weights."""
+    model_revision: str | None = None
+    """The weights' revision (spec.model.revision); written so that a new revision rolls the pods."""
+    prefix_cache_bytes: int = 256 * 2**20
+    """Bytes the KV prefix cache may hold (256 MiB)."""
+    torch_threads: int = 0
+    """torch's intra-op threads (0: torch's default); set it to the pod's CPU limit on CPU pods."""
+    default_max_tokens: int = 64
+    """max_tokens of a request that names none."""
+    warmup: bool = True
+    """Run one short generation at load, so Triton's readiness means warmed up."""
+    stream_interval_ms: int = 20
+    """Streamed text goes out at once for the first token, then at most every this many ms (0: every token)."""
+    cancel_check_ms: int = 200
+    """How often each running request asks Triton whether its client is gone (an IPC round trip)."""
+    inflight_batching: bool = True
+    """Streaming model: requests join the running batch between steps (continuous batching)."""
+
+    @property
+    def tokenizer_source(self) -> str:
+        """Where the tokenizer loads from: its URI, else its folder, else the weights folder.
+
+        >>> ModelParameters(model_dir="/w").tokenizer_source
+        '/w'
+        """
+        return self.tokenizer_uri or self.tokenizer_dir or self.model_dir
+
+    def to_parameters(self) -> dict[str, str]:
+        """The `parameters { ... }` entries, all strings as Triton wants them."""
+        params: dict[str, str] = {}
+        for f in schema():
+            value = getattr(self, f.name)
+            if f.metadata.get("always") or value != f.default:
+                params[f.name] = to_text(value)
+        params["tokenizer_dir"] = self.tokenizer_dir or self.model_dir  # None: beside the weights
+        return params
+
+    @classmethod
+    def from_parameters(cls: type[P], params: Mapping[str, str], **fields: Any) -> P:
+        """Typed parameters from config.pbtxt strings (unknown keys ignored); `fields` sets the subclass's own.
+
+        A tokenizer_dir equal to model_dir reads as None (beside the weights), as the writer spells it.
+        """
+        values: dict[str, Any] = {}
+        for f in schema():
+            raw = params.get(f.name)
+            if raw not in (None, ""):
+                values[f.name] = _from_text(raw, f.default)
+        if values.get("tokenizer_dir") == values.get("model_dir", WEIGHTS_DIR):
+            values.pop("tokenizer_dir", None)
+        return cls(**values, **fields)
+
+
+def schema() -> tuple[dataclasses.Field, ...]:
+    """The parameter fields (a subclass's own fields are not parameters)."""
+    return dataclasses.fields(ModelParameters)
+
+
+def to_text(value: Any) -> str:
+    """A parameter value as its config.pbtxt string (booleans as true/false)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _from_text(raw: str, default: Any) -> Any:
+    """A config.pbtxt string as the type of the field's default (a boolean is false only when 'false')."""
+    if isinstance(default, bool):
+        return str(raw).lower() != "false"
+    if isinstance(default, int):
+        return int(raw)
+    return str(raw)
+
+
+def read_model_config(model_config: Mapping[str, Any]) -> tuple[dict[str, str], str, int]:
+    """(parameters, instance kind, max_batch_size) from Triton's JSON model config.
+
+    >>> read_model_config({"max_batch_size": 4, "instance_group": [{"kind": "KIND_GPU"}],
+    ...                    "parameters": {"precision": {"string_value": "fp16"}}})
+    ({'precision': 'fp16'}, 'KIND_GPU', 4)
+    """
+    params = {k: v.get("string_value", "") for k, v in (model_config.get("parameters") or {}).items()}
+    groups = model_config.get("instance_group") or [{}]
+    kind = "KIND_GPU" if groups[0].get("kind") == "KIND_GPU" else "KIND_CPU"
+    return params, kind, max(1, int(model_config.get("max_batch_size") or 1))

@@ -1,0 +1,63 @@
+"""The chat API's settings, read from the pod's environment (names in docs/pod-contract.md)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+DEFAULT_FALLBACK = "Sorry, the assistant is busy right now. Please try again in a moment."
+
+
+@dataclass(frozen=True)
+class ApiSettings:
+    """Chat API settings (environment names in docs/pod-contract.md)."""
+
+    model_name: str = "chat"
+    triton_grpc: str = "127.0.0.1:8001"
+    redis_url: str | None = None
+    session_ttl_s: int = 3600
+    history_turns: int = 5
+    request_timeout_s: float = 30.0
+    fallback_text: str = DEFAULT_FALLBACK
+    faq: str | None = None
+    max_new_tokens: int | None = None
+    """Limit on max_tokens; None reads the chat model's `max_new_tokens` parameter from Triton (else its default)."""
+    max_inflight: int = 256
+    breaker_failures: int = 3
+    breaker_reset_s: float = 5.0
+    max_body_bytes: int = 1_000_000
+    track: str | None = None
+    """The pod's release track (stable, canary, preview), echoed as `x-chatfleet-track`."""
+    revision: str | None = None
+    """The pod's revision hash, echoed as `x-chatfleet-revision`."""
+    triton_metrics_url: str | None = None
+    """Triton's metrics endpoint, re-exported on this API's /metrics (None: not re-exported)."""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> ApiSettings:
+        """Settings from CHATFLEET_* environment variables, then explicit overrides."""
+        env = os.environ if env is None else env
+        pick = {
+            "model_name": ("CHATFLEET_MODEL_NAME", str),
+            "redis_url": ("CHATFLEET_REDIS_URL", str),
+            "session_ttl_s": ("CHATFLEET_SESSION_TTL_SECONDS", int),
+            "history_turns": ("CHATFLEET_HISTORY_TURNS", int),
+            "request_timeout_s": ("CHATFLEET_REQUEST_TIMEOUT_SECONDS", float),
+            "fallback_text": ("CHATFLEET_FALLBACK_TEXT", str),
+            "faq": ("CHATFLEET_FAQ", str),
+            "max_new_tokens": ("CHATFLEET_MAX_NEW_TOKENS", int),
+            "max_inflight": ("CHATFLEET_MAX_INFLIGHT", int),
+            "breaker_failures": ("CHATFLEET_BREAKER_FAILURES", int),
+            "breaker_reset_s": ("CHATFLEET_BREAKER_RESET_SECONDS", float),
+            "track": ("CHATFLEET_TRACK", str),
+            "revision": ("CHATFLEET_REVISION", str),
+            "triton_metrics_url": ("CHATFLEET_TRITON_METRICS_URL", str),
+        }
+        values: dict[str, Any] = {}
+        for field_name, (var, kind) in pick.items():
+            if env.get(var):
+                values[field_name] = kind(env[var])
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)

@@ -1,0 +1,117 @@
+"""Continuous (in-flight) batching over ``BatchGenerator``'s public steps: new_row, start, merge, step."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from chatfleet_runtime.generation import BatchGenerator
+from chatfleet_runtime.rows import Batch, GenerationRequest, GenerationResult, Row, RowError
+
+log = logging.getLogger(__name__)
+
+
+class InflightEngine:
+    """Continuous (in-flight) batching: new requests join the running batch at the next step.
+
+    A background thread owns the batch. ``submit`` queues a request with a completion callback; between
+    decode steps the thread prefills whatever arrived (up to ``max_rows`` rows in all) and merges it into
+    the running batch, so a request never waits for a whole batch to finish. Used by the decoupled
+    (streaming) model, whose responses are sent from this thread.
+    """
+
+    def __init__(
+        self,
+        generator: BatchGenerator,
+        *,
+        max_rows: int = 32,
+        on_join: Callable[[int, int], None] | None = None,
+    ):
+        import queue
+        import threading
+
+        self.generator = generator
+        # OpenMP thread counts are per OS thread: take the creating thread's setting into the engine's.
+        self.threads = generator.torch.get_num_threads()
+        self.max_rows = max(1, max_rows)
+        self.on_join = on_join or (lambda rows, joined: None)
+        self._queue: queue.Queue = queue.Queue()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="chatfleet-inflight", daemon=True)
+        self._thread.start()
+
+    def submit(
+        self, request: GenerationRequest, on_done: Callable[[GenerationResult | None, Exception | None], None]
+    ) -> None:
+        """Queue a request; on_done(result, None) or on_done(None, error) is called exactly once."""
+        self._queue.put((request, on_done, self.generator.clock()))
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the thread (requests still running are answered with an error)."""
+        self._stop.set()
+        self._queue.put(None)
+        self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        import queue
+
+        torch = self.generator.torch
+        torch.set_num_threads(self.threads)
+        batch: Batch | None = None
+        callbacks: dict[int, Callable] = {}
+        while not self._stop.is_set():
+            joining = []
+            room = self.max_rows - (len(batch.rows) if batch else 0)
+            try:
+                while len(joining) < room:
+                    item = self._queue.get(block=batch is None and not joining, timeout=0.5)
+                    if item is None:
+                        break
+                    joining.append(item)
+            except queue.Empty:
+                pass
+            try:
+                with torch.inference_mode():
+                    if joining:
+                        rows = []
+                        for request, on_done, start in joining:
+                            row = self.generator.new_row(request, start)
+                            if row.error is not None:  # refused alone, before it can touch the batch
+                                self._finish(on_done, row)
+                                continue
+                            callbacks[id(row)] = on_done
+                            rows.append(row)
+                        new = self.generator.start(rows) if rows else None
+                        for row in rows:
+                            if row.error is not None:
+                                self._finish(callbacks.pop(id(row)), row)
+                        if new is not None:
+                            batch = new if batch is None else self.generator.merge(batch, new)
+                            self.on_join(len(batch.rows), len(new.rows))
+                    if batch is None:
+                        continue
+                    batch, finished = self.generator.step(batch)
+                for row in finished:
+                    self._finish(callbacks.pop(id(row)), row)
+            except Exception as exc:  # answer every affected request, then carry on with an empty batch
+                log.exception("in-flight batch failed")
+                for key in list(callbacks):
+                    self._done(callbacks.pop(key), None, exc)
+                batch = None
+        for key in list(callbacks):
+            self._done(callbacks.pop(key), None, RuntimeError("engine stopped"))
+
+    def _finish(self, callback, row: Row) -> None:
+        """Answer a finished row: its result, or a RowError when the row failed."""
+        result = self.generator.result(row)
+        if result.error is not None:
+            self._done(callback, None, RowError(result.error_kind, result.error))
+        else:
+            self._done(callback, result, None)
+
+    @staticmethod
+    def _done(callback, result, error) -> None:
+        try:
+            callback(result, error)
+        except Exception:
+            log.exception("completion callback failed")

@@ -1,0 +1,405 @@
+"""The chat API's request pipeline, without HTTP: one object per API process, one method per route.
+
+``ChatPipeline.chat`` runs a chat-completions request through its steps:
+
+1. parse: validate the body (4xx naming the field) and find the session id;
+2. history: load the conversation from Redis (the answer says whether that worked);
+3. admit: the breaker and the in-flight limit, else a fallback answer at once;
+4. generate: Triton (``chat``, or ``chat_stream`` for ``stream: true``) within the deadline; a Triton
+   failure or the deadline is a breaker failure and a fallback answer, a bad request a 400;
+5. answer and save the turn (a stream saves it once the last chunk went out).
+
+It returns a ``Reply`` (``chatfleet_runtime.responses``); ``chatfleet_runtime.api`` sends it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from chatfleet_contract.parameters import ModelParameters
+from prometheus_client import generate_latest
+
+from chatfleet_runtime import responses
+from chatfleet_runtime.apisettings import ApiSettings
+from chatfleet_runtime.backend import BackendError, Chunk, triton_params
+from chatfleet_runtime.breaker import STATE_VALUE, CircuitBreaker, Fallback
+from chatfleet_runtime.metrics import ApiMetrics
+from chatfleet_runtime.prompting import (
+    RequestError,
+    SamplingParams,
+    check_openai_fields,
+    parse_sampling,
+    session_key_from_user,
+    validate_messages,
+    validate_session_id,
+)
+from chatfleet_runtime.responses import Reply
+from chatfleet_runtime.sessions import ActiveSessions, SessionStore, compose
+
+log = logging.getLogger("chatfleet.api")
+
+
+@dataclass
+class Turn:
+    """One validated request on its way through the pipeline."""
+
+    messages: list[dict[str, str]]
+    """The request's messages, as sent (the fallback answers from these before Triton is asked)."""
+    prompt_messages: list[dict[str, str]]
+    """What the model sees: the stored history, then the request's messages."""
+    params: dict[str, Any]
+    """The PARAMETERS input of the Triton model (sampling and session id)."""
+    stream: bool
+    session_id: str | None
+    info: dict[str, Any]
+    """The `chatfleet` fields of the answer: history state, ignored fields."""
+    t0: float
+    """When the request arrived (time.monotonic)."""
+
+    @property
+    def new_messages(self) -> list[dict[str, str]]:
+        """The request's messages without system prompts: what the stored turn and a late fallback use."""
+        return [m for m in self.messages if m["role"] != "system"]
+
+
+class ChatPipeline:
+    """The chat API's state (breaker, in-flight count, sessions, metrics) and its request steps."""
+
+    def __init__(self, settings: ApiSettings, backend, redis_client=None):
+        self.settings = settings
+        self.name = name = settings.model_name
+        self.metrics = metrics = ApiMetrics()
+        self.backend = backend
+        self.redis_client = redis_client
+        self.store = SessionStore(
+            redis_client,
+            namespace=name,
+            ttl_s=settings.session_ttl_s,
+            turns=settings.history_turns,
+            on_error=lambda op: metrics.session_errors.labels(name, op).inc(),
+        )
+        self.active = ActiveSessions(settings.session_ttl_s)
+        self.breaker = CircuitBreaker(
+            settings.breaker_failures, settings.breaker_reset_s, on_change=self._breaker_changed
+        )
+        metrics.breaker_state.labels(name).set(0)
+        self.fallback = Fallback.from_config(settings.fallback_text, settings.faq)
+        self.inflight = 0
+        """Requests being served (the in-flight limit counts these)."""
+        self.ready = False
+        """Triton's chat model has been ready once (afterwards the breaker covers outages)."""
+        self.max_new_tokens = settings.max_new_tokens or ModelParameters().max_new_tokens
+        """The limit on max_tokens: the setting, else the chat model's own once Triton answered."""
+
+    def _breaker_changed(self, old: str, new: str) -> None:
+        self.metrics.breaker_state.labels(self.name).set(STATE_VALUE[new])
+        self.metrics.breaker_transitions.labels(self.name, new).inc()
+        log.warning("circuit breaker %s -> %s", old, new)
+
+    # ---- lifecycle ------------------------------------------------------------------------------
+
+    async def wait_ready(self) -> None:
+        """Poll Triton until the chat model is ready; take its max_new_tokens when none is set."""
+        while not self.ready:
+            ready = await self.backend.ready()
+            if ready and self.settings.max_new_tokens is None and hasattr(self.backend, "max_new_tokens"):
+                self.max_new_tokens = await self.backend.max_new_tokens() or self.max_new_tokens
+            self.ready = ready
+            if not ready:
+                await asyncio.sleep(0.5)
+
+    async def close(self) -> None:
+        """Close the Triton channel and the Redis client (errors ignored: the process is ending)."""
+        with contextlib.suppress(Exception):
+            await self.backend.close()
+        if self.redis_client is not None:
+            with contextlib.suppress(Exception):
+                await self.redis_client.aclose()
+
+    # ---- the small routes -----------------------------------------------------------------------
+
+    def models(self) -> dict[str, Any]:
+        """The one model this deployment serves (OpenAI list shape)."""
+        return {
+            "object": "list",
+            "data": [{"id": self.name, "object": "model", "created": 0, "owned_by": "chatfleet"}],
+        }
+
+    async def metrics_text(self) -> str:
+        """The API's own exposition text, then Triton's (re-exported) when configured."""
+        self.metrics.active_sessions.labels(self.name).set(self.active.count())
+        self.metrics.breaker_state.labels(self.name).set(STATE_VALUE[self.breaker.state])
+        triton = await self._triton_metrics()
+        return generate_latest(self.metrics.registry).decode() + triton
+
+    async def _triton_metrics(self) -> str:
+        """Triton's exposition text ('' when not configured or unreachable within 2 s)."""
+        if not self.settings.triton_metrics_url:
+            return ""
+        import httpx
+
+        try:
+            async with httpx.AsyncClient(timeout=2.0) as http:
+                resp = await http.get(self.settings.triton_metrics_url)
+                resp.raise_for_status()
+        except Exception as exc:
+            log.warning("Triton metrics not re-exported: %s", exc)
+            self.metrics.triton_up.labels(self.name).set(0)
+            return ""
+        self.metrics.triton_up.labels(self.name).set(1)
+        text = resp.text
+        return text if text.endswith("\n") else text + "\n"
+
+    # ---- chat completions -----------------------------------------------------------------------
+
+    async def chat(self, raw: bytes, headers: Mapping[str, str]) -> Reply:
+        """One OpenAI chat-completions request, through steps 1 to 5 (see the module docstring)."""
+        t0 = time.monotonic()
+        # 1. parse
+        stream = False
+        try:
+            body = self._body(raw)
+            stream = body.get("stream", False)
+            if not isinstance(stream, bool):
+                raise RequestError("stream: must be true or false")
+            messages, sampling, sid, ignored = self._parse(body, headers)
+        except RequestError as exc:
+            self._count("client_error", exc.status, stream)
+            return responses.error(exc.status, str(exc))
+        # 2. history
+        history_state, prompt_messages = "none", messages
+        if sid is not None:
+            self.active.touch(sid)
+            history, ok = await self.store.history(sid)
+            history_state = "ok" if ok else "unavailable"
+            prompt_messages = compose(messages, history)
+        if ignored:
+            log.info("ignored unknown request fields: %s", ", ".join(ignored))
+        turn = Turn(
+            messages,
+            prompt_messages,
+            triton_params(sampling, sid),
+            stream,
+            sid,
+            {"history": history_state, "ignored_fields": ignored},
+            t0,
+        )
+        # 3. admit
+        if not self.breaker.allow():
+            return self._fallback(turn, turn.messages, "circuit_open")
+        if self.inflight >= self.settings.max_inflight:
+            self.breaker.release()
+            return self._fallback(turn, turn.messages, "overloaded")
+        # 4. and 5.
+        return await (self._stream(turn) if stream else self._complete(turn))
+
+    def _body(self, raw: bytes) -> dict[str, Any]:
+        """The request body as a JSON object, within the size limit."""
+        if len(raw) > self.settings.max_body_bytes:
+            raise RequestError(
+                f"body: {len(raw)} bytes is more than the limit {self.settings.max_body_bytes}", 413
+            )
+        try:
+            body = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise RequestError(f"body: not valid JSON ({getattr(exc, 'msg', exc)})") from exc
+        if not isinstance(body, dict):
+            raise RequestError("body: must be a JSON object")
+        return body
+
+    def _parse(
+        self, body: dict[str, Any], headers: Mapping[str, str]
+    ) -> tuple[list[dict[str, str]], SamplingParams, str | None, list[str]]:
+        """(messages, sampling, session id, ignored fields) of a request body, or RequestError."""
+        model = body.get("model", self.name)
+        if model != self.name:
+            raise RequestError(f"model: {model!r:.80} is not served here (available: {self.name})", 404)
+        messages = validate_messages(body.get("messages"))
+        ignored = check_openai_fields(body)
+        sampling = parse_sampling(body, max_new_tokens_limit=self.max_new_tokens)
+        if body.get("n", 1) not in (1, None):
+            raise RequestError("n: only 1 is supported")
+        sid = None
+        if headers.get("x-session-id") is not None:
+            sid = validate_session_id(headers["x-session-id"], "X-Session-Id")
+        elif body.get("session_id") is not None:
+            sid = validate_session_id(body["session_id"], "session_id")
+        elif body.get("user") is not None:
+            sid = session_key_from_user(body["user"])
+        return messages, sampling, sid, ignored
+
+    def _count(self, outcome: str, code: int, stream: bool) -> None:
+        self.metrics.requests.labels(self.name, outcome, str(code), str(stream).lower()).inc()
+
+    def _fallback(self, turn: Turn, messages: list[dict[str, str]], reason: str) -> Reply:
+        """The FAQ or fallback text instead of the model's answer, marked as such."""
+        text, source = self.fallback.answer(messages)
+        self.metrics.fallbacks.labels(self.name, reason, source).inc()
+        self._count("fallback", 200, turn.stream)
+        self.metrics.duration.labels(self.name, str(turn.stream).lower()).observe(time.monotonic() - turn.t0)
+        meta = {"fallback": True, "reason": reason, "source": source, **turn.info}
+        headers = {"X-Chatfleet-Fallback": source}
+        if not turn.stream:
+            head = responses.envelope(self.name, "chat.completion", turn.session_id, meta)
+            return Reply(responses.completion(head, text, "stop", responses.usage(0, 0)), headers=headers)
+
+        async def events():
+            head = responses.envelope(self.name, "chat.completion.chunk", turn.session_id, meta)
+            yield responses.sse(head, {"role": "assistant", "content": text}, "stop")
+            yield responses.DONE
+
+        return Reply(events=events(), headers=headers)
+
+    def _failed(self, turn: Turn, exc: BackendError) -> Reply:
+        """Triton failed before any answer: the client's fault is a 400 (and no breaker failure), anything
+        else a breaker failure and a fallback answer."""
+        if exc.kind == "invalid":
+            self.breaker.record_success()
+            self._count("client_error", 400, turn.stream)
+            return responses.error(400, str(exc))
+        self.breaker.record_failure()
+        return self._fallback(turn, turn.new_messages, exc.kind)
+
+    async def _complete(self, turn: Turn) -> Reply:
+        """Steps 4 and 5 without streaming: one completion within the deadline."""
+        slot = _Slot(self)
+        timeout = self.settings.request_timeout_s
+        try:
+            async with asyncio.timeout(timeout):
+                result = await self.backend.complete(turn.prompt_messages, turn.params, timeout)
+        except BackendError as exc:
+            return self._failed(turn, exc)
+        except TimeoutError:
+            self.breaker.record_failure()
+            return self._fallback(turn, turn.new_messages, "timeout")
+        finally:
+            slot.release()
+        self.breaker.record_success()
+        elapsed = time.monotonic() - turn.t0
+        self.metrics.duration.labels(self.name, "false").observe(elapsed)
+        self.metrics.ttft.labels(self.name, "false").observe(elapsed)
+        self.metrics.tokens.labels(self.name).inc(result.num_tokens)
+        self._count("success", 200, False)
+        if turn.session_id is not None:
+            await self.store.append(turn.session_id, turn.new_messages, result.text)
+        head = responses.envelope(self.name, "chat.completion", turn.session_id, turn.info)
+        used = responses.usage(result.prompt_tokens, result.num_tokens)
+        return Reply(responses.completion(head, result.text, result.finish_reason or "stop", used))
+
+    async def _stream(self, turn: Turn) -> Reply:
+        """Steps 4 and 5 streamed: wait for the first chunk here (a failure is still a fallback), then
+        hand the rest to the reply's event stream."""
+        deadline = turn.t0 + self.settings.request_timeout_s
+        it = self.backend.stream(
+            turn.prompt_messages, turn.params, self.settings.request_timeout_s
+        ).__aiter__()
+        slot = _Slot(self)
+        try:
+            async with asyncio.timeout(max(0.001, deadline - time.monotonic())):
+                first = await it.__anext__()
+        except BackendError as exc:
+            slot.release()
+            await _close(it)
+            return self._failed(turn, exc)
+        except (TimeoutError, StopAsyncIteration):
+            slot.release()
+            await _close(it)
+            self.breaker.record_failure()
+            return self._fallback(turn, turn.new_messages, "timeout")
+        ttft = time.monotonic() - turn.t0
+        self.metrics.ttft.labels(self.name, "true").observe(ttft)
+        events = self._events(turn, it, first, slot, deadline, ttft)
+        return Reply(events=events, headers={"Cache-Control": "no-cache"})
+
+    async def _events(
+        self, turn: Turn, it: AsyncIterator[Chunk], first: Chunk, slot: _Slot, deadline: float, ttft: float
+    ) -> AsyncIterator[str]:
+        """The stream's server-sent events; a client that goes away mid-stream is a 499, not a failure."""
+        head = responses.envelope(self.name, "chat.completion.chunk", turn.session_id, turn.info)
+        parts: list[str] = []
+        finish, num_tokens, prompt_tokens, last = "", 0, 0, time.monotonic()
+        completed = timed_out = False
+        try:
+            yield responses.sse(head, {"role": "assistant", "content": ""}, None)
+            chunk = first
+            while True:
+                if chunk.text:
+                    parts.append(chunk.text)
+                    yield responses.sse(head, {"content": chunk.text}, None)
+                if chunk.finish_reason:
+                    finish, num_tokens = chunk.finish_reason, chunk.num_tokens
+                    prompt_tokens = chunk.prompt_tokens
+                    break
+                try:
+                    async with asyncio.timeout(max(0.001, deadline - time.monotonic())):
+                        chunk = await it.__anext__()
+                except TimeoutError:
+                    # The deadline cut the answer short: the client gets what came, ended as
+                    # "length", but it is an error for the metrics (and the canary analysis).
+                    finish, timed_out = "length", True
+                    self.breaker.record_failure()
+                    break
+                now = time.monotonic()
+                self.metrics.itl.labels(self.name).observe(now - last)
+                last = now
+            if not timed_out:
+                self.breaker.record_success()
+            used = responses.usage(prompt_tokens, num_tokens)
+            yield responses.sse(head, {}, "length" if finish == "length" else "stop", used)
+            yield responses.DONE
+            completed = True
+        except BackendError:
+            self.breaker.record_failure()
+            yield responses.sse(head, {}, "stop")
+            yield responses.DONE
+            completed = True
+            self._count("error", 200, True)
+            return
+        finally:
+            slot.release()
+            await _close(it)
+            if not completed:
+                self.metrics.disconnects.labels(self.name).inc()
+                self.breaker.release()
+                self._count("client_error", 499, True)
+        elapsed = time.monotonic() - turn.t0
+        self.metrics.duration.labels(self.name, "true").observe(elapsed)
+        self.metrics.tokens.labels(self.name).inc(num_tokens)
+        if timed_out:
+            self._count("error", 200, True)
+            return
+        if num_tokens > 1 and elapsed > ttft:
+            self.metrics.tps.labels(self.name).observe(num_tokens / (elapsed - ttft))
+        self._count("success", 200, True)
+        if turn.session_id is not None:
+            await self.store.append(turn.session_id, turn.new_messages, "".join(parts))
+
+
+class _Slot:
+    """One request's place among the in-flight ones (count and gauge), given back exactly once."""
+
+    def __init__(self, pipeline: ChatPipeline):
+        self.pipeline = pipeline
+        self.held = True
+        pipeline.inflight += 1
+        pipeline.metrics.inflight.labels(pipeline.name).inc()
+
+    def release(self) -> None:
+        """Give the place back (a second call does nothing)."""
+        if self.held:
+            self.held = False
+            self.pipeline.inflight -= 1
+            self.pipeline.metrics.inflight.labels(self.pipeline.name).dec()
+
+
+async def _close(it) -> None:
+    """Close a backend stream, whatever it raises."""
+    with contextlib.suppress(BaseException):
+        await it.aclose()

@@ -1,0 +1,78 @@
+"""OpenAI-shaped replies of the chat API: completion bodies, stream chunks, errors, without HTTP.
+
+A ``Reply`` is what the pipeline hands the route: a JSON body or a stream of server-sent events, with a
+status and headers. The route only turns it into a FastAPI response.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+#: The last server-sent event of every stream.
+DONE = "data: [DONE]\n\n"
+
+
+@dataclass
+class Reply:
+    """A JSON body (`body`) or server-sent events (`events`), with the HTTP status and extra headers."""
+
+    body: dict[str, Any] | None = None
+    events: AsyncIterator[str] | None = None
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def error(status: int, message: str) -> Reply:
+    """OpenAI's error object; `param` is the field the message starts with ('model: ...' -> 'model')."""
+    param = message.split(":", 1)[0] if ":" in message else None
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    code = "model_not_found" if status == 404 else None
+    return Reply({"error": {"message": message, "type": kind, "param": param, "code": code}}, status=status)
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    """OpenAI's usage object."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def envelope(model: str, obj: str, sid: str | None, extra: dict[str, Any]) -> dict[str, Any]:
+    """The fields every completion and chunk carries, with `chatfleet` (session, fallback, history ...)."""
+    extra = {k: v for k, v in extra.items() if k != "ignored_fields" or v}
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
+        "object": obj,
+        "created": int(time.time()),
+        "model": model,
+        "chatfleet": {"session_id": sid, "fallback": False, **extra},
+    }
+
+
+def completion(head: dict[str, Any], text: str, finish_reason: str, used: dict[str, int]) -> dict[str, Any]:
+    """A whole chat.completion body: the envelope, one assistant message and the usage."""
+    return {
+        **head,
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish_reason}
+        ],
+        "usage": used,
+    }
+
+
+def sse(
+    head: dict[str, Any], delta: dict[str, Any], finish_reason: str | None, used: dict[str, int] | None = None
+) -> str:
+    """One chat.completion.chunk as a server-sent event."""
+    chunk = dict(head)
+    chunk["choices"] = [{"index": 0, "delta": delta, "finish_reason": finish_reason}]
+    if used is not None:
+        chunk["usage"] = used
+    return f"data: {json.dumps(chunk)}\n\n"

@@ -14,8 +14,10 @@ from typing import Any
 import kopf
 import pytest
 from chatfleet_operator.api import ApiError, Reason
-from chatfleet_operator.reconcile import Controller, Gone, Snapshot, World, backoff_delay, reconcile_pass
-from chatfleet_operator.rollout.facts import NodeFacts
+from chatfleet_operator.cache import Snapshot, World
+from chatfleet_operator.controller import Controller, backoff_delay
+from chatfleet_operator.converge.facts import NodeFacts
+from chatfleet_operator.reconcile import Gone, reconcile_pass
 from chatfleet_operator.settings import Settings
 from operator_helpers import as_observed, cbs_body
 

@@ -12,8 +12,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from chatfleet_operator.analysis.assess import Check, Sample, assess
-from chatfleet_operator.rollout.facts import PodFacts
-from chatfleet_operator.rollout.release import (
+from chatfleet_operator.converge.facts import PodFacts
+from chatfleet_operator.release.planner import (
     ReleaseInput,
     ReleaseOptions,
     ReleasePlan,
@@ -21,7 +21,7 @@ from chatfleet_operator.rollout.release import (
     analysis_due,
     plan_release,
 )
-from chatfleet_operator.rollout.traffic import REPLICA_RATIO
+from chatfleet_operator.release.traffic import REPLICA_RATIO
 from chatfleet_operator.spec import ChatbotServiceSpec
 
 T0 = datetime(2026, 11, 21, 10, 0, 0, tzinfo=UTC)

@@ -24,9 +24,10 @@ from typing import Any
 import pytest
 from chatfleet_operator import api
 from chatfleet_operator.analysis.assess import Sample
-from chatfleet_operator.reconcile import Snapshot, World, reconcile_pass
-from chatfleet_operator.release_pass import Releases
-from chatfleet_operator.rollout.facts import NodeFacts, PodFacts
+from chatfleet_operator.cache import Snapshot, World
+from chatfleet_operator.converge.facts import NodeFacts, PodFacts
+from chatfleet_operator.reconcile import reconcile_pass
+from chatfleet_operator.release.measure import Releases
 from chatfleet_operator.settings import Settings
 
 T0 = datetime(2026, 11, 21, 10, 0, tzinfo=UTC)
@@ -313,8 +314,8 @@ def test_autoscaled_total(scaling, status, observed, expected):
     ],
 )
 def test_scale_selector_names_the_pods_that_take_traffic(strategy, in_release, active, expected):
-    from chatfleet_operator.rollout.release import ReleasePlan
-    from chatfleet_operator.rollout.tracks import scale_selector
+    from chatfleet_operator.release.children import scale_selector
+    from chatfleet_operator.release.planner import ReleasePlan
     from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
 
     spec = ChatbotServiceSpec.from_dict({"model": {"uri": "hf://o/m"}, "rollout": {"strategy": strategy}})

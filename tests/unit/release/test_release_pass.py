@@ -6,10 +6,11 @@ import copy
 from datetime import UTC, datetime, timedelta
 
 from chatfleet_operator.analysis.assess import Sample
-from chatfleet_operator.reconcile import Snapshot, desired_children
-from chatfleet_operator.release_pass import Releases, merge_events
-from chatfleet_operator.rollout.facts import PodFacts
-from chatfleet_operator.rollout.release import EventIntent
+from chatfleet_operator.cache import Snapshot
+from chatfleet_operator.converge.facts import PodFacts
+from chatfleet_operator.reconcile import desired_children
+from chatfleet_operator.release.measure import Releases, merge_events
+from chatfleet_operator.release.planner import EventIntent
 from chatfleet_operator.settings import Settings
 from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
 

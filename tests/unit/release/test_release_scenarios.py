@@ -7,14 +7,14 @@ Steps: 20% (pause 10 s), 50% (pause 10 s), 100%; analysis every 10 s, failureLim
 
 from __future__ import annotations
 
-from chatfleet_operator.rollout.release import (
+from chatfleet_operator.release.planner import (
     PROGRESSING,
     PROMOTING,
     ROLLED_BACK,
     SWITCHED,
     ReleaseReason,
 )
-from chatfleet_operator.rollout.traffic import HTTPROUTE, REPLACE_IN_PLACE
+from chatfleet_operator.release.traffic import HTTPROUTE, REPLACE_IN_PLACE
 from release_sim import World, spec_dict, world
 
 

@@ -16,10 +16,11 @@ import pytest
 from chatfleet_operator.analysis.assess import ERROR
 from chatfleet_operator.analysis.targets import template_error, url_error
 from chatfleet_operator.api import Reason
+from chatfleet_operator.cache import Snapshot, World
 from chatfleet_operator.cli import build_settings, parse_args
-from chatfleet_operator.reconcile import Snapshot, World, reconcile_pass
-from chatfleet_operator.release_pass import Releases
-from chatfleet_operator.rollout.facts import NodeFacts
+from chatfleet_operator.converge.facts import NodeFacts
+from chatfleet_operator.reconcile import reconcile_pass
+from chatfleet_operator.release.measure import Releases
 from chatfleet_operator.settings import ReleaseSettings, Settings
 from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 import copy
 
 import pytest
-from chatfleet_operator.reconcile import Snapshot, desired_children
-from chatfleet_operator.rollout.facts import PodFacts
-from chatfleet_operator.rollout.tracks import template_update_in_place
+from chatfleet_operator.cache import Snapshot
+from chatfleet_operator.converge.facts import PodFacts
+from chatfleet_operator.reconcile import desired_children
+from chatfleet_operator.release.children import template_update_in_place
 from chatfleet_operator.settings import PodSettings, Settings
 from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
 

@@ -8,12 +8,13 @@ from datetime import UTC, datetime
 import pytest
 from chatfleet_operator.api import Reason
 from chatfleet_operator.builders import revision_hash
-from chatfleet_operator.reconcile import Snapshot, desired_children
-from chatfleet_operator.rollout.diagnose import Problem
-from chatfleet_operator.rollout.facts import PodFacts
-from chatfleet_operator.rollout.release import Gate, ReleasePlan, ReleaseReason, Track
-from chatfleet_operator.rollout.status import Observation, compute_status
-from chatfleet_operator.rollout.tracks import ReleaseOutcome, release_children, release_status
+from chatfleet_operator.cache import Snapshot
+from chatfleet_operator.converge.diagnose import Problem
+from chatfleet_operator.converge.facts import PodFacts
+from chatfleet_operator.converge.status import Observation, compute_status
+from chatfleet_operator.reconcile import desired_children
+from chatfleet_operator.release.children import ReleaseOutcome, release_children, release_status
+from chatfleet_operator.release.planner import Gate, ReleasePlan, ReleaseReason, Track
 from chatfleet_operator.settings import Settings
 from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
 

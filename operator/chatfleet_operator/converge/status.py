@@ -19,8 +19,8 @@ from chatfleet_operator.api import (
     Phase,
     Reason,
 )
-from chatfleet_operator.rollout.diagnose import Problem, crashlooping
-from chatfleet_operator.rollout.facts import DeploymentFacts, PodFacts
+from chatfleet_operator.converge.diagnose import Problem, crashlooping
+from chatfleet_operator.converge.facts import DeploymentFacts, PodFacts
 
 CONDITION_ORDER = (COND_READY, COND_RECONCILING, COND_STALLED, COND_DEGRADED)
 

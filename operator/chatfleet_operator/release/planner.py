@@ -39,8 +39,8 @@ from chatfleet_operator.analysis.assess import (
     fold,
 )
 from chatfleet_operator.analysis.queries import window_seconds
-from chatfleet_operator.rollout.facts import IMAGE_PULL_REASONS, PodFacts
-from chatfleet_operator.rollout.traffic import AUTO, REPLACE_IN_PLACE, SURGE, split
+from chatfleet_operator.converge.facts import IMAGE_PULL_REASONS, PodFacts
+from chatfleet_operator.release.traffic import AUTO, REPLACE_IN_PLACE, SURGE, split
 from chatfleet_operator.spec import ChatbotServiceSpec
 
 # Release phases (status.release.phase).

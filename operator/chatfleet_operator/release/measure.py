@@ -15,12 +15,17 @@ from typing import Any
 
 from chatfleet_operator.analysis.assess import INCONCLUSIVE, Measurement, Sample, assess
 from chatfleet_operator.analysis.probe import send_probe
-from chatfleet_operator.analysis.provider import PrometheusProvider, Provider, measurement_plan
+from chatfleet_operator.analysis.provider import PrometheusProvider, Provider, measurement_request
 from chatfleet_operator.analysis.targets import analysis_target_errors, fill_template
-from chatfleet_operator.rollout.facts import PodFacts
-from chatfleet_operator.rollout.release import EventIntent
-from chatfleet_operator.rollout.tracks import ReleaseOutcome, due, release_children, release_track
-from chatfleet_operator.rollout.traffic import HTTPROUTE, REPLICA_RATIO
+from chatfleet_operator.converge.facts import PodFacts
+from chatfleet_operator.release.children import (
+    ReleaseOutcome,
+    measurement_due,
+    release_children,
+    release_track,
+)
+from chatfleet_operator.release.planner import EventIntent
+from chatfleet_operator.release.traffic import HTTPROUTE, REPLICA_RATIO
 from chatfleet_operator.settings import ReleaseSettings
 from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
 
@@ -79,7 +84,7 @@ class Releases:
     ) -> Measurement:
         """One measurement (probing first when the last one had no data and the spec asks). Never raises."""
         track = release_track(spec)
-        plan = measurement_plan(ref.namespace, ref.name, spec, track)
+        plan = measurement_request(ref.namespace, ref.name, spec, track)
         refused = self.target_errors(ref, spec, raw_spec)
         if refused:  # nothing is called: an Error measurement naming the field (never a pass)
             return assess(Sample(now, error="; ".join(refused)), [q.check for q in plan.metrics])
@@ -118,7 +123,7 @@ class Releases:
     ) -> ReleaseOutcome:
         """Measure if due, then plan the release and the children of this pass."""
         measurement = None
-        if due(ref, spec, old_status, children, pods, now):
+        if measurement_due(ref, spec, old_status, children, pods, now):
             measurement = self.measure(ref, spec, raw_spec, old_status, now)
         return release_children(
             ref,

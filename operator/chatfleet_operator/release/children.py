@@ -30,8 +30,9 @@ from chatfleet_operator.builders.release import (
     retarget_configmap,
     track_service_name,
 )
-from chatfleet_operator.rollout.facts import PodFacts, deployment_facts
-from chatfleet_operator.rollout.release import (
+from chatfleet_operator.converge.facts import PodFacts, deployment_facts
+from chatfleet_operator.converge.status import condition, merge_conditions
+from chatfleet_operator.release.planner import (
     ReleaseInput,
     ReleaseOptions,
     ReleasePlan,
@@ -39,8 +40,7 @@ from chatfleet_operator.rollout.release import (
     analysis_due,
     plan_release,
 )
-from chatfleet_operator.rollout.status import condition, merge_conditions
-from chatfleet_operator.rollout.traffic import HTTPROUTE, REPLACE_IN_PLACE, SURGE
+from chatfleet_operator.release.traffic import HTTPROUTE, REPLACE_IN_PLACE, SURGE
 from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
 
 
@@ -89,7 +89,7 @@ def tracks_of(
     return stable, canary
 
 
-def due(
+def measurement_due(
     ref: ObjectRef,
     spec: ChatbotServiceSpec,
     old_status: Mapping[str, Any],

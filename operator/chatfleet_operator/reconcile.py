@@ -32,15 +32,13 @@ from chatfleet_operator.converge.facts import deployment_facts
 from chatfleet_operator.converge.status import (
     Observation,
     compute_status,
-    derive_phase,
     error_message,
     error_status,
-    status_events,
+    pass_events,
     status_patch,
 )
-from chatfleet_operator.release.children import release_status, scale_selector, template_update_in_place
-from chatfleet_operator.release.measure import Releases, merge_events
-from chatfleet_operator.release.planner import ReleaseOptions
+from chatfleet_operator.release.children import scale_selector, template_update_in_place
+from chatfleet_operator.release.measure import Releases
 from chatfleet_operator.settings import Settings
 from chatfleet_operator.spec import Autoscale, ChatbotServiceSpec, ObjectRef
 
@@ -65,7 +63,7 @@ class Outcome:
 
 def autoscaled_total(
     autoscale: Autoscale,
-    raw_spec: Mapping[str, Any],
+    declared: int | None,
     old_status: Mapping[str, Any],
     snap: Snapshot,
     name: str,
@@ -78,7 +76,7 @@ def autoscaled_total(
     Deployment during a release: the release itself shrinks it.
     e.g. min 1, max 6: replicas 4 -> 4; replicas 9 -> 6; absent with status.desiredReplicas 3 -> 3.
     """
-    decided = ((raw_spec.get("scaling") or {}).get("replicas"), old_status.get("desiredReplicas"))
+    decided = (declared, old_status.get("desiredReplicas"))
     current = (snap.children.get(("Deployment", name)) or {}).get("spec", {})
     value = next((v for v in (*decided, current.get("replicas")) if v is not None), autoscale.min_replicas)
     return max(autoscale.min_replicas, min(autoscale.max_replicas, int(value)))
@@ -87,20 +85,25 @@ def autoscaled_total(
 def desired_children(
     ref: ObjectRef,
     spec: ChatbotServiceSpec,
-    raw_spec: Mapping[str, Any],
+    revision: str,
     settings: Settings,
     snap: Snapshot,
     old_status: Mapping[str, Any] | None = None,
-) -> tuple[list[dict[str, Any]], str, int]:
-    """(desired manifests, revision, desired replicas) of one ChatbotService. Pure."""
-    revision = revision_hash(raw_spec)
+) -> tuple[list[dict[str, Any]], int]:
+    """(desired manifests, desired replicas) of one ChatbotService at `revision`. Pure."""
     configmap = build_triton_configmap(ref, spec)
     autoscale = spec.scaling.autoscale
     if autoscale is not None:
-        desired_replicas = autoscaled_total(autoscale, raw_spec, old_status or {}, snap, ref.name)
+        desired_replicas = autoscaled_total(
+            autoscale,
+            spec.scaling.replicas if spec.scaling.replicas_set else None,
+            old_status or {},
+            snap,
+            ref.name,
+        )
     else:
         desired_replicas = spec.scaling.replicas
-    capacity = ReleaseOptions.from_dict(raw_spec.get("rollout")).gpu_capacity
+    capacity = spec.rollout.gpu_capacity
     deployment = build_deployment(
         ref,
         spec,
@@ -116,7 +119,7 @@ def desired_children(
     if autoscale is not None:
         desired.append(build_hpa(ref, autoscale, settings.hpa_metrics))
     desired.append(build_service(ref))
-    return desired, revision, desired_replicas
+    return desired, desired_replicas
 
 
 class Gone(Exception):
@@ -215,20 +218,19 @@ def reconcile_pass(
 ) -> Outcome:
     """One level-triggered pass over one ChatbotService (blocking; runs in a worker thread)."""
     ref = ObjectRef.from_body(body)
-    raw_spec = body.get("spec") or {}
-    spec = ChatbotServiceSpec.from_dict(raw_spec)
+    spec = ChatbotServiceSpec.from_dict(body.get("spec"))
+    revision = revision_hash(body.get("spec") or {})
     old_status = body.get("status") or {}
 
     # 1. Observe what the caches cannot tell: do the referenced Secrets exist?
     missing = [name for name in referenced_secrets(spec) if not client.secret_exists(ref.namespace, name)]
 
     # 2. Plan: desired children vs observed ones; a release (measured when due) rewrites what it moves.
-    desired, revision, desired_replicas = desired_children(ref, spec, raw_spec, settings, snap, old_status)
+    desired, desired_replicas = desired_children(ref, spec, revision, settings, snap, old_status)
     releases = releases or Releases()
     release = releases.run(
         ref,
         spec,
-        raw_spec,
         desired,
         snap.children,
         snap.pods,
@@ -241,7 +243,7 @@ def reconcile_pass(
 
     # 3. Apply: only what differs. An invalid object is a problem for the user, not a crash.
     refused = [r for change in changes if (r := _apply(client, change, world, snap, ref.namespace))]
-    seed = spec.scaling.autoscale is not None and (raw_spec.get("scaling") or {}).get("replicas") is None
+    seed = spec.scaling.autoscale is not None and not spec.scaling.replicas_set
     if seed:  # the HPA reads and writes spec.scaling.replicas (the scale subresource): it must exist
         refused += [r for r in [_seed_replicas(client, ref, desired_replicas)] if r]
 
@@ -252,8 +254,7 @@ def reconcile_pass(
     problems = diagnose(spec, snap.nodes, stable_pods, dep, missing)  # canary pods: the release judges them
     problems += [Problem(api.Reason.APPLY_FAILED, msg) for msg, _ in refused]
     problems += [
-        Problem(api.Reason.INVALID_ANALYSIS_TARGET, msg)
-        for msg in releases.target_errors(ref, spec, raw_spec)
+        Problem(api.Reason.INVALID_ANALYSIS_TARGET, msg) for msg in releases.target_errors(ref, spec)
     ]
     obs = Observation(
         generation=ref.generation,
@@ -266,10 +267,7 @@ def reconcile_pass(
         pods=stable_pods,
         problems=problems,
     )
-    new_status = release_status(
-        compute_status(old_status, obs, now), old_status, release, ref.generation, revision, now
-    )
-    new_status["phase"] = derive_phase(new_status)
+    new_status = compute_status(old_status, obs, now, release.plan.status_fields(revision))
 
     # 5. One status write, only when something changed; then events from the difference.
     patch = status_patch(old_status, new_status)
@@ -288,7 +286,7 @@ def reconcile_pass(
             ready["status"],
             ready["reason"],
         )
-    for event in merge_events(status_events(old_status, new_status), release.plan.events):
+    for event in pass_events(old_status, new_status, release.plan.events):
         client.post_event(body, event.type, event.reason, event.message, now)
         log.info(
             "Posted %s event %s on ChatbotService %s/%s", event.type, event.reason, ref.namespace, ref.name
@@ -323,7 +321,7 @@ def record_error(
         world.remember(api.KIND, ref.namespace, ref.name, slim(written), resource_version(written))
     if patch and written is None:
         return  # the object is gone
-    for event in status_events(old_status, new_status):
+    for event in pass_events(old_status, new_status):
         client.post_event(body, event.type, event.reason, event.message, now)
         log.info(
             "Posted %s event %s on ChatbotService %s/%s", event.type, event.reason, ref.namespace, ref.name

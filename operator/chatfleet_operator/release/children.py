@@ -31,22 +31,20 @@ from chatfleet_operator.builders.release import (
     track_service_name,
 )
 from chatfleet_operator.converge.facts import PodFacts, deployment_facts
-from chatfleet_operator.converge.status import condition, merge_conditions
 from chatfleet_operator.release.planner import (
     ReleaseInput,
-    ReleaseOptions,
     ReleasePlan,
     Track,
     analysis_due,
     plan_release,
 )
 from chatfleet_operator.release.traffic import HTTPROUTE, REPLACE_IN_PLACE, SURGE
-from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
+from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef, Strategy
 
 
 def release_track(spec: ChatbotServiceSpec) -> str:
     """Track of the new revision: preview for blue-green, canary otherwise."""
-    return api.TRACK_PREVIEW if spec.rollout.strategy == "blueGreen" else api.TRACK_CANARY
+    return api.TRACK_PREVIEW if spec.rollout.strategy == Strategy.BLUE_GREEN else api.TRACK_CANARY
 
 
 def observe_track(
@@ -105,7 +103,6 @@ def measurement_due(
 def release_children(
     ref: ObjectRef,
     spec: ChatbotServiceSpec,
-    raw_spec: Mapping[str, Any],
     base: Sequence[dict[str, Any]],
     children: Mapping[tuple[str, str], Mapping[str, Any]],
     pods: Sequence[PodFacts],
@@ -119,11 +116,10 @@ def release_children(
     measurement: Measurement | None = None,
 ) -> ReleaseOutcome:
     """Plan the release of this pass and rewrite the steady-state children accordingly."""
-    options = ReleaseOptions.from_dict(raw_spec.get("rollout"))
     stable, canary = tracks_of(ref, spec, children, pods)
     track = release_track(spec)
     plan = plan_release(
-        ReleaseInput(spec, options, update_revision, total, stable, canary, traffic, now, measurement),
+        ReleaseInput(spec, update_revision, total, stable, canary, traffic, now, measurement),
         old_status,
     )
     by_key = {(m["kind"], m["metadata"]["name"]): m for m in base}
@@ -161,7 +157,7 @@ def release_children(
     affinity = spec.runtime.sessions.ttl_seconds
     selector_all = {api.LABEL_SERVICE: ref.name}
     traffic_objs: list[dict[str, Any]] = []
-    if spec.rollout.strategy == "blueGreen":
+    if spec.rollout.strategy == Strategy.BLUE_GREEN:
         active = {**selector_all, api.LABEL_REVISION: plan.active_revision or serving}
         traffic_objs.append(build_selector_service(ref, ref.name, active, affinity_seconds=affinity))
         traffic_objs.append(
@@ -217,7 +213,7 @@ def scale_selector(ref: ObjectRef, spec: ChatbotServiceSpec, plan: ReleasePlan) 
     base = f"{api.LABEL_SERVICE}={ref.name}"
     if not plan.in_release:
         return f"{base},{api.LABEL_TRACK}={api.TRACK_STABLE}"
-    if spec.rollout.strategy == "blueGreen" and plan.active_revision:
+    if spec.rollout.strategy == Strategy.BLUE_GREEN and plan.active_revision:
         return f"{base},{api.LABEL_REVISION}={plan.active_revision}"
     return base
 
@@ -255,69 +251,3 @@ def _as_track(deployment: Mapping[str, Any], ref: ObjectRef, track: str) -> dict
     for c in tmpl["spec"].get("topologySpreadConstraints", []):
         c.get("labelSelector", {}).get("matchLabels", {})[api.LABEL_TRACK] = track
     return out
-
-
-def release_status(
-    new_status: dict[str, Any],
-    old_status: Mapping[str, Any],
-    outcome: ReleaseOutcome,
-    generation: int,
-    update_revision: str,
-    now: datetime,
-) -> dict[str, Any]:
-    """Fold the release into the whole new status: fields, history, and the conditions of its gate."""
-    plan = outcome.plan
-    status = dict(new_status)
-    for key in (
-        "canaryRevision",
-        "currentStepIndex",
-        "pauseStartTime",
-        "abortReason",
-        "failedChecks",
-        "release",
-    ):
-        status.pop(key, None)
-    status["updateRevision"] = update_revision
-    status["canaryWeight"] = plan.canary_weight
-    for key, value in plan.top.items():
-        if value is not None:
-            status[key] = value
-    if plan.release is not None:
-        status["release"] = plan.release
-    if plan.history:
-        status["releaseHistory"] = plan.history
-    gate = plan.gate
-    if gate is not None and gate.kind in ("stalled", "paused", "progressing"):
-        conds = {c["type"]: c for c in status.get("conditions") or []}
-        if gate.kind == "stalled":
-            new = [
-                condition(api.COND_READY, False, gate.reason, gate.message, generation),
-                condition(
-                    api.COND_RECONCILING,
-                    False,
-                    gate.reason,
-                    "Waiting for a new revision in the spec (a rolled-back revision is not retried)",
-                    generation,
-                ),
-                condition(api.COND_STALLED, True, gate.reason, gate.message, generation),
-            ]
-        elif conds.get(api.COND_STALLED, {}).get("status") == "True":
-            # A spec problem (diagnosed this pass) outranks a waiting or progressing release: the user must
-            # act on it. Ready and Stalled keep the problem; Reconciling shows the release's state.
-            new = [
-                {k: v for k, v in conds[api.COND_READY].items() if k != "lastTransitionTime"},
-                condition(api.COND_RECONCILING, True, gate.reason, gate.message, generation),
-                {k: v for k, v in conds[api.COND_STALLED].items() if k != "lastTransitionTime"},
-            ]
-        else:
-            new = [
-                condition(api.COND_READY, False, gate.reason, gate.message, generation),
-                condition(api.COND_RECONCILING, True, gate.reason, gate.message, generation),
-                # Not stalled: the gate's reason with its own message, so reason and message agree
-                # (an AnalysisError pause resumes by itself once Prometheus answers).
-                condition(api.COND_STALLED, False, gate.reason, f"Not stalled: {gate.message}", generation),
-            ]
-        if api.COND_DEGRADED in conds:
-            new.append({k: v for k, v in conds[api.COND_DEGRADED].items() if k != "lastTransitionTime"})
-        status["conditions"] = merge_conditions(old_status.get("conditions") or [], new, now)
-    return status

@@ -24,7 +24,7 @@ from chatfleet_operator.release.children import (
     release_children,
     release_track,
 )
-from chatfleet_operator.release.planner import EventIntent
+from chatfleet_operator.release.state import last_verdict
 from chatfleet_operator.release.traffic import HTTPROUTE, REPLICA_RATIO
 from chatfleet_operator.settings import ReleaseSettings
 from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
@@ -60,12 +60,10 @@ class Releases:
             self._cached = (now, served)
         return HTTPROUTE if self._cached[1] else REPLICA_RATIO
 
-    def target_errors(
-        self, ref: ObjectRef, spec: ChatbotServiceSpec, raw_spec: Mapping[str, Any]
-    ) -> list[str]:
+    def target_errors(self, ref: ObjectRef, spec: ChatbotServiceSpec) -> list[str]:
         """Why the analysis URLs of this spec must not be called (each message names its field); [] if fine."""
         return analysis_target_errors(
-            raw_spec.get("analysis") or {},
+            spec.analysis.probe,
             spec.analysis.prometheus_address,
             ref.namespace,
             ref.name,
@@ -78,26 +76,24 @@ class Releases:
         self,
         ref: ObjectRef,
         spec: ChatbotServiceSpec,
-        raw_spec: Mapping[str, Any],
         old_status: Mapping[str, Any],
         now: datetime,
     ) -> Measurement:
         """One measurement (probing first when the last one had no data and the spec asks). Never raises."""
         track = release_track(spec)
         plan = measurement_request(ref.namespace, ref.name, spec, track)
-        refused = self.target_errors(ref, spec, raw_spec)
+        refused = self.target_errors(ref, spec)
         if refused:  # nothing is called: an Error measurement naming the field (never a pass)
             return assess(Sample(now, error="; ".join(refused)), [q.check for q in plan.metrics])
-        probe = (raw_spec.get("analysis") or {}).get("probe") or {}
-        last = ((old_status.get("release") or {}).get("analysis") or {}).get("lastVerdict")
-        if probe.get("enabled") and last == INCONCLUSIVE:
-            template = probe.get("url") or self.settings.probe_url_template
+        probe = spec.analysis.probe
+        if probe.enabled and last_verdict(old_status) == INCONCLUSIVE:
+            template = probe.url or self.settings.probe_url_template
             url = fill_template(template, ref.namespace, ref.name, track, self.cluster_domain)
             send_probe(
                 url,
                 ref.name,
-                requests=int(probe.get("requests") or 10),
-                prompts=tuple(probe.get("prompts") or ()) or ("Hello!",),
+                requests=probe.requests,
+                prompts=probe.prompts,
                 budget_seconds=min(10.0, spec.analysis.interval_seconds / 2),
             )
         sample = self.provider.measure(plan, now)
@@ -111,7 +107,6 @@ class Releases:
         self,
         ref: ObjectRef,
         spec: ChatbotServiceSpec,
-        raw_spec: Mapping[str, Any],
         base: Sequence[dict[str, Any]],
         children: Mapping[tuple[str, str], Mapping[str, Any]],
         pods: Sequence[PodFacts],
@@ -124,11 +119,10 @@ class Releases:
         """Measure if due, then plan the release and the children of this pass."""
         measurement = None
         if measurement_due(ref, spec, old_status, children, pods, now):
-            measurement = self.measure(ref, spec, raw_spec, old_status, now)
+            measurement = self.measure(ref, spec, old_status, now)
         return release_children(
             ref,
             spec,
-            raw_spec,
             base,
             children,
             pods,
@@ -140,9 +134,3 @@ class Releases:
             now=now,
             measurement=measurement,
         )
-
-
-def merge_events(status_events: Sequence[Any], release_events: Sequence[EventIntent]) -> list[Any]:
-    """Status-derived events plus the release's, without a second event of the same type and reason."""
-    seen = {(e.type, e.reason) for e in status_events}
-    return [*status_events, *[e for e in release_events if (e.type, e.reason) not in seen]]

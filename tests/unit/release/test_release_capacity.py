@@ -299,7 +299,9 @@ def test_autoscaled_total(scaling, status, observed, expected):
     if observed is not None:
         children[("Deployment", "bot")] = {"spec": {"replicas": observed}}
     raw = {"scaling": {**scaling, "autoscale": {"minReplicas": 1, "maxReplicas": 6}}}
-    got = autoscaled_total(Autoscale(1, 6), raw, status, Snapshot(children=children), "bot")
+    got = autoscaled_total(
+        Autoscale(1, 6), raw["scaling"].get("replicas"), status, Snapshot(children=children), "bot"
+    )
     assert got == expected
 
 
@@ -315,7 +317,7 @@ def test_autoscaled_total(scaling, status, observed, expected):
 )
 def test_scale_selector_names_the_pods_that_take_traffic(strategy, in_release, active, expected):
     from chatfleet_operator.release.children import scale_selector
-    from chatfleet_operator.release.planner import ReleasePlan
+    from chatfleet_operator.release.strategy import ReleasePlan
     from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
 
     spec = ChatbotServiceSpec.from_dict({"model": {"uri": "hf://o/m"}, "rollout": {"strategy": strategy}})

@@ -6,11 +6,12 @@ import copy
 from datetime import UTC, datetime, timedelta
 
 from chatfleet_operator.analysis.assess import Sample
+from chatfleet_operator.builders import revision_hash
 from chatfleet_operator.cache import Snapshot
 from chatfleet_operator.converge.facts import PodFacts
+from chatfleet_operator.converge.status import EventIntent, pass_events
 from chatfleet_operator.reconcile import desired_children
-from chatfleet_operator.release.measure import Releases, merge_events
-from chatfleet_operator.release.planner import EventIntent
+from chatfleet_operator.release.measure import Releases
 from chatfleet_operator.settings import Settings
 from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
 
@@ -36,17 +37,18 @@ class FakeProvider:
 
 def children_and_rev(raw):
     spec = ChatbotServiceSpec.from_dict(raw)
-    desired, rev, _ = desired_children(REF, spec, raw, Settings(), Snapshot())
+    rev = revision_hash(raw)
+    desired, _ = desired_children(REF, spec, rev, Settings(), Snapshot())
     return {(m["kind"], m["metadata"]["name"]): copy.deepcopy(m) for m in desired}, rev
 
 
 def run(releases, raw, children, pods, status, now):
     spec = ChatbotServiceSpec.from_dict(raw)
-    desired, rev, total = desired_children(REF, spec, raw, Settings(), Snapshot())
+    rev = revision_hash(raw)
+    desired, total = desired_children(REF, spec, rev, Settings(), Snapshot())
     return releases.run(
         REF,
         spec,
-        raw,
         desired,
         children,
         pods,
@@ -63,19 +65,19 @@ def test_measures_only_when_due_and_folds_the_verdict():
     children, old_rev = children_and_rev(OLD)
     # pass 1: the release starts; no canary pod Ready yet -> no measurement
     out = run(releases, NEW, children, [], {"stableRevision": old_rev}, NOW)
-    assert provider.calls == 0 and out.plan.release["phase"] == "Progressing"
-    status = {"stableRevision": old_rev, "release": out.plan.release}
-    new_rev = out.plan.release["revision"]
+    assert provider.calls == 0 and out.plan.release.phase == "Progressing"
+    status = {"stableRevision": old_rev, "release": out.plan.release.to_status()}
+    new_rev = out.plan.release.revision
     children.update({(m["kind"], m["metadata"]["name"]): m for m in out.desired})
     pods = [PodFacts("c-0", new_rev, "canary", "Running", True)]
     # pass 2: canary Ready -> analysis from one 20 s window later; nothing measured yet
     out = run(releases, NEW, children, pods, status, NOW + timedelta(seconds=1))
-    assert provider.calls == 0 and out.plan.release["analysisFrom"] == "2026-11-21T10:00:21Z"
-    status["release"] = out.plan.release
+    assert provider.calls == 0 and out.plan.release.analysis_from == "2026-11-21T10:00:21Z"
+    status["release"] = out.plan.release.to_status()
     # pass 3, at analysisFrom: measured: error rate 9% > 1% -> failed 1
     out = run(releases, NEW, children, pods, status, NOW + timedelta(seconds=21))
-    assert provider.calls == 1 and out.plan.release["analysis"]["failed"] == 1
-    status["release"] = out.plan.release
+    assert provider.calls == 1 and out.plan.release.analysis["failed"] == 1
+    status["release"] = out.plan.release.to_status()
     # pass 4, 5 s later: not due -> no query
     run(releases, NEW, children, pods, status, NOW + timedelta(seconds=26))
     assert provider.calls == 1
@@ -92,10 +94,16 @@ def test_traffic_mode_from_discovery_is_cached():
     assert failing.traffic_mode() == "ReplicaRatio"
 
 
-def test_merge_events_drops_a_second_event_of_the_same_reason():
-    status_events = [EventIntent("Warning", "RolledBack", "from status")]
-    merged = merge_events(
-        status_events,
+def test_pass_events_drop_a_second_event_of_the_same_reason():
+    old = {"conditions": []}
+    new = {
+        "conditions": [
+            {"type": "Stalled", "status": "True", "reason": "RolledBack", "message": "from status"}
+        ]
+    }
+    merged = pass_events(
+        old,
+        new,
         [EventIntent("Warning", "RolledBack", "x"), EventIntent("Normal", "ReleaseStarted", "y")],
     )
     assert [e.reason for e in merged] == ["RolledBack", "ReleaseStarted"]

@@ -127,7 +127,7 @@ class TestHosts:
 def measure(raw, settings=None, status=None):
     releases = Releases(settings or ReleaseSettings())
     spec = ChatbotServiceSpec.from_dict(raw)
-    return releases.measure(REF, spec, raw, status or INCONCLUSIVE_BEFORE, NOW)
+    return releases.measure(REF, spec, status or INCONCLUSIVE_BEFORE, NOW)
 
 
 def spec_with(prometheus, probe_url=None):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 
 import pytest
+from chatfleet_operator.builders import revision_hash
 from chatfleet_operator.cache import Snapshot
 from chatfleet_operator.converge.facts import PodFacts
 from chatfleet_operator.reconcile import desired_children
@@ -38,7 +39,7 @@ def running(name: str) -> PodFacts:
 def strategy_of(raw: dict, snap: Snapshot) -> dict:
     """The rolling-update parameters of the stable Deployment a pass would apply."""
     spec = ChatbotServiceSpec.from_dict(raw)
-    desired, _, _ = desired_children(REF, spec, raw, Settings(), snap)
+    desired, _ = desired_children(REF, spec, revision_hash(raw), Settings(), snap)
     dep = next(m for m in desired if m["kind"] == "Deployment")
     return dep["spec"]["strategy"]["rollingUpdate"]
 
@@ -47,7 +48,7 @@ def observed(strategy: dict, *, rolled_out: bool) -> dict:
     """The stable Deployment as observed: its strategy, and whether its rollout is done."""
     raw = {"model": {"uri": "hf://org/m"}, "scaling": {"replicas": 2}}
     spec = ChatbotServiceSpec.from_dict(raw)
-    desired, _, _ = desired_children(REF, spec, raw, Settings(), Snapshot())
+    desired, _ = desired_children(REF, spec, revision_hash(raw), Settings(), Snapshot())
     dep = copy.deepcopy(next(m for m in desired if m["kind"] == "Deployment"))
     dep["spec"]["strategy"]["rollingUpdate"] = dict(strategy)
     dep["metadata"]["generation"] = 2

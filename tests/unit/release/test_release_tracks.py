@@ -11,10 +11,10 @@ from chatfleet_operator.builders import revision_hash
 from chatfleet_operator.cache import Snapshot
 from chatfleet_operator.converge.diagnose import Problem
 from chatfleet_operator.converge.facts import PodFacts
-from chatfleet_operator.converge.status import Observation, compute_status
+from chatfleet_operator.converge.status import Gate, Observation, apply_gate, compute_status
 from chatfleet_operator.reconcile import desired_children
-from chatfleet_operator.release.children import ReleaseOutcome, release_children, release_status
-from chatfleet_operator.release.planner import Gate, ReleasePlan, ReleaseReason, Track
+from chatfleet_operator.release.children import release_children
+from chatfleet_operator.release.strategy import ReleasePlan, ReleaseReason
 from chatfleet_operator.settings import Settings
 from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
 
@@ -26,7 +26,8 @@ NEW = {**OLD, "model": {"uri": "hf://org/m", "revision": "v2"}}
 
 def base(raw):
     spec = ChatbotServiceSpec.from_dict(raw)
-    desired, rev, total = desired_children(REF, spec, raw, Settings(), Snapshot())
+    rev = revision_hash(raw)
+    desired, total = desired_children(REF, spec, rev, Settings(), Snapshot())
     return spec, desired, rev, total
 
 
@@ -45,7 +46,6 @@ def run(raw, children, pods, status, traffic="ReplicaRatio"):
     return rev, release_children(
         REF,
         spec,
-        raw,
         desired,
         children,
         pods,
@@ -86,7 +86,8 @@ def test_release_keeps_stable_template_and_adds_the_canary():
     assert ("ConfigMap", "bot-canary-triton") in d
     kinds = [m["kind"] for m in out.desired]
     assert kinds.index("Service") < kinds.index("Deployment")  # traffic objects first
-    status = release_status({"conditions": []}, {}, out, 2, new_rev, NOW)
+    obs = Observation(2, out.serving_revision, 2, 1, "http://bot", "sel", None)
+    status = compute_status({}, obs, NOW, out.plan.status_fields(new_rev))
     assert status["canaryRevision"] == new_rev and status["release"]["phase"] == "Progressing"
     assert {c["type"]: c["reason"] for c in status["conditions"]}["Reconciling"] == "Releasing"
 
@@ -129,11 +130,7 @@ def test_httproute_mode_builds_route_and_track_services():
 )
 def test_stalled_reason_and_message_agree(gate, stalled):
     """Every condition's message explains its reason; a problem reason never says "No problem found"."""
-    out = ReleaseOutcome(
-        desired=[], plan=ReleasePlan(True, False, 2, 1, gate=gate), serving_revision="r1", canary=Track()
-    )
-    status = release_status({"conditions": []}, {}, out, 2, "r2", NOW)
-    conds = {c["type"]: c for c in status["conditions"]}
+    conds = {c["type"]: c for c in apply_gate([], gate, 2)}
     assert (conds["Stalled"]["status"], conds["Stalled"]["reason"]) == (stalled, gate.reason)
     for cond in conds.values():
         assert gate.message in cond["message"] or cond["type"] == "Reconciling", cond
@@ -148,10 +145,8 @@ def test_a_problem_outranks_a_release_gate(kind):
     )
     obs = Observation(1, "r1", 2, 1, "http://bot", "sel", None, problems=[problem])
     gate = Gate(kind, ReleaseReason.ANALYSIS_ERROR, "Release paused: spec.analysis.prometheusAddress ...")
-    out = ReleaseOutcome(
-        desired=[], plan=ReleasePlan(True, False, 2, 1, gate=gate), serving_revision="r1", canary=Track()
-    )
-    status = release_status(compute_status({}, obs, NOW), {}, out, 1, "r2", NOW)
+    plan = ReleasePlan(True, False, 2, 1, gate=gate)
+    status = compute_status({}, obs, NOW, plan.status_fields("r2"))
     conds = {c["type"]: c for c in status["conditions"]}
     assert (conds["Stalled"]["status"], conds["Stalled"]["reason"]) == (
         "True",

@@ -13,18 +13,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chatfleet_operator import api
-from chatfleet_operator.converge.facts import QUIET_POD, NodeFacts, PodFacts, change_signature
+from chatfleet_operator.converge.facts import QUIET_POD, NodeFacts, PodFacts
+from chatfleet_operator.kinds import BY_NAME, CHILDREN, change_signature
 
 Key = tuple[str, str]  # (namespace, ChatbotService name)
 
-#: Index names registered in main.py, by child kind.
-CHILD_INDEXES = {
-    "ConfigMap": "configmap_index",
-    "Deployment": "deployment_index",
-    "Service": "service_index",
-    "HorizontalPodAutoscaler": "hpa_index",
-    "PodDisruptionBudget": "pdb_index",
-}
+
+def child_names(owner: str) -> tuple[str, ...]:
+    """Names our writes to an owner's children may carry (the remembered writes looked up per pass)."""
+    return (owner, f"{owner}-triton", f"{owner}-{api.TRACK_CANARY}", f"{owner}-{api.TRACK_PREVIEW}")
 
 
 def slim(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -86,9 +83,9 @@ class World:
 
     def forget(self, namespace: str, owner: str) -> None:
         """Drop remembered writes of one owner (when it is deleted)."""
-        names = (owner, f"{owner}-triton", f"{owner}-{api.TRACK_CANARY}", f"{owner}-{api.TRACK_PREVIEW}")
+        names = child_names(owner)
         with self._lock:
-            for kind in (*CHILD_INDEXES, api.KIND):
+            for kind in (*(k.name for k in CHILDREN), api.KIND):
                 for name in names:
                     self._recent.pop((kind, namespace, name), None)
 
@@ -101,7 +98,7 @@ class World:
 
     def body(self, key: Key, given: Mapping[str, Any] | None = None) -> Mapping[str, Any] | None:
         """The freshest ChatbotService body: the watch cache, the handler's, or our last status write."""
-        values = self._store("cbs_index", key)
+        values = self._store(BY_NAME[api.KIND].index, key)
         candidates = [b for b in (values[0] if values else None, given) if b is not None]
         if not candidates:
             return None  # deleted (or never seen)
@@ -114,13 +111,13 @@ class World:
     def snapshot(self, key: Key) -> Snapshot:
         """Copy what a pass needs out of the indexes (call on the event loop thread)."""
         snap = Snapshot()
-        for kind, index in CHILD_INDEXES.items():
-            for body in self._store(index, key):
-                snap.children[(kind, body["metadata"]["name"])] = body
+        for child in CHILDREN:
+            for body in self._store(child.index, key):
+                snap.children[(child.name, body["metadata"]["name"])] = body
         namespace, owner = key
-        candidates = (owner, f"{owner}-triton", f"{owner}-{api.TRACK_CANARY}", f"{owner}-{api.TRACK_PREVIEW}")
+        candidates = child_names(owner)
         with self._lock:
-            for kind in CHILD_INDEXES:
+            for kind in (k.name for k in CHILDREN):
                 for name in candidates:
                     entry = self._recent.get((kind, namespace, name))
                     if entry is None:
@@ -136,6 +133,6 @@ class World:
                         del self._recent[(kind, namespace, name)]  # the cache caught up
                     else:
                         snap.children[(kind, name)] = written
-        snap.pods = self._store("pod_index", key)
-        snap.nodes = self._store("node_index", "nodes")
+        snap.pods = self._store(BY_NAME["Pod"].index, key)
+        snap.nodes = self._store(BY_NAME["Node"].index, "nodes")
         return snap

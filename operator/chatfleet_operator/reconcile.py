@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
-from chatfleet_operator import api
+from chatfleet_operator import api, kinds
 from chatfleet_operator.api import ApiError
 from chatfleet_operator.builders import (
     build_deployment,
@@ -43,9 +43,6 @@ from chatfleet_operator.settings import Settings
 from chatfleet_operator.spec import Autoscale, ChatbotServiceSpec, ObjectRef
 
 log = logging.getLogger("chatfleet")
-
-#: Owned kinds the planner may delete when no longer desired (the HPA when autoscaling is turned off).
-DELETABLE_KINDS = ("HorizontalPodAutoscaler",)
 
 
 @dataclass
@@ -239,7 +236,7 @@ def reconcile_pass(
         total=desired_replicas,
         now=now,
     )
-    changes = diff_children(release.desired, snap.children, DELETABLE_KINDS)
+    changes = diff_children(release.desired, snap.children, kinds.DELETABLE)
 
     # 3. Apply: only what differs. An invalid object is a problem for the user, not a crash.
     refused = [r for change in changes if (r := _apply(client, change, world, snap, ref.namespace))]

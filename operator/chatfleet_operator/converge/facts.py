@@ -168,22 +168,29 @@ def content_signature(body: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(essence, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def change_signature(kind: str, body: Mapping[str, Any]) -> tuple[Any, ...]:
-    """What about an owned object or pod makes a new pass worthwhile; equal signatures -> no pass.
-
-    Deployments: their content and rollout counts. Pods: only problem signals (unschedulable, a waiting
-    reason, restarts), since healthy pod progress shows in the Deployment's counts. Nodes: labels,
-    allocatable GPUs, schedulability (not heartbeats). Others: content.
-    """
-    if kind == "Pod":
-        p = pod_facts(body)
-        return (bool(p.unschedulable_message), p.waiting_reason, p.restarts > 0, p.ready and p.restarts > 0)
-    if kind == "Deployment":
-        return (content_signature(body), astuple(deployment_facts(body)))
-    if kind == "Node":
-        n = node_facts(body)
-        return (tuple(sorted(n.labels.items())), n.allocatable_gpus, n.schedulable)
+def content_signature_of(body: Mapping[str, Any]) -> tuple[Any, ...]:
+    """Change signature of most kinds: their content."""
     return (content_signature(body),)
+
+
+def deployment_signature(body: Mapping[str, Any]) -> tuple[Any, ...]:
+    """Change signature of a Deployment: its content and rollout counts."""
+    return (content_signature(body), astuple(deployment_facts(body)))
+
+
+def pod_signature(body: Mapping[str, Any]) -> tuple[Any, ...]:
+    """Change signature of a pod: only problem signals (unschedulable, a waiting reason, restarts).
+
+    Healthy pod progress already shows in the Deployment's counts.
+    """
+    p = pod_facts(body)
+    return (bool(p.unschedulable_message), p.waiting_reason, p.restarts > 0, p.ready and p.restarts > 0)
+
+
+def node_signature(body: Mapping[str, Any]) -> tuple[Any, ...]:
+    """Change signature of a node: labels, allocatable GPUs, schedulability (not heartbeats)."""
+    n = node_facts(body)
+    return (tuple(sorted(n.labels.items())), n.allocatable_gpus, n.schedulable)
 
 
 #: A healthy pod's signature: no problem signal at all.

@@ -243,7 +243,7 @@ def rolling_update(pod: PodSettings, *, in_place: bool) -> dict[str, Any]:
 
     Surge (the settings, default 1/0) needs a free GPU for the extra pod; in place (0/1) replaces one
     pod at a time, so it proceeds when no GPU is free -- the same choice as spec.rollout.gpuCapacity
-    makes for releases (rollout/tracks.py `template_update_in_place` decides).
+    makes for releases (release/children.py `template_update_in_place` decides).
     """
     if in_place:
         return {"maxSurge": 0, "maxUnavailable": 1}

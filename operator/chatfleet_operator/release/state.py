@@ -13,11 +13,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
+from chatfleet_operator.analysis.assess import counters_from_status
 from chatfleet_operator.spec import Strategy
 
 HISTORY_LIMIT = 10
+E = TypeVar("E", bound=StrEnum)
 
 
 class ReleasePhase(StrEnum):
@@ -44,6 +46,27 @@ class Result(StrEnum):
     CANCELLED = "Cancelled"
 
 
+def enum_or_raw(kind: type[E], value: Any) -> E | str:
+    """A status value as its enum member, or the raw string when the enum does not know it.
+
+    status is user-editable (the status subresource), so an unknown value is kept as written, never
+    raised on. e.g. enum_or_raw(Result, "Promoted") -> Result.PROMOTED; "Reverted" -> "Reverted".
+    """
+    text = "" if value is None else str(value)
+    return kind(text) if text in set(kind) else text
+
+
+def int_or_none(value: Any) -> int | None:
+    """A stored integer, or None when it is absent or not one. e.g. 2 -> 2; "3" -> 3; "x" -> None; True -> None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    return None
+
+
 def parse_time(value: Any) -> datetime | None:
     """Parse an RFC 3339 timestamp from status (None when absent or malformed)."""
     if not value:
@@ -65,16 +88,19 @@ class HistoryEntry:
     """One outcome in status.releaseHistory."""
 
     revision: str
-    result: Result
+    result: Result | str
+    """A Result, or the raw string of a hand-edited entry (kept as written, never raised on)."""
     at: str
     message: str
 
     @classmethod
-    def from_status(cls, d: Mapping[str, Any]) -> HistoryEntry:
-        """Read one stored entry."""
+    def from_status(cls, d: Any) -> HistoryEntry | None:
+        """Read one stored entry (None when it is no object)."""
+        if not isinstance(d, Mapping):
+            return None
         return cls(
             str(d.get("revision") or ""),
-            Result(d.get("result")),
+            enum_or_raw(Result, d.get("result")),
             str(d.get("at") or ""),
             str(d.get("message") or ""),
         )
@@ -89,30 +115,39 @@ def with_entry(history: list[HistoryEntry], entry: HistoryEntry) -> list[History
     return [entry, *history][:HISTORY_LIMIT]
 
 
-#: status.release keys -> ReleaseState attributes, in the order they are written.
+#: status.release keys -> ReleaseState attributes and the type stored, in the order they are written.
 _FIELDS = (
-    ("revision", "revision"),
-    ("fromRevision", "from_revision"),
-    ("strategy", "strategy"),
-    ("phase", "phase"),
-    ("traffic", "traffic"),
-    ("capacity", "capacity"),
-    ("capacityNote", "capacity_note"),
-    ("startedAt", "started_at"),
-    ("stepIndex", "step_index"),
-    ("stepStartedAt", "step_started_at"),
-    ("readyDeadlineFrom", "ready_deadline_from"),
-    ("canaryReadyAt", "canary_ready_at"),
-    ("analysisFrom", "analysis_from"),
-    ("analysis", "analysis"),
-    ("weight", "weight"),
-    ("effectiveWeight", "effective_weight"),
-    ("promotedBy", "promoted_by"),
-    ("switchedAt", "switched_at"),
-    ("rolledBackAt", "rolled_back_at"),
-    ("message", "message"),
-    ("waitingForGPUs", "waiting_for_gpus"),
+    ("revision", "revision", str),
+    ("fromRevision", "from_revision", str),
+    ("strategy", "strategy", str),
+    ("phase", "phase", str),
+    ("traffic", "traffic", str),
+    ("capacity", "capacity", str),
+    ("capacityNote", "capacity_note", str),
+    ("startedAt", "started_at", str),
+    ("stepIndex", "step_index", int),
+    ("stepStartedAt", "step_started_at", str),
+    ("readyDeadlineFrom", "ready_deadline_from", str),
+    ("canaryReadyAt", "canary_ready_at", str),
+    ("analysisFrom", "analysis_from", str),
+    ("analysis", "analysis", dict),
+    ("weight", "weight", int),
+    ("effectiveWeight", "effective_weight", int),
+    ("promotedBy", "promoted_by", str),
+    ("switchedAt", "switched_at", str),
+    ("rolledBackAt", "rolled_back_at", str),
+    ("message", "message", str),
+    ("waitingForGPUs", "waiting_for_gpus", bool),
 )
+
+
+def _stored(value: Any, kind: type) -> Any:
+    """A stored value of the expected type, or None (as if absent) when a hand edit broke it."""
+    if kind is int:
+        return int_or_none(value)
+    if kind is dict:
+        return counters_from_status(value) if isinstance(value, Mapping) else None
+    return value if isinstance(value, kind) else None
 
 
 @dataclass
@@ -144,18 +179,22 @@ class ReleaseState:
 
     @classmethod
     def from_status(cls, d: Mapping[str, Any] | None) -> ReleaseState | None:
-        """Read status.release (None when there is none)."""
-        if not d or not d.get("revision") or d.get("phase") not in set(ReleasePhase):
+        """Read status.release (None when there is none, or when its revision or phase is unreadable).
+
+        Never raises on a hand-edited status: a field of the wrong type reads as absent.
+        """
+        if not isinstance(d, Mapping):
             return None
-        values = {attr: d[key] for key, attr in _FIELDS if d.get(key) is not None}
-        values["phase"] = ReleasePhase(d["phase"])
-        values["step_index"] = int(d.get("stepIndex") or 0)
-        values["analysis"] = dict(d.get("analysis") or {})
+        values = {attr: v for key, attr, kind in _FIELDS if (v := _stored(d.get(key), kind)) is not None}
+        if not values.get("revision") or values.get("phase") not in set(ReleasePhase):
+            return None
+        values["phase"] = ReleasePhase(values["phase"])
+        values["step_index"] = max(0, values.get("step_index") or 0)
         return cls(**values)
 
     def to_status(self) -> dict[str, Any]:
         """The stored form; unset fields are left out."""
-        out = {key: getattr(self, attr) for key, attr in _FIELDS if getattr(self, attr) is not None}
+        out = {key: getattr(self, attr) for key, attr, _ in _FIELDS if getattr(self, attr) is not None}
         out["phase"] = str(self.phase)
         return out
 
@@ -188,9 +227,11 @@ class ReleaseStatus:
     def from_status(cls, status: Mapping[str, Any] | None) -> ReleaseStatus:
         """Read the release part of a stored status."""
         status = status or {}
+        stored = status.get("releaseHistory")
+        entries = [HistoryEntry.from_status(h) for h in (stored if isinstance(stored, list) else [])]
         return cls(
             release=ReleaseState.from_status(status.get("release")),
-            history=[HistoryEntry.from_status(h) for h in status.get("releaseHistory") or []],
+            history=[h for h in entries if h is not None],
             stable_revision=str(status.get("stableRevision") or ""),
         )
 
@@ -232,4 +273,7 @@ def mirror_fields(
 
 def last_verdict(status: Mapping[str, Any] | None) -> str | None:
     """status.release.analysis.lastVerdict, also of a release in an unknown phase (None when absent)."""
-    return (((status or {}).get("release") or {}).get("analysis") or {}).get("lastVerdict")
+    release = (status or {}).get("release")
+    analysis = release.get("analysis") if isinstance(release, Mapping) else None
+    verdict = analysis.get("lastVerdict") if isinstance(analysis, Mapping) else None
+    return verdict if isinstance(verdict, str) else None

@@ -82,6 +82,15 @@ class TestReconcilePass:
         reconcile_pass(client, body, snap, World(), Settings(), NOW)
         assert client.writes == []
 
+    def test_a_hand_edited_release_history_is_no_reconcile_error(self):
+        """status is user-editable: an unknown releaseHistory result is kept as written, never raised on."""
+        client = FakeClient()
+        body = cbs_body()
+        entry = {"revision": "r0", "result": "Reverted", "at": "2026-11-20T10:00:00Z", "message": "by hand"}
+        body["status"] = {"releaseHistory": [entry]}
+        outcome = run(body, client)
+        assert outcome.problems == [] and outcome.status["releaseHistory"] == [entry]
+
     def test_drift_is_put_back(self):
         client = FakeClient()
         snap = Snapshot(nodes=NODES)

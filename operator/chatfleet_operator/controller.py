@@ -17,7 +17,7 @@ from typing import Any
 import kopf
 
 from chatfleet_operator import api
-from chatfleet_operator.builders.release import GATEWAY_GROUP
+from chatfleet_operator.builders.httproute import GATEWAY_GROUP
 from chatfleet_operator.cache import Key, Snapshot, World
 from chatfleet_operator.reconcile import Client, Gone, Outcome, PassFailed, reconcile_pass, record_error
 from chatfleet_operator.release.measure import Releases

@@ -15,20 +15,12 @@ from typing import Any, Protocol
 
 from chatfleet_operator import api, kinds
 from chatfleet_operator.api import ApiError
-from chatfleet_operator.builders import (
-    build_deployment,
-    build_hpa,
-    build_pdb,
-    build_service,
-    build_triton_configmap,
-    endpoint,
-    revision_hash,
-)
-from chatfleet_operator.builders.tritonconfig import config_hash
+from chatfleet_operator.builders import deployment_name, endpoint, revision_hash
 from chatfleet_operator.cache import Snapshot, World, resource_version, slim
+from chatfleet_operator.context import PassContext, desired_total
 from chatfleet_operator.converge.changes import Change, diff_children
 from chatfleet_operator.converge.diagnose import Problem, diagnose, referenced_secrets
-from chatfleet_operator.converge.facts import deployment_facts
+from chatfleet_operator.converge.facts import deployment_facts, observe_track
 from chatfleet_operator.converge.status import (
     Observation,
     compute_status,
@@ -37,10 +29,11 @@ from chatfleet_operator.converge.status import (
     pass_events,
     status_patch,
 )
-from chatfleet_operator.release.children import scale_selector, template_update_in_place
+from chatfleet_operator.release.children import desired_children, plan_pass, scale_selector, serving_revision
 from chatfleet_operator.release.measure import Releases
+from chatfleet_operator.release.planner import strategy_of
 from chatfleet_operator.settings import Settings
-from chatfleet_operator.spec import Autoscale, ChatbotServiceSpec, ObjectRef
+from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
 
 log = logging.getLogger("chatfleet")
 
@@ -58,65 +51,31 @@ class Outcome:
     """Seconds until a release waits on time (a pause, the next measurement); None: no timed wait."""
 
 
-def autoscaled_total(
-    autoscale: Autoscale,
-    declared: int | None,
-    old_status: Mapping[str, Any],
-    snap: Snapshot,
-    name: str,
-) -> int:
-    """Replicas of an autoscaled ChatbotService: the HPA's decision, clamped to minReplicas..maxReplicas.
-
-    The HPA scales the ChatbotService, so its decision is spec.scaling.replicas. Until it is there (a
-    new object, or one from before the HPA scaled the ChatbotService), the last total in
-    status.desiredReplicas, else the stable Deployment's replicas, else minReplicas. Never the stable
-    Deployment during a release: the release itself shrinks it.
-    e.g. min 1, max 6: replicas 4 -> 4; replicas 9 -> 6; absent with status.desiredReplicas 3 -> 3.
-    """
-    decided = (declared, old_status.get("desiredReplicas"))
-    current = (snap.children.get(("Deployment", name)) or {}).get("spec", {})
-    value = next((v for v in (*decided, current.get("replicas")) if v is not None), autoscale.min_replicas)
-    return max(autoscale.min_replicas, min(autoscale.max_replicas, int(value)))
-
-
-def desired_children(
-    ref: ObjectRef,
-    spec: ChatbotServiceSpec,
-    revision: str,
-    settings: Settings,
-    snap: Snapshot,
-    old_status: Mapping[str, Any] | None = None,
-) -> tuple[list[dict[str, Any]], int]:
-    """(desired manifests, desired replicas) of one ChatbotService at `revision`. Pure."""
-    configmap = build_triton_configmap(ref, spec)
-    autoscale = spec.scaling.autoscale
-    if autoscale is not None:
-        desired_replicas = autoscaled_total(
-            autoscale,
-            spec.scaling.replicas if spec.scaling.replicas_set else None,
-            old_status or {},
-            snap,
-            ref.name,
-        )
-    else:
-        desired_replicas = spec.scaling.replicas
-    capacity = spec.rollout.gpu_capacity
-    deployment = build_deployment(
-        ref,
-        spec,
-        settings.pod,
-        revision=revision,
-        config_hash=config_hash(configmap["data"]),
-        replicas=desired_replicas,
-        in_place=template_update_in_place(capacity, snap.children.get(("Deployment", ref.name)), snap.pods),
+def gather_context(
+    body: Mapping[str, Any], snap: Snapshot, settings: Settings, now: datetime, traffic: str
+) -> PassContext:
+    """Step 0: what the pass knows, gathered once (the object, the snapshot, and what follows). Pure."""
+    ref = ObjectRef.from_body(body)
+    spec = ChatbotServiceSpec.from_dict(body.get("spec"))
+    old_status = body.get("status") or {}
+    children = dict(snap.children)  # the pass's own view: applies below update the snapshot, not this
+    stable = children.get(("Deployment", deployment_name(ref)))
+    track = strategy_of(spec).track
+    return PassContext(
+        ref=ref,
+        spec=spec,
+        old_status=old_status,
+        children=children,
+        pods=tuple(snap.pods),
+        nodes=tuple(snap.nodes),
+        now=now,
+        settings=settings,
+        update_revision=revision_hash(body.get("spec") or {}),
+        total=desired_total(spec, old_status, stable),
+        traffic=traffic,
+        stable=observe_track(stable, snap.pods, api.TRACK_STABLE),
+        canary=observe_track(children.get(("Deployment", deployment_name(ref, track))), snap.pods, track),
     )
-    # Order matters at scale: the Service comes last because the API server allocates ClusterIPs one
-    # at a time (about 30/s); the pods should not wait behind it.
-    desired = [configmap, deployment, build_pdb(ref)]
-    if autoscale is not None:
-        desired.append(build_hpa(ref, autoscale, settings.hpa_metrics))
-    desired.append(build_service(ref))
-    return desired, desired_replicas
 
 
 class Gone(Exception):
@@ -214,60 +173,49 @@ def reconcile_pass(
     releases: Releases | None = None,
 ) -> Outcome:
     """One level-triggered pass over one ChatbotService (blocking; runs in a worker thread)."""
-    ref = ObjectRef.from_body(body)
-    spec = ChatbotServiceSpec.from_dict(body.get("spec"))
-    revision = revision_hash(body.get("spec") or {})
-    old_status = body.get("status") or {}
-
-    # 1. Observe what the caches cannot tell: do the referenced Secrets exist?
-    missing = [name for name in referenced_secrets(spec) if not client.secret_exists(ref.namespace, name)]
-
-    # 2. Plan: desired children vs observed ones; a release (measured when due) rewrites what it moves.
-    desired, desired_replicas = desired_children(ref, spec, revision, settings, snap, old_status)
+    # 0. Gather what the pass knows, once (the traffic mode: discovery, cached by Releases).
     releases = releases or Releases()
-    release = releases.run(
-        ref,
-        spec,
-        desired,
-        snap.children,
-        snap.pods,
-        old_status,
-        update_revision=revision,
-        total=desired_replicas,
-        now=now,
-    )
-    changes = diff_children(release.desired, snap.children, kinds.DELETABLE)
+    ctx = gather_context(body, snap, settings, now, releases.traffic_mode())
+    ref, spec = ctx.ref, ctx.spec
+
+    # 1. Observe what the caches cannot tell: do the referenced Secrets exist? The release's measurement.
+    missing = [name for name in referenced_secrets(spec) if not client.secret_exists(ref.namespace, name)]
+    ctx = releases.measure_if_due(ctx)
+
+    # 2. Plan (pure): the release, then every child built once for its track; diff with the observed ones.
+    plan = plan_pass(ctx)
+    changes = diff_children(desired_children(ctx, plan), snap.children, kinds.DELETABLE)
 
     # 3. Apply: only what differs. An invalid object is a problem for the user, not a crash.
     refused = [r for change in changes if (r := _apply(client, change, world, snap, ref.namespace))]
     seed = spec.scaling.autoscale is not None and not spec.scaling.replicas_set
     if seed:  # the HPA reads and writes spec.scaling.replicas (the scale subresource): it must exist
-        refused += [r for r in [_seed_replicas(client, ref, desired_replicas)] if r]
+        refused += [r for r in [_seed_replicas(client, ref, ctx.total)] if r]
 
     # 4. Compute the whole new status (pure) from the freshest view of the Deployment.
     dep_body = snap.children.get(("Deployment", ref.name))
     dep = deployment_facts(dep_body) if dep_body is not None else None
     stable_pods = [p for p in snap.pods if p.track == api.TRACK_STABLE]
-    problems = diagnose(spec, snap.nodes, stable_pods, dep, missing)  # canary pods: the release judges them
+    problems = diagnose(spec, ctx.nodes, stable_pods, dep, missing)  # canary pods: the release judges them
     problems += [Problem(api.Reason.APPLY_FAILED, msg) for msg, _ in refused]
     problems += [
         Problem(api.Reason.INVALID_ANALYSIS_TARGET, msg) for msg in releases.target_errors(ref, spec)
     ]
     obs = Observation(
         generation=ref.generation,
-        revision=release.serving_revision,
-        desired_replicas=desired_replicas,
+        revision=serving_revision(ctx, plan),
+        desired_replicas=ctx.total,
         gpus_per_replica=spec.resources.gpus_per_replica,
         endpoint=endpoint(ref, settings.runtime.cluster_domain),
-        selector=scale_selector(ref, spec, release.plan),
+        selector=scale_selector(ref, spec, plan),
         deployment=dep,
         pods=stable_pods,
         problems=problems,
     )
-    new_status = compute_status(old_status, obs, now, release.plan.status_fields(revision))
+    new_status = compute_status(ctx.old_status, obs, now, plan.status_fields(ctx.update_revision))
 
     # 5. One status write, only when something changed; then events from the difference.
-    patch = status_patch(old_status, new_status)
+    patch = status_patch(ctx.old_status, new_status)
     writes = len(changes) + int(seed)
     written = client.patch_status(ref.namespace, ref.name, patch) if patch else None
     if written:
@@ -283,7 +231,7 @@ def reconcile_pass(
             ready["status"],
             ready["reason"],
         )
-    for event in pass_events(old_status, new_status, release.plan.events):
+    for event in pass_events(ctx.old_status, new_status, plan.events):
         client.post_event(body, event.type, event.reason, event.message, now)
         log.info(
             "Posted %s event %s on ChatbotService %s/%s", event.type, event.reason, ref.namespace, ref.name
@@ -293,7 +241,7 @@ def reconcile_pass(
         writes=writes,
         status=new_status,
         retry=any(t for _, t in refused),
-        requeue_after=release.plan.requeue_after,
+        requeue_after=plan.requeue_after,
     )
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import astuple, dataclass
 from typing import Any
 
@@ -150,6 +150,37 @@ def deployment_facts(body: Mapping[str, Any]) -> DeploymentFacts:
         revision=(meta.get("labels") or {}).get(api.LABEL_REVISION, ""),
         deadline_exceeded=deadline,
     )
+
+
+@dataclass(frozen=True)
+class Track:
+    """One Deployment as observed: its template's revision, replicas asked, pods of that revision."""
+
+    revision: str = ""
+    replicas: int = 0
+    ready: int = 0
+    pods: tuple[PodFacts, ...] = ()
+    exists: bool = False
+
+    @property
+    def waiting_for_gpus(self) -> bool:
+        """A pod of this track cannot be scheduled for lack of GPUs."""
+        return any(api.GPU_RESOURCE in p.unschedulable_message for p in self.pods if not p.deleting)
+
+
+def observe_track(
+    body: Mapping[str, Any] | None, pods: Sequence[PodFacts], track: str, revision: str | None = None
+) -> Track:
+    """Track facts of one Deployment: its template's revision and its Ready pods of that revision."""
+    if body is None:
+        return Track()
+    template = (body.get("spec") or {}).get("template") or {}
+    rev = ((template.get("metadata") or {}).get("labels") or {}).get(api.LABEL_REVISION, "")
+    rev = revision or rev
+    mine = tuple(p for p in pods if p.track == track and not p.deleting)
+    ready = sum(1 for p in mine if p.ready and p.revision == rev)
+    replicas = (body.get("spec") or {}).get("replicas")
+    return Track(rev, int(replicas if replicas is not None else 1), ready, mine, exists=True)
 
 
 def content_signature(body: Mapping[str, Any]) -> str:

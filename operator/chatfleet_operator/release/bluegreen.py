@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
+from chatfleet_operator import api
+from chatfleet_operator.builders.service import build_service, track_service_name
+from chatfleet_operator.context import PassContext
 from chatfleet_operator.converge.status import EventIntent, Gate, GateKind, rfc3339
 from chatfleet_operator.release.state import HistoryEntry, ReleasePhase, ReleaseState, since
 from chatfleet_operator.release.strategy import (
@@ -16,12 +20,38 @@ from chatfleet_operator.release.strategy import (
     passed_since,
     promoted_plan,
     requeue,
+    selector_text,
+    service_selector,
 )
-from chatfleet_operator.spec import Strategy
+from chatfleet_operator.spec import ObjectRef, Strategy
 
 
 class BlueGreen:
     """spec.rollout.strategy: blueGreen."""
+
+    track = api.TRACK_PREVIEW
+
+    def traffic_objects(self, ctx: PassContext, plan: ReleasePlan, serving: str) -> list[dict[str, Any]]:
+        """The active Service on one revision (ClientIP affinity) and the preview Service on the preview track."""
+        ref = ctx.ref
+        active = service_selector(ref, **{api.LABEL_REVISION: plan.active_revision or serving})
+        affinity = ctx.spec.runtime.sessions.ttl_seconds
+        return [
+            build_service(ref, ref.name, active, affinity_seconds=affinity),
+            build_service(
+                ref,
+                track_service_name(ref, self.track),
+                service_selector(ref, **{api.LABEL_TRACK: self.track}),
+                component="preview",
+            ),
+        ]
+
+    def release_selector(self, ref: ObjectRef, plan: ReleasePlan) -> str:
+        """The pods of the revision the active Service selects: the preview takes no user traffic before
+        the switch; after it, the old revision takes none."""
+        if plan.active_revision:
+            return selector_text(service_selector(ref, **{api.LABEL_REVISION: plan.active_revision}))
+        return selector_text(service_selector(ref))
 
     def prepare(self, inp: ReleaseInput, rel: ReleaseState) -> None:
         """Nothing: the preview runs beside the stable pods at full size (no GPU capacity modes)."""

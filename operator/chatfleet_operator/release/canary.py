@@ -8,7 +8,12 @@ revision at full size (flagger's promotion), then the canary goes to zero.
 from __future__ import annotations
 
 import math
+from typing import Any
 
+from chatfleet_operator import api
+from chatfleet_operator.builders.httproute import build_httproute
+from chatfleet_operator.builders.service import build_service, track_service_name
+from chatfleet_operator.context import PassContext
 from chatfleet_operator.converge.status import EventIntent, Gate, GateKind, rfc3339
 from chatfleet_operator.release.state import HistoryEntry, ReleasePhase, ReleaseState, since
 from chatfleet_operator.release.strategy import (
@@ -21,13 +26,41 @@ from chatfleet_operator.release.strategy import (
     passed_since,
     promoted_plan,
     requeue,
+    selector_text,
+    service_selector,
 )
-from chatfleet_operator.release.traffic import REPLACE_IN_PLACE, SURGE, split
-from chatfleet_operator.spec import Strategy
+from chatfleet_operator.release.traffic import HTTPROUTE, REPLACE_IN_PLACE, SURGE, split
+from chatfleet_operator.spec import ObjectRef, Strategy
 
 
 class Canary:
     """spec.rollout.strategy: canary."""
+
+    track = api.TRACK_CANARY
+
+    def traffic_objects(self, ctx: PassContext, plan: ReleasePlan, serving: str) -> list[dict[str, Any]]:
+        """HTTPRoute: the weighted route and one Service per track. ReplicaRatio: one Service over both
+        tracks with ClientIP affinity (the split is the ratio of Ready pods)."""
+        ref = ctx.ref
+        if ctx.traffic != HTTPROUTE:
+            affinity = ctx.spec.runtime.sessions.ttl_seconds
+            return [build_service(ref, ref.name, service_selector(ref), affinity_seconds=affinity)]
+        w = plan.canary_weight if plan.in_release and plan.canary_replicas > 0 else 0
+        gateway = ctx.settings.release.gateway_name
+        return [
+            build_httproute(ref, stable_weight=100 - w, canary_weight=w, gateway_name=gateway),
+            build_service(ref, ref.name, service_selector(ref, **{api.LABEL_TRACK: api.TRACK_STABLE})),
+            build_service(
+                ref,
+                track_service_name(ref, self.track),
+                service_selector(ref, **{api.LABEL_TRACK: self.track}),
+                component="canary",
+            ),
+        ]
+
+    def release_selector(self, ref: ObjectRef, plan: ReleasePlan) -> str:
+        """Both tracks: each takes its share of the traffic."""
+        return selector_text(service_selector(ref))
 
     def prepare(self, inp: ReleaseInput, rel: ReleaseState) -> None:
         """Surge or ReplaceInPlace for this pass; Auto falls back to in-place once a surge pod finds no GPU."""

@@ -1,29 +1,24 @@
-"""The release part of one reconcile pass: measure when due (the only I/O), then plan (pure).
+"""The release's I/O edge: the traffic mode the cluster offers, and the analysis measurement when due.
 
-The reconciler calls `Releases.run` between building the steady-state children and applying them. The
-Prometheus measurement and the optional probe load happen here, in the pass's worker thread; they
-never raise (an unreachable Prometheus is an Error measurement). Everything else is the pure planner.
+The reconciler asks `Releases.traffic_mode` while it gathers the pass's context, and
+`Releases.measure_if_due` before it plans (release/children.py `plan_pass`, pure). The Prometheus
+measurement and the optional probe load happen here, in the pass's worker thread; they never raise (an
+unreachable Prometheus is an Error measurement).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime
-from typing import Any
+from collections.abc import Callable
+from dataclasses import replace
 
 from chatfleet_operator.analysis.assess import INCONCLUSIVE, Measurement, Sample, assess
 from chatfleet_operator.analysis.probe import send_probe
 from chatfleet_operator.analysis.provider import PrometheusProvider, Provider, measurement_request
 from chatfleet_operator.analysis.targets import analysis_target_errors, fill_template
-from chatfleet_operator.converge.facts import PodFacts
-from chatfleet_operator.release.children import (
-    ReleaseOutcome,
-    measurement_due,
-    release_children,
-    release_track,
-)
+from chatfleet_operator.context import PassContext
+from chatfleet_operator.release.planner import analysis_due, strategy_of
 from chatfleet_operator.release.state import last_verdict
 from chatfleet_operator.release.traffic import HTTPROUTE, REPLICA_RATIO
 from chatfleet_operator.settings import ReleaseSettings
@@ -72,21 +67,16 @@ class Releases:
             cluster_domain=self.cluster_domain,
         )
 
-    def measure(
-        self,
-        ref: ObjectRef,
-        spec: ChatbotServiceSpec,
-        old_status: Mapping[str, Any],
-        now: datetime,
-    ) -> Measurement:
+    def measure(self, ctx: PassContext) -> Measurement:
         """One measurement (probing first when the last one had no data and the spec asks). Never raises."""
-        track = release_track(spec)
+        ref, spec = ctx.ref, ctx.spec
+        track = strategy_of(spec).track
         plan = measurement_request(ref.namespace, ref.name, spec, track)
         refused = self.target_errors(ref, spec)
         if refused:  # nothing is called: an Error measurement naming the field (never a pass)
-            return assess(Sample(now, error="; ".join(refused)), [q.check for q in plan.metrics])
+            return assess(Sample(ctx.now, error="; ".join(refused)), [q.check for q in plan.metrics])
         probe = spec.analysis.probe
-        if probe.enabled and last_verdict(old_status) == INCONCLUSIVE:
+        if probe.enabled and last_verdict(ctx.old_status) == INCONCLUSIVE:
             template = probe.url or self.settings.probe_url_template
             url = fill_template(template, ref.namespace, ref.name, track, self.cluster_domain)
             send_probe(
@@ -96,41 +86,15 @@ class Releases:
                 prompts=probe.prompts,
                 budget_seconds=min(10.0, spec.analysis.interval_seconds / 2),
             )
-        sample = self.provider.measure(plan, now)
+        sample = self.provider.measure(plan, ctx.now)
         m = assess(sample, [q.check for q in plan.metrics])
         log.info(
             "Measured release of ChatbotService %s/%s: %s %s", ref.namespace, ref.name, m.verdict, m.message
         )
         return m
 
-    def run(
-        self,
-        ref: ObjectRef,
-        spec: ChatbotServiceSpec,
-        base: Sequence[dict[str, Any]],
-        children: Mapping[tuple[str, str], Mapping[str, Any]],
-        pods: Sequence[PodFacts],
-        old_status: Mapping[str, Any],
-        *,
-        update_revision: str,
-        total: int,
-        now: datetime,
-    ) -> ReleaseOutcome:
-        """Measure if due, then plan the release and the children of this pass."""
-        measurement = None
-        if measurement_due(ref, spec, old_status, children, pods, now):
-            measurement = self.measure(ref, spec, old_status, now)
-        return release_children(
-            ref,
-            spec,
-            base,
-            children,
-            pods,
-            old_status,
-            update_revision=update_revision,
-            total=total,
-            traffic=self.traffic_mode(),
-            gateway_name=self.settings.gateway_name,
-            now=now,
-            measurement=measurement,
-        )
+    def measure_if_due(self, ctx: PassContext) -> PassContext:
+        """The context with this pass's measurement, when a release is analysing and one is due."""
+        if not analysis_due(ctx.spec, ctx.old_status, ctx.canary, ctx.now):
+            return ctx
+        return replace(ctx, measurement=self.measure(ctx))

@@ -56,6 +56,11 @@ from chatfleet_operator.spec import ChatbotServiceSpec, Strategy
 STRATEGIES: dict[Strategy, ReleaseStrategy] = {Strategy.CANARY: Canary(), Strategy.BLUE_GREEN: BlueGreen()}
 
 
+def strategy_of(spec: ChatbotServiceSpec) -> ReleaseStrategy:
+    """The strategy spec.rollout.strategy names."""
+    return STRATEGIES[spec.rollout.strategy]
+
+
 def analysis_due(
     spec: ChatbotServiceSpec, old_status: Mapping[str, Any], canary: Track, now: datetime
 ) -> bool:
@@ -216,7 +221,7 @@ def plan_release(inp: ReleaseInput, old_status: Mapping[str, Any]) -> ReleasePla
             )
         )
     rel.traffic = inp.traffic
-    strategy = STRATEGIES[inp.spec.rollout.strategy]
+    strategy = strategy_of(inp.spec)
 
     # 1-4. Intents, health, the measurement, the one rollback predicate.
     strategy.prepare(inp, rel)

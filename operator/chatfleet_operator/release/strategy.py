@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Protocol
+from typing import Any, Protocol
 
+from chatfleet_operator import api
 from chatfleet_operator.analysis.assess import ERROR_PAUSE, INCONCLUSIVE, SUCCESSFUL, Measurement
 from chatfleet_operator.analysis.queries import window_seconds
-from chatfleet_operator.converge.facts import PodFacts
+from chatfleet_operator.context import PassContext
+from chatfleet_operator.converge.facts import Track
 from chatfleet_operator.converge.status import EventIntent, Gate, GateKind, ReleaseFields, rfc3339
 from chatfleet_operator.release.state import (
     HistoryEntry,
@@ -27,7 +29,7 @@ from chatfleet_operator.release.state import (
     since,
     with_entry,
 )
-from chatfleet_operator.spec import ChatbotServiceSpec, Strategy
+from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef, Strategy
 
 
 class ReleaseReason:
@@ -43,22 +45,6 @@ class ReleaseReason:
     ROLLED_BACK = "RolledBack"
     PROMOTED = "ReleasePromoted"
     STARTED = "ReleaseStarted"
-
-
-@dataclass(frozen=True)
-class Track:
-    """One Deployment as observed: its template's revision, replicas asked, pods of that revision."""
-
-    revision: str = ""
-    replicas: int = 0
-    ready: int = 0
-    pods: tuple[PodFacts, ...] = ()
-    exists: bool = False
-
-    @property
-    def waiting_for_gpus(self) -> bool:
-        """A pod of this track cannot be scheduled for lack of GPUs."""
-        return any("nvidia.com/gpu" in p.unschedulable_message for p in self.pods if not p.deleting)
 
 
 @dataclass(frozen=True)
@@ -109,7 +95,20 @@ class Verdict:
 
 
 class ReleaseStrategy(Protocol):
-    """One way to release a revision (canary steps, blue-green preview and switch)."""
+    """One way to release a revision (canary steps, blue-green preview and switch).
+
+    It owns what differs per strategy: the planning of one pass (prepare .. advance), the track the new
+    revision runs on, the objects that carry its traffic, and the pods the autoscaler averages over.
+    """
+
+    track: str
+    """Track of the new revision: its Deployment `<name>-<track>`, ConfigMap and Service (canary, preview)."""
+
+    def traffic_objects(self, ctx: PassContext, plan: ReleasePlan, serving: str) -> list[dict[str, Any]]:
+        """The Services (and route) that carry this pass's traffic; `serving`: the stable Deployment's revision."""
+
+    def release_selector(self, ref: ObjectRef, plan: ReleasePlan) -> str:
+        """status.selector during a release: the pods that take user traffic (see children.scale_selector)."""
 
     def prepare(self, inp: ReleaseInput, rel: ReleaseState) -> None:
         """Adjust the release before the shared steps (e.g. the canary's GPU capacity)."""
@@ -132,6 +131,16 @@ class ReleaseStrategy(Protocol):
 
 
 # ---- steps strategies share ---------------------------------------------------------------------
+
+
+def service_selector(ref: ObjectRef, **labels: str) -> dict[str, str]:
+    """Label selector of this ChatbotService's pods, narrowed by `labels`. e.g. track="canary"."""
+    return {api.LABEL_SERVICE: ref.name, **labels}
+
+
+def selector_text(selector: dict[str, str]) -> str:
+    """A label selector as status.selector spells it. e.g. "chatfleet.io/service=bot,chatfleet.io/track=stable"."""
+    return ",".join(f"{k}={v}" for k, v in selector.items())
 
 
 def analysis_hold(rel: ReleaseState, verdict: Verdict) -> Gate | None:

@@ -292,7 +292,7 @@ def test_an_hpa_scale_down_during_a_release_is_kept(strategy):
     ],
 )
 def test_autoscaled_total(scaling, status, observed, expected):
-    from chatfleet_operator.reconcile import autoscaled_total
+    from chatfleet_operator.context import autoscaled_total
     from chatfleet_operator.spec import Autoscale
 
     children = {}
@@ -300,7 +300,7 @@ def test_autoscaled_total(scaling, status, observed, expected):
         children[("Deployment", "bot")] = {"spec": {"replicas": observed}}
     raw = {"scaling": {**scaling, "autoscale": {"minReplicas": 1, "maxReplicas": 6}}}
     got = autoscaled_total(
-        Autoscale(1, 6), raw["scaling"].get("replicas"), status, Snapshot(children=children), "bot"
+        Autoscale(1, 6), raw["scaling"].get("replicas"), status, children.get(("Deployment", "bot"))
     )
     assert got == expected
 

@@ -1,22 +1,18 @@
-"""Releases.run: a measurement only when due, through the provider; discovery picks the traffic mode."""
+"""Releases.measure_if_due: a measurement only when due, through the provider; discovery picks the traffic mode."""
 
 from __future__ import annotations
 
 import copy
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
+from types import SimpleNamespace
 
 from chatfleet_operator.analysis.assess import Sample
-from chatfleet_operator.builders import revision_hash
-from chatfleet_operator.cache import Snapshot
 from chatfleet_operator.converge.facts import PodFacts
 from chatfleet_operator.converge.status import EventIntent, pass_events
-from chatfleet_operator.reconcile import desired_children
+from chatfleet_operator.release.children import desired_children, plan_pass
 from chatfleet_operator.release.measure import Releases
-from chatfleet_operator.settings import Settings
-from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
+from pass_helpers import NOW, context, pass_children
 
-REF = ObjectRef("ns", "bot", "uid-1", 2)
-NOW = datetime(2026, 11, 21, 10, 0, tzinfo=UTC)
 OLD = {
     "model": {"uri": "hf://org/m", "revision": "v1"},
     "scaling": {"replicas": 2},
@@ -36,27 +32,16 @@ class FakeProvider:
 
 
 def children_and_rev(raw):
-    spec = ChatbotServiceSpec.from_dict(raw)
-    rev = revision_hash(raw)
-    desired, _ = desired_children(REF, spec, rev, Settings(), Snapshot())
-    return {(m["kind"], m["metadata"]["name"]): copy.deepcopy(m) for m in desired}, rev
+    ctx = context(raw)
+    _, desired = pass_children(ctx)
+    return {(m["kind"], m["metadata"]["name"]): copy.deepcopy(m) for m in desired}, ctx.update_revision
 
 
 def run(releases, raw, children, pods, status, now):
-    spec = ChatbotServiceSpec.from_dict(raw)
-    rev = revision_hash(raw)
-    desired, total = desired_children(REF, spec, rev, Settings(), Snapshot())
-    return releases.run(
-        REF,
-        spec,
-        desired,
-        children,
-        pods,
-        status,
-        update_revision=rev,
-        total=total,
-        now=now,
-    )
+    """Steps 1-2 of a pass: measure when due, then plan the release and its children."""
+    ctx = releases.measure_if_due(context(raw, children=children, pods=pods, status=status, now=now))
+    plan = plan_pass(ctx)
+    return SimpleNamespace(plan=plan, desired=desired_children(ctx, plan))
 
 
 def test_measures_only_when_due_and_folds_the_verdict():

@@ -1,61 +1,35 @@
-"""release_children: the steady-state children rewritten for a release (stable kept, canary added, split)."""
+"""desired_children: each child built once per track from the release plan (stable kept, canary added, split)."""
 
 from __future__ import annotations
 
 import copy
-from datetime import UTC, datetime
+from types import SimpleNamespace
 
 import pytest
 from chatfleet_operator.api import Reason
 from chatfleet_operator.builders import revision_hash
-from chatfleet_operator.cache import Snapshot
 from chatfleet_operator.converge.diagnose import Problem
 from chatfleet_operator.converge.facts import PodFacts
 from chatfleet_operator.converge.status import Gate, Observation, apply_gate, compute_status
-from chatfleet_operator.reconcile import desired_children
-from chatfleet_operator.release.children import release_children
+from chatfleet_operator.release.children import serving_revision
 from chatfleet_operator.release.strategy import ReleasePlan, ReleaseReason
-from chatfleet_operator.settings import Settings
-from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
+from pass_helpers import NOW, by_key, context, pass_children
 
-REF = ObjectRef("ns", "bot", "uid-1", 2)
-NOW = datetime(2026, 11, 21, 10, 0, tzinfo=UTC)
 OLD = {"model": {"uri": "hf://org/m", "revision": "v1"}, "scaling": {"replicas": 2}}
 NEW = {**OLD, "model": {"uri": "hf://org/m", "revision": "v2"}}
 
 
-def base(raw):
-    spec = ChatbotServiceSpec.from_dict(raw)
-    rev = revision_hash(raw)
-    desired, total = desired_children(REF, spec, rev, Settings(), Snapshot())
-    return spec, desired, rev, total
-
-
 def observed(raw):
     """The children as the cluster holds them after a steady state on `raw`."""
-    _, desired, rev, _ = base(raw)
-    return {(m["kind"], m["metadata"]["name"]): copy.deepcopy(m) for m in desired}, rev
-
-
-def by_key(desired):
-    return {(m["kind"], m["metadata"]["name"]): m for m in desired}
+    _, desired = pass_children(context(raw))
+    return {(m["kind"], m["metadata"]["name"]): copy.deepcopy(m) for m in desired}, revision_hash(raw)
 
 
 def run(raw, children, pods, status, traffic="ReplicaRatio"):
-    spec, desired, rev, total = base(raw)
-    return rev, release_children(
-        REF,
-        spec,
-        desired,
-        children,
-        pods,
-        status,
-        update_revision=rev,
-        total=total,
-        traffic=traffic,
-        gateway_name="gw",
-        now=NOW,
-    )
+    ctx = context(raw, children=children, pods=pods, status=status, traffic=traffic)
+    plan, desired = pass_children(ctx)
+    out = SimpleNamespace(desired=desired, plan=plan, serving_revision=serving_revision(ctx, plan))
+    return ctx.update_revision, out
 
 
 def test_steady_state_is_the_base_with_a_both_tracks_service():

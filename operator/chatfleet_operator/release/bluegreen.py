@@ -6,7 +6,7 @@ import math
 from typing import Any
 
 from chatfleet_operator import api
-from chatfleet_operator.builders.service import build_service, track_service_name
+from chatfleet_operator.builders.service import build_service
 from chatfleet_operator.context import PassContext
 from chatfleet_operator.converge.status import EventIntent, Gate, GateKind, rfc3339
 from chatfleet_operator.release.state import HistoryEntry, ReleasePhase, ReleaseState, since
@@ -22,6 +22,7 @@ from chatfleet_operator.release.strategy import (
     requeue,
     selector_text,
     service_selector,
+    track_service,
 )
 from chatfleet_operator.spec import ObjectRef, Strategy
 
@@ -38,12 +39,7 @@ class BlueGreen:
         affinity = ctx.spec.runtime.sessions.ttl_seconds
         return [
             build_service(ref, ref.name, active, affinity_seconds=affinity),
-            build_service(
-                ref,
-                track_service_name(ref, self.track),
-                service_selector(ref, **{api.LABEL_TRACK: self.track}),
-                component="preview",
-            ),
+            track_service(ref, self.track),
         ]
 
     def release_selector(self, ref: ObjectRef, plan: ReleasePlan) -> str:

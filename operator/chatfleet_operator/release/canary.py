@@ -12,7 +12,7 @@ from typing import Any
 
 from chatfleet_operator import api
 from chatfleet_operator.builders.httproute import build_httproute
-from chatfleet_operator.builders.service import build_service, track_service_name
+from chatfleet_operator.builders.service import build_service
 from chatfleet_operator.context import PassContext
 from chatfleet_operator.converge.status import EventIntent, Gate, GateKind, rfc3339
 from chatfleet_operator.release.state import HistoryEntry, ReleasePhase, ReleaseState, since
@@ -28,6 +28,7 @@ from chatfleet_operator.release.strategy import (
     requeue,
     selector_text,
     service_selector,
+    track_service,
 )
 from chatfleet_operator.release.traffic import HTTPROUTE, REPLACE_IN_PLACE, SURGE, split
 from chatfleet_operator.spec import ObjectRef, Strategy
@@ -50,12 +51,7 @@ class Canary:
         return [
             build_httproute(ref, stable_weight=100 - w, canary_weight=w, gateway_name=gateway),
             build_service(ref, ref.name, service_selector(ref, **{api.LABEL_TRACK: api.TRACK_STABLE})),
-            build_service(
-                ref,
-                track_service_name(ref, self.track),
-                service_selector(ref, **{api.LABEL_TRACK: self.track}),
-                component="canary",
-            ),
+            track_service(ref, self.track),
         ]
 
     def release_selector(self, ref: ObjectRef, plan: ReleasePlan) -> str:

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from chatfleet_operator import api
 from chatfleet_operator.analysis.assess import ERROR_PAUSE, INCONCLUSIVE, SUCCESSFUL, Measurement
 from chatfleet_operator.analysis.queries import window_seconds
+from chatfleet_operator.builders.service import build_service, track_service_name
 from chatfleet_operator.context import PassContext
 from chatfleet_operator.converge.facts import Track
 from chatfleet_operator.converge.status import EventIntent, Gate, GateKind, ReleaseFields, rfc3339
@@ -136,6 +137,12 @@ class ReleaseStrategy(Protocol):
 def service_selector(ref: ObjectRef, **labels: str) -> dict[str, str]:
     """Label selector of this ChatbotService's pods, narrowed by `labels`. e.g. track="canary"."""
     return {api.LABEL_SERVICE: ref.name, **labels}
+
+
+def track_service(ref: ObjectRef, track: str) -> dict[str, Any]:
+    """The Service of the new revision's track, `<name>-<track>`, selecting only that track's pods."""
+    selector = service_selector(ref, **{api.LABEL_TRACK: track})
+    return build_service(ref, track_service_name(ref, track), selector, component=track)
 
 
 def selector_text(selector: dict[str, str]) -> str:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import kubernetes
 from chatfleet_platform.cluster import Cluster
+from percentiles import operator_figures
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench-results"
@@ -172,7 +173,7 @@ class Operator:
             if self.stats_file.exists() and self.stats_file.stat().st_mtime_ns != before:
                 break
             time.sleep(0.05)
-        data = json.loads(self.stats_file.read_text())
+        data = operator_figures(json.loads(self.stats_file.read_text()))
         data["rss_mib"] = rss_mib(self.proc.pid)
         return data
 

@@ -21,21 +21,12 @@ from kubernetes.client import ApiClient, Configuration
 
 from chatfleet_operator import api
 from chatfleet_operator.api import ApiError
+from chatfleet_operator.kinds import API_PATHS
 
 log = logging.getLogger(__name__)
 
-#: kind -> (API path prefix, plural) of every kind the operator reads or writes.
-KINDS: dict[str, tuple[str, str]] = {
-    "ConfigMap": ("/api/v1", "configmaps"),
-    "Service": ("/api/v1", "services"),
-    "Secret": ("/api/v1", "secrets"),
-    "Event": ("/api/v1", "events"),
-    "Deployment": ("/apis/apps/v1", "deployments"),
-    "HorizontalPodAutoscaler": ("/apis/autoscaling/v2", "horizontalpodautoscalers"),
-    "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),
-    "HTTPRoute": ("/apis/gateway.networking.k8s.io/v1", "httproutes"),
-    api.KIND: (f"/apis/{api.API_VERSION}", api.PLURAL),
-}
+#: kind -> (API path prefix, plural) of every kind the operator reads or writes (kinds.py's table).
+KINDS: dict[str, tuple[str, str]] = API_PATHS
 
 #: Write requests sent, by "VERB Kind" (read by tests and the benchmark through the operator's log).
 WRITES: Counter[str] = Counter()

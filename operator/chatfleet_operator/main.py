@@ -1,7 +1,11 @@
-"""kopf registrations only: each handler is one line of docstring and delegates to the Controller.
+"""kopf registrations only, generated from kinds.py's table; each handler delegates to the Controller.
 
 The Controller is created by `cli.py` (which wires the API module in) and installed with `install()`
 before kopf starts, so this module never imports the Kubernetes client.
+
+Watch caches (kopf indexes): kopf fills them all before any handler runs, so a restarted operator sees
+every owned object before its first pass, and plans no spurious writes. Owned objects and pods: any
+change that matters (a pod got Ready, a hand edit, a deletion) triggers the owner.
 """
 
 from __future__ import annotations
@@ -11,9 +15,11 @@ from typing import Any
 import kopf
 
 from chatfleet_operator import api
+from chatfleet_operator.cache import owner_key, slim
+from chatfleet_operator.controller import Controller
+from chatfleet_operator.converge.facts import node_facts, pod_facts
+from chatfleet_operator.kinds import BY_NAME, KINDS, Kind, Watch
 from chatfleet_operator.kopfext import LeanDiffBaseStorage
-from chatfleet_operator.reconcile import Controller, owner_key, trim
-from chatfleet_operator.rollout.facts import node_facts, pod_facts
 
 MANAGED = {api.LABEL_MANAGED_BY: api.MANAGED_BY_VALUE}
 OWNED = {api.LABEL_SERVICE: kopf.PRESENT}
@@ -28,7 +34,7 @@ def install(controller: Controller) -> None:
     _controller = controller
 
 
-def ctl(kwargs: dict[str, Any]) -> Controller:
+def controller_for(kwargs: dict[str, Any]) -> Controller:
     """The installed Controller, with kopf's indexes attached."""
     assert _controller is not None, "chatfleet_operator.main.install() was not called"
     _controller.use_indexes(kwargs)
@@ -47,65 +53,49 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.networking.error_backoffs = (1, 2, 4, 8, 16, 30)
 
 
-# Watch caches (kopf indexes). kopf fills them all before any handler runs, so a restarted operator
-# sees every owned object before its first pass, and plans no spurious writes.
+def _register_child(kind: Kind) -> None:
+    """An index by owner and an event handler that triggers the owner, for one owned kind or pods."""
+    labels = OWNED if kind.watch == Watch.POD else MANAGED
+    reduce = pod_facts if kind.watch == Watch.POD else slim
+
+    @kopf.index(kind.group, kind.version, kind.plural, labels=labels, id=kind.index)
+    def index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
+        """Index one owned object (pods: reduced to PodFacts) by its owner."""
+        key = owner_key(namespace, labels)
+        return {key: reduce(body)} if key else None
+
+    @kopf.on.event(kind.group, kind.version, kind.plural, labels=labels, id=f"{kind.index}_event")
+    async def event(type: str, body: kopf.Body, namespace: str, labels: kopf.Labels, **kwargs: Any) -> None:
+        """Trigger the owner when what matters about the object changed (kinds.py's change signature)."""
+        controller_for(kwargs).child_event(kind.name, type, body, owner_key(namespace, labels))
 
 
-@kopf.index(*CBS)
-def cbs_index(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
-    """Index ChatbotServices by (namespace, name)."""
-    return {(namespace, name): trim(body)}
+for _kind in KINDS:
+    if _kind.watch in (Watch.CHILD, Watch.POD):
+        _register_child(_kind)
+
+_NODE = BY_NAME["Node"]
 
 
-@kopf.index("apps", "v1", "deployments", labels=MANAGED)
-def deployment_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
-    """Index owned Deployments by owner."""
-    key = owner_key(namespace, labels)
-    return {key: trim(body)} if key else None
-
-
-@kopf.index("", "v1", "configmaps", labels=MANAGED)
-def configmap_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
-    """Index owned ConfigMaps by owner."""
-    key = owner_key(namespace, labels)
-    return {key: trim(body)} if key else None
-
-
-@kopf.index("", "v1", "services", labels=MANAGED)
-def service_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
-    """Index owned Services by owner."""
-    key = owner_key(namespace, labels)
-    return {key: trim(body)} if key else None
-
-
-@kopf.index("autoscaling", "v2", "horizontalpodautoscalers", labels=MANAGED)
-def hpa_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
-    """Index owned HPAs by owner."""
-    key = owner_key(namespace, labels)
-    return {key: trim(body)} if key else None
-
-
-@kopf.index("policy", "v1", "poddisruptionbudgets", labels=MANAGED)
-def pdb_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
-    """Index owned PodDisruptionBudgets by owner."""
-    key = owner_key(namespace, labels)
-    return {key: trim(body)} if key else None
-
-
-@kopf.index("", "v1", "pods", labels=OWNED)
-def pod_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
-    """Index pods of ChatbotServices by owner, reduced to PodFacts."""
-    key = owner_key(namespace, labels)
-    return {key: pod_facts(body)} if key else None
-
-
-@kopf.index("", "v1", "nodes")
+@kopf.index(_NODE.group, _NODE.version, _NODE.plural, id=_NODE.index)
 def node_index(body: kopf.Body, **_: Any) -> dict[Any, Any]:
     """Index nodes, reduced to NodeFacts (GPU product, allocatable GPUs)."""
     return {"nodes": node_facts(body)}
 
 
+@kopf.on.event(_NODE.group, _NODE.version, _NODE.plural)
+async def node_event(type: str, body: kopf.Body, **kwargs: Any) -> None:
+    """Retry ChatbotServices waiting for a GPU node when nodes appear or change labels or GPUs."""
+    controller_for(kwargs).node_event(type, body)
+
+
 # The ChatbotService itself.
+
+
+@kopf.index(*CBS, id=BY_NAME[api.KIND].index)
+def cbs_index(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    """Index ChatbotServices by (namespace, name)."""
+    return {(namespace, name): slim(body)}
 
 
 @kopf.on.resume(*CBS)
@@ -113,7 +103,7 @@ def node_index(body: kopf.Body, **_: Any) -> dict[Any, Any]:
 @kopf.on.update(*CBS)
 async def reconcile(body: kopf.Body, retry: int, **kwargs: Any) -> None:
     """Reconcile a ChatbotService; unsatisfiable specs retry with a growing delay."""
-    await ctl(kwargs).handle(body, retry)
+    await controller_for(kwargs).handle(body, retry)
 
 
 @kopf.on.event(*CBS)
@@ -121,57 +111,6 @@ async def chatbotservice_event(type: str, body: kopf.Body, namespace: str, name:
     """Trigger a pass on a spec change not yet observed (also while kopf's retry is backing off)."""
     observed = (body.get("status") or {}).get("observedGeneration")
     if type == "DELETED":
-        ctl(kwargs).forget((namespace, name))
+        controller_for(kwargs).forget((namespace, name))
     elif observed is not None and body.get("metadata", {}).get("generation") != observed:
-        ctl(kwargs).trigger((namespace, name))
-
-
-# Owned objects and pods: any change (a pod got Ready, a hand edit, a deletion) triggers the owner.
-
-
-@kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
-async def deployment_event(
-    type: str, body: kopf.Body, namespace: str, labels: kopf.Labels, **kwargs: Any
-) -> None:
-    """Trigger the owner when a Deployment's content or rollout counts changed."""
-    ctl(kwargs).child_event("Deployment", type, body, owner_key(namespace, labels))
-
-
-@kopf.on.event("", "v1", "configmaps", labels=MANAGED)
-async def configmap_event(
-    type: str, body: kopf.Body, namespace: str, labels: kopf.Labels, **kwargs: Any
-) -> None:
-    """Trigger the owner of a changed ConfigMap."""
-    ctl(kwargs).child_event("ConfigMap", type, body, owner_key(namespace, labels))
-
-
-@kopf.on.event("", "v1", "services", labels=MANAGED)
-async def service_event(
-    type: str, body: kopf.Body, namespace: str, labels: kopf.Labels, **kwargs: Any
-) -> None:
-    """Trigger the owner of a changed Service."""
-    ctl(kwargs).child_event("Service", type, body, owner_key(namespace, labels))
-
-
-@kopf.on.event("autoscaling", "v2", "horizontalpodautoscalers", labels=MANAGED)
-async def hpa_event(type: str, body: kopf.Body, namespace: str, labels: kopf.Labels, **kwargs: Any) -> None:
-    """Trigger the owner of a changed HPA."""
-    ctl(kwargs).child_event("HorizontalPodAutoscaler", type, body, owner_key(namespace, labels))
-
-
-@kopf.on.event("policy", "v1", "poddisruptionbudgets", labels=MANAGED)
-async def pdb_event(type: str, body: kopf.Body, namespace: str, labels: kopf.Labels, **kwargs: Any) -> None:
-    """Trigger the owner of a changed PodDisruptionBudget."""
-    ctl(kwargs).child_event("PodDisruptionBudget", type, body, owner_key(namespace, labels))
-
-
-@kopf.on.event("", "v1", "pods", labels=OWNED)
-async def pod_event(type: str, body: kopf.Body, namespace: str, labels: kopf.Labels, **kwargs: Any) -> None:
-    """Trigger the owner when a pod shows or clears a problem (unschedulable, image pull, restarts)."""
-    ctl(kwargs).child_event("Pod", type, body, owner_key(namespace, labels))
-
-
-@kopf.on.event("", "v1", "nodes")
-async def node_event(type: str, body: kopf.Body, **kwargs: Any) -> None:
-    """Retry ChatbotServices waiting for a GPU node when nodes appear or change labels or GPUs."""
-    ctl(kwargs).node_event(type, body)
+        controller_for(kwargs).trigger((namespace, name))

@@ -23,6 +23,8 @@ from typing import Any
 import yaml
 
 from chatfleet_operator import api, kube
+from chatfleet_operator.release.state import ReleasePhase
+from chatfleet_operator.spec import Strategy
 
 
 def current_namespace() -> str:
@@ -106,13 +108,13 @@ def render_tree(body: dict[str, Any], pods: list[dict[str, Any]], now: datetime 
         steps = ((spec.get("rollout") or {}).get("canary") or {}).get("steps") or []
         idx = int(rel.get("stepIndex") or 0)
         sub = []
-        if rel.get("strategy") != "blueGreen" and steps:
+        if rel.get("strategy") != Strategy.BLUE_GREEN and steps:
             marks = []
             phase = rel.get("phase")
             for i, s in enumerate(steps):
-                if phase == "RolledBack":
+                if phase == ReleasePhase.ROLLED_BACK:
                     mark = "done" if i < idx else "rolled back" if i == idx else "-"
-                elif phase != "Progressing":
+                elif phase != ReleasePhase.STEPPING:
                     mark = "done"
                 else:
                     mark = "done" if i < idx else "now" if i == idx else "next"
@@ -138,7 +140,7 @@ def render_tree(body: dict[str, Any], pods: list[dict[str, Any]], now: datetime 
         if a.get("lastVerdict") in ("Error", "Inconclusive") and a.get("lastMessage"):
             asub.append(a["lastMessage"])
         items.append((ahead, asub))
-    if st.get("abortReason") and (rel.get("phase") == "RolledBack" or not rel):
+    if st.get("abortReason") and (rel.get("phase") == ReleasePhase.ROLLED_BACK or not rel):
         items.append((f"Last rollback: {st['abortReason']}", []))
     by_track: dict[str, list[int]] = {}
     for p in pods:
@@ -198,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     body = get_service(ns, args.name)
     st = body.get("status") or {}
     rel = st.get("release") or {}
-    revision = rel.get("revision") if rel.get("phase") not in (None, "RolledBack") else None
+    revision = rel.get("revision") if rel.get("phase") not in (None, ReleasePhase.ROLLED_BACK) else None
     if args.command == "status":
         if args.output == "json":
             print(json.dumps(st, indent=2))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 DEFAULT_IMAGE = "ghcr.io/chatfleet/chatfleet-runtime:0.1.0"
@@ -190,6 +191,8 @@ class ScalingSpec:
 
     replicas: int = 1
     autoscale: Autoscale | None = None
+    replicas_set: bool = False
+    """spec.scaling.replicas is present (the HPA's decision, once it has scaled the ChatbotService)."""
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ScalingSpec:
@@ -214,7 +217,11 @@ class ScalingSpec:
                 targets=targets,
                 scale_down_stabilization_seconds=int(_v(a, "scaleDownStabilizationSeconds", 300)),
             )
-        return cls(replicas=int(_v(d, "replicas", 1)), autoscale=autoscale)
+        return cls(
+            replicas=int(_v(d, "replicas", 1)),
+            autoscale=autoscale,
+            replicas_set=d.get("replicas") is not None,
+        )
 
 
 @dataclass(frozen=True)
@@ -229,16 +236,35 @@ class CanaryStep:
 DEFAULT_CANARY_STEPS = (CanaryStep(10), CanaryStep(50), CanaryStep(100, 0, True))
 
 
+class Strategy(StrEnum):
+    """spec.rollout.strategy: how a new revision replaces the stable one (release/ has one module each)."""
+
+    CANARY = "canary"
+    BLUE_GREEN = "blueGreen"
+
+
 @dataclass(frozen=True)
 class RolloutSpec:
-    """spec.rollout: how a new revision replaces the stable one (behaviour comes with the release issue)."""
+    """spec.rollout: the strategy, its parameters, and the GitOps intents (paused, promote, abort)."""
 
-    strategy: str = "canary"
+    strategy: Strategy = Strategy.CANARY
     canary_steps: tuple[CanaryStep, ...] = DEFAULT_CANARY_STEPS
     blue_green_auto_promotion: bool = False
     blue_green_auto_promotion_seconds: int = 0
     blue_green_preview_replicas: int = 1
     blue_green_scale_down_delay_seconds: int = 30
+    paused: bool = False
+    """spec.rollout.paused: hold the release at its step."""
+    promote: str = ""
+    """spec.rollout.promote: the revision to promote now ('*' any)."""
+    abort: str = ""
+    """spec.rollout.abort: the revision to roll back now ('*' any)."""
+    gpu_capacity: str = "Auto"
+    """spec.rollout.gpuCapacity: Surge, ReplaceInPlace, or Auto (surge until a pod finds no GPU)."""
+
+    def wants(self, intent: str, revision: str) -> bool:
+        """Whether an intent field (self.promote, self.abort) names this revision ('*' names any)."""
+        return bool(intent) and intent in (revision, "*")
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> RolloutSpec:
@@ -247,7 +273,7 @@ class RolloutSpec:
         bg = _m(d, "blueGreen")
         steps = canary.get("steps")
         return cls(
-            strategy=_v(d, "strategy", "canary"),
+            strategy=Strategy(d["strategy"]) if d.get("strategy") in set(Strategy) else Strategy.CANARY,
             canary_steps=tuple(
                 CanaryStep(int(s["weight"]), int(_v(s, "pauseSeconds", 60)), bool(_v(s, "analysis", True)))
                 for s in steps
@@ -258,6 +284,10 @@ class RolloutSpec:
             blue_green_auto_promotion_seconds=int(_v(bg, "autoPromotionSeconds", 0)),
             blue_green_preview_replicas=int(_v(bg, "previewReplicas", 1)),
             blue_green_scale_down_delay_seconds=int(_v(bg, "scaleDownDelaySeconds", 30)),
+            paused=bool(d.get("paused") or False),
+            promote=str(d.get("promote") or ""),
+            abort=str(d.get("abort") or ""),
+            gpu_capacity=str(d.get("gpuCapacity") or "Auto"),
         )
 
 
@@ -298,6 +328,27 @@ def _opt_float(d: Mapping[str, Any], key: str) -> float | None:
 
 
 @dataclass(frozen=True)
+class ProbeSpec:
+    """spec.analysis.probe: test prompts sent to the canary when the analysis saw no traffic."""
+
+    enabled: bool = False
+    url: str = ""
+    """URL template ({namespace} {service} {track} {domain}); empty: the operator's setting."""
+    requests: int = 10
+    prompts: tuple[str, ...] = ("Hello!",)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ProbeSpec:
+        """Parse spec.analysis.probe."""
+        return cls(
+            enabled=bool(d.get("enabled")),
+            url=str(d.get("url") or ""),
+            requests=int(d.get("requests") or 10),
+            prompts=tuple(d.get("prompts") or ()) or ("Hello!",),
+        )
+
+
+@dataclass(frozen=True)
 class AnalysisSpec:
     """spec.analysis: where metrics come from and what counts as healthy."""
 
@@ -309,6 +360,7 @@ class AnalysisSpec:
     progress_deadline_seconds: int = 600
     relative: RelativeThresholds = field(default_factory=RelativeThresholds)
     custom_queries: tuple[CustomQuery, ...] = ()
+    probe: ProbeSpec = field(default_factory=ProbeSpec)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> AnalysisSpec:
@@ -343,6 +395,7 @@ class AnalysisSpec:
                 for q in _v(d, "customQueries", ())
                 if isinstance(q, Mapping) and q.get("name") and q.get("query")
             ),
+            probe=ProbeSpec.from_dict(_m(d, "probe")),
         )
 
 

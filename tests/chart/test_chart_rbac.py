@@ -3,7 +3,7 @@
 Test design: `operator_permissions()` derives the permissions from the operator's code, not from a copy
 of the chart: kopf's registry (every watched or indexed kind: list + watch; kinds with change handlers:
 patch for kopf's annotations), kube.KINDS (owned kinds are server-side applied: patch, plus create when
-an apply creates; Secrets are only read by name; Events only posted), reconcile.DELETABLE_KINDS (delete),
+an apply creates; Secrets are only read by name; Events only posted), kinds.DELETABLE (delete),
 kube.patch_status (status patch), owner references with blockOwnerDeletion (finalizers update) and
 kopf's own needs (CRD discovery; namespaces with scope namespaces; peering with replicas > 1).
 Each rendered rule set must equal that set, per scope. The cluster test in test_chart_cluster.py proves
@@ -24,7 +24,7 @@ CLUSTER_SCOPED = {("", "nodes"), ("", "namespaces"), ("apiextensions.k8s.io", "c
 def operator_permissions(*, scope: str, peering: bool) -> set[Perm]:
     """Every permission the operator uses, derived from its code (see the module docstring)."""
     import kopf
-    from chatfleet_operator import api, kube, main, reconcile  # noqa: F401  (main registers the handlers)
+    from chatfleet_operator import api, kinds, kube, main  # noqa: F401  (main registers the handlers)
     from chatfleet_operator.builders.common import owner_reference
     from chatfleet_operator.spec import ObjectRef
 
@@ -53,7 +53,7 @@ def operator_permissions(*, scope: str, peering: bool) -> set[Perm]:
             used.add((group, f"{plural}/status", "patch"))  # kube.patch_status
         else:
             used |= {(group, plural, "patch"), (group, plural, "create")}  # kube.apply (server-side apply)
-    for kind in reconcile.DELETABLE_KINDS:
+    for kind in kinds.DELETABLE:
         used.add((group_of[kind], kube.KINDS[kind][1], "delete"))
     if owner_reference(ObjectRef("ns", "name", "uid")).get("blockOwnerDeletion"):
         used.add((api.GROUP, f"{api.PLURAL}/finalizers", "update"))

@@ -184,6 +184,33 @@ def empty_counters() -> dict[str, Any]:
     return {"checks": 0, "successful": 0, "failed": 0, "errors": 0, "consecutiveErrors": 0, "inconclusive": 0}
 
 
+#: The integer counters of status.release.analysis.
+_COUNTERS = ("checks", "successful", "failed", "errors", "consecutiveErrors", "inconclusive")
+
+
+def counters_from_status(stored: Mapping[str, Any]) -> dict[str, Any]:
+    """status.release.analysis as read back: a counter that is no integer (a hand edit) is dropped.
+
+    Dropped counters read as 0 again (`fold` starts from empty_counters()), so a malformed status never
+    raises. e.g. {"checks": 2, "failed": "x"} -> {"checks": 2}; failuresByMetric {"e": "1"} -> {}.
+    """
+    out = dict(stored)
+    for key in _COUNTERS:
+        value = out.get(key)
+        if key in out and (isinstance(value, bool) or not isinstance(value, int)):
+            del out[key]
+    by_metric = out.get("failuresByMetric")
+    if by_metric is not None:
+        kept = {}
+        if isinstance(by_metric, Mapping):
+            kept = {str(k): v for k, v in by_metric.items() if isinstance(v, int) and not isinstance(v, bool)}
+        if kept:
+            out["failuresByMetric"] = kept
+        else:
+            del out["failuresByMetric"]
+    return out
+
+
 @dataclass(frozen=True)
 class Folded:
     """Counters after one more measurement, and what the release must do."""

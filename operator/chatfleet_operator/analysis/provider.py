@@ -40,7 +40,7 @@ class MetricQuery:
 
 
 @dataclass(frozen=True)
-class Plan:
+class MeasurementRequest:
     """Everything one measurement needs: where, which tracks, which checks, which window."""
 
     address: str
@@ -106,7 +106,7 @@ def default_metrics(analysis: Any) -> tuple[MetricQuery, ...]:
 class Provider(Protocol):
     """Anything that can take one measurement (Prometheus here, a fake in unit tests)."""
 
-    def measure(self, plan: Plan, now: datetime) -> Sample:
+    def measure(self, plan: MeasurementRequest, now: datetime) -> Sample:
         """One measurement of canary vs stable."""
         ...
 
@@ -145,7 +145,7 @@ class PrometheusProvider:
         """One instant query (raises on any failure; measure() catches)."""
         return _scalar(self._client(address).custom_query(promql))
 
-    def measure(self, plan: Plan, now: datetime) -> Sample:
+    def measure(self, plan: MeasurementRequest, now: datetime) -> Sample:
         """One measurement of canary vs stable; Sample(error=...) on any failure, never raises."""
         canary = Target(plan.namespace, plan.service, plan.canary_track)
         stable = Target(plan.namespace, plan.service, plan.stable_track)
@@ -179,12 +179,12 @@ def _short(exc: BaseException) -> str:
     return text[:200]
 
 
-def measurement_plan(
+def measurement_request(
     namespace: str, service: str, spec: Any, canary_track: str, stable_track: str = "stable"
-) -> Plan:
+) -> MeasurementRequest:
     """The measurement plan of one ChatbotService from its spec (window: two intervals, at least 10 s)."""
     a = spec.analysis
-    return Plan(
+    return MeasurementRequest(
         address=a.prometheus_address,
         namespace=namespace,
         service=service,

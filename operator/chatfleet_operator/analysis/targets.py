@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import ipaddress
 import string
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 from urllib.parse import urlsplit
+
+from chatfleet_operator.spec import ProbeSpec
 
 #: Placeholders a probe URL template may use.
 PLACEHOLDERS = ("namespace", "service", "track", "domain")
@@ -104,7 +105,7 @@ def url_error(url: str, allowed: Sequence[str], cluster_domain: str) -> str | No
 
 
 def analysis_target_errors(
-    raw_analysis: Mapping[str, Any],
+    probe: ProbeSpec,
     prometheus_address: str,
     namespace: str,
     service: str,
@@ -118,9 +119,8 @@ def analysis_target_errors(
     problem = url_error(prometheus_address, allowed, cluster_domain)
     if problem:
         errors.append(f"spec.analysis.prometheusAddress {prometheus_address!r}: {problem}")
-    probe = raw_analysis.get("probe") or {}
-    if probe.get("enabled"):
-        template = str(probe.get("url") or default_probe_template)
+    if probe.enabled:
+        template = probe.url or default_probe_template
         problem = template_error(template)
         if problem is None:
             url = fill_template(template, namespace, service, "canary", cluster_domain)

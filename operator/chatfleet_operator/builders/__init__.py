@@ -13,7 +13,7 @@ from chatfleet_operator.builders.common import (
 from chatfleet_operator.builders.deployment import build_deployment
 from chatfleet_operator.builders.hpa import build_hpa
 from chatfleet_operator.builders.pdb import build_pdb
-from chatfleet_operator.builders.service import build_service
+from chatfleet_operator.builders.service import build_service, track_service_name
 from chatfleet_operator.builders.tritonconfig import build_triton_configmap, chat_model_config
 
 __all__ = [
@@ -31,4 +31,5 @@ __all__ = [
     "revision_hash",
     "selector_labels",
     "service_name",
+    "track_service_name",
 ]

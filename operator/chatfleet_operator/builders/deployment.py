@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Mapping
 from typing import Any
 
 from chatfleet_operator import api
@@ -225,7 +227,7 @@ def build_pod_template(
             }
         ],
         "volumes": [
-            {"name": "triton-config", "configMap": {"name": configmap_name(ref)}},
+            {"name": "triton-config", "configMap": {"name": configmap_name(ref, track)}},
             weights_volume,
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": res.shm_size}},
             {"name": "tmp", "emptyDir": {"sizeLimit": pod.tmp_size}},
@@ -243,7 +245,7 @@ def rolling_update(pod: PodSettings, *, in_place: bool) -> dict[str, Any]:
 
     Surge (the settings, default 1/0) needs a free GPU for the extra pod; in place (0/1) replaces one
     pod at a time, so it proceeds when no GPU is free -- the same choice as spec.rollout.gpuCapacity
-    makes for releases (rollout/tracks.py `template_update_in_place` decides).
+    makes for releases (release/children.py `template_update_in_place` decides).
     """
     if in_place:
         return {"maxSurge": 0, "maxUnavailable": 1}
@@ -260,16 +262,22 @@ def build_deployment(
     track: str = api.TRACK_STABLE,
     replicas: int | None = None,
     in_place: bool = False,
+    template: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Deployment of one track; `replicas=None` leaves the count unset; `in_place`: see rolling_update."""
+    """Deployment of one track at `revision`; `replicas=None` leaves the count unset; `in_place`: see rolling_update.
+
+    The pod template is built from the spec (reading the track's own ConfigMap), or -- `template` given --
+    an observed one kept as it is: a stable Deployment goes on running the old revision while a release
+    runs (`revision` is then that template's, `config_hash` unused).
+    """
+    if template is None:
+        template = build_pod_template(ref, spec, pod, track=track, revision=revision, config_hash=config_hash)
     deployment_spec: dict[str, Any] = {
         "selector": {"matchLabels": selector_labels(ref, track)},
         "revisionHistoryLimit": pod.revision_history_limit,
         "progressDeadlineSeconds": spec.analysis.progress_deadline_seconds,
         "strategy": {"type": "RollingUpdate", "rollingUpdate": rolling_update(pod, in_place=in_place)},
-        "template": build_pod_template(
-            ref, spec, pod, track=track, revision=revision, config_hash=config_hash
-        ),
+        "template": copy.deepcopy(dict(template)),
     }
     if replicas is not None:
         deployment_spec = {"replicas": replicas, **deployment_spec}

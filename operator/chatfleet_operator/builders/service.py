@@ -1,31 +1,52 @@
-"""The Service in front of the stable track: HTTP, gRPC, metrics and the chat API."""
+"""The Services of one ChatbotService: HTTP, gRPC, metrics and the chat API, selecting the pods of a track."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from chatfleet_operator import api
-from chatfleet_operator.builders.common import object_meta, selector_labels, service_name, with_desired_hash
+from chatfleet_operator.builders.common import object_meta, with_desired_hash
 from chatfleet_operator.spec import ObjectRef
 
 #: (name, port, appProtocol) of every port a Triton pod serves (docs/pod-contract.md).
 PORTS = (("http", 8000, "http"), ("grpc", 8001, "grpc"), ("metrics", 8002, "http"), ("chat", 8080, "http"))
 
 
-def build_service(ref: ObjectRef, track: str = api.TRACK_STABLE) -> dict[str, Any]:
-    """ClusterIP Service selecting the pods of one track."""
+def track_service_name(ref: ObjectRef, track: str) -> str:
+    """Service of one track: `<name>-canary`, `<name>-preview` (the stable one is `<name>`)."""
+    return ref.name if track == api.TRACK_STABLE else f"{ref.name}-{track}"
+
+
+def build_service(
+    ref: ObjectRef,
+    name: str,
+    selector: Mapping[str, str],
+    *,
+    affinity_seconds: int | None = None,
+    component: str = "server",
+) -> dict[str, Any]:
+    """ClusterIP Service `name` with an explicit selector (and ClientIP affinity when asked).
+
+    e.g. build_service(ref, "bot", {"chatfleet.io/service": "bot"}, affinity_seconds=3600): both tracks,
+    a client's turns kept on one pod for an hour.
+    """
+    spec: dict[str, Any] = {
+        "type": "ClusterIP",
+        "selector": dict(selector),
+        "ports": [
+            {"name": n, "port": port, "targetPort": n, "protocol": "TCP", "appProtocol": proto}
+            for n, port, proto in PORTS
+        ],
+    }
+    if affinity_seconds:
+        spec["sessionAffinity"] = "ClientIP"
+        spec["sessionAffinityConfig"] = {"clientIP": {"timeoutSeconds": min(86400, max(1, affinity_seconds))}}
     return with_desired_hash(
         {
             "apiVersion": "v1",
             "kind": "Service",
-            "metadata": object_meta(ref, service_name(ref), {"app.kubernetes.io/component": "server"}),
-            "spec": {
-                "type": "ClusterIP",
-                "selector": selector_labels(ref, track),
-                "ports": [
-                    {"name": name, "port": port, "targetPort": name, "protocol": "TCP", "appProtocol": proto}
-                    for name, port, proto in PORTS
-                ],
-            },
+            "metadata": object_meta(ref, name, {api.LABEL_COMPONENT: component}),
+            "spec": spec,
         }
     )

@@ -48,14 +48,14 @@ def config_hash(data: dict[str, str]) -> str:
     return short_hash(data)
 
 
-def build_triton_configmap(ref: ObjectRef, spec: ChatbotServiceSpec) -> dict[str, Any]:
-    """ConfigMap `<name>-triton` holding the generated config.pbtxt files."""
+def build_triton_configmap(ref: ObjectRef, spec: ChatbotServiceSpec, track: str = "stable") -> dict[str, Any]:
+    """ConfigMap of one track (`<name>-triton`, `<name>-canary-triton`) holding the generated config.pbtxt files."""
     return with_desired_hash(
         {
             "apiVersion": "v1",
             "kind": "ConfigMap",
             "metadata": object_meta(
-                ref, configmap_name(ref), {"app.kubernetes.io/component": "triton-config"}
+                ref, configmap_name(ref, track), {"app.kubernetes.io/component": "triton-config"}
             ),
             "data": triton_config_data(spec),
         }

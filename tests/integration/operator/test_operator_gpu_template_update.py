@@ -18,8 +18,9 @@ from typing import Any
 
 import pytest
 from chatfleet_operator import kube as kube_api
-from chatfleet_operator.reconcile import Snapshot, World, reconcile_pass, trim
-from chatfleet_operator.rollout.facts import node_facts, pod_facts
+from chatfleet_operator.cache import Snapshot, World, slim
+from chatfleet_operator.converge.facts import node_facts, pod_facts
+from chatfleet_operator.reconcile import reconcile_pass
 from chatfleet_operator.settings import PodSettings, Settings
 from operator_it import Kube, chatbot, wait_until
 
@@ -39,7 +40,7 @@ def snapshot(kube: Kube) -> Snapshot:
     snap = Snapshot()
     for plural, kind in KINDS.items():
         for obj in kube.get(plural, selector="chatfleet.io/service=bot") or []:
-            snap.children[(kind, obj["metadata"]["name"])] = trim(obj)
+            snap.children[(kind, obj["metadata"]["name"])] = slim(obj)
     snap.pods = [pod_facts(p) for p in kube.get("pods", selector="chatfleet.io/service=bot") or []]
     nodes = json.loads(kube.cluster.kubectl("get", "nodes", "-o", "json").stdout)["items"]
     snap.nodes = [node_facts(n) for n in nodes]

@@ -14,7 +14,7 @@ from typing import Any
 import kopf
 import pytest
 from chatfleet_operator import kube
-from chatfleet_operator.reconcile import Controller
+from chatfleet_operator.controller import Controller
 from chatfleet_operator.settings import Settings
 from operator_it import Kube, chatbot
 

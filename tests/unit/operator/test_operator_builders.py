@@ -12,6 +12,7 @@ from chatfleet_operator.builders import (
     build_triton_configmap,
     chat_model_config,
     revision_hash,
+    selector_labels,
 )
 from chatfleet_operator.builders.common import desired_hash, owner_reference, seconds_quantity
 from chatfleet_operator.settings import HpaMetricSettings, PodSettings
@@ -247,7 +248,7 @@ class TestDeployment:
 
 class TestService:
     def test_ports_and_selector(self):
-        svc = build_service(REF)
+        svc = build_service(REF, "bot", selector_labels(REF))
         assert [(p["name"], p["port"]) for p in svc["spec"]["ports"]] == [
             ("http", 8000),
             ("grpc", 8001),

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 from chatfleet_operator.api import Reason
-from chatfleet_operator.rollout.diagnose import crashlooping, diagnose
-from chatfleet_operator.rollout.facts import (
+from chatfleet_operator.converge.diagnose import crashlooping, diagnose
+from chatfleet_operator.converge.facts import (
     DeploymentFacts,
     NodeFacts,
     deployment_facts,

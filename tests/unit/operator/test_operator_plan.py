@@ -6,7 +6,7 @@ import random
 from decimal import Decimal
 
 import pytest
-from chatfleet_operator.rollout.plan import contains, is_quantity_field, parse_quantity, plan_children
+from chatfleet_operator.converge.changes import contains, diff_children, is_quantity_field, parse_quantity
 
 
 class TestParseQuantity:
@@ -100,7 +100,7 @@ class TestPlanChildren:
         ],
     )
     def test_plan(self, observed, expected):
-        actions = plan_children([self.CM], observed, ("HorizontalPodAutoscaler",))
+        actions = diff_children([self.CM], observed, ("HorizontalPodAutoscaler",))
         assert [(a.verb, a.kind, a.name, a.why) for a in actions] == expected
 
 
@@ -152,7 +152,7 @@ class TestHashesAreStrings:
         ],
     )
     def test_revision_change_is_planned_not_raised(self, observed, desired):
-        actions = plan_children(
+        actions = diff_children(
             [self._deployment(desired, desired)],
             {("Deployment", "bot"): self._deployment(observed, observed)},
         )

@@ -14,8 +14,10 @@ from typing import Any
 import kopf
 import pytest
 from chatfleet_operator.api import ApiError, Reason
-from chatfleet_operator.reconcile import Controller, Gone, Snapshot, World, backoff_delay, reconcile_pass
-from chatfleet_operator.rollout.facts import NodeFacts
+from chatfleet_operator.cache import Snapshot, World
+from chatfleet_operator.controller import Controller, backoff_delay
+from chatfleet_operator.converge.facts import NodeFacts
+from chatfleet_operator.reconcile import Gone, reconcile_pass
 from chatfleet_operator.settings import Settings
 from operator_helpers import as_observed, cbs_body
 
@@ -79,6 +81,15 @@ class TestReconcilePass:
         client.writes.clear()
         reconcile_pass(client, body, snap, World(), Settings(), NOW)
         assert client.writes == []
+
+    def test_a_hand_edited_release_history_is_no_reconcile_error(self):
+        """status is user-editable: an unknown releaseHistory result is kept as written, never raised on."""
+        client = FakeClient()
+        body = cbs_body()
+        entry = {"revision": "r0", "result": "Reverted", "at": "2026-11-20T10:00:00Z", "message": "by hand"}
+        body["status"] = {"releaseHistory": [entry]}
+        outcome = run(body, client)
+        assert outcome.problems == [] and outcome.status["releaseHistory"] == [entry]
 
     def test_drift_is_put_back(self):
         client = FakeClient()

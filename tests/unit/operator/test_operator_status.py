@@ -6,9 +6,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from chatfleet_operator.api import Reason
-from chatfleet_operator.rollout.diagnose import Problem
-from chatfleet_operator.rollout.facts import DeploymentFacts
-from chatfleet_operator.rollout.status import (
+from chatfleet_operator.converge.diagnose import Problem
+from chatfleet_operator.converge.facts import DeploymentFacts
+from chatfleet_operator.converge.status import (
     EventIntent,
     Observation,
     compute_status,

@@ -12,16 +12,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from chatfleet_operator.analysis.assess import Check, Sample, assess
-from chatfleet_operator.rollout.facts import PodFacts
-from chatfleet_operator.rollout.release import (
-    ReleaseInput,
-    ReleaseOptions,
-    ReleasePlan,
-    Track,
-    analysis_due,
-    plan_release,
-)
-from chatfleet_operator.rollout.traffic import REPLICA_RATIO
+from chatfleet_operator.converge.facts import PodFacts
+from chatfleet_operator.release.planner import analysis_due, plan_release
+from chatfleet_operator.release.strategy import ReleaseInput, ReleasePlan, Track
+from chatfleet_operator.release.traffic import REPLICA_RATIO
 from chatfleet_operator.spec import ChatbotServiceSpec
 
 T0 = datetime(2026, 11, 21, 10, 0, 0, tzinfo=UTC)
@@ -92,14 +86,12 @@ class World:
         """Advance the clock, run one pass, apply its plan."""
         self.now += timedelta(seconds=seconds)
         spec = ChatbotServiceSpec.from_dict(self.spec)
-        options = ReleaseOptions.from_dict(self.spec.get("rollout"))
         measurement = None
         if analysis_due(spec, self.status, self.canary, self.now):
             self.measured += 1
             measurement = assess(self.sample(), CHECKS)
         inp = ReleaseInput(
             spec,
-            options,
             self.update,
             self.total,
             self.stable,
@@ -145,11 +137,10 @@ class World:
             for k, v in self.status.items()
             if k not in ("release", "canaryRevision", "currentStepIndex", "pauseStartTime")
         }
-        status.update({k: v for k, v in plan.top.items() if v is not None})
-        status["canaryWeight"] = plan.canary_weight
-        if plan.release is not None:
-            status["release"] = plan.release
-        status["releaseHistory"] = plan.history or []
+        status.update(plan.status_fields(self.update).fields)
+        if plan.promoted:
+            status["stableRevision"] = plan.promoted
+        status["releaseHistory"] = [h.to_status() for h in plan.history]
         self.status = status
 
     def run_until(self, predicate, max_ticks: int = 300, seconds: float = 1.0) -> int:

@@ -24,9 +24,10 @@ from typing import Any
 import pytest
 from chatfleet_operator import api
 from chatfleet_operator.analysis.assess import Sample
-from chatfleet_operator.reconcile import Snapshot, World, reconcile_pass
-from chatfleet_operator.release_pass import Releases
-from chatfleet_operator.rollout.facts import NodeFacts, PodFacts
+from chatfleet_operator.cache import Snapshot, World
+from chatfleet_operator.converge.facts import NodeFacts, PodFacts
+from chatfleet_operator.reconcile import reconcile_pass
+from chatfleet_operator.release.measure import Releases
 from chatfleet_operator.settings import Settings
 
 T0 = datetime(2026, 11, 21, 10, 0, tzinfo=UTC)
@@ -291,14 +292,16 @@ def test_an_hpa_scale_down_during_a_release_is_kept(strategy):
     ],
 )
 def test_autoscaled_total(scaling, status, observed, expected):
-    from chatfleet_operator.reconcile import autoscaled_total
+    from chatfleet_operator.context import autoscaled_total
     from chatfleet_operator.spec import Autoscale
 
     children = {}
     if observed is not None:
         children[("Deployment", "bot")] = {"spec": {"replicas": observed}}
     raw = {"scaling": {**scaling, "autoscale": {"minReplicas": 1, "maxReplicas": 6}}}
-    got = autoscaled_total(Autoscale(1, 6), raw, status, Snapshot(children=children), "bot")
+    got = autoscaled_total(
+        Autoscale(1, 6), raw["scaling"].get("replicas"), status, children.get(("Deployment", "bot"))
+    )
     assert got == expected
 
 
@@ -313,8 +316,8 @@ def test_autoscaled_total(scaling, status, observed, expected):
     ],
 )
 def test_scale_selector_names_the_pods_that_take_traffic(strategy, in_release, active, expected):
-    from chatfleet_operator.rollout.release import ReleasePlan
-    from chatfleet_operator.rollout.tracks import scale_selector
+    from chatfleet_operator.release.children import scale_selector
+    from chatfleet_operator.release.strategy import ReleasePlan
     from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
 
     spec = ChatbotServiceSpec.from_dict({"model": {"uri": "hf://o/m"}, "rollout": {"strategy": strategy}})

@@ -1,20 +1,18 @@
-"""Releases.run: a measurement only when due, through the provider; discovery picks the traffic mode."""
+"""Releases.measure_if_due: a measurement only when due, through the provider; discovery picks the traffic mode."""
 
 from __future__ import annotations
 
 import copy
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
+from types import SimpleNamespace
 
 from chatfleet_operator.analysis.assess import Sample
-from chatfleet_operator.reconcile import Snapshot, desired_children
-from chatfleet_operator.release_pass import Releases, merge_events
-from chatfleet_operator.rollout.facts import PodFacts
-from chatfleet_operator.rollout.release import EventIntent
-from chatfleet_operator.settings import Settings
-from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
+from chatfleet_operator.converge.facts import PodFacts
+from chatfleet_operator.converge.status import EventIntent, pass_events
+from chatfleet_operator.release.children import desired_children, plan_pass
+from chatfleet_operator.release.measure import Releases
+from pass_helpers import NOW, context, pass_children
 
-REF = ObjectRef("ns", "bot", "uid-1", 2)
-NOW = datetime(2026, 11, 21, 10, 0, tzinfo=UTC)
 OLD = {
     "model": {"uri": "hf://org/m", "revision": "v1"},
     "scaling": {"replicas": 2},
@@ -34,26 +32,16 @@ class FakeProvider:
 
 
 def children_and_rev(raw):
-    spec = ChatbotServiceSpec.from_dict(raw)
-    desired, rev, _ = desired_children(REF, spec, raw, Settings(), Snapshot())
-    return {(m["kind"], m["metadata"]["name"]): copy.deepcopy(m) for m in desired}, rev
+    ctx = context(raw)
+    _, desired = pass_children(ctx)
+    return {(m["kind"], m["metadata"]["name"]): copy.deepcopy(m) for m in desired}, ctx.update_revision
 
 
 def run(releases, raw, children, pods, status, now):
-    spec = ChatbotServiceSpec.from_dict(raw)
-    desired, rev, total = desired_children(REF, spec, raw, Settings(), Snapshot())
-    return releases.run(
-        REF,
-        spec,
-        raw,
-        desired,
-        children,
-        pods,
-        status,
-        update_revision=rev,
-        total=total,
-        now=now,
-    )
+    """Steps 1-2 of a pass: measure when due, then plan the release and its children."""
+    ctx = releases.measure_if_due(context(raw, children=children, pods=pods, status=status, now=now))
+    plan = plan_pass(ctx)
+    return SimpleNamespace(plan=plan, desired=desired_children(ctx, plan))
 
 
 def test_measures_only_when_due_and_folds_the_verdict():
@@ -62,19 +50,19 @@ def test_measures_only_when_due_and_folds_the_verdict():
     children, old_rev = children_and_rev(OLD)
     # pass 1: the release starts; no canary pod Ready yet -> no measurement
     out = run(releases, NEW, children, [], {"stableRevision": old_rev}, NOW)
-    assert provider.calls == 0 and out.plan.release["phase"] == "Progressing"
-    status = {"stableRevision": old_rev, "release": out.plan.release}
-    new_rev = out.plan.release["revision"]
+    assert provider.calls == 0 and out.plan.release.phase == "Progressing"
+    status = {"stableRevision": old_rev, "release": out.plan.release.to_status()}
+    new_rev = out.plan.release.revision
     children.update({(m["kind"], m["metadata"]["name"]): m for m in out.desired})
     pods = [PodFacts("c-0", new_rev, "canary", "Running", True)]
     # pass 2: canary Ready -> analysis from one 20 s window later; nothing measured yet
     out = run(releases, NEW, children, pods, status, NOW + timedelta(seconds=1))
-    assert provider.calls == 0 and out.plan.release["analysisFrom"] == "2026-11-21T10:00:21Z"
-    status["release"] = out.plan.release
+    assert provider.calls == 0 and out.plan.release.analysis_from == "2026-11-21T10:00:21Z"
+    status["release"] = out.plan.release.to_status()
     # pass 3, at analysisFrom: measured: error rate 9% > 1% -> failed 1
     out = run(releases, NEW, children, pods, status, NOW + timedelta(seconds=21))
-    assert provider.calls == 1 and out.plan.release["analysis"]["failed"] == 1
-    status["release"] = out.plan.release
+    assert provider.calls == 1 and out.plan.release.analysis["failed"] == 1
+    status["release"] = out.plan.release.to_status()
     # pass 4, 5 s later: not due -> no query
     run(releases, NEW, children, pods, status, NOW + timedelta(seconds=26))
     assert provider.calls == 1
@@ -91,10 +79,16 @@ def test_traffic_mode_from_discovery_is_cached():
     assert failing.traffic_mode() == "ReplicaRatio"
 
 
-def test_merge_events_drops_a_second_event_of_the_same_reason():
-    status_events = [EventIntent("Warning", "RolledBack", "from status")]
-    merged = merge_events(
-        status_events,
+def test_pass_events_drop_a_second_event_of_the_same_reason():
+    old = {"conditions": []}
+    new = {
+        "conditions": [
+            {"type": "Stalled", "status": "True", "reason": "RolledBack", "message": "from status"}
+        ]
+    }
+    merged = pass_events(
+        old,
+        new,
         [EventIntent("Warning", "RolledBack", "x"), EventIntent("Normal", "ReleaseStarted", "y")],
     )
     assert [e.reason for e in merged] == ["RolledBack", "ReleaseStarted"]

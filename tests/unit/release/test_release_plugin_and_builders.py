@@ -4,15 +4,11 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from chatfleet_operator.builders.release import (
-    TRACK_HEADER,
-    build_httproute,
-    build_selector_service,
-    keep_template,
-    retarget_configmap,
-)
+from chatfleet_operator.builders import build_deployment, build_service
+from chatfleet_operator.builders.httproute import TRACK_HEADER, build_httproute
 from chatfleet_operator.plugin import render_history, render_tree
-from chatfleet_operator.spec import ObjectRef
+from chatfleet_operator.settings import PodSettings
+from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
 
 REF = ObjectRef("ns", "bot", "uid-1")
 NOW = datetime(2026, 11, 21, 10, 0, 30, tzinfo=UTC)
@@ -110,26 +106,21 @@ def test_httproute_weights_and_pinning_rules():
 
 
 def test_selector_service_affinity():
-    svc = build_selector_service(REF, "bot", {"chatfleet.io/service": "bot"}, affinity_seconds=3600)
+    svc = build_service(REF, "bot", {"chatfleet.io/service": "bot"}, affinity_seconds=3600)
     assert svc["spec"]["selector"] == {"chatfleet.io/service": "bot"}
     assert svc["spec"]["sessionAffinityConfig"]["clientIP"]["timeoutSeconds"] == 3600
 
 
-def test_keep_template_and_retarget_configmap():
-    desired = {
-        "kind": "Deployment",
-        "metadata": {"name": "bot", "labels": {"chatfleet.io/revision": "new"}, "annotations": {}},
-        "spec": {
-            "replicas": 2,
-            "template": {
-                "metadata": {"labels": {"chatfleet.io/revision": "new"}},
-                "spec": {"volumes": [{"name": "triton-config", "configMap": {"name": "bot-triton"}}]},
-            },
-        },
-    }
+def test_deployment_keeps_an_observed_template_and_reads_its_track_configmap():
+    """Built once per track: the stable one on its observed template (old revision), the canary's own config."""
+    spec = ChatbotServiceSpec.from_dict({"model": {"uri": "hf://org/m"}})
     observed = {"spec": {"template": {"metadata": {"labels": {"chatfleet.io/revision": "old"}}, "spec": {}}}}
-    kept = keep_template(observed, desired, 3)
+    template = observed["spec"]["template"]
+    kept = build_deployment(
+        REF, spec, PodSettings(), revision="old", config_hash="", replicas=3, template=template
+    )
     assert kept["spec"]["replicas"] == 3 and kept["metadata"]["labels"]["chatfleet.io/revision"] == "old"
     assert kept["spec"]["template"]["metadata"]["labels"]["chatfleet.io/revision"] == "old"
-    moved = retarget_configmap(desired, REF, "bot-canary-triton")
-    assert moved["spec"]["template"]["spec"]["volumes"][0]["configMap"]["name"] == "bot-canary-triton"
+    moved = build_deployment(REF, spec, PodSettings(), revision="new", config_hash="c", track="canary")
+    volumes = {v["name"]: v for v in moved["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["triton-config"]["configMap"]["name"] == "bot-canary-triton"

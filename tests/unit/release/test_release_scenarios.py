@@ -7,15 +7,13 @@ Steps: 20% (pause 10 s), 50% (pause 10 s), 100%; analysis every 10 s, failureLim
 
 from __future__ import annotations
 
-from chatfleet_operator.rollout.release import (
-    PROGRESSING,
-    PROMOTING,
-    ROLLED_BACK,
-    SWITCHED,
-    ReleaseReason,
-)
-from chatfleet_operator.rollout.traffic import HTTPROUTE, REPLACE_IN_PLACE
+from chatfleet_operator.release.state import ReleasePhase
+from chatfleet_operator.release.strategy import ReleaseReason
+from chatfleet_operator.release.traffic import HTTPROUTE, REPLACE_IN_PLACE
 from release_sim import World, spec_dict, world
+
+PROGRESSING, PROMOTING = ReleasePhase.STEPPING, ReleasePhase.PROMOTING
+ROLLED_BACK, SWITCHED = ReleasePhase.ROLLED_BACK, ReleasePhase.SWITCHED
 
 
 def promoted(w: World) -> bool:
@@ -64,7 +62,7 @@ def test_error_rate_regression_rolls_back_in_failure_limit_checks():
     # a new spec revision C starts a new release.
     w.update = "C"
     w.error_rate = 0.1
-    assert w.tick().release["revision"] == "C"
+    assert w.tick().release.revision == "C"
 
 
 def test_latency_regression_alone_rolls_back():

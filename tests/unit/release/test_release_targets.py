@@ -16,12 +16,14 @@ import pytest
 from chatfleet_operator.analysis.assess import ERROR
 from chatfleet_operator.analysis.targets import template_error, url_error
 from chatfleet_operator.api import Reason
+from chatfleet_operator.cache import Snapshot, World
 from chatfleet_operator.cli import build_settings, parse_args
-from chatfleet_operator.reconcile import Snapshot, World, reconcile_pass
-from chatfleet_operator.release_pass import Releases
-from chatfleet_operator.rollout.facts import NodeFacts
+from chatfleet_operator.converge.facts import NodeFacts
+from chatfleet_operator.reconcile import reconcile_pass
+from chatfleet_operator.release.measure import Releases
 from chatfleet_operator.settings import ReleaseSettings, Settings
-from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
+from chatfleet_operator.spec import ObjectRef
+from pass_helpers import context
 
 REF = ObjectRef("ns", "bot", "uid-1", 2)
 NOW = datetime(2026, 11, 21, 10, 0, tzinfo=UTC)
@@ -125,8 +127,7 @@ class TestHosts:
 
 def measure(raw, settings=None, status=None):
     releases = Releases(settings or ReleaseSettings())
-    spec = ChatbotServiceSpec.from_dict(raw)
-    return releases.measure(REF, spec, raw, status or INCONCLUSIVE_BEFORE, NOW)
+    return releases.measure(context(raw, status=status or INCONCLUSIVE_BEFORE, now=NOW, ref=REF))
 
 
 def spec_with(prometheus, probe_url=None):

@@ -4,7 +4,7 @@ Test design: the Deployment's own rolling update follows spec.rollout.gpuCapacit
 Surge: maxSurge 1 / maxUnavailable 0; ReplaceInPlace: maxSurge 0 / maxUnavailable 1; Auto: surge until a
 stable pod of the new template cannot be scheduled for lack of nvidia.com/gpu, then in place until that
 rollout is done. Decided by a pure function from what the pass observed; checked through the builder
-and through desired_children with injected pods.
+and through the children of a pass with injected pods.
 """
 
 from __future__ import annotations
@@ -12,11 +12,12 @@ from __future__ import annotations
 import copy
 
 import pytest
-from chatfleet_operator.reconcile import Snapshot, desired_children
-from chatfleet_operator.rollout.facts import PodFacts
-from chatfleet_operator.rollout.tracks import template_update_in_place
-from chatfleet_operator.settings import PodSettings, Settings
+from chatfleet_operator.cache import Snapshot
+from chatfleet_operator.converge.facts import PodFacts
+from chatfleet_operator.release.children import template_update_in_place
+from chatfleet_operator.settings import PodSettings
 from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
+from pass_helpers import context, pass_children
 
 REF = ObjectRef("ns", "bot", "uid-1", 1)
 NO_GPU = "0/4 nodes are available: 4 Insufficient nvidia.com/gpu."
@@ -36,8 +37,7 @@ def running(name: str) -> PodFacts:
 
 def strategy_of(raw: dict, snap: Snapshot) -> dict:
     """The rolling-update parameters of the stable Deployment a pass would apply."""
-    spec = ChatbotServiceSpec.from_dict(raw)
-    desired, _, _ = desired_children(REF, spec, raw, Settings(), snap)
+    _, desired = pass_children(context(raw, children=snap.children, pods=snap.pods, ref=REF))
     dep = next(m for m in desired if m["kind"] == "Deployment")
     return dep["spec"]["strategy"]["rollingUpdate"]
 
@@ -45,8 +45,7 @@ def strategy_of(raw: dict, snap: Snapshot) -> dict:
 def observed(strategy: dict, *, rolled_out: bool) -> dict:
     """The stable Deployment as observed: its strategy, and whether its rollout is done."""
     raw = {"model": {"uri": "hf://org/m"}, "scaling": {"replicas": 2}}
-    spec = ChatbotServiceSpec.from_dict(raw)
-    desired, _, _ = desired_children(REF, spec, raw, Settings(), Snapshot())
+    _, desired = pass_children(context(raw, ref=REF))
     dep = copy.deepcopy(next(m for m in desired if m["kind"] == "Deployment"))
     dep["spec"]["strategy"]["rollingUpdate"] = dict(strategy)
     dep["metadata"]["generation"] = 2

@@ -1,60 +1,35 @@
-"""release_children: the steady-state children rewritten for a release (stable kept, canary added, split)."""
+"""desired_children: each child built once per track from the release plan (stable kept, canary added, split)."""
 
 from __future__ import annotations
 
 import copy
-from datetime import UTC, datetime
+from types import SimpleNamespace
 
 import pytest
 from chatfleet_operator.api import Reason
 from chatfleet_operator.builders import revision_hash
-from chatfleet_operator.reconcile import Snapshot, desired_children
-from chatfleet_operator.rollout.diagnose import Problem
-from chatfleet_operator.rollout.facts import PodFacts
-from chatfleet_operator.rollout.release import Gate, ReleasePlan, ReleaseReason, Track
-from chatfleet_operator.rollout.status import Observation, compute_status
-from chatfleet_operator.rollout.tracks import ReleaseOutcome, release_children, release_status
-from chatfleet_operator.settings import Settings
-from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
+from chatfleet_operator.converge.diagnose import Problem
+from chatfleet_operator.converge.facts import PodFacts
+from chatfleet_operator.converge.status import Gate, Observation, apply_gate, compute_status
+from chatfleet_operator.release.children import serving_revision
+from chatfleet_operator.release.strategy import ReleasePlan, ReleaseReason
+from pass_helpers import NOW, by_key, context, pass_children
 
-REF = ObjectRef("ns", "bot", "uid-1", 2)
-NOW = datetime(2026, 11, 21, 10, 0, tzinfo=UTC)
 OLD = {"model": {"uri": "hf://org/m", "revision": "v1"}, "scaling": {"replicas": 2}}
 NEW = {**OLD, "model": {"uri": "hf://org/m", "revision": "v2"}}
 
 
-def base(raw):
-    spec = ChatbotServiceSpec.from_dict(raw)
-    desired, rev, total = desired_children(REF, spec, raw, Settings(), Snapshot())
-    return spec, desired, rev, total
-
-
 def observed(raw):
     """The children as the cluster holds them after a steady state on `raw`."""
-    _, desired, rev, _ = base(raw)
-    return {(m["kind"], m["metadata"]["name"]): copy.deepcopy(m) for m in desired}, rev
-
-
-def by_key(desired):
-    return {(m["kind"], m["metadata"]["name"]): m for m in desired}
+    _, desired = pass_children(context(raw))
+    return {(m["kind"], m["metadata"]["name"]): copy.deepcopy(m) for m in desired}, revision_hash(raw)
 
 
 def run(raw, children, pods, status, traffic="ReplicaRatio"):
-    spec, desired, rev, total = base(raw)
-    return rev, release_children(
-        REF,
-        spec,
-        raw,
-        desired,
-        children,
-        pods,
-        status,
-        update_revision=rev,
-        total=total,
-        traffic=traffic,
-        gateway_name="gw",
-        now=NOW,
-    )
+    ctx = context(raw, children=children, pods=pods, status=status, traffic=traffic)
+    plan, desired = pass_children(ctx)
+    out = SimpleNamespace(desired=desired, plan=plan, serving_revision=serving_revision(ctx, plan))
+    return ctx.update_revision, out
 
 
 def test_steady_state_is_the_base_with_a_both_tracks_service():
@@ -85,7 +60,8 @@ def test_release_keeps_stable_template_and_adds_the_canary():
     assert ("ConfigMap", "bot-canary-triton") in d
     kinds = [m["kind"] for m in out.desired]
     assert kinds.index("Service") < kinds.index("Deployment")  # traffic objects first
-    status = release_status({"conditions": []}, {}, out, 2, new_rev, NOW)
+    obs = Observation(2, out.serving_revision, 2, 1, "http://bot", "sel", None)
+    status = compute_status({}, obs, NOW, out.plan.status_fields(new_rev))
     assert status["canaryRevision"] == new_rev and status["release"]["phase"] == "Progressing"
     assert {c["type"]: c["reason"] for c in status["conditions"]}["Reconciling"] == "Releasing"
 
@@ -128,11 +104,7 @@ def test_httproute_mode_builds_route_and_track_services():
 )
 def test_stalled_reason_and_message_agree(gate, stalled):
     """Every condition's message explains its reason; a problem reason never says "No problem found"."""
-    out = ReleaseOutcome(
-        desired=[], plan=ReleasePlan(True, False, 2, 1, gate=gate), serving_revision="r1", canary=Track()
-    )
-    status = release_status({"conditions": []}, {}, out, 2, "r2", NOW)
-    conds = {c["type"]: c for c in status["conditions"]}
+    conds = {c["type"]: c for c in apply_gate([], gate, 2)}
     assert (conds["Stalled"]["status"], conds["Stalled"]["reason"]) == (stalled, gate.reason)
     for cond in conds.values():
         assert gate.message in cond["message"] or cond["type"] == "Reconciling", cond
@@ -147,10 +119,8 @@ def test_a_problem_outranks_a_release_gate(kind):
     )
     obs = Observation(1, "r1", 2, 1, "http://bot", "sel", None, problems=[problem])
     gate = Gate(kind, ReleaseReason.ANALYSIS_ERROR, "Release paused: spec.analysis.prometheusAddress ...")
-    out = ReleaseOutcome(
-        desired=[], plan=ReleasePlan(True, False, 2, 1, gate=gate), serving_revision="r1", canary=Track()
-    )
-    status = release_status(compute_status({}, obs, NOW), {}, out, 1, "r2", NOW)
+    plan = ReleasePlan(True, False, 2, 1, gate=gate)
+    status = compute_status({}, obs, NOW, plan.status_fields("r2"))
     conds = {c["type"]: c for c in status["conditions"]}
     assert (conds["Stalled"]["status"], conds["Stalled"]["reason"]) == (
         "True",

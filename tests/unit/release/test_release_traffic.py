@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from chatfleet_operator.rollout.traffic import (
+from chatfleet_operator.release.traffic import (
     HTTPROUTE,
     REPLACE_IN_PLACE,
     REPLICA_RATIO,

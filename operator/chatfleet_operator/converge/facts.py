@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import astuple, dataclass
 from typing import Any
 
@@ -152,6 +152,37 @@ def deployment_facts(body: Mapping[str, Any]) -> DeploymentFacts:
     )
 
 
+@dataclass(frozen=True)
+class Track:
+    """One Deployment as observed: its template's revision, replicas asked, pods of that revision."""
+
+    revision: str = ""
+    replicas: int = 0
+    ready: int = 0
+    pods: tuple[PodFacts, ...] = ()
+    exists: bool = False
+
+    @property
+    def waiting_for_gpus(self) -> bool:
+        """A pod of this track cannot be scheduled for lack of GPUs."""
+        return any(api.GPU_RESOURCE in p.unschedulable_message for p in self.pods if not p.deleting)
+
+
+def observe_track(
+    body: Mapping[str, Any] | None, pods: Sequence[PodFacts], track: str, revision: str | None = None
+) -> Track:
+    """Track facts of one Deployment: its template's revision and its Ready pods of that revision."""
+    if body is None:
+        return Track()
+    template = (body.get("spec") or {}).get("template") or {}
+    rev = ((template.get("metadata") or {}).get("labels") or {}).get(api.LABEL_REVISION, "")
+    rev = revision or rev
+    mine = tuple(p for p in pods if p.track == track and not p.deleting)
+    ready = sum(1 for p in mine if p.ready and p.revision == rev)
+    replicas = (body.get("spec") or {}).get("replicas")
+    return Track(rev, int(replicas if replicas is not None else 1), ready, mine, exists=True)
+
+
 def content_signature(body: Mapping[str, Any]) -> str:
     """Hash of what a user or the operator sets on an object (not status, not bookkeeping).
 
@@ -168,22 +199,29 @@ def content_signature(body: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(essence, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def change_signature(kind: str, body: Mapping[str, Any]) -> tuple[Any, ...]:
-    """What about an owned object or pod makes a new pass worthwhile; equal signatures -> no pass.
-
-    Deployments: their content and rollout counts. Pods: only problem signals (unschedulable, a waiting
-    reason, restarts), since healthy pod progress shows in the Deployment's counts. Nodes: labels,
-    allocatable GPUs, schedulability (not heartbeats). Others: content.
-    """
-    if kind == "Pod":
-        p = pod_facts(body)
-        return (bool(p.unschedulable_message), p.waiting_reason, p.restarts > 0, p.ready and p.restarts > 0)
-    if kind == "Deployment":
-        return (content_signature(body), astuple(deployment_facts(body)))
-    if kind == "Node":
-        n = node_facts(body)
-        return (tuple(sorted(n.labels.items())), n.allocatable_gpus, n.schedulable)
+def content_signature_of(body: Mapping[str, Any]) -> tuple[Any, ...]:
+    """Change signature of most kinds: their content."""
     return (content_signature(body),)
+
+
+def deployment_signature(body: Mapping[str, Any]) -> tuple[Any, ...]:
+    """Change signature of a Deployment: its content and rollout counts."""
+    return (content_signature(body), astuple(deployment_facts(body)))
+
+
+def pod_signature(body: Mapping[str, Any]) -> tuple[Any, ...]:
+    """Change signature of a pod: only problem signals (unschedulable, a waiting reason, restarts).
+
+    Healthy pod progress already shows in the Deployment's counts.
+    """
+    p = pod_facts(body)
+    return (bool(p.unschedulable_message), p.waiting_reason, p.restarts > 0, p.ready and p.restarts > 0)
+
+
+def node_signature(body: Mapping[str, Any]) -> tuple[Any, ...]:
+    """Change signature of a node: labels, allocatable GPUs, schedulability (not heartbeats)."""
+    n = node_facts(body)
+    return (tuple(sorted(n.labels.items())), n.allocatable_gpus, n.schedulable)
 
 
 #: A healthy pod's signature: no problem signal at all.

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from chatfleet_operator import api
 from chatfleet_operator.api import Reason
-from chatfleet_operator.rollout.facts import IMAGE_PULL_REASONS, DeploymentFacts, NodeFacts, PodFacts
+from chatfleet_operator.converge.facts import IMAGE_PULL_REASONS, DeploymentFacts, NodeFacts, PodFacts
 from chatfleet_operator.spec import ChatbotServiceSpec
 
 

@@ -125,7 +125,7 @@ def object_key(manifest: Mapping[str, Any]) -> tuple[str, str]:
 
 
 @dataclass(frozen=True)
-class Action:
+class Change:
     """One write: `apply` a desired manifest (server-side apply) or `delete` an object no longer wanted."""
 
     verb: str
@@ -135,28 +135,28 @@ class Action:
     why: str = ""
 
 
-def plan_children(
+def diff_children(
     desired: Sequence[Mapping[str, Any]],
     observed: Mapping[tuple[str, str], Mapping[str, Any]],
     owned_kinds: Sequence[str] = (),
-) -> list[Action]:
+) -> list[Change]:
     """Applies for missing or drifted objects, deletes for observed owned objects not desired.
 
     Example: desired [ConfigMap a], observed {} -> [apply ConfigMap a (created)];
     observed {(ConfigMap, a): same} -> []; observed {(HorizontalPodAutoscaler, x): ...} with
     owned_kinds=['HorizontalPodAutoscaler'] and no desired HPA -> [delete HorizontalPodAutoscaler x].
     """
-    actions: list[Action] = []
+    changes: list[Change] = []
     wanted = set()
     for manifest in desired:
         key = object_key(manifest)
         wanted.add(key)
         current = observed.get(key)
         if current is None:
-            actions.append(Action("apply", key[0], key[1], manifest, "missing"))
+            changes.append(Change("apply", key[0], key[1], manifest, "missing"))
         elif not contains(current, manifest):
-            actions.append(Action("apply", key[0], key[1], manifest, "drifted"))
+            changes.append(Change("apply", key[0], key[1], manifest, "drifted"))
     for key in sorted(observed):
         if key[0] in owned_kinds and key not in wanted:
-            actions.append(Action("delete", key[0], key[1], None, "not desired"))
-    return actions
+            changes.append(Change("delete", key[0], key[1], None, "not desired"))
+    return changes

@@ -1,14 +1,16 @@
 """Status: conditions with Kubernetes conventions, the derived phase, and events from old -> new. Pure.
 
-`compute_status` builds the whole new status from facts; `lastTransitionTime` moves only when a
-condition's status flips, so a pass over unchanged facts yields an identical status and no write.
+`compute_status` builds the whole new status of a pass in one place, from the facts and what the release
+contributes (its fields and its gate); `lastTransitionTime` moves only when a condition's status flips,
+so a pass over unchanged facts yields an identical status and no write. `phase` is derived once, last.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
+from enum import StrEnum
 from typing import Any
 
 from chatfleet_operator.api import (
@@ -19,8 +21,8 @@ from chatfleet_operator.api import (
     Phase,
     Reason,
 )
-from chatfleet_operator.rollout.diagnose import Problem, crashlooping
-from chatfleet_operator.rollout.facts import DeploymentFacts, PodFacts
+from chatfleet_operator.converge.diagnose import Problem, crashlooping
+from chatfleet_operator.converge.facts import DeploymentFacts, PodFacts
 
 CONDITION_ORDER = (COND_READY, COND_RECONCILING, COND_STALLED, COND_DEGRADED)
 
@@ -82,6 +84,36 @@ def derive_phase(status: Mapping[str, Any]) -> str:
     if status.get("replicas") or is_true(status, COND_RECONCILING):
         return Phase.PROGRESSING
     return Phase.PENDING
+
+
+class GateKind(StrEnum):
+    """What a release means for the conditions of this pass (`apply_gate`)."""
+
+    ADVANCING = "progressing"  # Ready=False, Reconciling=True: the release is moving
+    PAUSED = "paused"  # Ready=False, Reconciling=True, Stalled=False: it waits (an intent, GPUs, analysis)
+    STALLED = "stalled"  # Ready=False, Stalled=True: rolled back, waiting for a new revision
+    SUCCEEDED = "succeeded"  # promoted this pass: the steady-state conditions stand
+
+
+@dataclass(frozen=True)
+class Gate:
+    """The release's word on the conditions: its kind, reason and message."""
+
+    kind: GateKind
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class ReleaseFields:
+    """What a release contributes to the status of a pass (release/state.py derives `fields`)."""
+
+    update_revision: str
+    fields: Mapping[str, Any] = field(default_factory=dict)
+    """status.release, status.releaseHistory and the top-level mirror fields (canaryWeight, ...)."""
+    gate: Gate | None = None
+    promoted: str | None = None
+    """The revision promoted this pass: it becomes status.stableRevision."""
 
 
 @dataclass(frozen=True)
@@ -163,13 +195,65 @@ def compute_conditions(obs: Observation) -> list[dict[str, Any]]:
     return [ready, reconciling, stalled, degraded]
 
 
-def compute_status(old: Mapping[str, Any] | None, obs: Observation, now: datetime) -> dict[str, Any]:
-    """The whole new status; equal to `old` when nothing changed (so the caller skips the write)."""
+def apply_gate(conditions: Sequence[Mapping[str, Any]], gate: Gate, generation: int) -> list[dict[str, Any]]:
+    """Ready, Reconciling and Stalled as a release gate has them (Degraded kept); no timestamps.
+
+    Stalled (rolled back): Ready=False, Reconciling=False, Stalled=True with the gate's reason. Paused or
+    advancing: Reconciling=True with the gate's reason; a spec problem diagnosed this pass (Stalled=True)
+    outranks the gate in Ready and Stalled, since the user must act on it. Succeeded: unchanged.
+    """
+    conds = {c["type"]: {k: v for k, v in c.items() if k != "lastTransitionTime"} for c in conditions}
+    if gate.kind not in (GateKind.STALLED, GateKind.PAUSED, GateKind.ADVANCING):
+        return list(conds.values())
+    if gate.kind == GateKind.STALLED:
+        new = [
+            condition(COND_READY, False, gate.reason, gate.message, generation),
+            condition(
+                COND_RECONCILING,
+                False,
+                gate.reason,
+                "Waiting for a new revision in the spec (a rolled-back revision is not retried)",
+                generation,
+            ),
+            condition(COND_STALLED, True, gate.reason, gate.message, generation),
+        ]
+    elif conds.get(COND_STALLED, {}).get("status") == "True":
+        new = [
+            conds[COND_READY],
+            condition(COND_RECONCILING, True, gate.reason, gate.message, generation),
+            conds[COND_STALLED],
+        ]
+    else:
+        new = [
+            condition(COND_READY, False, gate.reason, gate.message, generation),
+            condition(COND_RECONCILING, True, gate.reason, gate.message, generation),
+            # Not stalled: the gate's reason with its own message, so reason and message agree
+            # (an AnalysisError pause resumes by itself once Prometheus answers).
+            condition(COND_STALLED, False, gate.reason, f"Not stalled: {gate.message}", generation),
+        ]
+    if COND_DEGRADED in conds:
+        new.append(conds[COND_DEGRADED])
+    return new
+
+
+def compute_status(
+    old: Mapping[str, Any] | None, obs: Observation, now: datetime, release: ReleaseFields | None = None
+) -> dict[str, Any]:
+    """The whole new status; equal to `old` when nothing changed (so the caller skips the write).
+
+    The one writer of stableRevision: the revision a release promoted this pass, else the serving
+    revision once it is Ready on every replica, else the old value.
+    """
     old = old or {}
     dep = obs.deployment
-    conditions = merge_conditions(old.get("conditions") or [], compute_conditions(obs), now)
-    ready = any(c["type"] == COND_READY and c["status"] == "True" for c in conditions)
-    stable = obs.revision if ready else old.get("stableRevision", "")
+    computed = compute_conditions(obs)
+    ready = any(c["type"] == COND_READY and c["status"] == "True" for c in computed)
+    if release is not None and release.gate is not None:
+        computed = apply_gate(computed, release.gate, obs.generation)
+    conditions = merge_conditions(old.get("conditions") or [], computed, now)
+    stable = (release.promoted if release else None) or (
+        obs.revision if ready else old.get("stableRevision", "")
+    )
     status: dict[str, Any] = {
         "observedGeneration": obs.generation,
         "conditions": conditions,
@@ -181,11 +265,13 @@ def compute_status(old: Mapping[str, Any] | None, obs: Observation, now: datetim
         "gpus": (dep.replicas if dep else 0) * obs.gpus_per_replica,
         "endpoint": obs.endpoint,
         "selector": obs.selector,
-        "updateRevision": obs.revision,
+        "updateRevision": release.update_revision if release else obs.revision,
         "canaryWeight": 0,
     }
     if stable:
         status["stableRevision"] = stable
+    if release is not None:
+        status.update(release.fields)
     status["phase"] = derive_phase(status)
     return status
 
@@ -252,7 +338,7 @@ def error_status(
 
 @dataclass(frozen=True)
 class EventIntent:
-    """A Kubernetes Event to post on the ChatbotService."""
+    """A Kubernetes Event to post on the ChatbotService (status-derived and release events alike)."""
 
     type: str
     reason: str
@@ -269,3 +355,12 @@ def status_events(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list
         if before is None or before.get("status") != "True" or before.get("reason") != after.get("reason"):
             events.append(EventIntent("Warning", after["reason"], after["message"]))
     return events
+
+
+def pass_events(
+    old: Mapping[str, Any] | None, new: Mapping[str, Any], release_events: Sequence[EventIntent] = ()
+) -> list[EventIntent]:
+    """The events of one pass: status-derived ones, then the release's without a second of the same type and reason."""
+    derived = status_events(old, new)
+    seen = {(e.type, e.reason) for e in derived}
+    return [*derived, *[e for e in release_events if (e.type, e.reason) not in seen]]

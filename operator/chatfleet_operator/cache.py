@@ -1,0 +1,138 @@
+"""The read-your-writes cache: kopf's watch caches (indexes) plus the objects this process just wrote.
+
+A pass reads the freshest view of one ChatbotService and its children: what the watches delivered, or
+what our own last write returned when its watch event has not arrived yet (so a pass never recomputes a
+status from a stale cache, and never writes an object twice).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from chatfleet_operator import api
+from chatfleet_operator.converge.facts import QUIET_POD, NodeFacts, PodFacts
+from chatfleet_operator.kinds import BY_NAME, CHILDREN, change_signature
+
+Key = tuple[str, str]  # (namespace, ChatbotService name)
+
+
+def child_names(owner: str) -> tuple[str, ...]:
+    """Names our writes to an owner's children may carry (the remembered writes looked up per pass)."""
+    return (owner, f"{owner}-triton", f"{owner}-{api.TRACK_CANARY}", f"{owner}-{api.TRACK_PREVIEW}")
+
+
+def slim(body: Mapping[str, Any]) -> dict[str, Any]:
+    """Keep what comparison and facts need from a watched object (drops managedFields to save memory)."""
+    meta = dict(body.get("metadata", {}))
+    meta.pop("managedFields", None)
+    out = {k: v for k, v in body.items() if k not in ("metadata",)}
+    out["metadata"] = meta
+    return dict(out)
+
+
+def owner_key(namespace: str | None, labels: Mapping[str, str]) -> Key | None:
+    """(namespace, owner) of an owned object from its chatfleet.io/service label."""
+    owner = labels.get(api.LABEL_SERVICE)
+    return (namespace, owner) if namespace and owner else None
+
+
+def resource_version(body: Mapping[str, Any]) -> int:
+    """resourceVersion as an int for ordering (opaque by contract, numeric with etcd)."""
+    value = str(body.get("metadata", {}).get("resourceVersion", "0"))
+    return int(value) if value.isdigit() else 0
+
+
+@dataclass
+class Snapshot:
+    """What one pass observes: owned objects by (kind, name), pods, nodes. Taken on the event loop."""
+
+    children: dict[tuple[str, str], Mapping[str, Any]] = field(default_factory=dict)
+    pods: list[PodFacts] = field(default_factory=list)
+    nodes: list[NodeFacts] = field(default_factory=list)
+
+
+class World:
+    """The watch caches (kopf indexes) plus the objects this process has just written."""
+
+    def __init__(self) -> None:
+        self.indexes: Mapping[str, Any] = {}
+        self._recent: dict[tuple[str, str, str], tuple[int, Mapping[str, Any] | None]] = {}
+        self._signatures: dict[tuple[str, str, str], tuple[Any, ...]] = {}
+        self._lock = threading.Lock()
+
+    def changed(self, kind: str, body: Mapping[str, Any], deleted: bool = False) -> bool:
+        """Record an object's change signature; True when it differs from the last one seen or written."""
+        meta = body.get("metadata", {})
+        key = (kind, meta.get("namespace", ""), meta.get("name", ""))
+        with self._lock:
+            if deleted:
+                before = self._signatures.pop(key, None)
+                return kind != "Pod" or (before is not None and before != QUIET_POD)
+            signature = change_signature(kind, body)
+            before = self._signatures.get(key, QUIET_POD if kind == "Pod" else None)
+            self._signatures[key] = signature
+        return signature != before
+
+    def remember(self, kind: str, namespace: str, name: str, body: Mapping[str, Any] | None, rv: int) -> None:
+        """Record an object we wrote (or a tombstone), newer than the watch cache until its event arrives."""
+        with self._lock:
+            self._recent[(kind, namespace, name)] = (rv, body)
+
+    def forget(self, namespace: str, owner: str) -> None:
+        """Drop remembered writes of one owner (when it is deleted)."""
+        names = child_names(owner)
+        with self._lock:
+            for kind in (*(k.name for k in CHILDREN), api.KIND):
+                for name in names:
+                    self._recent.pop((kind, namespace, name), None)
+
+    def _store(self, index: str, key: Any) -> list[Any]:
+        """Values of one index key (empty when unknown)."""
+        idx = self.indexes.get(index)
+        if idx is None or key not in idx:
+            return []
+        return list(idx[key])
+
+    def body(self, key: Key, given: Mapping[str, Any] | None = None) -> Mapping[str, Any] | None:
+        """The freshest ChatbotService body: the watch cache, the handler's, or our last status write."""
+        values = self._store(BY_NAME[api.KIND].index, key)
+        candidates = [b for b in (values[0] if values else None, given) if b is not None]
+        if not candidates:
+            return None  # deleted (or never seen)
+        with self._lock:
+            _, written = self._recent.get((api.KIND, *key), (0, None))
+        if written is not None:
+            candidates.append(written)
+        return max(candidates, key=resource_version)
+
+    def snapshot(self, key: Key) -> Snapshot:
+        """Copy what a pass needs out of the indexes (call on the event loop thread)."""
+        snap = Snapshot()
+        for child in CHILDREN:
+            for body in self._store(child.index, key):
+                snap.children[(child.name, body["metadata"]["name"])] = body
+        namespace, owner = key
+        candidates = child_names(owner)
+        with self._lock:
+            for kind in (k.name for k in CHILDREN):
+                for name in candidates:
+                    entry = self._recent.get((kind, namespace, name))
+                    if entry is None:
+                        continue
+                    rv, written = entry
+                    current = snap.children.get((kind, name))
+                    if written is None:  # a tombstone: hide the deleted object until the cache drops it
+                        if current is not None and resource_version(current) <= rv:
+                            del snap.children[(kind, name)]
+                        else:
+                            del self._recent[(kind, namespace, name)]
+                    elif current is not None and resource_version(current) >= rv:
+                        del self._recent[(kind, namespace, name)]  # the cache caught up
+                    else:
+                        snap.children[(kind, name)] = written
+        snap.pods = self._store(BY_NAME["Pod"].index, key)
+        snap.nodes = self._store(BY_NAME["Node"].index, "nodes")
+        return snap

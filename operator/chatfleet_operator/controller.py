@@ -1,0 +1,181 @@
+"""The per-object controller: serializes passes per ChatbotService, coalesces watch events, retries.
+
+kopf's own retry (`kopf.TemporaryError(delay=...)`) backs off the handler passes; passes triggered by
+child events retry here with the same backoff (`backoff_delay`), since kopf does not retry them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+
+from chatfleet_operator import api
+from chatfleet_operator.builders.httproute import GATEWAY_GROUP
+from chatfleet_operator.cache import Key, Snapshot, World
+from chatfleet_operator.reconcile import Client, Gone, Outcome, PassFailed, reconcile_pass, record_error
+from chatfleet_operator.release.measure import Releases
+from chatfleet_operator.settings import Settings
+
+log = logging.getLogger("chatfleet")
+
+#: Problems a new or relabelled node can solve (node events retry these ChatbotServices at once).
+PLACEMENT_REASONS = frozenset({api.Reason.NO_MATCHING_GPU_NODES, api.Reason.INSUFFICIENT_GPUS})
+
+
+def backoff_delay(retry: int, base: float, ceiling: float) -> float:
+    """Growing retry delay: base * 2**retry, capped; e.g. base 5: 5, 10, 20, 40, ... 300."""
+    return float(min(ceiling, base * (2 ** min(retry, 16))))
+
+
+class Controller:
+    """Serializes passes per ChatbotService and coalesces bursts of watch events into one pass."""
+
+    def __init__(
+        self, settings: Settings, client: Client, clock: Callable[[], datetime] = lambda: datetime.now(UTC)
+    ) -> None:
+        self.settings = settings
+        self.client = client
+        self.world = World()
+        serves = getattr(client, "serves_group", None)
+        self.releases = Releases(
+            settings.release,
+            serves_gateway_api=(lambda: serves(GATEWAY_GROUP)) if serves else None,
+            cluster_domain=settings.runtime.cluster_domain,
+        )
+        self.clock = clock
+        self.executor = ThreadPoolExecutor(
+            max_workers=settings.runtime.workers, thread_name_prefix="reconcile"
+        )
+        # Triggered passes (mostly status updates) get their own threads, so a burst of creations does not
+        # hold back the Ready of the ChatbotServices created first.
+        self.trigger_executor = ThreadPoolExecutor(
+            max_workers=max(4, settings.runtime.workers // 2), thread_name_prefix="triggered"
+        )
+        self._locks: dict[Key, asyncio.Lock] = {}
+        self._pending: set[Key] = set()
+        self._failures: dict[Key, int] = {}
+        self._waiting_for_nodes: set[Key] = set()
+        self.passes = 0
+        self.latencies: list[float] = []
+
+    def use_indexes(self, indexes: Mapping[str, Any]) -> None:
+        """Keep references to kopf's index objects (they live as long as the operator)."""
+        if not self.world.indexes:
+            self.world.indexes = {k: v for k, v in indexes.items() if k.endswith("_index")}
+
+    async def run_pass(
+        self, key: Key, body: Mapping[str, Any] | None = None, executor: ThreadPoolExecutor | None = None
+    ) -> Outcome | None:
+        """Run one pass for `key` under its lock, on the freshest cached body."""
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            body = self.world.body(key, body)
+            if body is None or body.get("metadata", {}).get("deletionTimestamp"):
+                return None
+            snap = self.world.snapshot(key)
+            loop = asyncio.get_running_loop()
+            try:
+                outcome, seconds = await loop.run_in_executor(
+                    executor or self.executor, self._timed_pass, body, snap
+                )
+            except Gone:
+                log.info("Skipped ChatbotService %s/%s: its namespace is being deleted", *key)
+                return None
+            self.passes += 1
+            if outcome.requeue_after:  # a release waits on time (a pause, the next measurement)
+                loop.call_later(outcome.requeue_after, self.trigger, key)
+            self.latencies.append(seconds)
+            if any(p.reason in PLACEMENT_REASONS for p in outcome.problems):
+                self._waiting_for_nodes.add(key)
+            else:
+                self._waiting_for_nodes.discard(key)
+            if len(self.latencies) > 100_000:
+                del self.latencies[:50_000]
+            return outcome
+
+    def _timed_pass(self, body: Mapping[str, Any], snap: Snapshot) -> tuple[Outcome, float]:
+        """One pass in a worker thread, with its duration (seconds); a pass that raises -> PassFailed."""
+        started = time.monotonic()
+        try:
+            outcome = reconcile_pass(
+                self.client, body, snap, self.world, self.settings, self.clock(), self.releases
+            )
+        except Gone:
+            raise
+        except Exception as exc:
+            meta = body.get("metadata", {})
+            log.exception("Failed to reconcile ChatbotService %s/%s", meta.get("namespace"), meta.get("name"))
+            try:
+                record_error(self.client, body, self.world, exc, self.clock())
+            except Exception as record_exc:  # e.g. the API server is down: the retry will tell again
+                log.warning("Failed to record the error in the status: %s", record_exc)
+            raise PassFailed(exc) from exc
+        return outcome, time.monotonic() - started
+
+    def child_event(self, kind: str, event_type: str, body: Mapping[str, Any], key: Key | None) -> None:
+        """A watch event of an owned object or pod: trigger the owner only when something that matters changed."""
+        if key is not None and self.world.changed(kind, body, deleted=event_type == "DELETED"):
+            self.trigger(key)
+
+    async def handle(self, body: Mapping[str, Any], retry: int) -> None:
+        """kopf handler body: one pass; unsatisfiable or raised -> kopf.TemporaryError with a growing delay."""
+        meta = body["metadata"]
+        key = (meta["namespace"], meta["name"])
+        delay = backoff_delay(retry, self.settings.retry.base_delay, self.settings.retry.max_delay)
+        try:
+            outcome = await self.run_pass(key, body)
+        except PassFailed as exc:
+            raise kopf.TemporaryError(
+                f"Reconcile failed: {exc}; retrying in {delay:.0f}s", delay=delay
+            ) from exc
+        if outcome is not None and outcome.problems:
+            reasons = ", ".join(sorted({p.reason for p in outcome.problems}))
+            raise kopf.TemporaryError(
+                f"Waiting for {reasons} to be resolved; retrying in {delay:.0f}s", delay=delay
+            )
+
+    def trigger(self, key: Key | None) -> None:
+        """Ask for a pass soon (debounced); repeated asks before it runs are merged."""
+        if key is None or key in self._pending:
+            return
+        self._pending.add(key)
+        loop = asyncio.get_running_loop()
+        loop.call_later(self.settings.retry.trigger_debounce, lambda: loop.create_task(self._triggered(key)))
+
+    async def _triggered(self, key: Key) -> None:
+        """A triggered pass; API failures retry with backoff (kopf handlers retry their own)."""
+        self._pending.discard(key)
+        try:
+            outcome = await self.run_pass(key, executor=self.trigger_executor)
+        except Exception as exc:
+            outcome, error = None, exc
+        else:
+            error = None
+            if outcome is None or not outcome.retry:
+                self._failures.pop(key, None)
+                return
+        failures = self._failures[key] = self._failures.get(key, 0) + 1
+        delay = backoff_delay(failures - 1, 1.0, self.settings.retry.max_delay)
+        why = error or "; ".join(p.message for p in outcome.problems if p.reason == api.Reason.APPLY_FAILED)
+        log.warning("Failed to reconcile ChatbotService %s/%s (retry in %.0fs): %s", *key, delay, why)
+        asyncio.get_running_loop().call_later(delay, self.trigger, key)
+
+    def node_event(self, event_type: str, body: Mapping[str, Any]) -> None:
+        """A node appeared, changed labels or GPUs: retry at once the ChatbotServices waiting for one."""
+        if self.world.changed("Node", body, deleted=event_type == "DELETED"):
+            for key in list(self._waiting_for_nodes):
+                self.trigger(key)
+
+    def forget(self, key: Key) -> None:
+        """Drop per-object state once a ChatbotService is deleted."""
+        self._waiting_for_nodes.discard(key)
+        self._locks.pop(key, None)
+        self._failures.pop(key, None)
+        self.world.forget(*key)

@@ -1,0 +1,1 @@
+"""The release: typed state in status, canary and blue-green strategies, the pure planner, measurement."""

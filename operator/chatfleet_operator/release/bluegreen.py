@@ -1,0 +1,179 @@
+"""The blue-green strategy: a preview at `previewReplicas`, pre-promotion analysis, the switch, a scale-down delay. Pure."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from chatfleet_operator import api
+from chatfleet_operator.builders.service import build_service
+from chatfleet_operator.context import PassContext
+from chatfleet_operator.converge.status import EventIntent, Gate, GateKind, rfc3339
+from chatfleet_operator.release.state import HistoryEntry, ReleasePhase, ReleaseState, since
+from chatfleet_operator.release.strategy import (
+    ReleaseInput,
+    ReleasePlan,
+    ReleaseReason,
+    Verdict,
+    analysis_hold,
+    mark_analysis_start,
+    passed_since,
+    promoted_plan,
+    requeue,
+    selector_text,
+    service_selector,
+    track_service,
+)
+from chatfleet_operator.spec import ObjectRef, Strategy
+
+
+class BlueGreen:
+    """spec.rollout.strategy: blueGreen."""
+
+    track = api.TRACK_PREVIEW
+
+    def traffic_objects(self, ctx: PassContext, plan: ReleasePlan, serving: str) -> list[dict[str, Any]]:
+        """The active Service on one revision (ClientIP affinity) and the preview Service on the preview track."""
+        ref = ctx.ref
+        active = service_selector(ref, **{api.LABEL_REVISION: plan.active_revision or serving})
+        affinity = ctx.spec.runtime.sessions.ttl_seconds
+        return [
+            build_service(ref, ref.name, active, affinity_seconds=affinity),
+            track_service(ref, self.track),
+        ]
+
+    def release_selector(self, ref: ObjectRef, plan: ReleasePlan) -> str:
+        """The pods of the revision the active Service selects: the preview takes no user traffic before
+        the switch; after it, the old revision takes none."""
+        if plan.active_revision:
+            return selector_text(service_selector(ref, **{api.LABEL_REVISION: plan.active_revision}))
+        return selector_text(service_selector(ref))
+
+    def prepare(self, inp: ReleaseInput, rel: ReleaseState) -> None:
+        """Nothing: the preview runs beside the stable pods at full size (no GPU capacity modes)."""
+
+    def watches_health(self, phase: ReleasePhase) -> bool:
+        """Until the stable Deployment moves to the new revision."""
+        return phase != ReleasePhase.FINALIZING
+
+    def may_roll_back(self, phase: ReleasePhase) -> bool:
+        """Until the stable Deployment moves: the old revision is kept for an instant rollback till then."""
+        return phase in (ReleasePhase.STEPPING, ReleasePhase.PROMOTING, ReleasePhase.SWITCHED)
+
+    def advance(
+        self,
+        inp: ReleaseInput,
+        rel: ReleaseState,
+        history: list[HistoryEntry],
+        verdict: Verdict,
+        stable_rev: str,
+    ) -> ReleasePlan:
+        """One pass of a blue-green release: preview, pre-promotion analysis, switch, scale-down delay."""
+        bg = inp.spec.rollout
+        revision = rel.revision
+        preview = max(1, bg.blue_green_preview_replicas)
+        events: list[EventIntent] = []
+        gate: Gate | None = None
+        wait: float | None = None
+        if rel.phase == ReleasePhase.STEPPING:
+            ready = inp.canary.revision == revision and inp.canary.ready >= preview
+            if ready and not rel.canary_ready_at:
+                rel.canary_ready_at = rfc3339(inp.now)
+            if ready:
+                mark_analysis_start(inp, rel)
+            passed = passed_since(rel, rel.canary_ready_at)
+            manual = bg.wants(bg.promote, revision)
+            auto_left = bg.blue_green_auto_promotion_seconds - since(rel.canary_ready_at, inp.now)
+            hold = analysis_hold(rel, verdict)
+            if not ready:
+                gate = Gate(
+                    GateKind.ADVANCING,
+                    ReleaseReason.RELEASING,
+                    f"Preview of revision {revision}: {inp.canary.ready}/{preview} pods Ready",
+                )
+                if inp.canary.waiting_for_gpus:
+                    gate = Gate(
+                        GateKind.PAUSED,
+                        ReleaseReason.WAITING_FOR_GPUS,
+                        "Waiting for GPUs: preview pods cannot be scheduled",
+                    )
+                    rel.ready_deadline_from = rfc3339(inp.now)
+            elif manual or (bg.blue_green_auto_promotion and passed and auto_left <= 0 and not bg.paused):
+                rel.phase = ReleasePhase.PROMOTING
+                rel.promoted_by = f"spec.rollout.promote={bg.promote}" if manual else "autoPromotion"
+            elif hold is not None and not passed:
+                gate = hold
+            elif not passed:
+                gate = Gate(
+                    GateKind.ADVANCING,
+                    ReleaseReason.RELEASING,
+                    "Preview Ready: pre-promotion analysis running",
+                )
+            elif bg.paused or not bg.blue_green_auto_promotion:
+                gate = Gate(
+                    GateKind.PAUSED,
+                    ReleaseReason.AWAITING_PROMOTION,
+                    f"Preview of revision {revision} passed analysis; awaiting `kubectl chatbot promote` "
+                    "(or spec.rollout.promote)",
+                )
+            else:
+                wait = auto_left
+                gate = Gate(
+                    GateKind.ADVANCING, ReleaseReason.RELEASING, f"Auto-promotion in {math.ceil(auto_left)}s"
+                )
+        if rel.phase == ReleasePhase.PROMOTING:
+            # Grow the preview to full size, then switch the active Service at once.
+            if inp.canary.ready >= inp.total and inp.canary.revision == revision:
+                rel.phase = ReleasePhase.SWITCHED
+                rel.switched_at = rfc3339(inp.now)
+                events.append(
+                    EventIntent(
+                        "Normal",
+                        ReleaseReason.PROMOTING,
+                        f"Switched the active Service to revision {revision}",
+                    )
+                )
+            else:
+                gate = Gate(
+                    GateKind.ADVANCING,
+                    ReleaseReason.PROMOTING,
+                    f"Scaling the preview to full size before the switch: {inp.canary.ready}/{inp.total} Ready",
+                )
+        if rel.phase == ReleasePhase.SWITCHED:
+            left = bg.blue_green_scale_down_delay_seconds - since(rel.switched_at, inp.now)
+            if left > 0:
+                wait = left
+                gate = Gate(
+                    GateKind.ADVANCING,
+                    ReleaseReason.PROMOTING,
+                    f"Serving revision {revision}; old revision {stable_rev} kept {math.ceil(left)}s more for an instant rollback",
+                )
+            else:
+                rel.phase = ReleasePhase.FINALIZING
+        if rel.phase == ReleasePhase.FINALIZING:
+            if inp.stable.revision == revision and inp.stable.ready >= inp.total:
+                return promoted_plan(inp, revision, stable_rev, history, events)
+            gate = Gate(
+                GateKind.ADVANCING,
+                ReleaseReason.PROMOTING,
+                f"Moving the stable Deployment to revision {revision}",
+            )
+
+        switched = rel.phase in (ReleasePhase.SWITCHED, ReleasePhase.FINALIZING)
+        if gate is not None:
+            rel.message = gate.message
+        rel.waiting_for_gpus = inp.canary.waiting_for_gpus
+        return ReleasePlan(
+            in_release=True,
+            stable_from_spec=rel.phase == ReleasePhase.FINALIZING,
+            stable_replicas=inp.total,
+            canary_replicas=preview if rel.phase == ReleasePhase.STEPPING else inp.total,
+            canary_weight=100 if switched else 0,
+            active_revision=revision if switched else stable_rev,
+            release=rel,
+            history=history,
+            gate=gate,
+            events=events,
+            requeue_after=requeue(inp, rel, wait),
+            strategy=Strategy.BLUE_GREEN,
+        )

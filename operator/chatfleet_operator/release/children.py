@@ -1,0 +1,167 @@
+"""The children of one pass, each built once for its track from the release plan. Pure.
+
+`plan_pass` plans the release from the pass's context; `desired_children` then builds every child once:
+- the stable Deployment: from the spec (with its ConfigMap), or -- while a release runs or after a
+  rollback -- its observed template kept (the old revision) at the plan's replicas, its ConfigMap left
+  alone;
+- the Deployment of the new revision (the strategy's track: canary, preview): from the spec with its own
+  ConfigMap; kept on its observed template at 0 replicas when idle;
+- the traffic objects the strategy names (Services, the HTTPRoute), then the PDB and the HPA.
+Manifests are returned in the rollback order: traffic objects first, then the stable Deployment, then
+the canary -- so traffic is on stable before the canary shrinks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from chatfleet_operator import api
+from chatfleet_operator.builders import build_deployment, build_hpa, build_pdb, build_triton_configmap
+from chatfleet_operator.builders.common import deployment_name
+from chatfleet_operator.builders.tritonconfig import config_hash
+from chatfleet_operator.context import PassContext
+from chatfleet_operator.converge.facts import PodFacts, deployment_facts
+from chatfleet_operator.release.planner import ReleaseInput, ReleasePlan, plan_release, strategy_of
+from chatfleet_operator.release.strategy import selector_text, service_selector
+from chatfleet_operator.release.traffic import REPLACE_IN_PLACE, SURGE
+from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
+
+
+def plan_pass(ctx: PassContext) -> ReleasePlan:
+    """The release plan of this pass (planner.plan_release over the parts of the context it reads)."""
+    inp = ReleaseInput(
+        ctx.spec,
+        ctx.update_revision,
+        ctx.total,
+        ctx.stable,
+        ctx.canary,
+        ctx.traffic,
+        ctx.now,
+        ctx.measurement,
+    )
+    return plan_release(inp, ctx.old_status)
+
+
+@dataclass(frozen=True)
+class TrackBuild:
+    """How one Deployment of this pass is built: its track, revision, replicas and template source."""
+
+    track: str
+    revision: str
+    replicas: int
+    template: Mapping[str, Any] | None = None
+    """The observed pod template to keep; None: built from the spec, with the track's own ConfigMap."""
+
+
+def _observed_template(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The pod template of an observed Deployment."""
+    return (body.get("spec") or {}).get("template") or None
+
+
+def stable_build(ctx: PassContext, plan: ReleasePlan) -> TrackBuild:
+    """The stable Deployment: the spec's revision, or its observed template (old revision) at a new size.
+
+    Replicas are always set, autoscaled or not: the HPA scales the ChatbotService, not a Deployment.
+    """
+    observed = ctx.observed("Deployment", deployment_name(ctx.ref))
+    if plan.stable_from_spec or observed is None:
+        return TrackBuild(api.TRACK_STABLE, ctx.update_revision, plan.stable_replicas)
+    revision = ctx.stable.revision or ctx.update_revision
+    return TrackBuild(api.TRACK_STABLE, revision, plan.stable_replicas, _observed_template(observed))
+
+
+def new_revision_build(ctx: PassContext, plan: ReleasePlan, track: str) -> TrackBuild | None:
+    """The canary/preview Deployment: the spec's revision; kept on its observed template at 0 when idle."""
+    if plan.canary_replicas > 0:
+        return TrackBuild(track, ctx.update_revision, plan.canary_replicas)
+    observed = ctx.observed("Deployment", deployment_name(ctx.ref, track))
+    if observed is None:
+        return None
+    return TrackBuild(track, ctx.canary.revision or ctx.update_revision, 0, _observed_template(observed))
+
+
+def serving_revision(ctx: PassContext, plan: ReleasePlan) -> str:
+    """The revision the stable Deployment runs after this pass (status.currentRevision)."""
+    return stable_build(ctx, plan).revision
+
+
+def _track_objects(
+    ctx: PassContext, build: TrackBuild, in_place: bool
+) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """(ConfigMap or None, Deployment) of one track; an observed template keeps its own ConfigMap."""
+    ref, spec, pod = ctx.ref, ctx.spec, ctx.settings.pod
+    common = {
+        "track": build.track,
+        "revision": build.revision,
+        "replicas": build.replicas,
+        "in_place": in_place,
+    }
+    if build.template is not None:
+        return None, build_deployment(ref, spec, pod, config_hash="", template=build.template, **common)
+    configmap = build_triton_configmap(ref, spec, build.track)
+    return configmap, build_deployment(ref, spec, pod, config_hash=config_hash(configmap["data"]), **common)
+
+
+def desired_children(ctx: PassContext, plan: ReleasePlan) -> list[dict[str, Any]]:
+    """Every child of this pass, each built once, in the rollback order (see the module docstring)."""
+    ref, spec = ctx.ref, ctx.spec
+    strategy = strategy_of(spec)
+    in_place = template_update_in_place(
+        spec.rollout.gpu_capacity, ctx.observed("Deployment", deployment_name(ref)), ctx.pods
+    )
+    stable = stable_build(ctx, plan)
+    stable_cm, stable_dep = _track_objects(ctx, stable, in_place)
+    new = new_revision_build(ctx, plan, strategy.track)
+    new_objs = [m for m in _track_objects(ctx, new, in_place) if m is not None] if new else []
+    traffic = strategy.traffic_objects(ctx, plan, stable.revision)
+    rest = [build_pdb(ref)]
+    if spec.scaling.autoscale is not None:
+        rest.append(build_hpa(ref, spec.scaling.autoscale, ctx.settings.hpa_metrics))
+
+    # Rollback order: traffic first (existing Services and routes), then stable grows back, then the
+    # canary shrinks. Traffic objects that do not exist yet come last, as in the steady state: the API
+    # server allocates ClusterIPs one at a time (about 30/s), and pods should not wait behind them.
+    exists = [ctx.observed(m["kind"], m["metadata"]["name"]) is not None for m in traffic]
+    desired = [stable_cm] if stable_cm is not None else []
+    desired += [m for m, e in zip(traffic, exists, strict=True) if e]
+    desired.append(stable_dep)
+    desired += new_objs
+    desired += rest
+    desired += [m for m, e in zip(traffic, exists, strict=True) if not e]
+    return desired
+
+
+def scale_selector(ref: ObjectRef, spec: ChatbotServiceSpec, plan: ReleasePlan) -> str:
+    """status.selector, the pods the HPA averages over (scale subresource): those that take traffic.
+
+    No release: the stable track. During a release the strategy says (release_selector): canary both
+    tracks, blue-green the revision the active Service selects.
+    e.g. "chatfleet.io/service=bot,chatfleet.io/track=stable"; canary "chatfleet.io/service=bot".
+    """
+    if not plan.in_release:
+        return selector_text(service_selector(ref, **{api.LABEL_TRACK: api.TRACK_STABLE}))
+    return strategy_of(spec).release_selector(ref, plan)
+
+
+def template_update_in_place(
+    gpu_capacity: str, observed: Mapping[str, Any] | None, pods: Sequence[PodFacts]
+) -> bool:
+    """Whether the stable Deployment rolls a template change in place (maxSurge 0 / maxUnavailable 1).
+
+    Same policy as releases (spec.rollout.gpuCapacity): Surge never, ReplaceInPlace always, Auto once a
+    stable pod cannot be scheduled for lack of nvidia.com/gpu -- and then until that rollout is done
+    (the observed strategy is in place and the Deployment not rolled out), so it does not flip back to
+    surge between two pods. e.g. Auto, a stable pod Pending "Insufficient nvidia.com/gpu" -> True.
+    """
+    if gpu_capacity in (SURGE, REPLACE_IN_PLACE):
+        return gpu_capacity == REPLACE_IN_PLACE
+    stable = [p for p in pods if p.track == api.TRACK_STABLE and not p.deleting]
+    if any(api.GPU_RESOURCE in p.unschedulable_message for p in stable):
+        return True
+    if observed is None:
+        return False
+    strategy = ((observed.get("spec") or {}).get("strategy") or {}).get("rollingUpdate") or {}
+    in_place_now = str(strategy.get("maxSurge")) == "0"
+    return in_place_now and not deployment_facts(observed).rolled_out

@@ -1,0 +1,100 @@
+"""The release's I/O edge: the traffic mode the cluster offers, and the analysis measurement when due.
+
+The reconciler asks `Releases.traffic_mode` while it gathers the pass's context, and
+`Releases.measure_if_due` before it plans (release/children.py `plan_pass`, pure). The Prometheus
+measurement and the optional probe load happen here, in the pass's worker thread; they never raise (an
+unreachable Prometheus is an Error measurement).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+from chatfleet_operator.analysis.assess import INCONCLUSIVE, Measurement, Sample, assess
+from chatfleet_operator.analysis.probe import send_probe
+from chatfleet_operator.analysis.provider import PrometheusProvider, Provider, measurement_request
+from chatfleet_operator.analysis.targets import analysis_target_errors, fill_template
+from chatfleet_operator.context import PassContext
+from chatfleet_operator.release.planner import analysis_due, strategy_of
+from chatfleet_operator.release.state import last_verdict
+from chatfleet_operator.release.traffic import HTTPROUTE, REPLICA_RATIO
+from chatfleet_operator.settings import ReleaseSettings
+from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
+
+log = logging.getLogger("chatfleet")
+
+
+class Releases:
+    """Measures and plans releases for the passes of one operator process."""
+
+    def __init__(
+        self,
+        settings: ReleaseSettings | None = None,
+        provider: Provider | None = None,
+        serves_gateway_api: Callable[[], bool] | None = None,
+        cluster_domain: str = "cluster.local",
+    ) -> None:
+        self.settings = settings or ReleaseSettings()
+        self.provider = provider or PrometheusProvider()
+        self._serves = serves_gateway_api or (lambda: False)
+        self._cached: tuple[float, bool] | None = None
+        self.cluster_domain = cluster_domain
+
+    def traffic_mode(self) -> str:
+        """HTTPRoute when the cluster serves Gateway API (discovery, cached a few seconds), else ReplicaRatio."""
+        now = time.monotonic()
+        if self._cached is None or now - self._cached[0] > self.settings.discovery_cache_seconds:
+            try:
+                served = bool(self._serves())
+            except Exception as exc:  # discovery failing must not stop the pass
+                log.warning("Failed to discover the Gateway API group: %s", exc)
+                served = self._cached[1] if self._cached else False
+            self._cached = (now, served)
+        return HTTPROUTE if self._cached[1] else REPLICA_RATIO
+
+    def target_errors(self, ref: ObjectRef, spec: ChatbotServiceSpec) -> list[str]:
+        """Why the analysis URLs of this spec must not be called (each message names its field); [] if fine."""
+        return analysis_target_errors(
+            spec.analysis.probe,
+            spec.analysis.prometheus_address,
+            ref.namespace,
+            ref.name,
+            default_probe_template=self.settings.probe_url_template,
+            allowed=self.settings.analysis_allowed_hosts,
+            cluster_domain=self.cluster_domain,
+        )
+
+    def measure(self, ctx: PassContext) -> Measurement:
+        """One measurement (probing first when the last one had no data and the spec asks). Never raises."""
+        ref, spec = ctx.ref, ctx.spec
+        track = strategy_of(spec).track
+        plan = measurement_request(ref.namespace, ref.name, spec, track)
+        refused = self.target_errors(ref, spec)
+        if refused:  # nothing is called: an Error measurement naming the field (never a pass)
+            return assess(Sample(ctx.now, error="; ".join(refused)), [q.check for q in plan.metrics])
+        probe = spec.analysis.probe
+        if probe.enabled and last_verdict(ctx.old_status) == INCONCLUSIVE:
+            template = probe.url or self.settings.probe_url_template
+            url = fill_template(template, ref.namespace, ref.name, track, self.cluster_domain)
+            send_probe(
+                url,
+                ref.name,
+                requests=probe.requests,
+                prompts=probe.prompts,
+                budget_seconds=min(10.0, spec.analysis.interval_seconds / 2),
+            )
+        sample = self.provider.measure(plan, ctx.now)
+        m = assess(sample, [q.check for q in plan.metrics])
+        log.info(
+            "Measured release of ChatbotService %s/%s: %s %s", ref.namespace, ref.name, m.verdict, m.message
+        )
+        return m
+
+    def measure_if_due(self, ctx: PassContext) -> PassContext:
+        """The context with this pass's measurement, when a release is analysing and one is due."""
+        if not analysis_due(ctx.spec, ctx.old_status, ctx.canary, ctx.now):
+            return ctx
+        return replace(ctx, measurement=self.measure(ctx))

@@ -1,0 +1,237 @@
+"""The release planner: one pure function of (spec, old status, facts, now) per pass, for every strategy.
+
+All release state lives in status (release/state.py). A restarted operator reads it and carries on from
+the same step: no double promotion (promotion is idempotent: it ends when the stable Deployment runs the
+new revision), no lost rollback (a rollback is written as phase RolledBack and its revision is never
+retried until the spec changes).
+
+One pass, in order (`plan_release`):
+  0. no release when the spec revision is the stable one (returning to the stable hash skips analysis);
+  1. intents from the spec (abort, promote, paused) are read from spec.rollout, folded in below;
+  2. health of the canary/preview pods: crash-looping, restarting, image pulls, the progress deadline --
+     each rolls back at once, without waiting for metrics;
+  3. the analysis measurement of this pass (if one was due), folded into the counters;
+  4. one predicate, `rollback_reason`, decides a rollback from 1-3;
+  5. otherwise the strategy moves the release (STRATEGIES: canary.py, bluegreen.py).
+
+Rollback order (applied by the reconciler in exactly this order):
+  traffic to stable (route weight 0 / active selector back) -> scale the canary down -> status Stalled
+  with the reason and figures -> a Warning event.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from chatfleet_operator.analysis.assess import ROLLBACK, empty_counters, fold
+from chatfleet_operator.converge.facts import IMAGE_PULL_REASONS
+from chatfleet_operator.converge.status import EventIntent, Gate, GateKind, rfc3339
+from chatfleet_operator.release.bluegreen import BlueGreen
+from chatfleet_operator.release.canary import Canary
+from chatfleet_operator.release.state import (
+    ACTIVE_PHASES,
+    HistoryEntry,
+    ReleasePhase,
+    ReleaseState,
+    ReleaseStatus,
+    Result,
+    parse_time,
+    since,
+    with_entry,
+)
+from chatfleet_operator.release.strategy import (
+    ReleaseInput,
+    ReleasePlan,
+    ReleaseReason,
+    ReleaseStrategy,
+    Track,
+    Verdict,
+)
+from chatfleet_operator.release.traffic import AUTO, SURGE
+from chatfleet_operator.spec import ChatbotServiceSpec, Strategy
+
+#: The strategies, by spec.rollout.strategy.
+STRATEGIES: dict[Strategy, ReleaseStrategy] = {Strategy.CANARY: Canary(), Strategy.BLUE_GREEN: BlueGreen()}
+
+
+def strategy_of(spec: ChatbotServiceSpec) -> ReleaseStrategy:
+    """The strategy spec.rollout.strategy names."""
+    return STRATEGIES[spec.rollout.strategy]
+
+
+def analysis_due(
+    spec: ChatbotServiceSpec, old_status: Mapping[str, Any], canary: Track, now: datetime
+) -> bool:
+    """Whether this pass should measure: a release is analysing, its pods are Ready, an interval passed.
+
+    e.g. interval 10 s, last measured 9 s ago -> False; 10 s ago -> True; never measured -> True.
+    The first measurement waits one rate() window (two intervals, at least 10 s) after the canary's
+    first Ready pod, so the window holds only the new pods' requests -- not the last samples of a
+    canary rolled back moments ago.
+    """
+    rel = ReleaseStatus.from_status(old_status).release
+    if rel is None or rel.phase not in (ReleasePhase.STEPPING, ReleasePhase.SWITCHED) or canary.ready < 1:
+        return False
+    start = parse_time(rel.analysis_from)
+    if start is None or now < start:
+        return False
+    last = rel.last_measured_at
+    return last is None or since(last, now) >= spec.analysis.interval_seconds - 0.5
+
+
+def health_reason(spec: ChatbotServiceSpec, rel: ReleaseState, canary: Track, now: datetime) -> str:
+    """Why the canary/preview pods are unhealthy ('' when healthy). Rolls back without metrics.
+
+    Crash-looping or restarting pods, image pull failures, and the progress deadline: pods not all Ready
+    `progressDeadlineSeconds` after the step began (time waiting for GPUs is not counted).
+    """
+    pods = [p for p in canary.pods if not p.deleting and p.revision == rel.revision]
+    for p in sorted(pods, key=lambda p: p.name):
+        if p.waiting_reason == "CrashLoopBackOff" or (p.restarts > 0 and not p.ready):
+            return f"pod {p.name} is crash-looping ({p.restarts} restarts, {p.waiting_reason or 'not Ready'})"
+        if p.waiting_reason in IMAGE_PULL_REASONS:
+            return f"pod {p.name} cannot pull its image ({p.waiting_reason})"
+    if canary.waiting_for_gpus or canary.replicas == 0:
+        return ""
+    deadline = spec.analysis.progress_deadline_seconds
+    if canary.ready < canary.replicas and since(rel.ready_deadline_from, now) > deadline:
+        return f"{canary.ready}/{canary.replicas} pods Ready after progressDeadlineSeconds ({deadline}s)"
+    return ""
+
+
+def fold_measurement(inp: ReleaseInput, rel: ReleaseState) -> Verdict:
+    """Step 3: fold this pass's measurement into status.release.analysis; the decision and its reason."""
+    if inp.measurement is None:
+        return Verdict()
+    a = inp.spec.analysis
+    folded = fold(rel.analysis, inp.measurement, a.failure_limit, a.consecutive_error_limit, rfc3339(inp.now))
+    rel.analysis = folded.counters
+    return Verdict(folded.decision, folded.reason)
+
+
+def rollback_reason(inp: ReleaseInput, rel: ReleaseState, health: str, verdict: Verdict) -> str:
+    """The one predicate that decides a rollback: abort intent, unhealthy pods, or failed analysis."""
+    rollout = inp.spec.rollout
+    if rollout.wants(rollout.abort, rel.revision):
+        return f"aborted by spec.rollout.abort={rollout.abort}"
+    if health:
+        return health
+    if verdict.decision == ROLLBACK:
+        return verdict.reason
+    return ""
+
+
+def _steady(inp: ReleaseInput, history: list[HistoryEntry]) -> ReleasePlan:
+    """No release: the stable Deployment follows the spec, no canary."""
+    return ReleasePlan(
+        in_release=False,
+        stable_from_spec=True,
+        stable_replicas=inp.total,
+        canary_replicas=0,
+        active_revision=inp.update_revision,
+        history=history,
+        strategy=inp.spec.rollout.strategy,
+    )
+
+
+def _new_release(inp: ReleaseInput, stable_rev: str) -> ReleaseState:
+    """status.release of a release that starts now."""
+    now = rfc3339(inp.now)
+    capacity = inp.spec.rollout.gpu_capacity
+    return ReleaseState(
+        revision=inp.update_revision,
+        from_revision=stable_rev,
+        strategy=inp.spec.rollout.strategy,
+        phase=ReleasePhase.STEPPING,
+        traffic=inp.traffic,
+        capacity=SURGE if capacity == AUTO else capacity,
+        started_at=now,
+        step_index=0,
+        step_started_at=now,
+        ready_deadline_from=now,
+        analysis=empty_counters(),
+    )
+
+
+def _rolled_back_plan(
+    inp: ReleaseInput, rel: ReleaseState, history: list[HistoryEntry], stable_rev: str
+) -> ReleasePlan:
+    """After a rollback: stable at full size on its old template, no canary, Stalled until the spec changes."""
+    return ReleasePlan(
+        in_release=True,
+        stable_from_spec=False,
+        stable_replicas=inp.total,
+        canary_replicas=0,
+        canary_weight=0,
+        active_revision=stable_rev,
+        release=rel,
+        history=history,
+        gate=Gate(GateKind.STALLED, ReleaseReason.ROLLED_BACK, rel.message or ""),
+        strategy=inp.spec.rollout.strategy,
+    )
+
+
+def _rollback(
+    inp: ReleaseInput, rel: ReleaseState, history: list[HistoryEntry], stable_rev: str, why: str
+) -> ReleasePlan:
+    """Roll back now: traffic to stable, canary to zero, status Stalled with the figures, a Warning event."""
+    message = f"Rolled back revision {rel.revision} to stable {stable_rev}: {why}"
+    rel.phase, rel.rolled_back_at, rel.message = ReleasePhase.ROLLED_BACK, rfc3339(inp.now), message
+    history = with_entry(history, HistoryEntry(rel.revision, Result.ROLLED_BACK, rfc3339(inp.now), why))
+    plan = _rolled_back_plan(inp, rel, history, stable_rev)
+    plan.events.append(EventIntent("Warning", ReleaseReason.ROLLED_BACK, message))
+    return plan
+
+
+def plan_release(inp: ReleaseInput, old_status: Mapping[str, Any]) -> ReleasePlan:
+    """The whole release decision of one pass (see the module docstring for the order)."""
+    old = ReleaseStatus.from_status(old_status)
+    stable_rev, rel, history = old.stable_revision, old.release, old.history
+    target = inp.update_revision
+    active = rel is not None and rel.phase in ACTIVE_PHASES
+
+    # 0. No release: nothing serves yet, or the spec is (back) on the stable revision.
+    if not stable_rev or not inp.stable.exists or target == stable_rev:
+        if rel is not None and active and rel.revision != target:
+            message = f"spec returned to the stable revision {stable_rev}; no analysis needed"
+            entry = HistoryEntry(rel.revision, Result.CANCELLED, rfc3339(inp.now), message)
+            return _steady(inp, with_entry(history, entry))
+        return _steady(inp, history)
+
+    # A rolled-back revision is not retried until the spec changes again.
+    if rel is not None and rel.revision == target and rel.phase == ReleasePhase.ROLLED_BACK:
+        return _rolled_back_plan(inp, rel, history, stable_rev)
+
+    events: list[EventIntent] = []
+    if rel is None or rel.revision != target or not active:
+        if rel is not None and active:
+            entry = HistoryEntry(
+                rel.revision, Result.SUPERSEDED, rfc3339(inp.now), f"superseded by revision {target}"
+            )
+            history = with_entry(history, entry)
+        rel = _new_release(inp, stable_rev)
+        strategy_name = inp.spec.rollout.strategy
+        events.append(
+            EventIntent(
+                "Normal",
+                ReleaseReason.STARTED,
+                f"Started {strategy_name} release of revision {target} (stable {stable_rev})",
+            )
+        )
+    rel.traffic = inp.traffic
+    strategy = strategy_of(inp.spec)
+
+    # 1-4. Intents, health, the measurement, the one rollback predicate.
+    strategy.prepare(inp, rel)
+    health = health_reason(inp.spec, rel, inp.canary, inp.now) if strategy.watches_health(rel.phase) else ""
+    verdict = fold_measurement(inp, rel)
+    why = rollback_reason(inp, rel, health, verdict)
+    if why and strategy.may_roll_back(rel.phase):
+        plan = _rollback(inp, rel, history, stable_rev, why)
+    else:
+        # 5. The strategy moves the release.
+        plan = strategy.advance(inp, rel, history, verdict, stable_rev)
+    plan.events = events + plan.events
+    return plan

@@ -1,0 +1,210 @@
+"""What a release strategy is: a small protocol, the types it returns, and the steps strategies share. Pure.
+
+A strategy (canary.py, bluegreen.py) moves one release by one pass once the planner has applied the
+shared steps (intents, health, the measurement, the one rollback predicate). The registry that maps
+`spec.rollout.strategy` to a strategy is `planner.STRATEGIES` (kept there so imports run one way:
+strategy <- canary, bluegreen <- planner). Adding a strategy: one module here, one registry line, the
+enum value in spec.py and the CRD.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+
+from chatfleet_operator import api
+from chatfleet_operator.analysis.assess import ERROR_PAUSE, INCONCLUSIVE, SUCCESSFUL, Measurement
+from chatfleet_operator.analysis.queries import window_seconds
+from chatfleet_operator.builders.service import build_service, track_service_name
+from chatfleet_operator.context import PassContext
+from chatfleet_operator.converge.facts import Track
+from chatfleet_operator.converge.status import EventIntent, Gate, GateKind, ReleaseFields, rfc3339
+from chatfleet_operator.release.state import (
+    HistoryEntry,
+    ReleasePhase,
+    ReleaseState,
+    Result,
+    mirror_fields,
+    parse_time,
+    since,
+    with_entry,
+)
+from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef, Strategy
+
+
+class ReleaseReason:
+    """Condition and event reasons of releases."""
+
+    RELEASING = "Releasing"
+    PAUSED = "ReleasePaused"
+    NO_TRAFFIC = "AnalysisInconclusive"
+    ANALYSIS_ERROR = "AnalysisError"
+    WAITING_FOR_GPUS = "WaitingForGPUs"
+    AWAITING_PROMOTION = "AwaitingPromotion"
+    PROMOTING = "Promoting"
+    ROLLED_BACK = "RolledBack"
+    PROMOTED = "ReleasePromoted"
+    STARTED = "ReleaseStarted"
+
+
+@dataclass(frozen=True)
+class ReleaseInput:
+    """What one pass observed, besides the old status."""
+
+    spec: ChatbotServiceSpec
+    update_revision: str
+    total: int
+    stable: Track
+    canary: Track
+    traffic: str
+    now: datetime
+    measurement: Measurement | None = None
+
+
+@dataclass
+class ReleasePlan:
+    """Desired tracks and the new release state of one pass."""
+
+    in_release: bool
+    stable_from_spec: bool
+    stable_replicas: int
+    canary_replicas: int
+    canary_weight: int = 0
+    active_revision: str = ""
+    release: ReleaseState | None = None
+    history: list[HistoryEntry] = field(default_factory=list)
+    promoted: str | None = None
+    """The revision promoted this pass (it becomes status.stableRevision)."""
+    gate: Gate | None = None
+    events: list[EventIntent] = field(default_factory=list)
+    requeue_after: float | None = None
+    strategy: Strategy = Strategy.CANARY
+
+    def status_fields(self, update_revision: str) -> ReleaseFields:
+        """What this plan contributes to the status of the pass (fields derived in state.mirror_fields)."""
+        fields = mirror_fields(self.strategy, self.release, self.history, self.canary_weight)
+        return ReleaseFields(update_revision, fields, self.gate, self.promoted)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The shared steps' outcome a strategy moves on: this pass's analysis decision and its reason."""
+
+    decision: str = ""
+    reason: str = ""
+
+
+class ReleaseStrategy(Protocol):
+    """One way to release a revision (canary steps, blue-green preview and switch).
+
+    It owns what differs per strategy: the planning of one pass (prepare .. advance), the track the new
+    revision runs on, the objects that carry its traffic, and the pods the autoscaler averages over.
+    """
+
+    track: str
+    """Track of the new revision: its Deployment `<name>-<track>`, ConfigMap and Service (canary, preview)."""
+
+    def traffic_objects(self, ctx: PassContext, plan: ReleasePlan, serving: str) -> list[dict[str, Any]]:
+        """The Services (and route) that carry this pass's traffic; `serving`: the stable Deployment's revision."""
+
+    def release_selector(self, ref: ObjectRef, plan: ReleasePlan) -> str:
+        """status.selector during a release: the pods that take user traffic (see children.scale_selector)."""
+
+    def prepare(self, inp: ReleaseInput, rel: ReleaseState) -> None:
+        """Adjust the release before the shared steps (e.g. the canary's GPU capacity)."""
+
+    def watches_health(self, phase: ReleasePhase) -> bool:
+        """Whether the new pods' health can roll the release back in this phase."""
+
+    def may_roll_back(self, phase: ReleasePhase) -> bool:
+        """Whether a rollback reason rolls back in this phase."""
+
+    def advance(
+        self,
+        inp: ReleaseInput,
+        rel: ReleaseState,
+        history: list[HistoryEntry],
+        verdict: Verdict,
+        stable_rev: str,
+    ) -> ReleasePlan:
+        """Move the release by one pass (step 5 of the planner); `stable_rev` serves until it is promoted."""
+
+
+# ---- steps strategies share ---------------------------------------------------------------------
+
+
+def service_selector(ref: ObjectRef, **labels: str) -> dict[str, str]:
+    """Label selector of this ChatbotService's pods, narrowed by `labels`. e.g. track="canary"."""
+    return {api.LABEL_SERVICE: ref.name, **labels}
+
+
+def track_service(ref: ObjectRef, track: str) -> dict[str, Any]:
+    """The Service of the new revision's track, `<name>-<track>`, selecting only that track's pods."""
+    selector = service_selector(ref, **{api.LABEL_TRACK: track})
+    return build_service(ref, track_service_name(ref, track), selector, component=track)
+
+
+def selector_text(selector: dict[str, str]) -> str:
+    """A label selector as status.selector spells it. e.g. "chatfleet.io/service=bot,chatfleet.io/track=stable"."""
+    return ",".join(f"{k}={v}" for k, v in selector.items())
+
+
+def analysis_hold(rel: ReleaseState, verdict: Verdict) -> Gate | None:
+    """A paused gate when the analysis cannot conclude: Prometheus erroring, or no traffic."""
+    a = rel.analysis
+    if verdict.decision == ERROR_PAUSE or (a.get("consecutiveErrors") and rel.last_verdict == "Error"):
+        text = (
+            verdict.reason or f"{a.get('lastMessage', '')} ({a.get('consecutiveErrors')} consecutive errors)"
+        )
+        return Gate(GateKind.PAUSED, ReleaseReason.ANALYSIS_ERROR, f"Release paused: {text}")
+    if rel.last_verdict == INCONCLUSIVE:
+        return Gate(
+            GateKind.PAUSED,
+            ReleaseReason.NO_TRAFFIC,
+            "Release paused: no traffic on the canary, the analysis is inconclusive (never a pass); "
+            "send traffic or enable spec.analysis.probe",
+        )
+    return None
+
+
+def mark_analysis_start(inp: ReleaseInput, rel: ReleaseState) -> None:
+    """Record when analysis may start: one rate() window after the first Ready canary/preview pod."""
+    if not rel.analysis_from:
+        window = window_seconds(inp.spec.analysis.interval_seconds)
+        rel.analysis_from = rfc3339(inp.now + timedelta(seconds=window))
+
+
+def passed_since(rel: ReleaseState, start_value: str | None) -> bool:
+    """A Successful measurement at or after `start_value`."""
+    last, start = parse_time(rel.analysis.get("lastSuccessfulAt")), parse_time(start_value)
+    return last is not None and (start is None or last >= start) and rel.last_verdict == SUCCESSFUL
+
+
+def requeue(inp: ReleaseInput, rel: ReleaseState, *candidates: float | None) -> float:
+    """Seconds until the next timed event: a measurement, a pause end, a deadline (1 s .. interval)."""
+    interval = float(inp.spec.analysis.interval_seconds)
+    last = rel.last_measured_at
+    next_measure = interval - since(last, inp.now) if last else 1.0
+    values = [v for v in (next_measure, *candidates) if v is not None and v > 0]
+    return max(1.0, min([interval, *values]))
+
+
+def promoted_plan(
+    inp: ReleaseInput, revision: str, stable_rev: str, history: list[HistoryEntry], events: list[EventIntent]
+) -> ReleasePlan:
+    """The release is over: the stable Deployment runs `revision` on every replica; history and an event."""
+    message = f"Promoted revision {revision} (was {stable_rev})"
+    return ReleasePlan(
+        in_release=False,
+        stable_from_spec=True,
+        stable_replicas=inp.total,
+        canary_replicas=0,
+        active_revision=revision,
+        release=None,
+        history=with_entry(history, HistoryEntry(revision, Result.PROMOTED, rfc3339(inp.now), message)),
+        promoted=revision,
+        gate=Gate(GateKind.SUCCEEDED, ReleaseReason.PROMOTED, message),
+        events=[*events, EventIntent("Normal", ReleaseReason.PROMOTED, message)],
+        strategy=inp.spec.rollout.strategy,
+    )

@@ -78,6 +78,18 @@ def _write_cert(path: Path, cert: x509.Certificate) -> None:
     path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
 
 
+def _ca_and_leaf(paths: tuple[Path, Path, Path], ca_cn: str, cn: str, usage: list, sans=None) -> None:
+    """A fresh CA and one certificate it signs, written to paths (ca.crt, leaf.crt, leaf.key)."""
+    ca_key = _key()
+    ca_name = _name(ca_cn)
+    ca = _cert(ca_name, ca_key.public_key(), ca_name, ca_key, ca=True)
+    key = _key()
+    cert = _cert(_name(cn), key.public_key(), ca_name, ca_key, usage=usage, sans=sans)
+    _write_cert(paths[0], ca)
+    _write_cert(paths[1], cert)
+    _write_key(paths[2], key)
+
+
 def generate(pki_dir: Path) -> None:
     """Write ca, apiserver, admin, service-account and front-proxy key material into pki_dir (idempotent)."""
     pki_dir.mkdir(parents=True, exist_ok=True)
@@ -100,20 +112,7 @@ def front_proxy(pki_dir: Path) -> tuple[Path, Path, Path]:
     )
     if all(path.exists() for path in paths):
         return paths
-    ca_key = _key()
-    ca_name = _name("chatfleet-front-proxy-ca")
-    ca = _cert(ca_name, ca_key.public_key(), ca_name, ca_key, ca=True)
-    key = _key()
-    cert = _cert(
-        _name("front-proxy-client"),
-        key.public_key(),
-        ca_name,
-        ca_key,
-        usage=[ExtendedKeyUsageOID.CLIENT_AUTH],
-    )
-    _write_cert(paths[0], ca)
-    _write_cert(paths[1], cert)
-    _write_key(paths[2], key)
+    _ca_and_leaf(paths, "chatfleet-front-proxy-ca", "front-proxy-client", [ExtendedKeyUsageOID.CLIENT_AUTH])
     return paths
 
 
@@ -197,16 +196,9 @@ def serving_pair(
     `client_auth` adds the clientAuth usage, for a certificate that both ends of a mutual-TLS link share.
     """
     pki_dir.mkdir(parents=True, exist_ok=True)
-    ca_key = _key()
-    ca_name = _name(f"{name}-test-ca")
-    ca = _cert(ca_name, ca_key.public_key(), ca_name, ca_key, ca=True)
-    srv_key = _key()
     names = dict.fromkeys(("localhost", *dns))
     sans = [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), *(x509.DNSName(n) for n in names)]
     usage = [ExtendedKeyUsageOID.SERVER_AUTH] + ([ExtendedKeyUsageOID.CLIENT_AUTH] if client_auth else [])
-    srv = _cert(_name(name), srv_key.public_key(), ca_name, ca_key, usage=usage, sans=sans)
     paths = (pki_dir / "ca.crt", pki_dir / f"{name}.crt", pki_dir / f"{name}.key")
-    _write_cert(paths[0], ca)
-    _write_cert(paths[1], srv)
-    _write_key(paths[2], srv_key)
+    _ca_and_leaf(paths, f"{name}-test-ca", name, usage, sans)
     return paths

@@ -74,12 +74,13 @@ def run(args: argparse.Namespace) -> int:
     """Configure the API client, install the Controller, and run kopf until SIGINT/SIGTERM."""
     import kopf
 
-    from chatfleet_operator import kube, main
+    from chatfleet_operator import kopfext, kube, main
     from chatfleet_operator.controller import Controller
 
     settings = build_settings(args)
     kopf.configure(verbose=args.verbose)  # kopf's log format on the root logger
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    kopfext.repair_index_gates()  # a namespace deleted while we start must not stop every handler
     kube.configure(pool_size=max(32, settings.runtime.workers * 2))
     controller = Controller(settings, kube)
     main.install(controller)

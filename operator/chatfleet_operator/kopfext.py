@@ -63,13 +63,14 @@ async def watcher_that_releases_its_gates(
     operator never runs a handler again (kopf 1.45.2). A stopped watcher can index nothing more, so
     its gates are dropped when it ends. Dropping a gate already dropped is a no-op.
     """
-    gates = _GatesMadeBy(operator_indexed) if operator_indexed is not None else None
+    if operator_indexed is None:  # peering observers: no gates to release
+        await _KOPF_WATCHER(resource_indexed=resource_indexed, **kwargs)
+        return
+    gates = _GatesMadeBy(operator_indexed)
     try:
         await _KOPF_WATCHER(operator_indexed=gates, resource_indexed=resource_indexed, **kwargs)
     finally:
-        if operator_indexed is not None and gates is not None:
-            leftovers = gates.made | ({resource_indexed} if resource_indexed is not None else set())
-            await operator_indexed.drop_toggles(leftovers)
+        await operator_indexed.drop_toggles(gates.made | ({resource_indexed} - {None}))
 
 
 def repair_index_gates() -> None:

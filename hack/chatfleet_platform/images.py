@@ -15,6 +15,12 @@ Each image is exported once per image ID to a docker-archive under the cache, an
 them into a containerd (``ctr -n k8s.io images import``). What was built is written to ``refs.json`` and
 how long each step took to ``build-times.json``, both in ``$CHATFLEET_CACHE/images``.
 buildah's storage lives there too (``--root``/``--runroot``), never in ``/var/lib/containers``.
+
+The runtime image is large (torch with its CUDA libraries: about 5.5 GiB unpacked), so the cache keeps only
+what the current inputs need: each build drops working containers an interrupted build left, older content
+tags of the project images and the layers only they used, and older archives. A node's containerd drops an
+image's layer blobs once they are unpacked (containerd's ``discard_unpacked_layers``, done by hand because
+``ctr import`` has no such flag), and an import first checks that the node's disk can hold it.
 """
 
 from __future__ import annotations
@@ -66,7 +72,9 @@ SLIM_PATHS = (
     "usr/share/info",
     "usr/share/locale",
 )
-KEEP_ARCHIVES = 2
+KEEP_ARCHIVES = 1
+#: Head room left on a node's disk after an import (containerd's metadata, pod logs, emptyDirs).
+IMPORT_MARGIN_BYTES = 1 << 30
 SKIP_PARTS = frozenset({"__pycache__", ".pytest_cache", ".ruff_cache"})
 
 
@@ -301,6 +309,20 @@ def ctr_import_argv(address: str, archive: Path | str) -> list[str]:
     return ["ctr", "--address", str(address), "-n", "k8s.io", "images", "import", str(archive)]
 
 
+def stale_tags(tagged: Iterable[str], repo: str, keep: Iterable[str]) -> list[str]:
+    """The tags of repo among tagged (``repo:tag`` names) that are not in keep: older content tags."""
+    kept = set(keep)
+    return sorted(t for t in tagged if t.rpartition(":")[0] == repo and t not in kept)
+
+
+def import_space_needed(sizes: Iterable[int], margin: int = IMPORT_MARGIN_BYTES) -> int:
+    """Bytes a containerd needs free to import archives of these sizes one by one, discarding each
+    image's layer blobs after it is unpacked: every snapshot stays, and the largest image is briefly held
+    twice (blobs and snapshot)."""
+    sizes = list(sizes)
+    return sum(sizes) + max(sizes, default=0) + margin
+
+
 def ctr_tag_argv(address: str, source: str, target: str) -> list[str]:
     """`ctr images tag --force` in containerd's Kubernetes namespace (the stable alias)."""
     return ["ctr", "--address", str(address), "-n", "k8s.io", "images", "tag", "--force", source, target]
@@ -496,6 +518,16 @@ class ImageBuilder:
         self.say(f"{build.name}: {ref} ({image_id[:19]}) in {seconds:.1f}s")
         return ref, image_id
 
+    def drop_older(self, build: ImageBuild, ref: str) -> list[str]:
+        """Untag the older content tags of build's repository and prune the layers only they used."""
+        listing = self._buildah("images", "--format", "{{.Name}}:{{.Tag}}")
+        stale = stale_tags(listing.splitlines(), build.repo, (ref, f"{build.repo}:{ALIAS_TAG}"))
+        if stale:
+            self._buildah("rmi", *stale)
+            self._buildah("rmi", "--prune")
+            self.say(f"{build.name}: dropped {len(stale)} older tag(s) and their layers")
+        return stale
+
     # -- export
     def export(self, name: str, ref: str, image_id: str) -> Path:
         """A docker-archive of ref, once per image ID (only the newest KEEP_ARCHIVES per image are kept)."""
@@ -503,7 +535,7 @@ class ImageBuilder:
         if path.exists():
             return path
         path.parent.mkdir(parents=True, exist_ok=True)
-        # keep the previous archive too (switching back and forth between two versions exports nothing)
+        # the runtime's archive is ~5.8 GB: older ones go before the new one is written
         prune_archives(path.parent, name, KEEP_ARCHIVES - 1)
         t0 = time.monotonic()
         partial = path.with_suffix(".tar.partial")
@@ -539,6 +571,8 @@ class ImageBuilder:
     def _build_locked(self, names: Sequence[str]) -> dict[str, dict]:
         refs_path = self.dir / "refs.json"
         refs = read_json(refs_path)
+        # working containers left by an interrupted build hold whole layers (one held 11 GB)
+        subprocess.run([*buildah_base(self.storage), "rm", "--all"], capture_output=True, env=self.env)
         base_id = self.build_base() if set(names) - {"pause"} else ""
         if "pause" in names:
             pid = self.build_pause()
@@ -547,6 +581,7 @@ class ImageBuilder:
             if build.name in names:
                 ref, iid = self.build_project(build, base_id)
                 refs[build.name] = {"ref": ref, "alias": f"{build.repo}:{ALIAS_TAG}", "id": iid}
+                self.drop_older(build, ref)
         for name in LOAD_ORDER:
             entry = refs.get(name)
             if name in names and entry:
@@ -587,12 +622,18 @@ def _load_locked(
 ) -> dict[str, float]:
     refs = read_refs(cache)
     took: dict[str, float] = {}
+    archives: dict[str, Path] = {}
     for name in names:
         entry = refs.get(name)
         if not entry or not entry.get("archive") or not Path(entry["archive"]).is_file():
             raise PlatformError(f"image {name!r} has no archive in {images_dir(cache)}: run `make images`")
+        archives[name] = Path(entry["archive"])
+    check_import_space(Path(address).parent, {n: a.stat().st_size for n, a in archives.items()})
+    for name in names:
+        entry = refs[name]
         t0 = time.monotonic()
-        _check(ctr_import_argv(str(address), entry["archive"]))
+        _check(ctr_import_argv(str(address), archives[name]))
+        discard_layer_blobs(str(address), entry["ref"])
         if entry.get("alias"):
             _check(ctr_tag_argv(str(address), entry["ref"], entry["alias"]))
         took[name] = round(time.monotonic() - t0, 1)
@@ -601,6 +642,38 @@ def _load_locked(
         )
         progress(f"imported {entry['ref']} into {address} in {took[name]}s")
     return took
+
+
+def check_import_space(folder: Path, sizes: Mapping[str, int]) -> None:
+    """Raise a PlatformError naming the images and the shortfall when folder's disk cannot hold them."""
+    need = import_space_needed(sizes.values())
+    free = shutil.disk_usage(folder).free
+    if free < need:
+        gib = 1 << 30
+        listed = ", ".join(f"{n} {s / gib:.1f} GiB" for n, s in sizes.items())
+        raise PlatformError(
+            f"not enough disk to import the images into the containerd under {folder}: it needs about "
+            f"{need / gib:.1f} GiB free ({listed}, unpacked once, plus the largest briefly twice and "
+            f"{IMPORT_MARGIN_BYTES / gib:.0f} GiB head room) and {free / gib:.1f} GiB is free. Free some disk "
+            "(the image cache keeps one version per image under $CHATFLEET_CACHE/images) and run again."
+        )
+
+
+def discard_layer_blobs(address: str, ref: str) -> list[str]:
+    """Remove ref's layer blobs from the containerd's content store once they are unpacked: the snapshots
+    hold the files, so the blobs would only double the image's size on disk. Returns the digests removed."""
+    base = ["ctr", "--address", str(address), "-n", "k8s.io"]
+    listed = subprocess.run([*base, "images", "ls", f"name=={ref}"], capture_output=True, text=True)
+    rows = [line.split() for line in listed.stdout.splitlines()[1:] if line.strip()]
+    if listed.returncode != 0 or not rows:
+        raise PlatformError(f"{ref} is not in the containerd at {address} after its import")
+    manifest = subprocess.run([*base, "content", "get", rows[0][2]], capture_output=True, text=True)
+    if manifest.returncode != 0:
+        raise PlatformError(f"cannot read {ref}'s manifest in {address}: {manifest.stderr.strip()[-300:]}")
+    layers = [layer["digest"] for layer in json.loads(manifest.stdout).get("layers", [])]
+    if layers:
+        _check([*base, "content", "rm", *layers])
+    return layers
 
 
 def record_time(cache: Path | None, step: str, seconds: float, label: str = "", **info: object) -> None:

@@ -74,3 +74,20 @@ def test_pause_image_builds_once_exports_once_and_loads_into_containerd(tmp_path
         check=True,
     ).stdout.split()
     assert images.PAUSE_REF in listed
+
+    # the layer blobs are gone once unpacked (the snapshot holds the files); the config blob stays
+    def ctr(*args: str) -> str:
+        return subprocess.run(
+            ["ctr", "--address", str(containerd), "-n", "k8s.io", *args],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+
+    blobs = {line.split()[0] for line in ctr("content", "ls").splitlines()[1:] if line.strip()}
+    digest = ctr("images", "ls", f"name=={images.PAUSE_REF}").splitlines()[1].split()[2]
+    manifest = json.loads(ctr("content", "get", digest))
+    layers = {layer["digest"] for layer in manifest["layers"]}
+    assert layers and not layers & blobs
+    assert manifest["config"]["digest"] in blobs
+    assert ctr("snapshots", "ls").splitlines()[1:], "the unpacked snapshot must stay"

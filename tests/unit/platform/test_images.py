@@ -268,3 +268,31 @@ def test_project_image_inputs_hold_every_folder_its_dockerfile_copies():
         dockerfile = (REPO_ROOT / build.dockerfile).read_text()
         copied = set(re.findall(r"^COPY (?!--from)(\S+?)/? \S+$", dockerfile, re.M))
         assert copied and copied <= set(build.inputs), (build.name, sorted(copied - set(build.inputs)))
+
+
+def test_stale_tags_are_the_repositorys_other_tags():
+    tagged = [
+        "docker.io/chatfleet/chatfleet-runtime:dev",
+        "docker.io/chatfleet/chatfleet-runtime:0.1.0-new",
+        "docker.io/chatfleet/chatfleet-runtime:0.1.0-old",
+        "docker.io/chatfleet/chatfleet-operator:0.1.0-old",
+        "<none>:<none>",
+    ]
+    keep = ("docker.io/chatfleet/chatfleet-runtime:0.1.0-new", "docker.io/chatfleet/chatfleet-runtime:dev")
+    assert images.stale_tags(tagged, "docker.io/chatfleet/chatfleet-runtime", keep) == [
+        "docker.io/chatfleet/chatfleet-runtime:0.1.0-old"
+    ]
+
+
+def test_import_space_counts_every_snapshot_and_the_largest_image_twice():
+    assert images.import_space_needed([10, 300, 5], margin=1) == 10 + 300 + 5 + 300 + 1
+    assert images.import_space_needed([], margin=7) == 7
+
+
+def test_import_refuses_a_disk_too_small_and_names_the_images(tmp_path, monkeypatch):
+    monkeypatch.setattr(images.shutil, "disk_usage", lambda p: type("U", (), {"free": 2 << 30})())
+    with pytest.raises(images.PlatformError) as err:
+        images.check_import_space(tmp_path, {"runtime": 5 << 30, "pause": 1 << 20})
+    text = str(err.value)
+    assert "runtime 5.0 GiB" in text and "2.0 GiB is free" in text and str(tmp_path) in text
+    images.check_import_space(tmp_path, {"pause": 1 << 20})  # fits: no error

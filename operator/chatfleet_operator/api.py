@@ -41,6 +41,8 @@ ANNOTATION_CONFIG_HASH = f"{GROUP}/config-hash"
 
 #: The ReplicaSet removes pods with the lowest cost first on scale-down (standby and drained pods).
 ANNOTATION_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+#: Deletion cost of standby and drained pods (serving pods carry none, i.e. 0); new stable pods start with it.
+STANDBY_DELETION_COST = "-100"
 
 # GPU node labels (NVIDIA GPU feature discovery) and the extended resource.
 GPU_RESOURCE = "nvidia.com/gpu"

@@ -51,8 +51,12 @@ class Controller:
             serves_gateway_api=(lambda: serves(GATEWAY_GROUP)) if serves else None,
             cluster_domain=settings.runtime.cluster_domain,
         )
+        source = settings.autoscale.metrics_source.lower()
+        keda: Callable[[], bool] | None = (lambda: serves(KEDA_GROUP, KEDA_VERSION)) if serves else None
+        if source in ("keda", "hpa"):
+            keda = (lambda: True) if source == "keda" else (lambda: False)
         self.autoscaling = Autoscaling(
-            serves_keda=(lambda: serves(KEDA_GROUP, KEDA_VERSION)) if serves else None,
+            serves_keda=keda,
             settings=settings.release,
             cache_seconds=settings.release.discovery_cache_seconds,
             cluster_domain=settings.runtime.cluster_domain,

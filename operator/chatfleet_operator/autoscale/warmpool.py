@@ -23,8 +23,7 @@ from chatfleet_operator import api
 from chatfleet_operator.converge.diagnose import Problem
 from chatfleet_operator.converge.facts import PodFacts
 
-#: pod-deletion-cost of standby and drained pods (serving pods carry none, i.e. 0).
-STANDBY_DELETION_COST = "-100"
+STANDBY_DELETION_COST = api.STANDBY_DELETION_COST
 
 
 @dataclass(frozen=True)
@@ -46,7 +45,8 @@ def plan_serving(pods: Sequence[PodFacts], desired: int) -> list[PodLabel]:
     """The label changes that leave exactly min(desired, Ready pods) Ready stable pods serving.
 
     Ready pods already serving keep serving (oldest name first when there are too many); then Ready
-    standby pods join, by name. Not-Ready pods never serve.
+    standby pods join, by name. Not-Ready pods never serve; one that is not serving is left alone (its
+    template already says serving=false at a low deletion cost), so a loading pod gets no writes.
     e.g. Ready a(true) b(false) c(false), desired 2 -> [b true]; desired 1 with a, b serving -> [b false];
     a(true) not Ready, b(false) Ready, desired 1 -> [a false, b true].
     """
@@ -56,6 +56,8 @@ def plan_serving(pods: Sequence[PodFacts], desired: int) -> list[PodLabel]:
     changes = []
     for p in sorted(live, key=lambda p: p.name):
         serving = "true" if p.name in chosen else "false"
+        if not p.ready and p.serving != "true":
+            continue
         cost = None if serving == "true" else STANDBY_DELETION_COST
         if p.serving != serving or (p.deletion_cost or None) != cost:
             changes.append(PodLabel(p.name, serving, cost))

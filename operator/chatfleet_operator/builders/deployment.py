@@ -209,6 +209,8 @@ def build_pod_template(
         "prometheus.io/path": SCRAPE_PATH,
         api.ANNOTATION_CONFIG_HASH: config_hash,
     }
+    if serving == "false":  # a new stable pod stands by until the operator lets it join
+        annotations[api.ANNOTATION_DELETION_COST] = api.STANDBY_DELETION_COST
     node_selector = dict(res.node_selector)
     if res.gpu_product:
         node_selector[api.GPU_PRODUCT_LABEL] = res.gpu_product

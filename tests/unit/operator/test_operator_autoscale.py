@@ -174,7 +174,11 @@ class TestWarmPool:
                 id="scale-down-drains-one-cheap-to-delete",
             ),
             pytest.param(
-                [pod("a", serving="true", ready=False), pod("b", serving="false", deletion_cost="-100")],
+                [
+                    pod("a", serving="true", ready=False),
+                    pod("b", serving="false", deletion_cost="-100"),
+                    pod("c", serving="false", ready=False),
+                ],
                 1,
                 [PodLabel("a", "false", "-100"), PodLabel("b", "true", None)],
                 id="a-dead-serving-pod-is-replaced-at-once",

@@ -19,8 +19,10 @@ from chatfleet_platform import services
 from chatfleet_platform.cluster import Cluster
 from chatfleet_platform.config import BUILD_SCRIPT, REPO_ROOT, PlatformError, binaries
 from chatfleet_platform.keda import Keda, keda_binaries
-from needs import missing
-from needs import pytest_runtest_makereport  # noqa: F401 - any skip is reported as a failure
+from needs import (
+    missing,
+    pytest_runtest_makereport,  # noqa: F401 - any skip is reported as a failure
+)
 
 WORK = REPO_ROOT / ".work"
 

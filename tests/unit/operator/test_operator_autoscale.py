@@ -437,3 +437,29 @@ class TestPasses:
             "apply"
         )
         assert labels_first
+
+
+def test_kubectl_chatbot_status_shows_the_floor_the_pool_and_the_load():
+    from chatfleet_operator.plugin import render_tree
+
+    body = cbs_body(SPEC)
+    body["status"] = {
+        "desiredReplicas": 5,
+        "conditions": [cond("ScalingActive", "False", "FailedGetExternalMetric", "no such metric")],
+        "autoscaling": {
+            "metricsSource": "KEDA",
+            "forecast": {
+                "floor": 5,
+                "requestsPerSecond": 42.0,
+                "leadSeconds": 100,
+                "computedAt": "2026-11-21T09:59:00Z",
+                "reason": "Holt-Winters: forecast peak 42 req/s",
+            },
+            "warmPool": {"desired": 1, "ready": 1, "gpus": 1},
+            "modelLoadSeconds": {"revision": "r1", "seconds": 40.0, "samples": 3},
+        },
+    }
+    text = render_tree(body, [], NOW)
+    assert "Autoscaling: KEDA, desired 5, metrics False (FailedGetExternalMetric)" in text
+    assert "Forecast floor 5 (peak 42 req/s over 100 s" in text and "no such metric" in text
+    assert "Warm pool: 1/1 Ready, 1 GPUs held" in text and "Model load: 40.0 s" in text

@@ -19,10 +19,7 @@ from chatfleet_platform import services
 from chatfleet_platform.cluster import Cluster
 from chatfleet_platform.config import BUILD_SCRIPT, REPO_ROOT, PlatformError, binaries
 from chatfleet_platform.keda import Keda, keda_binaries
-from needs import (
-    missing,
-    pytest_runtest_makereport,  # noqa: F401 - any skip is reported as a failure
-)
+from needs import pytest_runtest_makereport  # noqa: F401 - any skip is reported as a failure
 
 WORK = REPO_ROOT / ".work"
 
@@ -56,6 +53,7 @@ def cluster() -> Iterator[Cluster]:
 @pytest.fixture(scope="session")
 def keda(cluster: Cluster) -> Iterator[Keda]:
     """KEDA (operator + metrics adapter behind v1beta1.external.metrics.k8s.io) on the session's cluster."""
+    from needs import missing
     try:
         keda_binaries()
     except PlatformError:  # built on first use, like the cluster's binaries

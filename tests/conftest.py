@@ -54,6 +54,7 @@ def cluster() -> Iterator[Cluster]:
 def keda(cluster: Cluster) -> Iterator[Keda]:
     """KEDA (operator + metrics adapter behind v1beta1.external.metrics.k8s.io) on the session's cluster."""
     from needs import missing
+
     try:
         keda_binaries()
     except PlatformError:  # built on first use, like the cluster's binaries

@@ -463,3 +463,58 @@ def test_kubectl_chatbot_status_shows_the_floor_the_pool_and_the_load():
     assert "Autoscaling: KEDA, desired 5, metrics False (FailedGetExternalMetric)" in text
     assert "Forecast floor 5 (peak 42 req/s over 100 s" in text and "no such metric" in text
     assert "Warm pool: 1/1 Ready, 1 GPUs held" in text and "Model load: 40.0 s" in text
+
+
+class TestPoolThroughARelease:
+    """The pool is the stable track's; a release waiting for GPUs gets the pool's GPUs first."""
+
+    SPEC = {
+        **SPEC,
+        "scaling": {
+            "replicas": 2,
+            "autoscale": {"maxReplicas": 8, "targets": {"inFlightRequests": 4}, "warmPool": {"replicas": 2}},
+        },
+    }
+
+    def ctx(self, canary_waits: bool):
+        from chatfleet_operator.reconcile import gather_context
+
+        canary_dep = {
+            "metadata": {"name": "bot-canary"},
+            "spec": {"replicas": 1, "template": {"metadata": {"labels": {api.LABEL_REVISION: "r2"}}}},
+        }
+        waiting = "0/4 nodes are available: 4 Insufficient nvidia.com/gpu." if canary_waits else ""
+        pods = [
+            pod("c", track="canary", revision="r2", ready=not canary_waits, unschedulable_message=waiting)
+        ]
+        snap = Snapshot(nodes=NODES, pods=pods, children={("Deployment", "bot-canary"): canary_dep})
+        return gather_context(cbs_body(self.SPEC), snap, Settings(), NOW, "ReplicaRatio", "HPA")
+
+    @pytest.mark.parametrize(
+        ("in_release", "waits", "pool"),
+        [
+            pytest.param(False, False, 2, id="no-release"),
+            pytest.param(True, False, 2, id="release-with-gpus"),
+            pytest.param(True, True, 0, id="release-waiting-for-gpus"),
+        ],
+    )
+    def test_pool_size(self, in_release, waits, pool):
+        from chatfleet_operator.release.children import warm_pool
+        from chatfleet_operator.release.strategy import ReleasePlan
+
+        plan = ReleasePlan(in_release=in_release, stable_from_spec=True, stable_replicas=1, canary_replicas=1)
+        assert warm_pool(self.ctx(waits), plan) == pool
+
+    def test_canary_pods_always_serve_and_stable_ones_stand_by_first(self):
+        from chatfleet_operator.release.children import desired_children
+        from chatfleet_operator.release.strategy import ReleasePlan
+
+        plan = ReleasePlan(in_release=True, stable_from_spec=True, stable_replicas=1, canary_replicas=1)
+        deps = {
+            m["metadata"]["name"]: m
+            for m in desired_children(self.ctx(False), plan)
+            if m["kind"] == "Deployment"
+        }
+        labels = {n: d["spec"]["template"]["metadata"]["labels"][api.LABEL_SERVING] for n, d in deps.items()}
+        assert labels == {"bot": "false", "bot-canary": "true"}
+        assert deps["bot"]["spec"]["replicas"] == 3 and deps["bot-canary"]["spec"]["replicas"] == 1

@@ -260,6 +260,7 @@ def reconcile_pass(
         pods=stable_pods,
         problems=problems,
         standby=pool,
+        standby_pods=sum(1 for p in stable_pods if p.serving == "false" and not p.deleting),
         autoscaling=_autoscaling_status(ctx, pool, stable_pods),
         scaling_active=_scaling_active(ctx),
     )

@@ -133,6 +133,8 @@ class Observation:
     applied: bool = True
     standby: int = 0
     """Warm-pool replicas the stable Deployment runs beside the desired ones."""
+    standby_pods: int = 0
+    """Stable pods that exist labelled chatfleet.io/serving=false (standby or drained)."""
     autoscaling: Mapping[str, Any] | None = None
     """status.autoscaling (autoscale/state.py), None without spec.scaling.autoscale."""
     scaling_active: Mapping[str, Any] | None = None
@@ -269,6 +271,7 @@ def compute_status(
         "observedGeneration": obs.generation,
         "conditions": conditions,
         "replicas": dep.replicas if dep else 0,
+        "servingReplicas": max(0, (dep.replicas if dep else 0) - obs.standby_pods),
         "readyReplicas": dep.ready if dep else 0,
         "availableReplicas": dep.available if dep else 0,
         "updatedReplicas": dep.updated if dep else 0,

@@ -49,7 +49,7 @@ system-deps: ## Debian packages: prometheus, redis-server; containerd, runc, CNI
 	@bash hack/install-system-deps.sh
 
 .PHONY: platform-build
-platform-build: ## Build etcd, Kubernetes, kwok and helm from the Go module proxy (cached by version)
+platform-build: ## Build etcd, Kubernetes, kwok, helm, Prometheus and KEDA from the Go module proxy (cached by version)
 	@bash hack/build-platform.sh
 
 .PHONY: test-servers

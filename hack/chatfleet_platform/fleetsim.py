@@ -65,27 +65,30 @@ RHO_MAX = 0.98
 # ---- demand ------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Surge:
-    """A sudden surge: demand x `factor` reached within `rise` seconds at `at`, held `hold` s, then back."""
+    """A sudden surge: demand reaches `factor` x the level it had at `at` within `rise` s, held `hold` s.
+
+    Additive: the extra demand, (factor - 1) x the daily rate at `at`, rides on the daily curve.
+    """
 
     at: float
     factor: float = 5.0
     rise: float = 10.0
     hold: float = 60.0
 
-    def multiplier(self, t: float) -> float:
-        """Demand multiplier at t, e.g. at=100, factor 5, rise 10: t=95 -> 1, t=105 -> 3, t=120 -> 5."""
+    def ramp(self, t: float) -> float:
+        """Share of the surge at t, e.g. at=100, rise 10, hold 60: t=95 -> 0, 105 -> 0.5, 120 -> 1, 175 -> 0.5."""
         up = (t - self.at) / self.rise
         down = (t - self.at - self.rise - self.hold) / self.rise
-        ramp = min(1.0, max(0.0, up)) - min(1.0, max(0.0, down))
-        return 1.0 + (self.factor - 1.0) * ramp
+        return min(1.0, max(0.0, up)) - min(1.0, max(0.0, down))
 
 
 @dataclass(frozen=True)
 class DayCurve:
     """Requests/s over time: a compressed day repeated (night at 0, peak at half a day) plus surges.
 
-    rate(t) = night + (peak - night) * ((1 - cos(2 pi t / day)) / 2) ** shape, times every surge's
-    multiplier; 0 before t=0. e.g. night 12, peak 60, day 360: t=0 -> 12, t=180 -> 60, t=360 -> 12.
+    daily(t) = night + (peak - night) * ((1 - cos(2 pi t / day)) / 2) ** shape; rate(t) = daily(t) plus,
+    per surge, (factor - 1) * daily(at) * ramp(t); 0 before t=0.
+    e.g. night 12, peak 60, day 360: t=0 -> 12, t=180 -> 60, t=360 -> 12.
     """
 
     night_rps: float
@@ -94,15 +97,17 @@ class DayCurve:
     shape: float = 1.5
     surges: tuple[Surge, ...] = ()
 
+    def daily(self, t: float) -> float:
+        """The daily curve alone (no surge) at t >= 0."""
+        phase = (1 - math.cos(2 * math.pi * t / self.day_seconds)) / 2
+        return self.night_rps + (self.peak_rps - self.night_rps) * phase**self.shape
+
     def rate(self, t: float) -> float:
         """Requests/s at t seconds after the start."""
         if t < 0:
             return 0.0
-        phase = (1 - math.cos(2 * math.pi * t / self.day_seconds)) / 2
-        base = self.night_rps + (self.peak_rps - self.night_rps) * phase**self.shape
-        for s in self.surges:
-            base *= s.multiplier(t)
-        return base
+        extra = sum((s.factor - 1) * self.daily(s.at) * s.ramp(t) for s in self.surges)
+        return self.daily(t) + extra
 
     def peak_over(self, start: float, end: float, step: float = 1.0) -> float:
         """Highest rate over [start, end], sampled every `step` s (and at both ends and surge corners)."""

@@ -49,22 +49,23 @@ class TestDayCurve:
         assert rates == sorted(rates)
 
     @pytest.mark.parametrize(
-        ("t", "mult"),
+        ("t", "share"),
         [
-            pytest.param(95, 1.0, id="before"),
-            pytest.param(105, 3.0, id="half way up"),
-            pytest.param(110, 5.0, id="x5 within 10 s"),
-            pytest.param(170, 5.0, id="held"),
-            pytest.param(175, 3.0, id="half way down"),
-            pytest.param(181, 1.0, id="after"),
+            pytest.param(95, 0.0, id="before"),
+            pytest.param(105, 0.5, id="half way up"),
+            pytest.param(110, 1.0, id="all of it within 10 s"),
+            pytest.param(170, 1.0, id="held"),
+            pytest.param(175, 0.5, id="half way down"),
+            pytest.param(181, 0.0, id="after"),
         ],
     )
-    def test_surge_multiplier(self, t: float, mult: float) -> None:
-        assert Surge(at=100, factor=5, rise=10, hold=60).multiplier(t) == pytest.approx(mult)
+    def test_surge_ramp(self, t: float, share: float) -> None:
+        assert Surge(at=100, factor=5, rise=10, hold=60).ramp(t) == pytest.approx(share)
 
-    def test_surge_multiplies_the_daily_rate(self) -> None:
+    def test_surge_is_five_times_the_level_it_started_from(self) -> None:
         plain, surged = DayCurve(12, 60, 360), DayCurve(12, 60, 360, surges=(Surge(at=0, hold=30),))
-        assert surged.rate(20) == pytest.approx(5 * plain.rate(20))
+        assert surged.rate(10) == pytest.approx(plain.rate(10) + 4 * 12)
+        assert surged.rate(0) == pytest.approx(12) and surged.rate(10) > 5 * 12 - 1
 
     def test_peak_over_sees_a_short_surge_between_samples(self) -> None:
         c = DayCurve(10, 10, 360, surges=(Surge(at=100.3, factor=5, rise=0.2, hold=0.1),))

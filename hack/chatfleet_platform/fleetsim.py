@@ -21,8 +21,10 @@ The pure parts (tested in tests/unit/platform/test_fleetsim.py):
       wait a request would see if one replica came up now). Requests that would wait past `timeout` are
       dropped and counted as timed out (the chat API gives up after its timeout too).
     * the stationary M/M/m wait at the offered load (m = slots over the serving replicas, utilisation
-      capped at 0.98 so it stays finite): Erlang C gives the chance to wait, the wait beyond is
-      exponential with rate cap - lambda, so its p95 is ln(C / 0.05) / (cap - lambda).
+      capped at 0.95 so it stays finite; beyond it the fluid backlog carries the overload, and the
+      stationary queue, which would take long to build, is not assumed to be there in full): Erlang C
+      gives the chance to wait, the wait beyond is exponential with rate cap - lambda, so its p95 is
+      ln(C / 0.05) / (cap - lambda).
   wait = fluid wait + stationary wait; per-request observations draw the stationary part from that
   distribution with a seeded random generator (deterministic for the same inputs).
 - `replicas_for`: the fewest replicas that keep utilisation and the p95 wait under bounds (how the static
@@ -59,7 +61,7 @@ LABEL_TRACK = "chatfleet.io/track"
 LABEL_SERVING = "chatfleet.io/serving"
 GPU_RESOURCE = "nvidia.com/gpu"
 #: Utilisation the stationary part is capped at (beyond it the fluid backlog carries the overload).
-RHO_MAX = 0.98
+RHO_MAX = 0.95
 
 
 # ---- demand ------------------------------------------------------------------------------------------

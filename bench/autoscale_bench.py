@@ -631,7 +631,7 @@ def print_table(result: dict[str, Any], s: Settings) -> None:
     rows = [head]
     for kind in s.configs:
         if kind in na:
-            rows.append((kind, na[kind], "", "", "", ""))
+            rows.append((kind, "not available on this build (below)", "", "", "", ""))
             continue
         r = res.get(kind)
         if not r:
@@ -662,6 +662,8 @@ def print_table(result: dict[str, Any], s: Settings) -> None:
     print(f"goal: predictive time over SLO <= 10 % of reactive's: {goal_1}")
     print(f"goal: predictive GPU-hours <= 1.15x oracle's: {goal_2}")
     print(f"SLO: p95 queue wait <= {s.slo_ms:.0f} ms; model load: {result['model_load']}")
+    for kind, why in na.items():
+        print(f"{kind}: {why}")
     for kind, rep in (result.get("autoscalers") or {}).items():
         srcs = "KEDA ScaledObject" if rep["scaledobjects"] else "HPA (no ScaledObject)"
         active = next((h["conditions"].get("ScalingActive", "") for h in rep["hpas"]), "no HPA")

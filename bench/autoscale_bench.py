@@ -501,7 +501,7 @@ def main(argv: list[str] | None = None) -> int:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "autoscale.json").write_text(json.dumps(result, indent=2) + "\n")
     (RESULTS / "autoscale-timeline.jsonl").write_text(
-        "".join(json.dumps(r) + "\n" for r in rows if r["t"] >= s.measured_start)
+        "".join(json.dumps(r) + "\n" for r in rows if s.measured_start <= r["t"] < s.run_seconds)
     )
     plot(rows, run.samples, s, run.namespaces, RESULTS / "autoscale.png")
     print_table(result, s)
@@ -594,7 +594,7 @@ def plot(rows: list[dict[str, Any]], samples, s: Settings, namespaces: dict[str,
         label="needed now",
     )
     for kind, ns in namespaces.items():
-        day = [r for r in rows if r["namespace"] == ns and r["t"] >= start]
+        day = [r for r in rows if r["namespace"] == ns and start <= r["t"] < start + s.day_seconds]
         if not day:
             continue
         x = [(r["t"] - start) * hours for r in day]
@@ -605,12 +605,12 @@ def plot(rows: list[dict[str, Any]], samples, s: Settings, namespaces: dict[str,
         )
         ax_wait.plot(x, [max(r["wait_p95"], 1e-3) for r in day], color=c, label=kind)
     ax_rep.set_ylabel("replicas")
-    ax_rep.legend(fontsize=7, ncol=3)
+    ax_rep.legend(fontsize=7, ncol=3, loc="upper right")
     ax_wait.axhline(s.slo_ms / 1000, color="black", linestyle=":", label="SLO")
     ax_wait.set_yscale("log")
     ax_wait.set_ylabel("p95 queue wait (s)")
     ax_wait.set_xlabel(f"hour of the measured day (1 h = {s.day_seconds / 24:.0f} s)")
-    ax_wait.legend(fontsize=7, ncol=5)
+    ax_wait.legend(fontsize=7, ncol=5, loc="upper right")
     fig.suptitle("make bench-autoscale: static vs reactive vs forecast + warm pool vs oracle")
     fig.tight_layout()
     fig.savefig(out, dpi=110)

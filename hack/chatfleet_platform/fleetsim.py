@@ -335,14 +335,16 @@ def _epoch(stamp: str | None) -> float | None:
 def kwok_load_annotation(stages_yaml: str) -> str | None:
     """The pod annotation a kwok Stage reads its readiness delay from, or None when the stages have none.
 
-    Looks for a Pod stage whose `delay.durationFrom.expressionFrom` names `.metadata.annotations["KEY"]`
-    and returns KEY (the value is a Go duration such as "40s").
+    Looks for a Pod stage whose `delay.durationFrom` expression (kwok v0.7's `jq.expression`, or the
+    older `expressionFrom`) names `.metadata.annotations["KEY"]` and returns KEY (the value is a Go
+    duration such as "40s").
     """
     for doc in yaml.safe_load_all(stages_yaml):
         spec = (doc or {}).get("spec") or {}
         if (spec.get("resourceRef") or {}).get("kind") != "Pod":
             continue
-        expr = ((spec.get("delay") or {}).get("durationFrom") or {}).get("expressionFrom") or ""
+        source = (spec.get("delay") or {}).get("durationFrom") or {}
+        expr = source.get("expressionFrom") or (source.get("jq") or {}).get("expression") or ""
         if ".metadata.annotations[" in expr:
             return expr.split("[", 1)[1].rstrip("]").strip("\"'")
     return None

@@ -228,3 +228,9 @@ class TestKwokAnnotation:
 
     def test_absent(self) -> None:
         assert kwok_load_annotation(STAGES.split("---")[1]) is None
+
+    def test_the_platform_stages_name_the_model_load_annotation(self) -> None:
+        from chatfleet_platform.config import REPO_ROOT
+
+        stages = (REPO_ROOT / "hack" / "chatfleet_platform" / "kwok-stages.yaml").read_text()
+        assert kwok_load_annotation(stages) == "sim.chatfleet.io/model-load-delay"

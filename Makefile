@@ -49,7 +49,7 @@ system-deps: ## Debian packages: prometheus, redis-server; containerd, runc, CNI
 	@bash hack/install-system-deps.sh
 
 .PHONY: platform-build
-platform-build: ## Build etcd, Kubernetes, kwok and helm from the Go module proxy (cached by version)
+platform-build: ## Build etcd, Kubernetes, kwok, helm, Prometheus and KEDA from the Go module proxy (cached by version)
 	@bash hack/build-platform.sh
 
 .PHONY: test-servers
@@ -150,7 +150,7 @@ chart-package: venv platform-build ## helm package into dist/
 ##@ Benchmarks (apart from tests; each prints a table and writes bench-results/*.json)
 
 .PHONY: bench
-bench: bench-platform bench-operator bench-runtime bench-rollout ## All benchmarks
+bench: bench-platform bench-operator bench-runtime bench-rollout bench-autoscale ## All benchmarks
 
 .PHONY: bench-platform
 bench-platform: setup ## Platform: cold build, warm start-to-ready, memory at rest, 1,000 GPU pods on 250 nodes
@@ -167,3 +167,7 @@ bench-runtime: setup ## Runtime vs naive transformers generate: tokens/s and lat
 .PHONY: bench-rollout
 bench-rollout: setup ## Rollback time vs Flagger's and Argo Rollouts' rules; 5-step canary; false rollbacks
 	$(PY) bench/rollout_bench.py
+
+.PHONY: bench-autoscale
+bench-autoscale: setup ## Autoscaling: a compressed day + 5x surge; static vs reactive vs forecast+warm pool vs oracle (~22 min)
+	$(PY) bench/autoscale_bench.py $(BENCH_ARGS)

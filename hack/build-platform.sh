@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the local platform's binaries (etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler, kubectl, kubelet, kube-proxy, kwok, helm, prometheus) from the Go module proxy, once, into a cache
+# kube-scheduler, kubectl, kubelet, kube-proxy, kwok, helm, prometheus, the KEDA operator and metrics adapter) from the Go module proxy, once, into a cache
 # outside the repository keyed by version:  $CHATFLEET_CACHE/bin/<name>-<version>/<name>
 # A second run finds every binary and builds nothing.
 set -euo pipefail
@@ -157,7 +157,7 @@ build_keda() {
   record "keda-$v" $(( $(date +%s) - t0 ))
 }
 
-targets=${*:-etcd kwok helm kubernetes prometheus}
+targets=${*:-etcd kwok helm kubernetes prometheus keda}
 start=$(date +%s)
 cached() {
   case $1 in

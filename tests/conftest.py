@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 from chatfleet_platform import services
 from chatfleet_platform.cluster import Cluster
-from chatfleet_platform.config import BUILD_SCRIPT, REPO_ROOT, binaries
+from chatfleet_platform.config import BUILD_SCRIPT, REPO_ROOT, PlatformError, binaries
+from chatfleet_platform.keda import Keda, keda_binaries
 from needs import pytest_runtest_makereport  # noqa: F401 - any skip is reported as a failure
 
 WORK = REPO_ROOT / ".work"
@@ -47,6 +48,27 @@ def cluster() -> Iterator[Cluster]:
         yield c
     finally:
         c.down()
+
+
+@pytest.fixture(scope="session")
+def keda(cluster: Cluster) -> Iterator[Keda]:
+    """KEDA (operator + metrics adapter behind v1beta1.external.metrics.k8s.io) on the session's cluster."""
+    from needs import missing
+
+    try:
+        keda_binaries()
+    except PlatformError:  # built on first use, like the cluster's binaries
+        subprocess.run(["bash", str(BUILD_SCRIPT), "keda"], check=False)
+    try:
+        keda_binaries()
+    except PlatformError as exc:
+        missing("KEDA", f"{exc}; `make setup` builds it")
+    k = Keda(cluster)
+    k.up()
+    try:
+        yield k
+    finally:
+        k.down()
 
 
 @pytest.fixture(scope="session")

@@ -24,8 +24,11 @@ from chatfleet_platform.services import wait_until
 class OperatorProcess:
     """The operator under test, as a subprocess with a log file and a stats file."""
 
-    def __init__(self, cluster: Any, workdir: Path, scope: tuple[str, ...]) -> None:
+    def __init__(
+        self, cluster: Any, workdir: Path, scope: tuple[str, ...], extra_args: tuple[str, ...] = ()
+    ) -> None:
         self.cluster, self.workdir, self.scope = cluster, workdir, scope
+        self.extra_args = extra_args
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
@@ -55,6 +58,7 @@ class OperatorProcess:
                     "--stats-file",
                     str(self.stats_file),
                     *LOCAL_ANALYSIS_ARGS,  # the platform's Prometheus and trafficsim are on 127.0.0.1
+                    *self.extra_args,
                 ],
                 cwd=REPO,
                 env=env,

@@ -142,12 +142,20 @@ class Cluster:
 
     # ---- lifecycle ---------------------------------------------------------------------------------
     def up(
-        self, *, nodes: int = 4, taint: bool = False, real_nodes: int = 0, gpus: int = 4, timeout: float = 120
+        self,
+        *,
+        nodes: int = 4,
+        taint: bool = False,
+        real_nodes: int = 0,
+        gpus: int = 4,
+        timeout: float = 120,
+        hpa_sync_seconds: int = 15,
     ) -> float:
         """Start everything (harmless when already running); returns seconds to ready.
 
         `nodes` simulated GPU nodes (kwok) and `real_nodes` real ones (kubelet + containerd on this host,
-        `gpus` fake GPUs on the first; see realnode.py).
+        `gpus` fake GPUs on the first; see realnode.py). `hpa_sync_seconds`: how often the HPA controller
+        evaluates (kube-controller-manager's default 15 s; the autoscaling benchmark compresses it).
         """
         t0 = time.monotonic()
         bins = self.binaries
@@ -208,7 +216,7 @@ class Cluster:
         self.progress(f"kube-apiserver ready on https://127.0.0.1:{ports['apiserver']} ({dt:.1f}s)")
 
         # 3. controller-manager and scheduler
-        kcm = launch("kube-controller-manager", self._kcm_args(bins, ports, pki_dir))
+        kcm = launch("kube-controller-manager", self._kcm_args(bins, ports, pki_dir, hpa_sync_seconds))
         scheduler = launch("kube-scheduler", self._scheduler_args(bins, ports))
 
         # 4. kwok with our stages, then the GPU nodes
@@ -420,7 +428,7 @@ class Cluster:
             "--v=0",
         ]
 
-    def _kcm_args(self, b: Binaries, p: dict, k: Path) -> list[str]:
+    def _kcm_args(self, b: Binaries, p: dict, k: Path, hpa_sync_seconds: int = 15) -> list[str]:
         kc = str(self.kubeconfig)
         return [
             str(b.kube_controller_manager),
@@ -438,7 +446,7 @@ class Cluster:
             "--kube-api-burst=400",
             "--concurrent-deployment-syncs=10",
             "--concurrent-replicaset-syncs=10",
-            "--horizontal-pod-autoscaler-sync-period=15s",
+            f"--horizontal-pod-autoscaler-sync-period={hpa_sync_seconds}s",
             "--profiling=false",
             "--v=0",
         ]

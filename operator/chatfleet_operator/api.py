@@ -24,6 +24,8 @@ LABEL_COMPONENT = "app.kubernetes.io/component"
 LABEL_SERVICE = f"{GROUP}/service"
 LABEL_TRACK = f"{GROUP}/track"
 LABEL_REVISION = f"{GROUP}/revision"
+#: With a warm pool: "true" on the pods the Service selects, "false" on standby ones (docs/autoscaling.md).
+LABEL_SERVING = f"{GROUP}/serving"
 NAME_VALUE = "chatbotservice"
 MANAGED_BY_VALUE = "chatfleet-operator"
 
@@ -37,6 +39,11 @@ ANNOTATION_DESIRED_HASH = f"{GROUP}/desired-hash"
 #: Hash of the Triton ConfigMap content on the pod template, so a config change rolls the pods.
 ANNOTATION_CONFIG_HASH = f"{GROUP}/config-hash"
 
+#: The ReplicaSet removes pods with the lowest cost first on scale-down (standby and drained pods).
+ANNOTATION_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+#: Deletion cost of standby and drained pods (serving pods carry none, i.e. 0); new stable pods start with it.
+STANDBY_DELETION_COST = "-100"
+
 # GPU node labels (NVIDIA GPU feature discovery) and the extended resource.
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
@@ -48,6 +55,12 @@ COND_RECONCILING = "Reconciling"
 COND_STALLED = "Stalled"
 COND_DEGRADED = "Degraded"
 COND_AVAILABLE = "Available"
+#: Whether the autoscaler can read its metrics (HPA ScalingActive / KEDA ScaledObject Ready).
+COND_SCALING_ACTIVE = "ScalingActive"
+
+#: status.autoscaling.metricsSource values.
+METRICS_KEDA = "KEDA"
+METRICS_HPA = "HPA"
 
 
 class Reason:
@@ -71,6 +84,10 @@ class Reason:
     APPLY_FAILED = "ApplyFailed"
     INVALID_ANALYSIS_TARGET = "InvalidAnalysisTarget"
     RECONCILE_ERROR = "ReconcileError"
+    # ScalingActive (the autoscaler's own reason is kept when it says why it cannot scale)
+    METRICS_AVAILABLE = "MetricsAvailable"
+    METRICS_UNAVAILABLE = "MetricsUnavailable"
+    AUTOSCALER_PENDING = "AutoscalerPending"
     # Degraded
     CRASH_LOOP = "CrashLoopBackOff"
     PODS_NOT_READY = "PodsNotReady"

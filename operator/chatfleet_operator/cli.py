@@ -13,7 +13,7 @@ import signal
 import sys
 from dataclasses import replace
 
-from chatfleet_operator.settings import ReleaseSettings, RuntimeSettings, Settings
+from chatfleet_operator.settings import AutoscaleSettings, ReleaseSettings, RuntimeSettings, Settings
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -55,6 +55,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="a host the release analysis may call besides *.svc names (exact name, *.suffix, IP or CIDR; "
         "repeatable; default env CHATFLEET_ANALYSIS_ALLOWED_HOSTS, comma-separated)",
     )
+    run.add_argument(
+        "--autoscaler",
+        choices=("auto", "keda", "hpa"),
+        default=None,
+        help="what scales an autoscaled ChatbotService: a KEDA ScaledObject or an HPA; auto (default, env "
+        "CHATFLEET_AUTOSCALER): KEDA when the cluster serves keda.sh/v1alpha1",
+    )
     sub.add_parser("version", help="print the version")
     return parser.parse_args(argv)
 
@@ -67,7 +74,10 @@ def build_settings(args: argparse.Namespace) -> Settings:
     release = ReleaseSettings()
     if args.analysis_allowed_host is not None:
         release = replace(release, analysis_allowed_hosts=tuple(args.analysis_allowed_host))
-    return Settings(runtime=runtime, release=release)
+    autoscale = AutoscaleSettings()
+    if args.autoscaler:
+        autoscale = replace(autoscale, metrics_source=args.autoscaler)
+    return Settings(runtime=runtime, release=release, autoscale=autoscale)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -45,6 +45,16 @@ class PassContext:
     """The Deployment of the new revision as observed (its track is the strategy's: canary, preview)."""
     measurement: Measurement | None = None
     """This pass's analysis measurement, when one was due (release/measure.py takes it)."""
+    metrics_source: str = ""
+    """Which autoscaler scales the ChatbotService: KEDA or HPA (discovery, autoscale/measure.py); '' if none."""
+    forecast: Mapping[str, Any] | None = None
+    """status.autoscaling.forecast of this pass (autoscale/measure.py), when forecasting."""
+    floor: int | None = None
+    """The autoscaler's minimum from the forecast (None: minReplicas)."""
+    forecast_in: float | None = None
+    """Seconds until the forecast is due again (the pass requeues then)."""
+    model_load: Mapping[str, Any] | None = None
+    """status.autoscaling.modelLoadSeconds of this pass."""
 
     def observed(self, kind: str, name: str) -> Mapping[str, Any] | None:
         """An owned object as observed (None when it does not exist)."""

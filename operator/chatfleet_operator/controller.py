@@ -17,7 +17,9 @@ from typing import Any
 import kopf
 
 from chatfleet_operator import api
+from chatfleet_operator.autoscale.measure import Autoscaling
 from chatfleet_operator.builders.httproute import GATEWAY_GROUP
+from chatfleet_operator.builders.scaledobject import KEDA_GROUP, KEDA_VERSION
 from chatfleet_operator.cache import Key, Snapshot, World
 from chatfleet_operator.reconcile import Client, Gone, Outcome, PassFailed, reconcile_pass, record_error
 from chatfleet_operator.release.measure import Releases
@@ -47,6 +49,16 @@ class Controller:
         self.releases = Releases(
             settings.release,
             serves_gateway_api=(lambda: serves(GATEWAY_GROUP)) if serves else None,
+            cluster_domain=settings.runtime.cluster_domain,
+        )
+        source = settings.autoscale.metrics_source.lower()
+        keda: Callable[[], bool] | None = (lambda: serves(KEDA_GROUP, KEDA_VERSION)) if serves else None
+        if source in ("keda", "hpa"):
+            keda = (lambda: True) if source == "keda" else (lambda: False)
+        self.autoscaling = Autoscaling(
+            serves_keda=keda,
+            settings=settings.release,
+            cache_seconds=settings.release.discovery_cache_seconds,
             cluster_domain=settings.runtime.cluster_domain,
         )
         self.clock = clock
@@ -89,7 +101,7 @@ class Controller:
                 log.info("Skipped ChatbotService %s/%s: its namespace is being deleted", *key)
                 return None
             self.passes += 1
-            if outcome.requeue_after:  # a release waits on time (a pause, the next measurement)
+            if outcome.requeue_after:  # a release waits on time (a pause, the next measurement), a forecast
                 loop.call_later(outcome.requeue_after, self.trigger, key)
             self.latencies.append(seconds)
             if any(p.reason in PLACEMENT_REASONS for p in outcome.problems):
@@ -105,7 +117,14 @@ class Controller:
         started = time.monotonic()
         try:
             outcome = reconcile_pass(
-                self.client, body, snap, self.world, self.settings, self.clock(), self.releases
+                self.client,
+                body,
+                snap,
+                self.world,
+                self.settings,
+                self.clock(),
+                self.releases,
+                self.autoscaling,
             )
         except Gone:
             raise

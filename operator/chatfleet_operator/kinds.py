@@ -38,7 +38,9 @@ class Kind:
     index: str = ""
     """kopf index name ('' when not watched)."""
     deletable: bool = False
-    """The pass deletes it when no longer desired (the HPA when autoscaling is turned off)."""
+    """The pass deletes it when no longer desired (the HPA or ScaledObject when autoscaling is turned off, or
+    the other one when the metrics path changes); only objects the ChatbotService controls (not the HPA
+    KEDA makes from the ScaledObject)."""
     signature: Callable[[Mapping[str, Any]], tuple[Any, ...]] = facts.content_signature_of
 
     @property
@@ -67,6 +69,19 @@ KINDS: tuple[Kind, ...] = (
         Watch.CHILD,
         "hpa_index",
         True,
+        signature=facts.autoscaler_signature,
+    ),
+    # Written instead of the HPA when the cluster serves KEDA (autoscale/measure.py discovers it);
+    # watched only once its CRD is there (kopf resolves resources as the cluster serves them).
+    Kind(
+        "ScaledObject",
+        "keda.sh",
+        "v1alpha1",
+        "scaledobjects",
+        Watch.CHILD,
+        "scaledobject_index",
+        True,
+        signature=facts.autoscaler_signature,
     ),
     Kind("PodDisruptionBudget", "policy", "v1", "poddisruptionbudgets", Watch.CHILD, "pdb_index"),
     Kind("HTTPRoute", "gateway.networking.k8s.io", "v1", "httproutes"),

@@ -158,6 +158,26 @@ def seed_replicas(namespace: str, name: str, replicas: int) -> None:
             raise
 
 
+def label_pod(
+    namespace: str, name: str, labels: Mapping[str, str], annotations: Mapping[str, str | None]
+) -> None:
+    """Merge-patch a pod's labels and annotations (None removes one); a pod already gone is fine.
+
+    The warm pool's serving label and deletion cost (autoscale/warmpool.py plans them).
+    """
+    _count("PATCH", "Pod")
+    try:
+        request(
+            "PATCH",
+            f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}",
+            body={"metadata": {"labels": dict(labels), "annotations": dict(annotations)}},
+            content_type="application/merge-patch+json",
+        )
+    except ApiError as exc:
+        if exc.status != 404:
+            raise
+
+
 #: Accept header asking the API server for the table `kubectl get` prints (name, type, key count, age).
 #: Not PartialObjectMetadata: a Secret's metadata can hold its data too (kubectl apply's
 #: last-applied-configuration annotation).

@@ -153,6 +153,33 @@ def render_tree(body: dict[str, Any], pods: list[dict[str, Any]], now: datetime 
         counts = by_track.setdefault(f"{track} {labels.get(api.LABEL_REVISION, '')}", [0, 0])
         counts[0] += int(ok)
         counts[1] += 1
+    auto = st.get("autoscaling") or {}
+    if auto:
+        sub = []
+        fc = auto.get("forecast") or {}
+        if fc:
+            rps = fc.get("requestsPerSecond")
+            peak = "no forecast" if rps is None else f"peak {rps:g} req/s over {fc.get('leadSeconds')} s"
+            sub.append(
+                f"Forecast floor {fc.get('floor')} ({peak}, {_ago(fc.get('computedAt'), now)}): {fc.get('reason', '')}"
+            )
+        pool = auto.get("warmPool") or {}
+        if pool:
+            sub.append(
+                f"Warm pool: {pool.get('ready', 0)}/{pool.get('desired', 0)} Ready, {pool.get('gpus', 0)} GPUs held"
+            )
+        load = auto.get("modelLoadSeconds") or {}
+        if load:
+            sub.append(
+                f"Model load: {load.get('seconds')} s (revision {load.get('revision')}, {load.get('samples')} pods)"
+            )
+        active = _cond(st, api.COND_SCALING_ACTIVE)
+        head = f"Autoscaling: {auto.get('metricsSource', '?')}, desired {st.get('desiredReplicas', '?')}"
+        if active:
+            head += f", metrics {active.get('status')} ({active.get('reason')})"
+            if active.get("status") == "False":
+                sub.append(str(active.get("message", "")))
+        items.append((head, sub))
     pods_text = ", ".join(f"{k}: {r}/{n} Ready" for k, (r, n) in sorted(by_track.items())) or "none"
     items.append((f"Pods: {pods_text}", []))
     for i, (head, sub) in enumerate(items):

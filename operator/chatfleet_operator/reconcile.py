@@ -15,6 +15,9 @@ from typing import Any, Protocol
 
 from chatfleet_operator import api, kinds
 from chatfleet_operator.api import ApiError
+from chatfleet_operator.autoscale.measure import Autoscaling
+from chatfleet_operator.autoscale.state import scaling_condition
+from chatfleet_operator.autoscale.warmpool import PodLabel, plan_serving, pool_status, pool_waits
 from chatfleet_operator.builders import deployment_name, endpoint, revision_hash
 from chatfleet_operator.cache import Snapshot, World, resource_version, slim
 from chatfleet_operator.context import PassContext, desired_total
@@ -29,7 +32,13 @@ from chatfleet_operator.converge.status import (
     pass_events,
     status_patch,
 )
-from chatfleet_operator.release.children import desired_children, plan_pass, scale_selector, serving_revision
+from chatfleet_operator.release.children import (
+    desired_children,
+    plan_pass,
+    scale_selector,
+    serving_revision,
+    warm_pool,
+)
 from chatfleet_operator.release.measure import Releases
 from chatfleet_operator.release.planner import strategy_of
 from chatfleet_operator.settings import Settings
@@ -52,7 +61,12 @@ class Outcome:
 
 
 def gather_context(
-    body: Mapping[str, Any], snap: Snapshot, settings: Settings, now: datetime, traffic: str
+    body: Mapping[str, Any],
+    snap: Snapshot,
+    settings: Settings,
+    now: datetime,
+    traffic: str,
+    metrics_source: str = "",
 ) -> PassContext:
     """Step 0: what the pass knows, gathered once (the object, the snapshot, and what follows). Pure."""
     ref = ObjectRef.from_body(body)
@@ -75,6 +89,7 @@ def gather_context(
         traffic=traffic,
         stable=observe_track(stable, snap.pods, api.TRACK_STABLE),
         canary=observe_track(children.get(("Deployment", deployment_name(ref, track))), snap.pods, track),
+        metrics_source=metrics_source if spec.scaling.autoscale is not None else "",
     )
 
 
@@ -106,6 +121,11 @@ class Client(Protocol):
 
     def seed_replicas(self, namespace: str, name: str, replicas: int) -> None:
         """Set spec.scaling.replicas of a ChatbotService where it is absent (the HPA's scale)."""
+
+    def label_pod(
+        self, namespace: str, name: str, labels: Mapping[str, str], annotations: Mapping[str, str | None]
+    ) -> None:
+        """Merge-patch a pod's labels and annotations (None removes one)."""
 
     def post_event(
         self, involved: Mapping[str, Any], type_: str, reason: str, message: str, now: datetime | None = None
@@ -163,6 +183,23 @@ def _seed_replicas(client: Client, ref: ObjectRef, replicas: int) -> tuple[str, 
     return None
 
 
+def _label_pods(client: Client, ref: ObjectRef, labels: list[PodLabel]) -> tuple[str, bool] | None:
+    """Flip the warm pool's serving labels and deletion costs; on refusal (message, worth retrying)."""
+    for change in labels:
+        try:
+            client.label_pod(
+                ref.namespace,
+                change.name,
+                {api.LABEL_SERVING: change.serving},
+                {api.ANNOTATION_DELETION_COST: change.deletion_cost},
+            )
+        except ApiError as exc:
+            log.warning("Failed to label pod %s/%s: %s", ref.namespace, change.name, exc)
+            return f"pod {change.name} could not be labelled ({exc.status}): {exc.message}", True
+        log.info("Labelled pod %s/%s %s=%s", ref.namespace, change.name, api.LABEL_SERVING, change.serving)
+    return None
+
+
 def reconcile_pass(
     client: Client,
     body: Mapping[str, Any],
@@ -171,23 +208,32 @@ def reconcile_pass(
     settings: Settings,
     now: datetime,
     releases: Releases | None = None,
+    autoscaling: Autoscaling | None = None,
 ) -> Outcome:
     """One level-triggered pass over one ChatbotService (blocking; runs in a worker thread)."""
-    # 0. Gather what the pass knows, once (the traffic mode: discovery, cached by Releases).
+    # 0. Gather what the pass knows, once (traffic mode and autoscaler: discovery, cached).
     releases = releases or Releases()
-    ctx = gather_context(body, snap, settings, now, releases.traffic_mode())
+    autoscaling = autoscaling or Autoscaling()
+    ctx = gather_context(body, snap, settings, now, releases.traffic_mode(), autoscaling.metrics_source())
     ref, spec = ctx.ref, ctx.spec
 
-    # 1. Observe what the caches cannot tell: do the referenced Secrets exist? The release's measurement.
+    # 1. Observe what the caches cannot tell: do the referenced Secrets exist? The release's measurement,
+    #    the model-load time and the demand forecast when due (its floor raises the total at once).
     missing = [name for name in referenced_secrets(spec) if not client.secret_exists(ref.namespace, name)]
     ctx = releases.measure_if_due(ctx)
+    ctx = autoscaling.forecast_if_due(ctx)
 
-    # 2. Plan (pure): the release, then every child built once for its track; diff with the observed ones.
+    # 2. Plan (pure): the release, then every child built once for its track; diff with the observed ones;
+    #    with a warm pool, which Ready stable pods serve.
     plan = plan_pass(ctx)
     changes = diff_children(desired_children(ctx, plan), snap.children, kinds.DELETABLE)
+    pool = warm_pool(ctx, plan) if spec.scaling.warm_pool > 0 else 0
+    labels = plan_serving(ctx.pods, plan.stable_replicas) if spec.scaling.warm_pool > 0 else []
 
-    # 3. Apply: only what differs. An invalid object is a problem for the user, not a crash.
-    refused = [r for change in changes if (r := _apply(client, change, world, snap, ref.namespace))]
+    # 3. Apply: pod labels first (a scale-down then removes standby pods, not serving ones), then only
+    #    the children that differ. An invalid object is a problem for the user, not a crash.
+    refused = [r for r in [_label_pods(client, ref, labels)] if r]
+    refused += [r for change in changes if (r := _apply(client, change, world, snap, ref.namespace))]
     seed = spec.scaling.autoscale is not None and not spec.scaling.replicas_set
     if seed:  # the HPA reads and writes spec.scaling.replicas (the scale subresource): it must exist
         refused += [r for r in [_seed_replicas(client, ref, ctx.total)] if r]
@@ -197,6 +243,8 @@ def reconcile_pass(
     dep = deployment_facts(dep_body) if dep_body is not None else None
     stable_pods = [p for p in snap.pods if p.track == api.TRACK_STABLE]
     problems = diagnose(spec, ctx.nodes, stable_pods, dep, missing)  # canary pods: the release judges them
+    if spec.scaling.warm_pool > 0:  # standby pods waiting for GPUs are no problem while enough serve
+        problems = pool_waits(problems, stable_pods, plan.stable_replicas)
     problems += [Problem(api.Reason.APPLY_FAILED, msg) for msg, _ in refused]
     problems += [
         Problem(api.Reason.INVALID_ANALYSIS_TARGET, msg) for msg in releases.target_errors(ref, spec)
@@ -211,6 +259,10 @@ def reconcile_pass(
         deployment=dep,
         pods=stable_pods,
         problems=problems,
+        standby=pool,
+        standby_pods=sum(1 for p in stable_pods if p.serving == "false" and not p.deleting),
+        autoscaling=_autoscaling_status(ctx, pool, stable_pods),
+        scaling_active=_scaling_active(ctx),
     )
     new_status = compute_status(ctx.old_status, obs, now, plan.status_fields(ctx.update_revision))
 
@@ -241,8 +293,37 @@ def reconcile_pass(
         writes=writes,
         status=new_status,
         retry=any(t for _, t in refused),
-        requeue_after=plan.requeue_after,
+        requeue_after=min((t for t in (plan.requeue_after, ctx.forecast_in) if t), default=None),
     )
+
+
+def _autoscaling_status(ctx: PassContext, pool: int, stable_pods: list[Any]) -> dict[str, Any] | None:
+    """status.autoscaling of this pass (None without spec.scaling.autoscale)."""
+    spec = ctx.spec
+    if spec.scaling.autoscale is None:
+        return None
+    out: dict[str, Any] = {"metricsSource": ctx.metrics_source}
+    if ctx.forecast is not None:
+        out["forecast"] = dict(ctx.forecast)
+    if spec.scaling.warm_pool > 0:
+        out["warmPool"] = pool_status(stable_pods, pool, spec.resources.gpus_per_replica)
+    if ctx.model_load is not None:
+        out["modelLoadSeconds"] = dict(ctx.model_load)
+    return out
+
+
+def _scaling_active(ctx: PassContext) -> dict[str, Any] | None:
+    """The ScalingActive condition from the observed HPA or ScaledObject (None without autoscale)."""
+    if ctx.spec.scaling.autoscale is None:
+        return None
+    name = deployment_name(ctx.ref)
+    if ctx.metrics_source == api.METRICS_KEDA:
+        keda_hpa = ctx.observed("HorizontalPodAutoscaler", f"keda-hpa-{name}")
+        return scaling_condition(
+            ctx.metrics_source, ctx.observed("ScaledObject", name), keda_hpa, ctx.ref.generation
+        )
+    hpa = ctx.observed("HorizontalPodAutoscaler", name)
+    return scaling_condition(ctx.metrics_source, hpa, None, ctx.ref.generation)
 
 
 class PassFailed(Exception):

@@ -98,6 +98,15 @@ class ReleaseSettings:
 
 
 @dataclass(frozen=True)
+class AutoscaleSettings:
+    """How an autoscaled ChatbotService is scaled (docs/autoscaling.md)."""
+
+    metrics_source: str = os.environ.get("CHATFLEET_AUTOSCALER", "auto")
+    """auto: a KEDA ScaledObject when the cluster serves keda.sh/v1alpha1, else an HPA on Pods metrics;
+    keda or hpa: always that one (flag --autoscaler, env CHATFLEET_AUTOSCALER)."""
+
+
+@dataclass(frozen=True)
 class Settings:
     """All settings of one operator process."""
 
@@ -111,3 +120,5 @@ class Settings:
     """Process-level settings."""
     release: ReleaseSettings = field(default_factory=ReleaseSettings)
     """Releases: the Gateway HTTPRoutes attach to, the probe URL, discovery caching."""
+    autoscale: AutoscaleSettings = field(default_factory=AutoscaleSettings)
+    """Which autoscaler (KEDA, HPA, or discovered)."""

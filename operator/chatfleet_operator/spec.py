@@ -176,6 +176,41 @@ class AutoscaleTargets:
 
 
 @dataclass(frozen=True)
+class ForecastSpec:
+    """spec.scaling.autoscale.forecast: a replica floor ahead of the forecast demand (docs/autoscaling.md)."""
+
+    enabled: bool = False
+    requests_per_replica: float | None = None
+    """Requests/s one replica serves within the SLO (required when enabled)."""
+    seasonal_period_seconds: int = 86400
+    history_seconds: int | None = None
+    """History read from Prometheus; None: two seasonal periods."""
+    lead_seconds: int | None = None
+    """How far ahead the floor looks; None: the measured model-load time + 60 s."""
+    max_over_provision_percent: int = 50
+    interval_seconds: int = 60
+
+    @property
+    def history(self) -> int:
+        """Seconds of history read: historySeconds, default two seasonal periods."""
+        return self.history_seconds or 2 * self.seasonal_period_seconds
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ForecastSpec:
+        """Parse spec.scaling.autoscale.forecast."""
+        rpr, hist, lead = d.get("requestsPerReplica"), d.get("historySeconds"), d.get("leadSeconds")
+        return cls(
+            enabled=bool(d.get("enabled") or False),
+            requests_per_replica=None if rpr is None else float(rpr),
+            seasonal_period_seconds=int(_v(d, "seasonalPeriodSeconds", 86400)),
+            history_seconds=None if hist is None else int(hist),
+            lead_seconds=None if lead is None else int(lead),
+            max_over_provision_percent=int(_v(d, "maxOverProvisionPercent", 50)),
+            interval_seconds=int(_v(d, "intervalSeconds", 60)),
+        )
+
+
+@dataclass(frozen=True)
 class Autoscale:
     """spec.scaling.autoscale."""
 
@@ -183,6 +218,14 @@ class Autoscale:
     max_replicas: int = 4
     targets: AutoscaleTargets = field(default_factory=lambda: AutoscaleTargets(gpu_utilization_percent=80))
     scale_down_stabilization_seconds: int = 300
+    forecast: ForecastSpec = field(default_factory=ForecastSpec)
+    warm_pool: int = 0
+    """warmPool.replicas: standby Ready replicas outside the Service (docs/autoscaling.md)."""
+
+    @property
+    def forecasting(self) -> bool:
+        """The forecast floor is on (enabled, with the capacity of a replica it divides by)."""
+        return self.forecast.enabled and bool(self.forecast.requests_per_replica)
 
 
 @dataclass(frozen=True)
@@ -193,6 +236,11 @@ class ScalingSpec:
     autoscale: Autoscale | None = None
     replicas_set: bool = False
     """spec.scaling.replicas is present (the HPA's decision, once it has scaled the ChatbotService)."""
+
+    @property
+    def warm_pool(self) -> int:
+        """Standby replicas asked for (spec.scaling.autoscale.warmPool.replicas; 0 without autoscale)."""
+        return self.autoscale.warm_pool if self.autoscale is not None else 0
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ScalingSpec:
@@ -216,6 +264,8 @@ class ScalingSpec:
                 max_replicas=int(_v(a, "maxReplicas", 4)),
                 targets=targets,
                 scale_down_stabilization_seconds=int(_v(a, "scaleDownStabilizationSeconds", 300)),
+                forecast=ForecastSpec.from_dict(_m(a, "forecast")),
+                warm_pool=int(_v(_m(a, "warmPool"), "replicas", 0)),
             )
         return cls(
             replicas=int(_v(d, "replicas", 1)),

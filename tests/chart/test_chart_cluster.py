@@ -43,6 +43,11 @@ UNOBSERVED_BY_DESIGN = {
     # e2e suite installs those CRDs; this test's cluster may not serve them).
     ("gateway.networking.k8s.io", "httproutes", "create"): "needs Gateway API and a weighted release",
     ("gateway.networking.k8s.io", "httproutes", "patch"): "needs Gateway API and a weighted release",
+    # Written instead of the HPA only when the cluster serves KEDA (this test's cluster does not run it;
+    # tests/integration/operator/test_operator_keda.py does, under the operator's own credentials).
+    **{("keda.sh", "scaledobjects", v): "needs KEDA" for v in ("list", "watch", "create", "patch", "delete")},
+    # Pod labels are patched only with spec.scaling.autoscale.warmPool (test_operator_keda.py).
+    ("", "pods", "patch"): "needs a warm pool",
 }
 
 

@@ -145,6 +145,17 @@ class PrometheusProvider:
         """One instant query (raises on any failure; measure() catches)."""
         return _scalar(self._client(address).custom_query(promql))
 
+    def query_range(
+        self, address: str, promql: str, start: datetime, end: datetime, step: int
+    ) -> list[tuple[float, float]]:
+        """One range query of a single series: [(unix time, value)] (raises on any failure; the caller catches)."""
+        result = self._client(address).custom_query_range(
+            promql, start_time=start, end_time=end, step=str(step)
+        )
+        if not result:
+            return []
+        return [(float(t), float(v)) for t, v in result[0].get("values") or []]
+
     def measure(self, plan: MeasurementRequest, now: datetime) -> Sample:
         """One measurement of canary vs stable; Sample(error=...) on any failure, never raises."""
         canary = Target(plan.namespace, plan.service, plan.canary_track)
@@ -162,6 +173,11 @@ class PrometheusProvider:
             message = f"Prometheus at {plan.address} did not answer: {_short(exc)}"
             log.info("Measured %s/%s: %s", plan.namespace, plan.service, message)
             return Sample(now, error=message)
+
+
+def short_error(exc: BaseException) -> str:
+    """First line of an exception, without the long urllib3 chains (public name of _short)."""
+    return _short(exc)
 
 
 def _short(exc: BaseException) -> str:

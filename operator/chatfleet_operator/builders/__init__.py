@@ -13,6 +13,7 @@ from chatfleet_operator.builders.common import (
 from chatfleet_operator.builders.deployment import build_deployment
 from chatfleet_operator.builders.hpa import build_hpa
 from chatfleet_operator.builders.pdb import build_pdb
+from chatfleet_operator.builders.scaledobject import build_scaledobject
 from chatfleet_operator.builders.service import build_service, track_service_name
 from chatfleet_operator.builders.tritonconfig import build_triton_configmap, chat_model_config
 
@@ -20,6 +21,7 @@ __all__ = [
     "build_deployment",
     "build_hpa",
     "build_pdb",
+    "build_scaledobject",
     "build_service",
     "build_triton_configmap",
     "chat_model_config",

@@ -184,8 +184,13 @@ def build_pod_template(
     track: str,
     revision: str,
     config_hash: str,
+    serving: str | None = None,
 ) -> dict[str, Any]:
-    """Pod template: podMetadata first, then our labels and annotations (ours win on conflicts)."""
+    """Pod template: podMetadata first, then our labels and annotations (ours win on conflicts).
+
+    `serving` (with a warm pool): the chatfleet.io/serving label new pods start with -- "false" on the
+    stable track (the operator lets them join), "true" on a canary or preview track (never pooled).
+    """
     res = spec.resources
     labels = {
         **spec.pod_metadata.labels,
@@ -193,6 +198,8 @@ def build_pod_template(
         **selector_labels(ref, track),
         api.LABEL_REVISION: revision,
     }
+    if serving is not None:
+        labels[api.LABEL_SERVING] = serving
     annotations = {
         **spec.pod_metadata.annotations,
         # The scrape contract (docs/metrics.md): the chat API's port carries every metric the
@@ -202,6 +209,8 @@ def build_pod_template(
         "prometheus.io/path": SCRAPE_PATH,
         api.ANNOTATION_CONFIG_HASH: config_hash,
     }
+    if serving == "false":  # a new stable pod stands by until the operator lets it join
+        annotations[api.ANNOTATION_DELETION_COST] = api.STANDBY_DELETION_COST
     node_selector = dict(res.node_selector)
     if res.gpu_product:
         node_selector[api.GPU_PRODUCT_LABEL] = res.gpu_product
@@ -263,6 +272,7 @@ def build_deployment(
     replicas: int | None = None,
     in_place: bool = False,
     template: Mapping[str, Any] | None = None,
+    serving: str | None = None,
 ) -> dict[str, Any]:
     """Deployment of one track at `revision`; `replicas=None` leaves the count unset; `in_place`: see rolling_update.
 
@@ -271,7 +281,9 @@ def build_deployment(
     runs (`revision` is then that template's, `config_hash` unused).
     """
     if template is None:
-        template = build_pod_template(ref, spec, pod, track=track, revision=revision, config_hash=config_hash)
+        template = build_pod_template(
+            ref, spec, pod, track=track, revision=revision, config_hash=config_hash, serving=serving
+        )
     deployment_spec: dict[str, Any] = {
         "selector": {"matchLabels": selector_labels(ref, track)},
         "revisionHistoryLimit": pod.revision_history_limit,

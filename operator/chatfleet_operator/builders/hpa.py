@@ -45,8 +45,10 @@ def hpa_metrics(autoscale: Autoscale, names: HpaMetricSettings) -> list[dict[str
     return metrics
 
 
-def build_hpa(ref: ObjectRef, autoscale: Autoscale, names: HpaMetricSettings) -> dict[str, Any]:
-    """HPA scaling the ChatbotService (its scale subresource) between minReplicas and maxReplicas."""
+def build_hpa(
+    ref: ObjectRef, autoscale: Autoscale, names: HpaMetricSettings, min_replicas: int | None = None
+) -> dict[str, Any]:
+    """HPA scaling the ChatbotService (its scale subresource) between the floor (or minReplicas) and maxReplicas."""
     return with_desired_hash(
         {
             "apiVersion": "autoscaling/v2",
@@ -54,7 +56,7 @@ def build_hpa(ref: ObjectRef, autoscale: Autoscale, names: HpaMetricSettings) ->
             "metadata": object_meta(ref, deployment_name(ref)),
             "spec": {
                 "scaleTargetRef": {"apiVersion": api.API_VERSION, "kind": api.KIND, "name": ref.name},
-                "minReplicas": autoscale.min_replicas,
+                "minReplicas": autoscale.min_replicas if min_replicas is None else min_replicas,
                 "maxReplicas": autoscale.max_replicas,
                 "metrics": hpa_metrics(autoscale, names),
                 "behavior": {

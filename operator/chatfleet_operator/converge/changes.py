@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from chatfleet_operator import api
+
 Path = tuple[str, ...]
 
 _QUANTITY = re.compile(r"^([+-]?[0-9.]+)([eE][+-]?[0-9]+|[numkMGTPE]|[KMGTPE]i)?$")
@@ -119,6 +121,12 @@ def contains(observed: Any, desired: Any, path: Path = ()) -> bool:
     return _scalar_equal(desired, observed, is_quantity_field(path))
 
 
+def controlled_by_another(body: Mapping[str, Any]) -> bool:
+    """Whether another kind of object controls it, e.g. the HPA KEDA makes (controller: its ScaledObject)."""
+    refs = (body.get("metadata") or {}).get("ownerReferences") or []
+    return any(r.get("controller") and r.get("kind") != api.KIND for r in refs)
+
+
 def object_key(manifest: Mapping[str, Any]) -> tuple[str, str]:
     """(kind, name) identifying an owned object inside one namespace."""
     return manifest["kind"], manifest["metadata"]["name"]
@@ -157,6 +165,6 @@ def diff_children(
         elif not contains(current, manifest):
             changes.append(Change("apply", key[0], key[1], manifest, "drifted"))
     for key in sorted(observed):
-        if key[0] in owned_kinds and key not in wanted:
+        if key[0] in owned_kinds and key not in wanted and not controlled_by_another(observed[key]):
             changes.append(Change("delete", key[0], key[1], None, "not desired"))
     return changes

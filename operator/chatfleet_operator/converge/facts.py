@@ -66,6 +66,14 @@ class PodFacts:
     waiting_message: str = ""
     restarts: int = 0
     deleting: bool = False
+    created: str = ""
+    """metadata.creationTimestamp (RFC 3339)."""
+    ready_since: str = ""
+    """lastTransitionTime of the Ready condition while it is True (RFC 3339); '' when not Ready."""
+    serving: str = ""
+    """The chatfleet.io/serving label ('' when absent: no warm pool)."""
+    deletion_cost: str = ""
+    """The controller.kubernetes.io/pod-deletion-cost annotation ('' when absent)."""
 
 
 def pod_facts(body: Mapping[str, Any]) -> PodFacts:
@@ -73,10 +81,12 @@ def pod_facts(body: Mapping[str, Any]) -> PodFacts:
     meta, spec, status = body.get("metadata", {}), body.get("spec", {}), body.get("status", {})
     labels = meta.get("labels") or {}
     ready = False
+    ready_since = ""
     unschedulable = ""
     for cond in status.get("conditions") or []:
         if cond.get("type") == "Ready":
             ready = cond.get("status") == "True"
+            ready_since = str(cond.get("lastTransitionTime") or "") if ready else ""
         if (cond.get("type"), cond.get("status"), cond.get("reason")) == (
             "PodScheduled",
             "False",
@@ -102,6 +112,10 @@ def pod_facts(body: Mapping[str, Any]) -> PodFacts:
         waiting_message=waiting_message,
         restarts=restarts,
         deleting=bool(meta.get("deletionTimestamp")),
+        created=str(meta.get("creationTimestamp") or ""),
+        ready_since=ready_since,
+        serving=labels.get(api.LABEL_SERVING, ""),
+        deletion_cost=(meta.get("annotations") or {}).get(api.ANNOTATION_DELETION_COST, ""),
     )
 
 
@@ -209,13 +223,37 @@ def deployment_signature(body: Mapping[str, Any]) -> tuple[Any, ...]:
     return (content_signature(body), astuple(deployment_facts(body)))
 
 
-def pod_signature(body: Mapping[str, Any]) -> tuple[Any, ...]:
-    """Change signature of a pod: only problem signals (unschedulable, a waiting reason, restarts).
+def autoscaler_signature(body: Mapping[str, Any]) -> tuple[Any, ...]:
+    """Change signature of an HPA or ScaledObject: its content and the status and reason of its conditions.
 
-    Healthy pod progress already shows in the Deployment's counts.
+    So a flip of ScalingActive (HPA) or Ready (ScaledObject) triggers a pass that shows it in the
+    ChatbotService's status, while the HPA's frequent metric updates trigger nothing.
+    """
+    conditions = tuple(
+        sorted(
+            (c.get("type", ""), c.get("status", ""), c.get("reason", ""))
+            for c in (body.get("status") or {}).get("conditions") or []
+            if c.get("type") in ("ScalingActive", "Ready")
+        )
+    )
+    return (content_signature(body), conditions)
+
+
+def pod_signature(body: Mapping[str, Any]) -> tuple[Any, ...]:
+    """Change signature of a pod: problem signals (unschedulable, a waiting reason, restarts), and with a
+    warm pool its serving label and readiness (a standby pod that got Ready may join at once).
+
+    Healthy pod progress without a warm pool already shows in the Deployment's counts.
     """
     p = pod_facts(body)
-    return (bool(p.unschedulable_message), p.waiting_reason, p.restarts > 0, p.ready and p.restarts > 0)
+    pool = (p.serving, p.ready) if p.serving else ("", False)
+    return (
+        bool(p.unschedulable_message),
+        p.waiting_reason,
+        p.restarts > 0,
+        p.ready and p.restarts > 0,
+        *pool,
+    )
 
 
 def node_signature(body: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -225,4 +263,4 @@ def node_signature(body: Mapping[str, Any]) -> tuple[Any, ...]:
 
 
 #: A healthy pod's signature: no problem signal at all.
-QUIET_POD = (False, "", False, False)
+QUIET_POD = (False, "", False, False, "", False)

@@ -17,6 +17,7 @@ from chatfleet_operator.api import (
     COND_DEGRADED,
     COND_READY,
     COND_RECONCILING,
+    COND_SCALING_ACTIVE,
     COND_STALLED,
     Phase,
     Reason,
@@ -130,6 +131,14 @@ class Observation:
     pods: Sequence[PodFacts] = ()
     problems: Sequence[Problem] = ()
     applied: bool = True
+    standby: int = 0
+    """Warm-pool replicas the stable Deployment runs beside the desired ones."""
+    standby_pods: int = 0
+    """Stable pods that exist labelled chatfleet.io/serving=false (standby or drained)."""
+    autoscaling: Mapping[str, Any] | None = None
+    """status.autoscaling (autoscale/state.py), None without spec.scaling.autoscale."""
+    scaling_active: Mapping[str, Any] | None = None
+    """The ScalingActive condition (without timestamp), None without spec.scaling.autoscale."""
 
 
 def _ready_and_reconciling(obs: Observation) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -149,8 +158,10 @@ def _ready_and_reconciling(obs: Observation) -> tuple[dict[str, Any], dict[str, 
             condition(COND_READY, ready_now, Reason.ROLLING_OUT, msg, gen),
             condition(COND_RECONCILING, True, Reason.ROLLING_OUT, msg, gen),
         )
-    if not dep.rolled_out or dep.desired != obs.desired_replicas:
-        reason = Reason.SCALING if dep.replicas != obs.desired_replicas else Reason.WAITING_FOR_PODS
+    wanted = obs.desired_replicas + obs.standby
+    serving_ready = dep.available >= obs.desired_replicas and dep.desired == wanted
+    if (not dep.rolled_out and not (obs.standby and serving_ready)) or dep.desired != wanted:
+        reason = Reason.SCALING if dep.replicas != wanted else Reason.WAITING_FOR_PODS
         msg = f"Waiting for pods of revision {obs.revision}: {counts}"
         return (
             condition(COND_READY, False, reason, msg, gen),
@@ -250,6 +261,8 @@ def compute_status(
     ready = any(c["type"] == COND_READY and c["status"] == "True" for c in computed)
     if release is not None and release.gate is not None:
         computed = apply_gate(computed, release.gate, obs.generation)
+    if obs.scaling_active is not None:
+        computed = [*computed, dict(obs.scaling_active)]
     conditions = merge_conditions(old.get("conditions") or [], computed, now)
     stable = (release.promoted if release else None) or (
         obs.revision if ready else old.get("stableRevision", "")
@@ -258,6 +271,7 @@ def compute_status(
         "observedGeneration": obs.generation,
         "conditions": conditions,
         "replicas": dep.replicas if dep else 0,
+        "servingReplicas": max(0, (dep.replicas if dep else 0) - obs.standby_pods),
         "readyReplicas": dep.ready if dep else 0,
         "availableReplicas": dep.available if dep else 0,
         "updatedReplicas": dep.updated if dep else 0,
@@ -270,6 +284,8 @@ def compute_status(
     }
     if stable:
         status["stableRevision"] = stable
+    if obs.autoscaling is not None:
+        status["autoscaling"] = dict(obs.autoscaling)
     if release is not None:
         status.update(release.fields)
     status["phase"] = derive_phase(status)
@@ -346,8 +362,15 @@ class EventIntent:
 
 
 def status_events(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list[EventIntent]:
-    """Events from the old -> new difference: one Warning per newly appeared problem (nothing else)."""
+    """Events from the old -> new difference: one Warning per newly appeared problem (nothing else).
+
+    Problems are Stalled or Degraded True, and ScalingActive False (the autoscaler cannot read its metrics).
+    """
     events = []
+    before, after = get_condition(old, COND_SCALING_ACTIVE), get_condition(new, COND_SCALING_ACTIVE) or {}
+    flipped = before is None or before.get("status") != "False" or before.get("reason") != after.get("reason")
+    if after.get("status") == "False" and flipped:
+        events.append(EventIntent("Warning", after["reason"], after["message"]))
     for ctype in (COND_STALLED, COND_DEGRADED):
         before, after = get_condition(old, ctype), get_condition(new, ctype)
         if after is None or after.get("status") != "True":

@@ -18,8 +18,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from chatfleet_operator import api
-from chatfleet_operator.builders import build_deployment, build_hpa, build_pdb, build_triton_configmap
-from chatfleet_operator.builders.common import deployment_name
+from chatfleet_operator.autoscale.warmpool import pool_size
+from chatfleet_operator.builders import (
+    build_deployment,
+    build_hpa,
+    build_pdb,
+    build_scaledobject,
+    build_triton_configmap,
+)
+from chatfleet_operator.builders.common import deployment_name, with_desired_hash
 from chatfleet_operator.builders.tritonconfig import config_hash
 from chatfleet_operator.context import PassContext
 from chatfleet_operator.converge.facts import PodFacts, deployment_facts
@@ -60,16 +67,32 @@ def _observed_template(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return (body.get("spec") or {}).get("template") or None
 
 
+def warm_pool(ctx: PassContext, plan: ReleasePlan) -> int:
+    """Standby replicas the stable Deployment runs beside the serving ones (autoscale/warmpool.py).
+
+    Given up while a release's new revision waits for GPUs (its pods cannot be scheduled, or the release
+    replaces stable pods in place for lack of a spare GPU): the release goes first.
+    e.g. warmPool 2, no release -> 2; a canary pod Pending "Insufficient nvidia.com/gpu" -> 0.
+    """
+    rel = plan.release
+    waits = plan.in_release and (
+        ctx.canary.waiting_for_gpus or (rel is not None and rel.capacity == REPLACE_IN_PLACE)
+    )
+    return pool_size(ctx.spec.scaling.warm_pool, waits)
+
+
 def stable_build(ctx: PassContext, plan: ReleasePlan) -> TrackBuild:
     """The stable Deployment: the spec's revision, or its observed template (old revision) at a new size.
 
-    Replicas are always set, autoscaled or not: the HPA scales the ChatbotService, not a Deployment.
+    Replicas are always set, autoscaled or not: the HPA scales the ChatbotService, not a Deployment. With
+    a warm pool the Deployment runs the serving replicas plus the pool.
     """
     observed = ctx.observed("Deployment", deployment_name(ctx.ref))
+    replicas = plan.stable_replicas + warm_pool(ctx, plan)
     if plan.stable_from_spec or observed is None:
-        return TrackBuild(api.TRACK_STABLE, ctx.update_revision, plan.stable_replicas)
+        return TrackBuild(api.TRACK_STABLE, ctx.update_revision, replicas)
     revision = ctx.stable.revision or ctx.update_revision
-    return TrackBuild(api.TRACK_STABLE, revision, plan.stable_replicas, _observed_template(observed))
+    return TrackBuild(api.TRACK_STABLE, revision, replicas, _observed_template(observed))
 
 
 def new_revision_build(ctx: PassContext, plan: ReleasePlan, track: str) -> TrackBuild | None:
@@ -92,13 +115,16 @@ def _track_objects(
 ) -> tuple[dict[str, Any] | None, dict[str, Any]]:
     """(ConfigMap or None, Deployment) of one track; an observed template keeps its own ConfigMap."""
     ref, spec, pod = ctx.ref, ctx.spec, ctx.settings.pod
-    common = {
+    common: dict[str, Any] = {
         "track": build.track,
         "revision": build.revision,
         "replicas": build.replicas,
         "in_place": in_place,
     }
+    if spec.scaling.warm_pool > 0:  # stable pods join when the operator says; release pods always serve
+        common["serving"] = "false" if build.track == api.TRACK_STABLE else "true"
     if build.template is not None:
+        common.pop("serving", None)  # an observed template keeps its labels
         return None, build_deployment(ref, spec, pod, config_hash="", template=build.template, **common)
     configmap = build_triton_configmap(ref, spec, build.track)
     return configmap, build_deployment(ref, spec, pod, config_hash=config_hash(configmap["data"]), **common)
@@ -115,10 +141,12 @@ def desired_children(ctx: PassContext, plan: ReleasePlan) -> list[dict[str, Any]
     stable_cm, stable_dep = _track_objects(ctx, stable, in_place)
     new = new_revision_build(ctx, plan, strategy.track)
     new_objs = [m for m in _track_objects(ctx, new, in_place) if m is not None] if new else []
-    traffic = strategy.traffic_objects(ctx, plan, stable.revision)
+    traffic = [
+        serving_only(m) if spec.scaling.warm_pool > 0 else m
+        for m in strategy.traffic_objects(ctx, plan, stable.revision)
+    ]
     rest = [build_pdb(ref)]
-    if spec.scaling.autoscale is not None:
-        rest.append(build_hpa(ref, spec.scaling.autoscale, ctx.settings.hpa_metrics))
+    rest += autoscaler_objects(ctx)
 
     # Rollback order: traffic first (existing Services and routes), then stable grows back, then the
     # canary shrinks. Traffic objects that do not exist yet come last, as in the steady state: the API
@@ -133,6 +161,25 @@ def desired_children(ctx: PassContext, plan: ReleasePlan) -> list[dict[str, Any]
     return desired
 
 
+def serving_only(manifest: dict[str, Any]) -> dict[str, Any]:
+    """A Service narrowed to serving pods (chatfleet.io/serving=true): standby pods take no traffic."""
+    if manifest.get("kind") != "Service":
+        return manifest
+    spec = dict(manifest["spec"])
+    spec["selector"] = {**spec["selector"], api.LABEL_SERVING: "true"}
+    return with_desired_hash({**manifest, "spec": spec})
+
+
+def autoscaler_objects(ctx: PassContext) -> list[dict[str, Any]]:
+    """The ScaledObject (the cluster serves KEDA) or the HPA, with the forecast floor as its minimum."""
+    autoscale = ctx.spec.scaling.autoscale
+    if autoscale is None:
+        return []
+    if ctx.metrics_source == api.METRICS_KEDA:
+        return [build_scaledobject(ctx.ref, autoscale, ctx.spec.analysis.prometheus_address, ctx.floor)]
+    return [build_hpa(ctx.ref, autoscale, ctx.settings.hpa_metrics, ctx.floor)]
+
+
 def scale_selector(ref: ObjectRef, spec: ChatbotServiceSpec, plan: ReleasePlan) -> str:
     """status.selector, the pods the HPA averages over (scale subresource): those that take traffic.
 
@@ -141,8 +188,12 @@ def scale_selector(ref: ObjectRef, spec: ChatbotServiceSpec, plan: ReleasePlan) 
     e.g. "chatfleet.io/service=bot,chatfleet.io/track=stable"; canary "chatfleet.io/service=bot".
     """
     if not plan.in_release:
-        return selector_text(service_selector(ref, **{api.LABEL_TRACK: api.TRACK_STABLE}))
-    return strategy_of(spec).release_selector(ref, plan)
+        selector = selector_text(service_selector(ref, **{api.LABEL_TRACK: api.TRACK_STABLE}))
+    else:
+        selector = strategy_of(spec).release_selector(ref, plan)
+    if spec.scaling.warm_pool > 0:  # the HPA averages over the pods that take traffic, not the pool
+        selector += f",{api.LABEL_SERVING}=true"
+    return selector
 
 
 def template_update_in_place(

@@ -13,15 +13,19 @@ import pytest
 from operator_it import Kube
 from operator_process import OperatorProcess
 
-#: What the suite's operator watches: everything but the e2e suite's namespaces and the solo-* ones,
-#: where a test drives a Controller in-process (no operator process may reconcile beside it).
-SUITE_SCOPE = ("!e2e-*,!solo-*",)
+#: What the suite's operator watches: everything but the e2e suite's namespaces, the solo-* ones, where a
+#: test drives a Controller in-process (no operator process may reconcile beside it), and the keda-* ones,
+#: where the KEDA test runs its own operator.
+SUITE_SCOPE = ("!e2e-*,!solo-*,!keda-*",)
+#: The suite's operator writes HPAs whether or not the session has started KEDA (the `keda` fixture):
+#: its tests are about the HPA path; test_operator_keda.py runs an operator on auto-discovery.
+SUITE_ARGS = ("--autoscaler=hpa",)
 
 
 @pytest.fixture(scope="session")
 def operator(chatfleet_crd, tmp_path_factory) -> Iterator[OperatorProcess]:
     """One operator process for the session (tests may restart it)."""
-    op = OperatorProcess(chatfleet_crd, tmp_path_factory.mktemp("operator"), SUITE_SCOPE)
+    op = OperatorProcess(chatfleet_crd, tmp_path_factory.mktemp("operator"), SUITE_SCOPE, SUITE_ARGS)
     op.start()
     try:
         yield op

@@ -1,0 +1,135 @@
+"""Autoscaling's I/O edge: which autoscaler the cluster offers (discovery), and the forecast when due.
+
+The reconciler asks `Autoscaling.metrics_source` while it gathers the pass's context, then
+`Autoscaling.forecast_if_due`, which reads the request-rate history from Prometheus (one range query,
+in the pass's worker thread) only when the forecast is due (autoscale/state.forecast_wait). It never
+raises: an unreachable Prometheus or a failed fit is a reason in status.autoscaling.forecast, the floor
+falls back to minReplicas and the next try waits longer.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from chatfleet_operator import api
+from chatfleet_operator.analysis.provider import PrometheusProvider, short_error
+from chatfleet_operator.analysis.targets import analysis_target_errors
+from chatfleet_operator.autoscale.forecast import Demand, forecast_peak, lead_seconds, step_seconds
+from chatfleet_operator.autoscale.modelload import model_load_status
+from chatfleet_operator.autoscale.state import forecast_status, forecast_wait
+from chatfleet_operator.context import PassContext
+from chatfleet_operator.settings import ReleaseSettings
+
+log = logging.getLogger("chatfleet")
+
+RangeQuery = Callable[[str, str, datetime, datetime, int], Sequence[tuple[float, float]]]
+#: Most samples one range query asks for (Prometheus refuses more than 11,000 per series).
+MAX_POINTS = 10_000
+
+
+def request_rate_query(namespace: str, name: str) -> str:
+    """The fleet's request rate (the contract's query), e.g. sum(rate(chatfleet_requests_total{...}[1m]))."""
+    return f'sum(rate(chatfleet_requests_total{{namespace="{namespace}",model="{name}"}}[1m]))'
+
+
+class Autoscaling:
+    """Discovers the autoscaler and forecasts demand for the passes of one operator process."""
+
+    def __init__(
+        self,
+        serves_keda: Callable[[], bool] | None = None,
+        range_query: RangeQuery | None = None,
+        settings: ReleaseSettings | None = None,
+        cache_seconds: float = 10.0,
+        cluster_domain: str = "cluster.local",
+    ) -> None:
+        self._serves = serves_keda or (lambda: False)
+        self._range_query = range_query or PrometheusProvider().query_range
+        self.settings = settings or ReleaseSettings()
+        self.cache_seconds = cache_seconds
+        self.cluster_domain = cluster_domain
+        self._cached: tuple[float, bool] | None = None
+
+    def metrics_source(self) -> str:
+        """KEDA when the cluster serves keda.sh/v1alpha1 (discovery, cached a few seconds), else HPA."""
+        now = time.monotonic()
+        if self._cached is None or now - self._cached[0] > self.cache_seconds:
+            try:
+                served = bool(self._serves())
+            except Exception as exc:  # discovery failing must not stop the pass
+                log.warning("Failed to discover the keda.sh API group: %s", exc)
+                served = self._cached[1] if self._cached else False
+            self._cached = (now, served)
+        return api.METRICS_KEDA if self._cached[1] else api.METRICS_HPA
+
+    def _demand(self, ctx: PassContext, lead: int) -> tuple[Demand | None, str]:
+        """(the forecast, '') or (None, why it failed): one range query and one fit. Never raises."""
+        autoscale = ctx.spec.scaling.autoscale
+        assert autoscale is not None
+        fc = autoscale.forecast
+        address = ctx.spec.analysis.prometheus_address
+        refused = analysis_target_errors(
+            ctx.spec.analysis.probe,
+            address,
+            ctx.ref.namespace,
+            ctx.ref.name,
+            default_probe_template=self.settings.probe_url_template,
+            allowed=self.settings.analysis_allowed_hosts,
+            cluster_domain=self.cluster_domain,
+        )
+        refused = [r for r in refused if "prometheusAddress" in r]
+        if refused:
+            return None, "; ".join(refused)
+        step = max(step_seconds(fc.seasonal_period_seconds), math.ceil(fc.history / MAX_POINTS))
+        query = request_rate_query(ctx.ref.namespace, ctx.ref.name)
+        try:
+            series = self._range_query(address, query, ctx.now - timedelta(seconds=fc.history), ctx.now, step)
+        except Exception as exc:  # never raise: the floor falls back to minReplicas
+            return None, f"Prometheus at {address} did not answer: {short_error(exc)}"
+        try:
+            return forecast_peak([v for _, v in series], step, fc.seasonal_period_seconds, lead), ""
+        except Exception as exc:  # a fit that fails on odd data is an error, not a crash
+            return None, f"the forecast model failed: {type(exc).__name__}: {exc}"
+
+    def forecast_if_due(self, ctx: PassContext) -> PassContext:
+        """The context with model-load time, the forecast (new when due, else the stored one) and its floor."""
+        autoscale = ctx.spec.scaling.autoscale
+        if autoscale is None:
+            return ctx
+        old: dict[str, Any] = dict(ctx.old_status.get("autoscaling") or {})
+        revisions = [ctx.update_revision, ctx.stable.revision]
+        load = model_load_status(ctx.pods, revisions, old.get("modelLoadSeconds"))
+        ctx = replace(ctx, model_load=load)
+        if not autoscale.forecasting:
+            return ctx
+        lead = lead_seconds(autoscale, (load or {}).get("seconds"))
+        wait = forecast_wait(autoscale, old.get("forecast"), ctx.now)
+        demand, error = (None, "")
+        if wait <= 0:
+            demand, error = self._demand(ctx, lead)
+            ref = ctx.ref
+            if error:
+                log.warning(
+                    "Failed to forecast demand of ChatbotService %s/%s: %s", ref.namespace, ref.name, error
+                )
+            else:
+                assert demand is not None
+                log.info(
+                    "Forecast demand of ChatbotService %s/%s: peak %s req/s over %d s (%s)",
+                    ref.namespace,
+                    ref.name,
+                    "-" if demand.peak_rps is None else f"{demand.peak_rps:.3g}",
+                    lead,
+                    demand.model,
+                )
+        fc = forecast_status(autoscale, old.get("forecast"), ctx.now, lead, demand, error)
+        floor = int(fc["floor"])
+        total = max(floor, ctx.total)
+        next_in = forecast_wait(autoscale, fc, ctx.now)
+        return replace(ctx, forecast=fc, floor=floor, total=total, forecast_in=max(1.0, next_in))

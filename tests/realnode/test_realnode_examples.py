@@ -53,6 +53,9 @@ def _serve_and_chat(cluster, ns: str, name: str) -> None:
     log = cluster.kubectl("logs", pods[0]["metadata"]["name"], "-c", "triton", namespace=ns).stdout
     assert "simulated GPU" in log, log[-2000:]
     url = service_url(cluster, ns, name)
+    # Ready pods and endpoints come before kube-proxy has written the Service's rules (its sync runs on
+    # its own period): a refused connection right after Ready is retried for a bounded time, nothing else
+    wait_until(lambda: chat_once(url, stream=False) != "conn", 30, 1)
     outcomes = [chat_once(url, stream=s) for s in (False, True)]
     assert outcomes == ["ok", "ok"], f"{ns}/{name} through {url}: {outcomes}"
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -24,6 +23,7 @@ from chatfleet_operator.autoscale.forecast import Demand, forecast_peak, lead_se
 from chatfleet_operator.autoscale.modelload import model_load_status
 from chatfleet_operator.autoscale.state import forecast_status, forecast_wait
 from chatfleet_operator.context import PassContext
+from chatfleet_operator.discovery import ServedGroup
 from chatfleet_operator.settings import ReleaseSettings
 
 log = logging.getLogger("chatfleet")
@@ -49,24 +49,14 @@ class Autoscaling:
         cache_seconds: float = 10.0,
         cluster_domain: str = "cluster.local",
     ) -> None:
-        self._serves = serves_keda or (lambda: False)
+        self._keda = ServedGroup("keda.sh", serves_keda, cache_seconds)
         self._range_query = range_query or PrometheusProvider().query_range
         self.settings = settings or ReleaseSettings()
-        self.cache_seconds = cache_seconds
         self.cluster_domain = cluster_domain
-        self._cached: tuple[float, bool] | None = None
 
     def metrics_source(self) -> str:
         """KEDA when the cluster serves keda.sh/v1alpha1 (discovery, cached a few seconds), else HPA."""
-        now = time.monotonic()
-        if self._cached is None or now - self._cached[0] > self.cache_seconds:
-            try:
-                served = bool(self._serves())
-            except Exception as exc:  # discovery failing must not stop the pass
-                log.warning("Failed to discover the keda.sh API group: %s", exc)
-                served = self._cached[1] if self._cached else False
-            self._cached = (now, served)
-        return api.METRICS_KEDA if self._cached[1] else api.METRICS_HPA
+        return api.METRICS_KEDA if self._keda.served() else api.METRICS_HPA
 
     def _demand(self, ctx: PassContext, lead: int) -> tuple[Demand | None, str]:
         """(the forecast, '') or (None, why it failed): one range query and one fit. Never raises."""

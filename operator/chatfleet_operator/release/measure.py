@@ -9,7 +9,6 @@ unreachable Prometheus is an Error measurement).
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -18,6 +17,7 @@ from chatfleet_operator.analysis.probe import send_probe
 from chatfleet_operator.analysis.provider import PrometheusProvider, Provider, measurement_request
 from chatfleet_operator.analysis.targets import analysis_target_errors, fill_template
 from chatfleet_operator.context import PassContext
+from chatfleet_operator.discovery import ServedGroup
 from chatfleet_operator.release.planner import analysis_due, strategy_of
 from chatfleet_operator.release.state import last_verdict
 from chatfleet_operator.release.traffic import HTTPROUTE, REPLICA_RATIO
@@ -39,21 +39,14 @@ class Releases:
     ) -> None:
         self.settings = settings or ReleaseSettings()
         self.provider = provider or PrometheusProvider()
-        self._serves = serves_gateway_api or (lambda: False)
-        self._cached: tuple[float, bool] | None = None
+        self._gateway_api = ServedGroup(
+            "Gateway API", serves_gateway_api, self.settings.discovery_cache_seconds
+        )
         self.cluster_domain = cluster_domain
 
     def traffic_mode(self) -> str:
         """HTTPRoute when the cluster serves Gateway API (discovery, cached a few seconds), else ReplicaRatio."""
-        now = time.monotonic()
-        if self._cached is None or now - self._cached[0] > self.settings.discovery_cache_seconds:
-            try:
-                served = bool(self._serves())
-            except Exception as exc:  # discovery failing must not stop the pass
-                log.warning("Failed to discover the Gateway API group: %s", exc)
-                served = self._cached[1] if self._cached else False
-            self._cached = (now, served)
-        return HTTPROUTE if self._cached[1] else REPLICA_RATIO
+        return HTTPROUTE if self._gateway_api.served() else REPLICA_RATIO
 
     def target_errors(self, ref: ObjectRef, spec: ChatbotServiceSpec) -> list[str]:
         """Why the analysis URLs of this spec must not be called (each message names its field); [] if fine."""

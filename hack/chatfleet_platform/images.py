@@ -304,9 +304,14 @@ def push_argv(storage: Path, ref: str, archive: Path | str) -> list[str]:
     return [*buildah_base(storage), "push", "-q", ref, f"docker-archive:{archive}:{ref}"]
 
 
+def ctr_argv(address: str, *args: str) -> list[str]:
+    """`ctr` against the containerd at address, in its Kubernetes namespace (k8s.io)."""
+    return ["ctr", "--address", str(address), "-n", "k8s.io", *args]
+
+
 def ctr_import_argv(address: str, archive: Path | str) -> list[str]:
     """`ctr images import` of an archive ('-' for stdin) into containerd's Kubernetes namespace."""
-    return ["ctr", "--address", str(address), "-n", "k8s.io", "images", "import", str(archive)]
+    return ctr_argv(address, "images", "import", str(archive))
 
 
 def stale_tags(tagged: Iterable[str], repo: str, keep: Iterable[str]) -> list[str]:
@@ -325,7 +330,7 @@ def import_space_needed(sizes: Iterable[int], margin: int = IMPORT_MARGIN_BYTES)
 
 def ctr_tag_argv(address: str, source: str, target: str) -> list[str]:
     """`ctr images tag --force` in containerd's Kubernetes namespace (the stable alias)."""
-    return ["ctr", "--address", str(address), "-n", "k8s.io", "images", "tag", "--force", source, target]
+    return ctr_argv(address, "images", "tag", "--force", source, target)
 
 
 def build_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -662,17 +667,16 @@ def check_import_space(folder: Path, sizes: Mapping[str, int]) -> None:
 def discard_layer_blobs(address: str, ref: str) -> list[str]:
     """Remove ref's layer blobs from the containerd's content store once they are unpacked: the snapshots
     hold the files, so the blobs would only double the image's size on disk. Returns the digests removed."""
-    base = ["ctr", "--address", str(address), "-n", "k8s.io"]
-    listed = subprocess.run([*base, "images", "ls", f"name=={ref}"], capture_output=True, text=True)
+    listed = subprocess.run(ctr_argv(address, "images", "ls", f"name=={ref}"), capture_output=True, text=True)
     rows = [line.split() for line in listed.stdout.splitlines()[1:] if line.strip()]
     if listed.returncode != 0 or not rows:
         raise PlatformError(f"{ref} is not in the containerd at {address} after its import")
-    manifest = subprocess.run([*base, "content", "get", rows[0][2]], capture_output=True, text=True)
+    manifest = subprocess.run(ctr_argv(address, "content", "get", rows[0][2]), capture_output=True, text=True)
     if manifest.returncode != 0:
         raise PlatformError(f"cannot read {ref}'s manifest in {address}: {manifest.stderr.strip()[-300:]}")
     layers = [layer["digest"] for layer in json.loads(manifest.stdout).get("layers", [])]
     if layers:
-        _check([*base, "content", "rm", *layers])
+        _check(ctr_argv(address, "content", "rm", *layers))
     return layers
 
 

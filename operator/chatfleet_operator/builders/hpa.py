@@ -45,6 +45,16 @@ def hpa_metrics(autoscale: Autoscale, names: HpaMetricSettings) -> list[dict[str
     return metrics
 
 
+def scale_target_ref(ref: ObjectRef) -> dict[str, str]:
+    """The ChatbotService's scale subresource, what an HPA (or KEDA's) scales."""
+    return {"apiVersion": api.API_VERSION, "kind": api.KIND, "name": ref.name}
+
+
+def hpa_behavior(autoscale: Autoscale) -> dict[str, Any]:
+    """The HPA's behavior: the spec's scale-down stabilization window (scale-up keeps the HPA's default)."""
+    return {"scaleDown": {"stabilizationWindowSeconds": autoscale.scale_down_stabilization_seconds}}
+
+
 def build_hpa(
     ref: ObjectRef, autoscale: Autoscale, names: HpaMetricSettings, min_replicas: int | None = None
 ) -> dict[str, Any]:
@@ -55,13 +65,11 @@ def build_hpa(
             "kind": "HorizontalPodAutoscaler",
             "metadata": object_meta(ref, deployment_name(ref)),
             "spec": {
-                "scaleTargetRef": {"apiVersion": api.API_VERSION, "kind": api.KIND, "name": ref.name},
+                "scaleTargetRef": scale_target_ref(ref),
                 "minReplicas": autoscale.min_replicas if min_replicas is None else min_replicas,
                 "maxReplicas": autoscale.max_replicas,
                 "metrics": hpa_metrics(autoscale, names),
-                "behavior": {
-                    "scaleDown": {"stabilizationWindowSeconds": autoscale.scale_down_stabilization_seconds},
-                },
+                "behavior": hpa_behavior(autoscale),
             },
         }
     )

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from chatfleet_operator import api
 from chatfleet_operator.builders.common import deployment_name, object_meta, with_desired_hash
+from chatfleet_operator.builders.hpa import hpa_behavior, scale_target_ref
 from chatfleet_operator.spec import Autoscale, ObjectRef
 
 KEDA_GROUP = "keda.sh"
@@ -82,18 +82,10 @@ def build_scaledobject(
             "kind": "ScaledObject",
             "metadata": object_meta(ref, deployment_name(ref)),
             "spec": {
-                "scaleTargetRef": {"apiVersion": api.API_VERSION, "kind": api.KIND, "name": ref.name},
+                "scaleTargetRef": scale_target_ref(ref),
                 "minReplicaCount": autoscale.min_replicas if min_replicas is None else min_replicas,
                 "maxReplicaCount": autoscale.max_replicas,
-                "advanced": {
-                    "horizontalPodAutoscalerConfig": {
-                        "behavior": {
-                            "scaleDown": {
-                                "stabilizationWindowSeconds": autoscale.scale_down_stabilization_seconds
-                            }
-                        }
-                    }
-                },
+                "advanced": {"horizontalPodAutoscalerConfig": {"behavior": hpa_behavior(autoscale)}},
                 "triggers": triggers,
             },
         }

@@ -56,6 +56,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "repeatable; default env CHATFLEET_ANALYSIS_ALLOWED_HOSTS, comma-separated)",
     )
     run.add_argument(
+        "--gateway",
+        default=None,
+        metavar="NAME",
+        help="the Gateway the release HTTPRoutes attach to (default env CHATFLEET_GATEWAY, else chatfleet)",
+    )
+    run.add_argument(
+        "--gateway-namespace",
+        default=None,
+        metavar="NS",
+        help="namespace of that Gateway (default env CHATFLEET_GATEWAY_NAMESPACE, else each route's own)",
+    )
+    run.add_argument(
         "--autoscaler",
         choices=("auto", "keda", "hpa"),
         default=None,
@@ -74,6 +86,10 @@ def build_settings(args: argparse.Namespace) -> Settings:
     release = ReleaseSettings()
     if args.analysis_allowed_host is not None:
         release = replace(release, analysis_allowed_hosts=tuple(args.analysis_allowed_host))
+    if args.gateway:
+        release = replace(release, gateway_name=args.gateway)
+    if args.gateway_namespace:
+        release = replace(release, gateway_namespace=args.gateway_namespace)
     autoscale = AutoscaleSettings()
     if args.autoscaler:
         autoscale = replace(autoscale, metrics_source=args.autoscaler)

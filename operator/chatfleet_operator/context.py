@@ -21,6 +21,16 @@ from chatfleet_operator.spec import Autoscale, ChatbotServiceSpec, ObjectRef
 
 
 @dataclass(frozen=True)
+class DialogueCheck:
+    """How many requests the old revision served in the last idleSeconds, while it drains pinned dialogues."""
+
+    requests: float | None
+    """The figure (0: its dialogues have ended); None when it could not be measured."""
+    error: str = ""
+    """Why it could not be measured (Prometheus unreachable, a refused address)."""
+
+
+@dataclass(frozen=True)
 class PassContext:
     """One pass over one ChatbotService: what it observed and what follows from it, gathered once."""
 
@@ -45,6 +55,8 @@ class PassContext:
     """The Deployment of the new revision as observed (its track is the strategy's: canary, preview)."""
     measurement: Measurement | None = None
     """This pass's analysis measurement, when one was due (release/measure.py takes it)."""
+    dialogue_check: DialogueCheck | None = None
+    """While the old revision drains its pinned dialogues: this pass's check of them, when one was due."""
     metrics_source: str = ""
     """Which autoscaler scales the ChatbotService: KEDA or HPA (discovery, autoscale/measure.py); '' if none."""
     forecast: Mapping[str, Any] | None = None

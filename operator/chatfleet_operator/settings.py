@@ -16,8 +16,11 @@ class PodSettings:
     """Memory request and limit of the chat-api sidecar container (quantity)."""
     run_as_user: int = 1000
     """UID the containers run as (non-root; the runtime image owns /tmp and the model dirs for it)."""
-    termination_grace_seconds: int = 60
-    """Grace period for in-flight generations to finish before a pod is killed, in seconds."""
+    drain_settle_seconds: int = 5
+    """Seconds a draining pod keeps taking requests after it left the endpoints, for kube-proxy and the
+    gateway to see it gone (the pod contract's CHATFLEET_DRAIN_SETTLE_SECONDS)."""
+    drain_margin_seconds: int = 10
+    """Seconds of the grace period beyond settle + the longest generation: the drain hook's own start and exit."""
     startup_failure_threshold: int = 60
     """Startup probe failures allowed (period 10 s), i.e. up to 10 minutes for weights to load."""
     tmp_size: str = "1Gi"
@@ -82,7 +85,10 @@ class ReleaseSettings:
     """Release settings of one operator process (tests shorten or redirect them)."""
 
     gateway_name: str = os.environ.get("CHATFLEET_GATEWAY", "chatfleet")
-    """Gateway (same namespace) the HTTPRoutes attach to when the cluster serves Gateway API (env CHATFLEET_GATEWAY)."""
+    """Gateway the HTTPRoutes attach to when the cluster serves Gateway API (flag --gateway, env CHATFLEET_GATEWAY)."""
+    gateway_namespace: str | None = os.environ.get("CHATFLEET_GATEWAY_NAMESPACE") or None
+    """Namespace of that Gateway; None: each ChatbotService's own namespace (flag --gateway-namespace, env
+    CHATFLEET_GATEWAY_NAMESPACE). A shared Gateway must admit the routes (listeners' allowedRoutes)."""
     probe_url_template: str = "http://{service}-{track}.{namespace}.svc.{domain}:8080/v1/chat/completions"
     """Where probe prompts go; {namespace} {service} {track} {domain} are filled in (spec.analysis.probe.url wins)."""
     discovery_cache_seconds: float = 10.0

@@ -294,6 +294,26 @@ class Strategy(StrEnum):
 
 
 @dataclass(frozen=True)
+class StickyDialogues:
+    """spec.rollout.stickyDialogues: keep each dialogue on the revision that answered its first turn."""
+
+    enabled: bool = False
+    idle_seconds: int = 300
+    """A dialogue with no turn for this long has ended (the old revision is released after this much quiet)."""
+    max_drain_seconds: int = 900
+    """The longest the old revision keeps serving pinned dialogues after the last step."""
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> StickyDialogues:
+        """Parse spec.rollout.stickyDialogues."""
+        return cls(
+            enabled=bool(d.get("enabled") or False),
+            idle_seconds=int(_v(d, "idleSeconds", 300)),
+            max_drain_seconds=int(_v(d, "maxDrainSeconds", 900)),
+        )
+
+
+@dataclass(frozen=True)
 class RolloutSpec:
     """spec.rollout: the strategy, its parameters, and the GitOps intents (paused, promote, abort)."""
 
@@ -311,6 +331,8 @@ class RolloutSpec:
     """spec.rollout.abort: the revision to roll back now ('*' any)."""
     gpu_capacity: str = "Auto"
     """spec.rollout.gpuCapacity: Surge, ReplaceInPlace, or Auto (surge until a pod finds no GPU)."""
+    sticky: StickyDialogues = field(default_factory=StickyDialogues)
+    """spec.rollout.stickyDialogues."""
 
     def wants(self, intent: str, revision: str) -> bool:
         """Whether an intent field (self.promote, self.abort) names this revision ('*' names any)."""
@@ -338,6 +360,7 @@ class RolloutSpec:
             promote=str(d.get("promote") or ""),
             abort=str(d.get("abort") or ""),
             gpu_capacity=str(d.get("gpuCapacity") or "Auto"),
+            sticky=StickyDialogues.from_dict(_m(d, "stickyDialogues")),
         )
 
 

@@ -110,6 +110,10 @@ class Provider(Protocol):
         """One measurement of canary vs stable."""
         ...
 
+    def query(self, address: str, promql: str) -> float | None:
+        """One instant query of a single figure (None: no series); raises on any failure."""
+        ...
+
 
 def _scalar(result: Sequence[Mapping[str, Any]]) -> float | None:
     """The value of an instant-vector answer with one series; None when empty or NaN."""

@@ -38,6 +38,11 @@ def request_rate(t: Target, window: int) -> str:
     return f"sum(rate(chatfleet_requests_total{{{t.selector()}}}[{window}s]))"
 
 
+def requests_within(t: Target, seconds: int) -> str:
+    """Requests one track served in the last `seconds` (0 when none; no series reads as none)."""
+    return f"sum(increase(chatfleet_requests_total{{{t.selector()}}}[{seconds}s]))"
+
+
 def error_rate_percent(t: Target, window: int) -> str:
     """Share of requests that failed or fell back, percent."""
     matcher = 'outcome=~"' + ERROR_OUTCOMES + '"'

@@ -39,6 +39,22 @@ def _probe(path: str, port: str, period: int, failures: int) -> dict[str, Any]:
     }
 
 
+#: Both containers' preStop hook (docs/pod-contract.md): start the chat API's drain and wait until its
+#: streams are done. The triton container runs it too, so Triton gets SIGTERM only after the last stream.
+DRAIN_HOOK = {
+    "exec": {"command": ["python3", "-m", "chatfleet_runtime.drain", f"--url=http://127.0.0.1:{CHAT_PORT}"]}
+}
+
+
+def grace_seconds(spec: ChatbotServiceSpec, pod: PodSettings) -> int:
+    """terminationGracePeriodSeconds: the longest allowed generation, after the settle time, plus a margin.
+
+    e.g. requestTimeoutSeconds 60, settle 5, margin 10 -> 75: a stream that began just before the pod
+    left the endpoints still finishes before the kubelet kills the pod.
+    """
+    return spec.runtime.request_timeout_seconds + pod.drain_settle_seconds + pod.drain_margin_seconds
+
+
 def _container_security() -> dict[str, Any]:
     """Restricted container security context: no privilege escalation, capabilities dropped."""
     return {
@@ -113,6 +129,7 @@ def _triton_container(ref: ObjectRef, spec: ChatbotServiceSpec, pod: PodSettings
         "startupProbe": _probe("/v2/health/ready", "http", 10, pod.startup_failure_threshold),
         "readinessProbe": _probe("/v2/health/ready", "http", 10, 3),
         "livenessProbe": _probe("/v2/health/live", "http", 15, 3),
+        "lifecycle": {"preStop": copy.deepcopy(DRAIN_HOOK)},
         "securityContext": _container_security(),
     }
     if spec.model.credentials_secret:
@@ -140,6 +157,10 @@ def _chat_api_container(ref: ObjectRef, spec: ChatbotServiceSpec, pod: PodSettin
         _label_env("CHATFLEET_REVISION", api.LABEL_REVISION),
         # One scrape endpoint per pod: the chat API's /metrics re-exports Triton's (docs/metrics.md).
         {"name": "CHATFLEET_TRITON_METRICS_URL", "value": f"http://127.0.0.1:{METRICS_PORT}/metrics"},
+        # The drain protocol (docs/pod-contract.md): how long to keep taking requests after leaving the
+        # endpoints, and the grace period a new request must fit in.
+        {"name": "CHATFLEET_DRAIN_SETTLE_SECONDS", "value": str(pod.drain_settle_seconds)},
+        {"name": "CHATFLEET_DRAIN_GRACE_SECONDS", "value": str(grace_seconds(spec, pod))},
     ]
     if rt.sessions.redis is not None:
         env.append(
@@ -172,6 +193,7 @@ def _chat_api_container(ref: ObjectRef, spec: ChatbotServiceSpec, pod: PodSettin
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp", "subPath": "chat-api"}],
         "readinessProbe": _probe("/readyz", "chat", 5, 3),
         "livenessProbe": _probe("/healthz", "chat", 15, 3),
+        "lifecycle": {"preStop": copy.deepcopy(DRAIN_HOOK)},
         "securityContext": _container_security(),
     }
 
@@ -226,7 +248,7 @@ def build_pod_template(
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": pod.termination_grace_seconds,
+        "terminationGracePeriodSeconds": grace_seconds(spec, pod),
         "topologySpreadConstraints": [
             {
                 "maxSkew": 1,

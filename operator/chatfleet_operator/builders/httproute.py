@@ -1,18 +1,16 @@
 """The traffic object of a canary release: the Gateway API HTTPRoute splitting the chat port by weight.
 
-Conversations stay on their track while the split moves (docs/releases.md):
-- HTTPRoute: rules matching the header `x-chatfleet-track: stable|canary` go to that track only; the
-  chat API answers every turn with that header (its pod's track), so a client -- or the chat gateway in
-  front -- that echoes it keeps a conversation on the track it began on. Requests without it are split
-  by the weights.
-- Replica ratio: the one Service uses `sessionAffinity: ClientIP` (timeout = the session TTL), so a
-  client's turns keep reaching the same pod, hence the same track, while that pod lives.
-In both cases the conversation history lives in Redis, so a turn that does move (its pod went away on
-promotion or rollback) keeps its context.
+With spec.rollout.stickyDialogues (docs/releases.md), one more rule per pinned revision matches the header
+`x-chatfleet-revision: <hash>` and sends it to the one Service whose pods all run that revision. The chat
+API answers every turn with that header (its pod's revision), so a client -- or the chat edge in front --
+that echoes it keeps a dialogue on the revision it began on while the weights move, and through the
+promotion (release/canary.py keeps the old revision serving until its dialogues end). Requests without
+the header are split by the weights. Without pinning, every request is split by the weights alone.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from chatfleet_operator import api
@@ -22,7 +20,7 @@ from chatfleet_operator.spec import ObjectRef
 
 GATEWAY_GROUP = "gateway.networking.k8s.io"
 GATEWAY_VERSION = "v1"
-TRACK_HEADER = "x-chatfleet-track"
+REVISION_HEADER = "x-chatfleet-revision"
 CHAT_PORT = 8080
 
 
@@ -33,35 +31,35 @@ def build_httproute(
     canary_weight: int,
     gateway_name: str,
     gateway_namespace: str | None = None,
+    pins: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """HTTPRoute `<name>` splitting the chat port between the stable and canary Services by weight.
 
-    e.g. canary_weight 20 -> backendRefs [<name> weight 80, <name>-canary weight 20]; two more rules pin
-    requests carrying `x-chatfleet-track` to their track.
+    e.g. canary_weight 20 -> backendRefs [<name> weight 80, <name>-canary weight 20]. `pins` maps a
+    revision to the track whose Service serves only it: {"a1": "stable", "b2": "canary"} adds, before the
+    weighted rule, `x-chatfleet-revision: a1` -> <name> and `x-chatfleet-revision: b2` -> <name>-canary.
     """
-    stable_ref = {"name": track_service_name(ref, api.TRACK_STABLE), "port": CHAT_PORT}
-    canary_ref = {"name": track_service_name(ref, api.TRACK_CANARY), "port": CHAT_PORT}
     parent: dict[str, Any] = {"group": GATEWAY_GROUP, "kind": "Gateway", "name": gateway_name}
     if gateway_namespace:
         parent["namespace"] = gateway_namespace
-    rules: list[dict[str, Any]] = []
-    if canary_weight > 0:
-        rules.append(
-            {
-                "matches": [{"headers": [{"name": TRACK_HEADER, "value": api.TRACK_CANARY}]}],
-                "backendRefs": [{**canary_ref, "weight": 1}],
-            }
-        )
-    rules.append(
+
+    def backend(track: str) -> dict[str, Any]:
+        return {"name": track_service_name(ref, track), "port": CHAT_PORT}
+
+    rules: list[dict[str, Any]] = [
         {
-            "matches": [{"headers": [{"name": TRACK_HEADER, "value": api.TRACK_STABLE}]}],
-            "backendRefs": [{**stable_ref, "weight": 1}],
+            "matches": [{"headers": [{"name": REVISION_HEADER, "value": revision}]}],
+            "backendRefs": [{**backend(track), "weight": 1}],
         }
-    )
+        for revision, track in sorted((pins or {}).items())
+    ]
     rules.append(
         {
             "matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
-            "backendRefs": [{**stable_ref, "weight": stable_weight}, {**canary_ref, "weight": canary_weight}],
+            "backendRefs": [
+                {**backend(api.TRACK_STABLE), "weight": stable_weight},
+                {**backend(api.TRACK_CANARY), "weight": canary_weight},
+            ],
         }
     )
     return with_desired_hash(

@@ -3,6 +3,13 @@
 Each step shifts `weight` percent to the canary, waits until its pods are Ready, pauses, and (when the
 step asks) waits for a passing analysis; after the last step the stable Deployment takes the new
 revision at full size (flagger's promotion), then the canary goes to zero.
+
+With spec.rollout.stickyDialogues on an HTTPRoute, a drain phase comes between the last step and the
+promotion: every new dialogue goes to the canary, while the dialogues pinned to the old revision (by the
+`x-chatfleet-revision` rule) finish on the stable pods. It ends once the stable track has served no
+request for idleSeconds, or after maxDrainSeconds (the dialogues still open then move, and are counted).
+Only then does the stable Deployment take the new template -- re-templating it earlier would move every
+pinned dialogue to the new revision mid-conversation.
 """
 
 from __future__ import annotations
@@ -31,7 +38,10 @@ from chatfleet_operator.release.strategy import (
     track_service,
 )
 from chatfleet_operator.release.traffic import HTTPROUTE, REPLACE_IN_PLACE, SURGE, split
-from chatfleet_operator.spec import ObjectRef, Strategy
+from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef, Strategy
+
+#: Phases in which the canary's pods are watched for health (and can roll the release back without metrics).
+HEALTH_WATCHED = frozenset({ReleasePhase.STEPPING, ReleasePhase.DRAINING})
 
 
 class Canary:
@@ -47,9 +57,17 @@ class Canary:
             affinity = ctx.spec.runtime.sessions.ttl_seconds
             return [build_service(ref, ref.name, service_selector(ref), affinity_seconds=affinity)]
         w = plan.canary_weight if plan.in_release and plan.canary_replicas > 0 else 0
-        gateway = ctx.settings.release.gateway_name
+        release = ctx.settings.release
+        route = build_httproute(
+            ref,
+            stable_weight=100 - w,
+            canary_weight=w,
+            gateway_name=release.gateway_name,
+            gateway_namespace=release.gateway_namespace,
+            pins=pins(ctx.spec, plan),
+        )
         return [
-            build_httproute(ref, stable_weight=100 - w, canary_weight=w, gateway_name=gateway),
+            route,
             build_service(ref, ref.name, service_selector(ref, **{api.LABEL_TRACK: api.TRACK_STABLE})),
             track_service(ref, self.track),
         ]
@@ -68,8 +86,8 @@ class Canary:
             rel.capacity_note = "no spare GPU for a surge pod: replacing stable pods in place"
 
     def watches_health(self, phase: ReleasePhase) -> bool:
-        """Only while stepping: once promoting, the stable Deployment's own rollout takes over."""
-        return phase == ReleasePhase.STEPPING
+        """While stepping and draining: once promoting, the stable Deployment's own rollout takes over."""
+        return phase in HEALTH_WATCHED
 
     def may_roll_back(self, phase: ReleasePhase) -> bool:
         """In every phase of a canary release."""
@@ -90,8 +108,8 @@ class Canary:
         revision = rel.revision
         capacity = rel.capacity or SURGE
 
-        # Promotion intent: skip the remaining steps.
-        if rel.phase == ReleasePhase.STEPPING and rollout.wants(rollout.promote, revision):
+        # Promotion intent: skip the remaining steps (and the drain of pinned dialogues).
+        if rel.phase in HEALTH_WATCHED and rollout.wants(rollout.promote, revision):
             rel.phase = ReleasePhase.PROMOTING
             rel.promoted_by = f"spec.rollout.promote={rollout.promote}"
 
@@ -150,7 +168,7 @@ class Canary:
                         f"Step {idx + 1}/{len(steps)}: weight {weight}%",
                     )
                 else:
-                    rel.phase = ReleasePhase.PROMOTING
+                    rel.phase = after_last_step(inp, capacity)
             elif hold is not None and step.analysis:
                 gate = hold
             else:
@@ -161,6 +179,11 @@ class Canary:
                     ReleaseReason.RELEASING,
                     f"Step {idx + 1}/{len(steps)}: weight {weight}%, {left}s of pause left, then {need}",
                 )
+
+        if rel.phase == ReleasePhase.DRAINING:
+            plan = _drain(inp, rel, stable_rev, history, capacity, events)
+            if plan is not None:
+                return plan
 
         if rel.phase == ReleasePhase.PROMOTING:
             # Flagger's promotion: the stable Deployment takes the new template at full size while the canary
@@ -200,6 +223,112 @@ class Canary:
             events,
             requeue(inp, rel, pause_left),
         )
+
+
+def pins(spec: ChatbotServiceSpec, plan: ReleasePlan) -> dict[str, str]:
+    """Revision -> track of the HTTPRoute's pinned rules: each track whose pods all run one revision.
+
+    e.g. stepping from a1 to b2 -> {a1: stable, b2: canary}; draining -> the same; promoting (the stable
+    Deployment rolls to b2, its pods mixed) -> {b2: canary}; promoted or no release -> {b2: stable};
+    rolled back -> {a1: stable}. Empty without spec.rollout.stickyDialogues.
+    """
+    if not spec.rollout.sticky.enabled:
+        return {}
+    if not plan.in_release:
+        return {plan.active_revision: api.TRACK_STABLE} if plan.active_revision else {}
+    out: dict[str, str] = {}
+    if not plan.stable_from_spec and plan.active_revision:
+        out[plan.active_revision] = api.TRACK_STABLE
+    rel = plan.release
+    if rel is not None and rel.phase != ReleasePhase.ROLLED_BACK and plan.canary_replicas > 0:
+        out[rel.revision] = api.TRACK_CANARY
+    return out
+
+
+def after_last_step(inp: ReleaseInput, capacity: str) -> ReleasePhase:
+    """Draining when the old revision can keep serving its pinned dialogues at full weight to the canary; else Promoting.
+
+    That needs stickyDialogues, an HTTPRoute (a header rule reaches the stable pods while the weight is
+    all on the canary) and stable pods that stay at 100 % (Surge; in place they are gone by then).
+    """
+    if not inp.spec.rollout.sticky.enabled or inp.traffic != HTTPROUTE or inp.stable.ready < 1:
+        return ReleasePhase.PROMOTING
+    return (
+        ReleasePhase.DRAINING
+        if split(inp.total, 100, inp.traffic, capacity).stable > 0
+        else ReleasePhase.PROMOTING
+    )
+
+
+def _drain(
+    inp: ReleaseInput,
+    rel: ReleaseState,
+    stable_rev: str,
+    history: list[HistoryEntry],
+    capacity: str,
+    events: list[EventIntent],
+) -> ReleasePlan | None:
+    """One pass of the drain phase: the plan that holds it, or None once it is over (rel.phase is Promoting).
+
+    e.g. idleSeconds 300, maxDrainSeconds 900: 12 stable requests in the last 300 s -> hold; a later
+    check with 0 -> promote; still 3 after 900 s -> promote, 3 recorded as dialoguesMoved, a Warning.
+    """
+    sticky = inp.spec.rollout.sticky
+    now = rfc3339(inp.now)
+    if not rel.drain_started_at:
+        rel.drain_started_at = now
+        rel.old_revision_requests = rel.dialogue_checked_at = rel.dialogue_check_error = None
+    check = inp.dialogue_check
+    if check is not None:
+        rel.dialogue_checked_at = now
+        rel.old_revision_requests = None if check.requests is None else round(check.requests)
+        rel.dialogue_check_error = check.error or None
+    drained_for = since(rel.drain_started_at, inp.now)
+    requests = rel.old_revision_requests
+    if check is not None and requests == 0:
+        message = f"Revision {stable_rev} served no request for {sticky.idle_seconds}s: its dialogues ended"
+        events.append(EventIntent("Normal", ReleaseReason.DRAINED, message))
+        rel.phase = ReleasePhase.PROMOTING
+        return None
+    if drained_for >= sticky.max_drain_seconds:
+        rel.dialogues_moved = requests
+        seen = "an unknown number of" if requests is None else str(requests)
+        message = (
+            f"maxDrainSeconds ({sticky.max_drain_seconds}s) ended the drain of revision {stable_rev} with "
+            f"{seen} requests in the last {sticky.idle_seconds}s: the dialogues still open move to "
+            f"revision {rel.revision}"
+        )
+        events.append(EventIntent("Warning", ReleaseReason.DRAIN_TIMED_OUT, message))
+        rel.phase = ReleasePhase.PROMOTING
+        return None
+    left = sticky.max_drain_seconds - drained_for
+    if requests is None:
+        error = rel.dialogue_check_error
+        figure = f"not measured ({error})" if error else "not measured yet"
+    else:
+        figure = f"{requests} requests in the last {sticky.idle_seconds}s"
+    gate = Gate(
+        GateKind.ADVANCING,
+        ReleaseReason.DRAINING,
+        f"Promotion waits for the dialogues pinned to revision {stable_rev}: {figure}; "
+        f"at most {math.ceil(left)}s left (maxDrainSeconds {sticky.max_drain_seconds})",
+    )
+    s = split(inp.total, 100, inp.traffic, capacity)
+    rel.weight = rel.effective_weight = 100
+    interval = float(inp.spec.analysis.interval_seconds)
+    return _plan(
+        inp,
+        rel,
+        stable_rev,
+        history,
+        100,
+        s.stable,
+        s.canary,
+        False,
+        gate,
+        events,
+        min(interval, max(1.0, left)),
+    )
 
 
 def _plan(

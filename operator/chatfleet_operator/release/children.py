@@ -47,6 +47,7 @@ def plan_pass(ctx: PassContext) -> ReleasePlan:
         ctx.traffic,
         ctx.now,
         ctx.measurement,
+        ctx.dialogue_check,
     )
     return plan_release(inp, ctx.old_status)
 

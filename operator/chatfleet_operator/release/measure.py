@@ -2,8 +2,9 @@
 
 The reconciler asks `Releases.traffic_mode` while it gathers the pass's context, and
 `Releases.measure_if_due` before it plans (release/children.py `plan_pass`, pure). The Prometheus
-measurement and the optional probe load happen here, in the pass's worker thread; they never raise (an
-unreachable Prometheus is an Error measurement).
+measurement, the optional probe load and -- while the old revision drains its pinned dialogues -- the
+check of its recent requests happen here, in the pass's worker thread; they never raise (an unreachable
+Prometheus is an Error measurement, or a check without a figure).
 """
 
 from __future__ import annotations
@@ -12,13 +13,20 @@ import logging
 from collections.abc import Callable
 from dataclasses import replace
 
+from chatfleet_operator import api
+from chatfleet_operator.analysis import queries
 from chatfleet_operator.analysis.assess import INCONCLUSIVE, Measurement, Sample, assess
 from chatfleet_operator.analysis.probe import send_probe
-from chatfleet_operator.analysis.provider import PrometheusProvider, Provider, measurement_request
+from chatfleet_operator.analysis.provider import (
+    PrometheusProvider,
+    Provider,
+    measurement_request,
+    short_error,
+)
 from chatfleet_operator.analysis.targets import analysis_target_errors, fill_template
-from chatfleet_operator.context import PassContext
+from chatfleet_operator.context import DialogueCheck, PassContext
 from chatfleet_operator.discovery import ServedGroup
-from chatfleet_operator.release.planner import analysis_due, strategy_of
+from chatfleet_operator.release.planner import analysis_due, dialogue_check_due, strategy_of
 from chatfleet_operator.release.state import last_verdict
 from chatfleet_operator.release.traffic import HTTPROUTE, REPLICA_RATIO
 from chatfleet_operator.settings import ReleaseSettings
@@ -86,8 +94,25 @@ class Releases:
         )
         return m
 
+    def old_revision_requests(self, ctx: PassContext) -> DialogueCheck:
+        """Requests the stable track served in the last idleSeconds (only pinned dialogues reach it). Never raises."""
+        ref, spec = ctx.ref, ctx.spec
+        refused = self.target_errors(ref, spec)
+        if refused:
+            return DialogueCheck(None, "; ".join(refused))
+        target = queries.Target(ref.namespace, ref.name, api.TRACK_STABLE)
+        promql = queries.requests_within(target, spec.rollout.sticky.idle_seconds)
+        address = spec.analysis.prometheus_address
+        try:
+            value = self.provider.query(address, promql)
+        except Exception as exc:  # never raise: the drain holds, bounded by maxDrainSeconds
+            return DialogueCheck(None, f"Prometheus at {address} did not answer: {short_error(exc)}")
+        return DialogueCheck(value or 0.0)
+
     def measure_if_due(self, ctx: PassContext) -> PassContext:
-        """The context with this pass's measurement, when a release is analysing and one is due."""
-        if not analysis_due(ctx.spec, ctx.old_status, ctx.canary, ctx.now):
-            return ctx
-        return replace(ctx, measurement=self.measure(ctx))
+        """The context with this pass's measurement and dialogue check, each when one is due."""
+        if analysis_due(ctx.spec, ctx.old_status, ctx.canary, ctx.now):
+            ctx = replace(ctx, measurement=self.measure(ctx))
+        if dialogue_check_due(ctx.spec, ctx.old_status, ctx.now):
+            ctx = replace(ctx, dialogue_check=self.old_revision_requests(ctx))
+        return ctx

@@ -72,13 +72,27 @@ def analysis_due(
     canary rolled back moments ago.
     """
     rel = ReleaseStatus.from_status(old_status).release
-    if rel is None or rel.phase not in (ReleasePhase.STEPPING, ReleasePhase.SWITCHED) or canary.ready < 1:
+    analysing = (ReleasePhase.STEPPING, ReleasePhase.DRAINING, ReleasePhase.SWITCHED)
+    if rel is None or rel.phase not in analysing or canary.ready < 1:
         return False
     start = parse_time(rel.analysis_from)
     if start is None or now < start:
         return False
     last = rel.last_measured_at
     return last is None or since(last, now) >= spec.analysis.interval_seconds - 0.5
+
+
+def dialogue_check_due(spec: ChatbotServiceSpec, old_status: Mapping[str, Any], now: datetime) -> bool:
+    """Whether this pass should ask how many requests the draining old revision served (stickyDialogues).
+
+    e.g. phase DrainingDialogues, interval 10 s, last check 4 s ago -> False; 10 s ago or never -> True;
+    any other phase -> False.
+    """
+    rel = ReleaseStatus.from_status(old_status).release
+    if rel is None or rel.phase != ReleasePhase.DRAINING:
+        return False
+    last = rel.dialogue_checked_at
+    return not last or since(last, now) >= spec.analysis.interval_seconds - 0.5
 
 
 def health_reason(spec: ChatbotServiceSpec, rel: ReleaseState, canary: Track, now: datetime) -> str:

@@ -26,6 +26,9 @@ class ReleasePhase(StrEnum):
     """status.release.phase: where one release stands (not status.phase, which is derived from conditions)."""
 
     STEPPING = "Progressing"  # canary steps / blue-green preview + pre-promotion analysis
+    DRAINING = (
+        "DrainingDialogues"  # canary: new dialogues all on the new revision, pinned ones finish on stable
+    )
     PROMOTING = "Promoting"  # stable Deployment takes the new revision (canary) / preview grows to full size
     SWITCHED = "Switched"  # blue-green: active Service on the new revision, old kept for scaleDownDelay
     FINALIZING = "Finalizing"  # blue-green: stable Deployment takes the new revision after the delay
@@ -33,7 +36,13 @@ class ReleasePhase(StrEnum):
 
 
 ACTIVE_PHASES = frozenset(
-    {ReleasePhase.STEPPING, ReleasePhase.PROMOTING, ReleasePhase.SWITCHED, ReleasePhase.FINALIZING}
+    {
+        ReleasePhase.STEPPING,
+        ReleasePhase.DRAINING,
+        ReleasePhase.PROMOTING,
+        ReleasePhase.SWITCHED,
+        ReleasePhase.FINALIZING,
+    }
 )
 
 
@@ -135,6 +144,11 @@ _FIELDS = (
     ("effectiveWeight", "effective_weight", int),
     ("promotedBy", "promoted_by", str),
     ("switchedAt", "switched_at", str),
+    ("drainStartedAt", "drain_started_at", str),
+    ("dialogueCheckedAt", "dialogue_checked_at", str),
+    ("oldRevisionRequests", "old_revision_requests", int),
+    ("dialogueCheckError", "dialogue_check_error", str),
+    ("dialoguesMoved", "dialogues_moved", int),
     ("rolledBackAt", "rolled_back_at", str),
     ("message", "message", str),
     ("waitingForGPUs", "waiting_for_gpus", bool),
@@ -173,6 +187,16 @@ class ReleaseState:
     effective_weight: int | None = None
     promoted_by: str | None = None
     switched_at: str | None = None
+    drain_started_at: str | None = None
+    """When the old revision began serving only the dialogues pinned to it (stickyDialogues)."""
+    dialogue_checked_at: str | None = None
+    """When Prometheus was last asked how many requests the old revision served in the idle window."""
+    old_revision_requests: int | None = None
+    """That figure: requests the old revision served in the last idleSeconds (0: its dialogues ended)."""
+    dialogue_check_error: str | None = None
+    """Why the last check has no figure (Prometheus unreachable); None after a check that had one."""
+    dialogues_moved: int | None = None
+    """Requests in the idle window when maxDrainSeconds ended the drain: the dialogues that then moved."""
     rolled_back_at: str | None = None
     message: str | None = None
     waiting_for_gpus: bool | None = None

@@ -17,7 +17,7 @@ from chatfleet_operator import api
 from chatfleet_operator.analysis.assess import ERROR_PAUSE, INCONCLUSIVE, SUCCESSFUL, Measurement
 from chatfleet_operator.analysis.queries import window_seconds
 from chatfleet_operator.builders.service import build_service, track_service_name
-from chatfleet_operator.context import PassContext
+from chatfleet_operator.context import DialogueCheck, PassContext
 from chatfleet_operator.converge.facts import Track
 from chatfleet_operator.converge.status import EventIntent, Gate, GateKind, ReleaseFields, rfc3339
 from chatfleet_operator.release.state import (
@@ -43,6 +43,9 @@ class ReleaseReason:
     WAITING_FOR_GPUS = "WaitingForGPUs"
     AWAITING_PROMOTION = "AwaitingPromotion"
     PROMOTING = "Promoting"
+    DRAINING = "DrainingDialogues"
+    DRAINED = "DialoguesDrained"
+    DRAIN_TIMED_OUT = "DrainTimedOut"
     ROLLED_BACK = "RolledBack"
     PROMOTED = "ReleasePromoted"
     STARTED = "ReleaseStarted"
@@ -60,6 +63,7 @@ class ReleaseInput:
     traffic: str
     now: datetime
     measurement: Measurement | None = None
+    dialogue_check: DialogueCheck | None = None
 
 
 @dataclass

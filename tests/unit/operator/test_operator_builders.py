@@ -242,6 +242,23 @@ class TestDeployment:
             assert label in labels
         assert (labels[api.LABEL_TRACK], labels[api.LABEL_REVISION]) == (track, "rev9")
 
+    @pytest.mark.parametrize("timeout, grace", [(60, 75), (1, 16), (600, 615)])
+    def test_grace_period_fits_the_longest_generation_after_the_settle_time(self, timeout, grace):
+        dep = deployment(runtime={"requestTimeoutSeconds": timeout})
+        assert dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == grace
+        env = {e["name"]: e.get("value") for e in containers(dep)["chat-api"]["env"]}
+        assert (env["CHATFLEET_DRAIN_SETTLE_SECONDS"], env["CHATFLEET_DRAIN_GRACE_SECONDS"]) == (
+            "5",
+            str(grace),
+        )
+
+    def test_both_containers_drain_before_they_get_sigterm(self):
+        hook = {
+            "exec": {"command": ["python3", "-m", "chatfleet_runtime.drain", "--url=http://127.0.0.1:8080"]}
+        }
+        for name, c in containers(deployment()).items():
+            assert c["lifecycle"] == {"preStop": hook}, name
+
     def test_progress_deadline_from_analysis(self):
         assert deployment(analysis={"progressDeadlineSeconds": 42})["spec"]["progressDeadlineSeconds"] == 42
 

@@ -12,8 +12,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from chatfleet_operator.analysis.assess import Check, Sample, assess
+from chatfleet_operator.context import DialogueCheck
 from chatfleet_operator.converge.facts import PodFacts
-from chatfleet_operator.release.planner import analysis_due, plan_release
+from chatfleet_operator.release.planner import analysis_due, dialogue_check_due, plan_release
 from chatfleet_operator.release.strategy import ReleaseInput, ReleasePlan, Track
 from chatfleet_operator.release.traffic import REPLICA_RATIO
 from chatfleet_operator.spec import ChatbotServiceSpec
@@ -63,7 +64,9 @@ class World:
     error_rate: float | None = 0.1  # canary figures the fake Prometheus returns; None: no traffic
     latency: float = 100.0
     prometheus_up: bool = True
+    stable_requests: float = 0.0  # requests the stable track served in the idle window (dialogue drain)
     measured: int = 0
+    dialogue_checks: int = 0
     plans: list[ReleasePlan] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -90,6 +93,14 @@ class World:
         if analysis_due(spec, self.status, self.canary, self.now):
             self.measured += 1
             measurement = assess(self.sample(), CHECKS)
+        check = None
+        if dialogue_check_due(spec, self.status, self.now):
+            self.dialogue_checks += 1
+            check = (
+                DialogueCheck(self.stable_requests)
+                if self.prometheus_up
+                else DialogueCheck(None, "Prometheus at http://prom did not answer: connection refused")
+            )
         inp = ReleaseInput(
             spec,
             self.update,
@@ -99,6 +110,7 @@ class World:
             self.traffic,
             self.now,
             measurement,
+            check,
         )
         plan = plan_release(inp, self.status)
         self.plans.append(plan)

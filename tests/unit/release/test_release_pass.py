@@ -92,3 +92,106 @@ def test_pass_events_drop_a_second_event_of_the_same_reason():
         [EventIntent("Warning", "RolledBack", "x"), EventIntent("Normal", "ReleaseStarted", "y")],
     )
     assert [e.reason for e in merged] == ["RolledBack", "ReleaseStarted"]
+
+
+STICKY = {
+    **NEW,
+    "rollout": {"stickyDialogues": {"enabled": True, "idleSeconds": 60, "maxDrainSeconds": 600}},
+}
+
+
+class QueryProvider(FakeProvider):
+    """Answers the drain's one query with `answer` (a number, or an exception to raise)."""
+
+    def __init__(self, answer):
+        super().__init__(lambda now: Sample(now, 5.0, {"error rate": 0.0}, {"error rate": 0.0}))
+        self.answer, self.queries = answer, []
+
+    def query(self, address, promql):
+        self.queries.append((address, promql))
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
+
+
+def draining(children_rev, now=NOW, **release):
+    """A status in the drain phase of revision `new` over stable `old`."""
+    old_rev, new_rev = children_rev
+    rel = {"revision": new_rev, "fromRevision": old_rev, "phase": "DrainingDialogues", "stepIndex": 2}
+    rel.update(
+        {
+            "strategy": "canary",
+            "traffic": "HTTPRoute",
+            "capacity": "Surge",
+            "drainStartedAt": "2026-11-21T10:00:00Z",
+        }
+    )
+    return {"stableRevision": old_rev, "release": {**rel, **release}}
+
+
+def drain_pass(releases, status, now):
+    children, old_rev = children_and_rev(OLD)
+    new_rev = context(STICKY).update_revision
+    pods = [PodFacts(f"s-{i}", old_rev, "stable", "Running", True) for i in range(2)]
+    pods += [PodFacts(f"c-{i}", new_rev, "canary", "Running", True) for i in range(2)]
+    ctx = releases.measure_if_due(
+        context(STICKY, children=children, pods=pods, status=status, now=now, traffic="HTTPRoute")
+    )
+    plan = plan_pass(ctx)
+    return plan, desired_children(ctx, plan)
+
+
+def test_the_drain_asks_prometheus_for_the_stable_tracks_recent_requests_once_an_interval():
+    provider = QueryProvider(3.0)
+    releases = Releases(provider=provider)
+    old_rev, new_rev = children_and_rev(OLD)[1], context(STICKY).update_revision
+    status = draining((old_rev, new_rev))
+    plan, _ = drain_pass(releases, status, NOW + timedelta(seconds=5))
+    assert provider.queries == [
+        (
+            "http://prometheus.monitoring.svc:9090",
+            'sum(increase(chatfleet_requests_total{namespace="ns",model="bot",track="stable"}[60s]))',
+        )
+    ]
+    assert plan.release.phase == "DrainingDialogues" and plan.release.old_revision_requests == 3
+    # 4 s later: not due (interval 10 s) -> no query, the figure kept
+    status = {**status, "release": plan.release.to_status()}
+    plan, _ = drain_pass(releases, status, NOW + timedelta(seconds=9))
+    assert len(provider.queries) == 1 and plan.release.old_revision_requests == 3
+
+
+def test_the_drain_route_pins_each_revision_and_sends_new_dialogues_to_the_canary():
+    releases = Releases(provider=QueryProvider(2.0))
+    old_rev, new_rev = children_and_rev(OLD)[1], context(STICKY).update_revision
+    _, desired = drain_pass(releases, draining((old_rev, new_rev)), NOW + timedelta(seconds=5))
+    route = next(m for m in desired if m["kind"] == "HTTPRoute")
+    rules = route["spec"]["rules"]
+    pinned = {r["matches"][0]["headers"][0]["value"]: r["backendRefs"][0]["name"] for r in rules[:-1]}
+    assert pinned == {old_rev: "bot", new_rev: "bot-canary"}
+    assert [b["weight"] for b in rules[-1]["backendRefs"]] == [0, 100]
+    stable = next(m for m in desired if m["kind"] == "Deployment" and m["metadata"]["name"] == "bot")
+    assert stable["spec"]["template"]["metadata"]["labels"]["chatfleet.io/revision"] == old_rev
+
+
+def test_dialogues_ended_promote_and_the_route_pins_only_the_new_revision():
+    releases = Releases(provider=QueryProvider(None))  # no series: stable served nothing
+    old_rev, new_rev = children_and_rev(OLD)[1], context(STICKY).update_revision
+    plan, desired = drain_pass(releases, draining((old_rev, new_rev)), NOW + timedelta(seconds=5))
+    assert plan.release.phase == "Promoting"
+    route = next(m for m in desired if m["kind"] == "HTTPRoute")
+    pinned = {
+        r["matches"][0]["headers"][0]["value"]: r["backendRefs"][0]["name"]
+        for r in route["spec"]["rules"][:-1]
+    }
+    assert pinned == {new_rev: "bot-canary"}  # stable's pods are mixed while it rolls to the new revision
+
+
+def test_an_unreachable_prometheus_holds_the_drain_and_says_why():
+    releases = Releases(provider=QueryProvider(ConnectionError("Connection refused")))
+    old_rev, new_rev = children_and_rev(OLD)[1], context(STICKY).update_revision
+    plan, _ = drain_pass(releases, draining((old_rev, new_rev)), NOW + timedelta(seconds=5))
+    assert plan.release.phase == "DrainingDialogues"
+    assert (
+        "not measured (Prometheus at http://prometheus.monitoring.svc:9090 did not answer: connection refused)"
+        in plan.gate.message
+    )

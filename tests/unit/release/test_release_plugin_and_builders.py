@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from chatfleet_operator.builders import build_deployment, build_service
-from chatfleet_operator.builders.httproute import TRACK_HEADER, build_httproute
+from chatfleet_operator.builders.httproute import REVISION_HEADER, build_httproute
 from chatfleet_operator.plugin import render_history, render_tree
 from chatfleet_operator.settings import PodSettings
 from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
@@ -90,19 +90,45 @@ def test_history_table():
     assert render_history({"status": {}}) == "no releases yet"
 
 
-def test_httproute_weights_and_pinning_rules():
+def test_httproute_weights_without_pins():
     route = build_httproute(REF, stable_weight=80, canary_weight=20, gateway_name="gw")
     rules = route["spec"]["rules"]
-    assert rules[-1]["backendRefs"] == [
-        {"name": "bot", "port": 8080, "weight": 80},
-        {"name": "bot-canary", "port": 8080, "weight": 20},
+    assert rules == [
+        {
+            "matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
+            "backendRefs": [
+                {"name": "bot", "port": 8080, "weight": 80},
+                {"name": "bot-canary", "port": 8080, "weight": 20},
+            ],
+        }
     ]
-    pinned = {r["matches"][0]["headers"][0]["value"]: r["backendRefs"][0]["name"] for r in rules[:-1]}
-    assert pinned == {"canary": "bot-canary", "stable": "bot"}
-    assert rules[0]["matches"][0]["headers"][0]["name"] == TRACK_HEADER
-    assert route["spec"]["parentRefs"][0]["name"] == "gw"
-    no_canary = build_httproute(REF, stable_weight=100, canary_weight=0, gateway_name="gw")
-    assert len(no_canary["spec"]["rules"]) == 2
+    assert route["spec"]["parentRefs"] == [
+        {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "gw"}
+    ]
+
+
+def test_httproute_pins_each_revision_to_its_service_before_the_weights():
+    route = build_httproute(
+        REF,
+        stable_weight=0,
+        canary_weight=100,
+        gateway_name="gw",
+        gateway_namespace="edge",
+        pins={"b2": "canary", "a1": "stable"},
+    )
+    rules = route["spec"]["rules"]
+    pinned = [
+        (
+            r["matches"][0]["headers"][0]["name"],
+            r["matches"][0]["headers"][0]["value"],
+            r["backendRefs"][0]["name"],
+        )
+        for r in rules[:-1]
+    ]
+    assert pinned == [(REVISION_HEADER, "a1", "bot"), (REVISION_HEADER, "b2", "bot-canary")]
+    assert REVISION_HEADER == "x-chatfleet-revision"
+    assert rules[-1]["backendRefs"][1] == {"name": "bot-canary", "port": 8080, "weight": 100}
+    assert route["spec"]["parentRefs"][0]["namespace"] == "edge"
 
 
 def test_selector_service_affinity():

@@ -263,3 +263,88 @@ def test_a_spec_that_never_got_ready_is_fixed_without_a_release():
     w.status = {}  # the first revision never became Ready: no stableRevision
     p = w.tick()
     assert not p.in_release and p.stable_from_spec and p.canary_replicas == 0
+
+
+# ---- sticky dialogues: the old revision drains its pinned dialogues before the promotion ----------------
+
+DRAINING = ReleasePhase.DRAINING
+STICKY = {"stickyDialogues": {"enabled": True, "idleSeconds": 30, "maxDrainSeconds": 120}}
+
+
+def sticky(**kw) -> World:
+    return world(traffic=HTTPROUTE, rollout=dict(STICKY), **kw)
+
+
+def test_sticky_release_drains_the_old_revision_before_promoting():
+    w = sticky(stable_requests=7)
+    # ticks 1-40: steps 20 % and 50 % pass their pauses and analyses; the last step ends in the drain.
+    w.run_until(lambda w: w.phase == DRAINING)
+    p = w.plans[-1]
+    # All new dialogues go to the canary; stable keeps the old revision at full size for the pinned ones.
+    assert (p.canary_weight, p.stable_replicas, p.canary_replicas, p.stable_from_spec) == (100, 2, 2, False)
+    assert w.stable.revision == "A" and w.gate == ReleaseReason.DRAINING
+    # ticks: Prometheus says stable still served 7 requests in the idle window -> hold, and say so.
+    for _ in range(30):
+        w.tick()
+    assert w.phase == DRAINING and w.dialogue_checks >= 2
+    assert w.status["release"]["oldRevisionRequests"] == 7
+    assert "7 requests in the last 30s" in w.plans[-1].gate.message
+    # the pinned dialogues end: the next check reads 0 -> promotion (stable takes B), an event says why.
+    w.stable_requests = 0
+    w.run_until(lambda w: w.phase == PROMOTING or promoted(w), max_ticks=15)
+    reasons = [e.reason for p in w.plans for e in p.events]
+    assert ReleaseReason.DRAINED in reasons and ReleaseReason.DRAIN_TIMED_OUT not in reasons
+    w.run_until(promoted)
+
+
+def test_sticky_drain_ends_at_max_drain_seconds_and_counts_what_moved():
+    w = sticky(stable_requests=4)
+    w.run_until(lambda w: w.phase == DRAINING)
+    # tick by tick: never 0 -> the drain ends on its bound, 120 s after it began.
+    started = w.now
+    w.run_until(lambda w: w.phase != DRAINING, max_ticks=200)
+    assert 119 <= (w.now - started).total_seconds() <= 122
+    warnings = [e for p in w.plans for e in p.events if e.reason == ReleaseReason.DRAIN_TIMED_OUT]
+    assert len(warnings) == 1 and warnings[0].type == "Warning" and "4 requests" in warnings[0].message
+    w.run_until(promoted)
+    assert w.status["releaseHistory"][0]["result"] == "Promoted"
+
+
+def test_sticky_drain_holds_while_prometheus_is_down_up_to_its_bound():
+    w = sticky()
+    w.run_until(lambda w: w.phase == DRAINING)
+    w.prometheus_up = False
+    for _ in range(60):
+        w.tick()
+    assert w.phase == DRAINING
+    assert "not measured (Prometheus at http://prom did not answer" in w.plans[-1].gate.message
+    w.run_until(lambda w: w.phase != DRAINING, max_ticks=100)
+    assert any(e.reason == ReleaseReason.DRAIN_TIMED_OUT for e in w.plans[-1].events)
+
+
+def test_abort_while_draining_rolls_back_to_the_old_revision():
+    w = sticky(stable_requests=3)
+    w.run_until(lambda w: w.phase == DRAINING)
+    w.set_rollout(abort="B")
+    p = w.tick()
+    assert w.phase == ROLLED_BACK and p.canary_replicas == 0 and w.stable.revision == "A"
+
+
+def test_promote_intent_skips_the_drain():
+    w = sticky(stable_requests=3)
+    w.run_until(lambda w: w.phase == DRAINING)
+    w.set_rollout(promote="B")
+    w.run_until(promoted, max_ticks=20)
+
+
+def test_no_drain_without_sticky_dialogues_or_without_a_route():
+    for w in (world(traffic=HTTPROUTE), world(rollout=dict(STICKY))):
+        w.run_until(promoted)
+        assert DRAINING not in [p.release.phase for p in w.plans if p.release is not None]
+
+
+def test_no_drain_in_place_where_stable_is_gone_at_full_weight():
+    w = sticky(stable_requests=3)
+    w.set_rollout(gpuCapacity=REPLACE_IN_PLACE)
+    w.run_until(promoted)
+    assert DRAINING not in [p.release.phase for p in w.plans if p.release is not None]

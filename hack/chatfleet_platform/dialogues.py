@@ -1,0 +1,215 @@
+"""Dialogues as a chat front-end holds them: multi-turn, streamed, with a session id, counted turn by turn.
+
+`DialogueLoad` runs `concurrency` users from background threads. Each user holds one dialogue at a time:
+`turns` streamed turns under one `X-Session-Id`, a short think time between turns, then a new dialogue.
+With `pin`, every turn after the first echoes the `x-chatfleet-revision` header the first answer carried
+(what a client or an edge does to keep a dialogue on its revision behind Gateway API).
+
+What it counts, the figures the zero-drop tests and `make bench-release-traffic` report:
+- `cut`: a stream that began (HTTP 200) and ended without `data: [DONE]`, or broke while reading;
+- `non_2xx`: answers with another status (the code is kept in `codes`);
+- `failed`: no answer at all (connection refused or reset before the status line, a time-out);
+- `lost_history`: a turn whose answer says fewer stored turns were loaded than the dialogue had saved
+  (the chat API reports `chatfleet.history_turns`; expected min(turns done, history window));
+- `switched`: dialogues in which a turn was answered by another revision than the first turn.
+Bounded in count (`max_dialogues`) and time (`max_seconds`); it stops by itself.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import random
+import threading
+import time
+import urllib.parse
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+REVISION_HEADER = "x-chatfleet-revision"
+
+
+@dataclass
+class TurnResult:
+    """One turn as the client saw it."""
+
+    outcome: str
+    """ok, cut, failed, or http-<code>."""
+    revision: str = ""
+    history_turns: int | None = None
+    at: float = 0.0
+
+
+def _first_event(body: str) -> dict[str, Any] | None:
+    """The first JSON `data:` event of a server-sent event stream (None when there is none)."""
+    for line in body.splitlines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            try:
+                return json.loads(line[6:])
+            except ValueError:
+                return None
+    return None
+
+
+def chat_turn(
+    url: str,
+    session_id: str,
+    text: str,
+    *,
+    pin: str = "",
+    source: str | None = None,
+    timeout: float = 60.0,
+    max_tokens: int = 6,
+) -> TurnResult:
+    """One streamed turn of a dialogue through `url` (http://host:port); never raises."""
+    parsed = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(
+        parsed.hostname, parsed.port or 80, timeout=timeout, source_address=(source, 0) if source else None
+    )
+    headers = {"Content-Type": "application/json", "X-Session-Id": session_id}
+    if pin:
+        headers[REVISION_HEADER] = pin
+    body = {"messages": [{"role": "user", "content": text}], "max_tokens": max_tokens, "stream": True}
+    now = time.monotonic()
+    try:
+        try:
+            conn.request("POST", "/v1/chat/completions", body=json.dumps(body), headers=headers)
+            resp = conn.getresponse()
+        except (http.client.HTTPException, OSError):
+            return TurnResult("failed", at=now)
+        revision = resp.getheader(REVISION_HEADER) or ""
+        try:
+            text_body = resp.read().decode(errors="replace")
+        except (http.client.HTTPException, OSError):
+            return TurnResult("cut" if resp.status == 200 else f"http-{resp.status}", revision, at=now)
+    finally:
+        conn.close()
+    if resp.status != 200:
+        return TurnResult(f"http-{resp.status}", revision, at=now)
+    if "data: [DONE]" not in text_body:
+        return TurnResult("cut", revision, at=now)
+    first = _first_event(text_body) or {}
+    info = first.get("chatfleet") or {}
+    turns = info.get("history_turns")
+    return TurnResult("ok", revision, turns if isinstance(turns, int) else None, at=now)
+
+
+@dataclass
+class DialogueLoad:
+    """Concurrent users holding multi-turn streamed dialogues through one URL (see the module docstring)."""
+
+    url: str
+    concurrency: int = 8
+    turns: int = 5
+    pin: bool = True
+    history_window: int = 5
+    """spec.runtime.sessions.historyTurns of the bot: the most stored turns a request can get back."""
+    think_seconds: tuple[float, float] = (0.1, 0.5)
+    max_dialogues: int | None = None
+    max_seconds: float = 600.0
+    sources: tuple[str, ...] = ()
+    """Client addresses to spread users over (ClientIP affinity behind a Service); () = the default one."""
+    timeout: float = 60.0
+    seed: int = 7
+    results: list[TurnResult] = field(default_factory=list)
+    dialogues: int = 0
+    switched: int = 0
+    lost_history: int = 0
+    revisions: Counter = field(default_factory=Counter)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _threads: list[threading.Thread] = field(default_factory=list)
+    _started: int = 0
+
+    def _claim(self) -> bool:
+        """Whether a user may begin one more dialogue (the count bound)."""
+        with self._lock:
+            if self.max_dialogues is not None and self._started >= self.max_dialogues:
+                return False
+            self._started += 1
+            return True
+
+    def _dialogue(self, rng: random.Random, source: str | None) -> None:
+        """One whole dialogue: `turns` turns, pinned to the first answer's revision when `pin`."""
+        sid = uuid.uuid4().hex
+        first_revision, saved, switched, lost = "", 0, False, 0
+        for k in range(self.turns):
+            if self._stop.is_set():
+                break
+            pin = first_revision if self.pin and k > 0 else ""
+            r = chat_turn(
+                self.url, sid, f"turn {k} of {sid[:6]}", pin=pin, source=source, timeout=self.timeout
+            )
+            with self._lock:
+                self.results.append(r)
+                if r.revision:
+                    self.revisions[r.revision] += 1
+            if r.outcome == "ok":
+                if k == 0 or not first_revision:
+                    first_revision = first_revision or r.revision
+                elif r.revision and r.revision != first_revision:
+                    switched = True
+                expected = min(saved, self.history_window)
+                if r.history_turns is not None and r.history_turns < expected:
+                    lost += 1
+                saved += 1
+            time.sleep(rng.uniform(*self.think_seconds))
+        with self._lock:
+            self.dialogues += 1
+            self.switched += int(switched)
+            self.lost_history += lost
+
+    def start(self) -> DialogueLoad:
+        """Start the users (each its own thread and random stream)."""
+        t0 = time.monotonic()
+
+        def user(i: int) -> None:
+            rng = random.Random(self.seed * 1000 + i)
+            source = self.sources[i % len(self.sources)] if self.sources else None
+            while not self._stop.is_set() and time.monotonic() - t0 < self.max_seconds and self._claim():
+                self._dialogue(rng, source)
+
+        self._threads = [
+            threading.Thread(target=user, args=(i,), daemon=True) for i in range(self.concurrency)
+        ]
+        for t in self._threads:
+            t.start()
+        return self
+
+    def wait(self, timeout: float) -> bool:
+        """Wait until every user is done (the count or time bound); whether they all are."""
+        deadline = time.monotonic() + timeout
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        return not any(t.is_alive() for t in self._threads)
+
+    def stop(self) -> dict[str, Any]:
+        """Let each user finish the turn it is in, then stop; the summary."""
+        self._stop.set()
+        self.wait(self.timeout + 30)
+        return self.summary()
+
+    def since(self, t: float) -> Counter:
+        """Outcomes of the turns that began at or after monotonic time t."""
+        with self._lock:
+            return Counter(r.outcome for r in self.results if r.at >= t)
+
+    def summary(self) -> dict[str, Any]:
+        """The counts: turns, dialogues, cut streams, non-2xx answers, failures, lost histories, switches."""
+        with self._lock:
+            outcomes = Counter(r.outcome for r in self.results)
+            return {
+                "turns": len(self.results),
+                "ok": outcomes["ok"],
+                "dialogues": self.dialogues,
+                "cut": outcomes["cut"],
+                "non_2xx": sum(v for k, v in outcomes.items() if k.startswith("http-")),
+                "codes": {k: v for k, v in outcomes.items() if k.startswith("http-")},
+                "failed": outcomes["failed"],
+                "lost_history": self.lost_history,
+                "switched": self.switched,
+                "switched_share": round(self.switched / self.dialogues, 4) if self.dialogues else 0.0,
+                "revisions": dict(self.revisions),
+            }

@@ -13,6 +13,13 @@ a value that is not a valid session id, such as an e-mail address, is hashed int
 
 Every response (JSON, stream, error, health) carries ``x-chatfleet-track`` (and ``x-chatfleet-revision``)
 when the pod knows them (``CHATFLEET_TRACK``, ``CHATFLEET_REVISION``, set by the operator).
+
+Draining (docs/runtime.md "Draining"): ``POST /drain`` (the pod's preStop hook,
+``python3 -m chatfleet_runtime.drain``) or a SIGTERM that comes without it starts the drain: ``/readyz``
+answers 503, every response carries ``Connection: close``, chat requests are served while they can
+finish before the pod must exit and refused with a 503 after that; running streams are never cut.
+``GET /drain`` says whether it is drained. On SIGTERM the server exits once drained (at once when the
+preStop hook already drained it).
 """
 
 from __future__ import annotations
@@ -22,18 +29,27 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
+import time
 from collections.abc import Mapping
 
+import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from chatfleet_runtime.apisettings import ApiSettings
 from chatfleet_runtime.backend import TritonChat
+from chatfleet_runtime.drain import Drain
 from chatfleet_runtime.pipeline import ChatPipeline
 from chatfleet_runtime.responses import Reply
 
-__all__ = ["ApiSettings", "create_app", "main"]
+__all__ = ["ApiSettings", "create_app", "main", "serve"]
+
+log = logging.getLogger("chatfleet.api")
+
+#: The chat requests the drain counts (in flight, arrivals); probes, scrapes and /drain are not work.
+WORK_PATHS = frozenset({"/v1/chat/completions"})
 
 
 class TrackHeaders:
@@ -60,6 +76,36 @@ class TrackHeaders:
         return await self.app(scope, receive, send_with_headers)
 
 
+class DrainGate:
+    """ASGI middleware: counts chat requests in and out of the drain (arrival to last byte, streams
+    included, a client that left included) and adds ``Connection: close`` to every response while
+    draining, so keep-alive clients take their next request elsewhere."""
+
+    def __init__(self, app, drain: Drain):
+        self.app = app
+        self.drain = drain
+
+    async def __call__(self, scope, receive, send):
+        """Pass through; count work requests, close connections while draining."""
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def send_closing(message):
+            if message["type"] == "http.response.start" and self.drain.draining:
+                headers = list(message.get("headers", []))
+                if not any(k.lower() == b"connection" for k, _ in headers):
+                    message = {**message, "headers": [*headers, (b"connection", b"close")]}
+            await send(message)
+
+        if scope["path"] not in WORK_PATHS:
+            return await self.app(scope, receive, send_closing)
+        self.drain.enter()
+        try:
+            return await self.app(scope, receive, send_closing)
+        finally:
+            self.drain.leave()
+
+
 def _redis_client(url: str | None):
     """An asyncio Redis client that fails fast (0.5 s, no retries), or None without a URL."""
     if not url:
@@ -84,13 +130,14 @@ def send(reply: Reply):
     return JSONResponse(reply.body, status_code=reply.status, headers=reply.headers or None)
 
 
-def create_app(settings: ApiSettings, backend=None, redis_client=None):
-    """Build the FastAPI app: thin routes over one ChatPipeline (backend and Redis injectable for tests)."""
+def create_app(settings: ApiSettings, backend=None, redis_client=None, clock=time.monotonic):
+    """Build the FastAPI app: thin routes over one ChatPipeline (backend, Redis and the drain's clock
+    injectable for tests)."""
     if backend is None:
         backend = TritonChat(settings.triton_grpc)
     if redis_client is None:
         redis_client = _redis_client(settings.redis_url)
-    pipeline = ChatPipeline(settings, backend, redis_client)
+    pipeline = ChatPipeline(settings, backend, redis_client, clock=clock)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
@@ -102,7 +149,9 @@ def create_app(settings: ApiSettings, backend=None, redis_client=None):
     app = FastAPI(title="chatfleet chat API", lifespan=lifespan)
     echo = {"x-chatfleet-track": settings.track, "x-chatfleet-revision": settings.revision}
     app.add_middleware(TrackHeaders, headers={k: v for k, v in echo.items() if v})
+    app.add_middleware(DrainGate, drain=pipeline.drain)
     app.state.pipeline, app.state.settings, app.state.metrics = pipeline, settings, pipeline.metrics
+    app.state.drain = pipeline.drain
     app.state.breaker, app.state.backend = pipeline.breaker, backend
 
     @app.get("/healthz")
@@ -112,10 +161,23 @@ def create_app(settings: ApiSettings, backend=None, redis_client=None):
 
     @app.get("/readyz")
     async def readyz():
-        """Readiness: Triton's chat model has been ready once (afterwards the breaker covers outages)."""
+        """Readiness: Triton's chat model has been ready once (afterwards the breaker covers outages), and
+        the replica is not draining."""
+        if pipeline.drain.draining:
+            return JSONResponse({"status": "draining"}, status_code=503)
         if pipeline.ready:
             return {"status": "ready", "breaker": pipeline.breaker.state}
         return JSONResponse({"status": "waiting for triton"}, status_code=503)
+
+    @app.post("/drain")
+    async def begin_drain():
+        """Start draining (idempotent; the preStop hook's call); the drain's state."""
+        return pipeline.begin_drain()
+
+    @app.get("/drain")
+    async def drain_state():
+        """The drain's state: draining, inflight, drained, since_seconds, refused."""
+        return pipeline.drain.state()
 
     @app.get("/metrics")
     async def prometheus_metrics():
@@ -135,6 +197,68 @@ def create_app(settings: ApiSettings, backend=None, redis_client=None):
     return app
 
 
+class DrainingServer(uvicorn.Server):
+    """uvicorn's Server, except that a SIGTERM that finds the replica not draining (no preStop hook ran:
+    a pod made without the hook, a local run) drains first: the listener stays open, /readyz fails,
+    and the server stops once drained or at the pod's deadline. A SIGTERM after the preStop hook began
+    the drain, a second SIGTERM or a SIGINT stop it at once. Either way uvicorn then waits for the
+    responses still running (streams are not cut), at most until the pod's deadline."""
+
+    def __init__(self, config: uvicorn.Config, pipeline: ChatPipeline):
+        super().__init__(config)
+        self.pipeline = pipeline
+        self.sigterm = False
+        """A SIGTERM arrived and was not acted on yet (on_tick does, outside the signal handler)."""
+        self.draining_to_exit = False
+        """The drain began on SIGTERM: stop once drained."""
+
+    def handle_exit(self, sig, frame) -> None:
+        """The signal handler: a first SIGTERM is left to on_tick, anything else is uvicorn's."""
+        if sig == signal.SIGTERM and not (self.sigterm or self.draining_to_exit):
+            self.sigterm = True
+            return
+        super().handle_exit(sig, frame)
+
+    async def on_tick(self, counter: int) -> bool:
+        """uvicorn's tick (every 0.1 s), first acting on a SIGTERM and checking a drain-to-exit."""
+        drain = self.pipeline.drain
+        if self.sigterm and not self.draining_to_exit:
+            if drain.draining:
+                self._stop(drain, "SIGTERM after the drain began (preStop hook)")
+            else:
+                self.draining_to_exit = True
+                self.pipeline.begin_drain()
+                log.warning("SIGTERM without a preStop hook: draining before exit")
+        if self.draining_to_exit and not self.should_exit:
+            exit_at = drain.exit_at()
+            if drain.drained():
+                self._stop(drain, "drained")
+            elif exit_at is not None and drain.clock() >= exit_at:
+                self._stop(drain, "the grace period is over")
+        return await super().on_tick(counter)
+
+    def _stop(self, drain: Drain, why: str) -> None:
+        """Let uvicorn shut down, giving running responses until the pod's deadline."""
+        exit_at = drain.exit_at()
+        left = max(1.0, exit_at - drain.clock()) if exit_at is not None else 1.0
+        self.config.timeout_graceful_shutdown = round(left)
+        log.warning("stopping (%s): %s", why, drain.state())
+        self.should_exit = True
+
+
+def serve(app: FastAPI, host: str, port: int, log_level: str = "warning") -> None:
+    """Serve the app with uvicorn, draining on SIGTERM (DrainingServer)."""
+    pipeline: ChatPipeline = app.state.pipeline
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        timeout_graceful_shutdown=max(1, round(pipeline.settings.grace_s)),
+    )
+    DrainingServer(config, pipeline).run()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the chat API with uvicorn (pod command; see docs/pod-contract.md)."""
     parser = argparse.ArgumentParser(description="chatfleet chat API")
@@ -145,13 +269,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--redis-url", default=None)
     parser.add_argument("--log-level", default="warning")
     args = parser.parse_args(argv)
-    import uvicorn
-
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = ApiSettings.from_env(
         triton_grpc=args.triton_grpc, model_name=args.model_name, redis_url=args.redis_url
     )
-    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level)
+    serve(create_app(settings), args.host, args.port, args.log_level)
     return 0
 
 

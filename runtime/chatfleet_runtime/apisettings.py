@@ -34,6 +34,18 @@ class ApiSettings:
     """The pod's revision hash, echoed as `x-chatfleet-revision`."""
     triton_metrics_url: str | None = None
     """Triton's metrics endpoint, re-exported on this API's /metrics (None: not re-exported)."""
+    drain_settle_s: float = 5.0
+    """A drain waits this long after it began and after the last chat request arrived (endpoint removal
+    reaching kube-proxy and the gateway)."""
+    drain_grace_s: float | None = None
+    """The pod's termination grace period; None: request timeout + settle + 10 (what the operator sets)."""
+
+    @property
+    def grace_s(self) -> float:
+        """The pod's grace period: the setting, else request timeout + settle + 10 s."""
+        if self.drain_grace_s is not None:
+            return self.drain_grace_s
+        return self.request_timeout_s + self.drain_settle_s + 10
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> ApiSettings:
@@ -54,6 +66,8 @@ class ApiSettings:
             "track": ("CHATFLEET_TRACK", str),
             "revision": ("CHATFLEET_REVISION", str),
             "triton_metrics_url": ("CHATFLEET_TRITON_METRICS_URL", str),
+            "drain_settle_s": ("CHATFLEET_DRAIN_SETTLE_SECONDS", float),
+            "drain_grace_s": ("CHATFLEET_DRAIN_GRACE_SECONDS", float),
         }
         values: dict[str, Any] = {}
         for field_name, (var, kind) in pick.items():

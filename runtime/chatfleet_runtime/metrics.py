@@ -85,6 +85,18 @@ class ApiMetrics:
             ["model"],
             registry=r,
         )
+        self.draining = Gauge(
+            "chatfleet_draining",
+            "1 while this replica drains (going away: finishing its streams, readiness failed), else 0",
+            ["model"],
+            registry=r,
+        )
+        self.drain_refused = Counter(
+            "chatfleet_drain_refused",
+            "Chat requests refused (503) while draining: they could not finish before the pod must exit",
+            ["model"],
+            registry=r,
+        )
         self.disconnects = Counter(
             "chatfleet_client_disconnects",
             "Streams whose client went away before the end",

@@ -9,6 +9,9 @@
    failure or the deadline is a breaker failure and a fallback answer, a bad request a 400;
 5. answer and save the turn (a stream saves it once the last chunk went out).
 
+Before step 1 the drain (``chatfleet_runtime.drain.Drain``) is asked whether a new request can still
+finish before the pod must exit; when it cannot, the request is refused with a 503 at once.
+
 It returns a ``Reply`` (``chatfleet_runtime.responses``); ``chatfleet_runtime.api`` sends it.
 """
 
@@ -19,7 +22,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +33,7 @@ from chatfleet_runtime import responses
 from chatfleet_runtime.apisettings import ApiSettings
 from chatfleet_runtime.backend import BackendError, Chunk, triton_params
 from chatfleet_runtime.breaker import STATE_VALUE, CircuitBreaker, Fallback
+from chatfleet_runtime.drain import EXIT_MARGIN_S, Drain
 from chatfleet_runtime.metrics import ApiMetrics
 from chatfleet_runtime.prompting import (
     RequestError,
@@ -72,7 +76,13 @@ class Turn:
 class ChatPipeline:
     """The chat API's state (breaker, in-flight count, sessions, metrics) and its request steps."""
 
-    def __init__(self, settings: ApiSettings, backend, redis_client=None):
+    def __init__(
+        self,
+        settings: ApiSettings,
+        backend,
+        redis_client=None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.settings = settings
         self.name = name = settings.model_name
         self.metrics = metrics = ApiMetrics()
@@ -86,6 +96,15 @@ class ChatPipeline:
             on_error=lambda op: metrics.session_errors.labels(name, op).inc(),
         )
         self.active = ActiveSessions(settings.session_ttl_s)
+        self.drain = Drain(
+            settle_s=settings.drain_settle_s,
+            grace_s=settings.grace_s,
+            request_timeout_s=settings.request_timeout_s,
+            clock=clock,
+        )
+        """The replica's drain; the API counts chat requests in and out of it (api.DrainGate)."""
+        metrics.draining.labels(name).set(0)
+        metrics.drain_refused.labels(name)
         self.breaker = CircuitBreaker(
             settings.breaker_failures, settings.breaker_reset_s, on_change=self._breaker_changed
         )
@@ -123,6 +142,16 @@ class ChatPipeline:
             with contextlib.suppress(Exception):
                 await self.redis_client.aclose()
 
+    def begin_drain(self) -> dict[str, Any]:
+        """Start draining (idempotent): readiness fails, late requests are refused; the drain's state."""
+        if self.drain.begin():
+            log.warning(
+                "draining: readiness fails, chat requests admitted for %.1f s more, then refused",
+                max(0.0, self.settings.grace_s - EXIT_MARGIN_S - self.settings.request_timeout_s),
+            )
+        self.metrics.draining.labels(self.name).set(1)
+        return self.drain.state()
+
     # ---- the small routes -----------------------------------------------------------------------
 
     def models(self) -> dict[str, Any]:
@@ -135,6 +164,7 @@ class ChatPipeline:
     async def metrics_text(self) -> str:
         """The API's own exposition text, then Triton's (re-exported) when configured."""
         self.metrics.active_sessions.labels(self.name).set(self.active.count())
+        self.metrics.draining.labels(self.name).set(int(self.drain.draining))
         self.metrics.breaker_state.labels(self.name).set(STATE_VALUE[self.breaker.state])
         triton = await self._triton_metrics()
         return generate_latest(self.metrics.registry).decode() + triton
@@ -162,6 +192,8 @@ class ChatPipeline:
     async def chat(self, raw: bytes, headers: Mapping[str, str]) -> Reply:
         """One OpenAI chat-completions request, through steps 1 to 5 (see the module docstring)."""
         t0 = time.monotonic()
+        if not self.drain.admit():
+            return self._refused()
         # 1. parse
         stream = False
         try:
@@ -234,6 +266,16 @@ class ChatPipeline:
         elif body.get("user") is not None:
             sid = session_key_from_user(body["user"])
         return messages, sampling, sid, ignored
+
+    def _refused(self) -> Reply:
+        """A 503 for a chat request that could not finish before the draining pod must exit."""
+        self.metrics.drain_refused.labels(self.name).inc()
+        reply = responses.error(
+            503, "this replica is draining (shutting down) and takes no new requests; retry the request"
+        )
+        reply.body["error"]["code"] = "replica_draining"
+        reply.headers.update({"Retry-After": "1", "Connection": "close"})
+        return reply
 
     def _count(self, outcome: str, code: int, stream: bool) -> None:
         self.metrics.requests.labels(self.name, outcome, str(code), str(stream).lower()).inc()

@@ -39,6 +39,8 @@ class ApiSettings:
     reaching kube-proxy and the gateway)."""
     drain_grace_s: float | None = None
     """The pod's termination grace period; None: request timeout + settle + 10 (what the operator sets)."""
+    dialogue_idle_s: float | None = None
+    """A dialogue without a turn for this long is no longer open; None: the session TTL."""
 
     @property
     def grace_s(self) -> float:
@@ -46,6 +48,11 @@ class ApiSettings:
         if self.drain_grace_s is not None:
             return self.drain_grace_s
         return self.request_timeout_s + self.drain_settle_s + 10
+
+    @property
+    def idle_s(self) -> float:
+        """How long a dialogue stays open after its last turn: the setting, else the session TTL."""
+        return self.session_ttl_s if self.dialogue_idle_s is None else self.dialogue_idle_s
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> ApiSettings:
@@ -68,6 +75,7 @@ class ApiSettings:
             "triton_metrics_url": ("CHATFLEET_TRITON_METRICS_URL", str),
             "drain_settle_s": ("CHATFLEET_DRAIN_SETTLE_SECONDS", float),
             "drain_grace_s": ("CHATFLEET_DRAIN_GRACE_SECONDS", float),
+            "dialogue_idle_s": ("CHATFLEET_DIALOGUE_IDLE_SECONDS", float),
         }
         values: dict[str, Any] = {}
         for field_name, (var, kind) in pick.items():

@@ -97,6 +97,18 @@ class ApiMetrics:
             ["model"],
             registry=r,
         )
+        self.open_dialogues = Gauge(
+            "chatfleet_open_dialogues",
+            "Conversations with a turn on this replica within CHATFLEET_DIALOGUE_IDLE_SECONDS",
+            ["model"],
+            registry=r,
+        )
+        self.revision_switches = Counter(
+            "chatfleet_dialogue_revision_switches",
+            "Turns answered by this revision whose previous stored turn another revision answered",
+            ["model"],
+            registry=r,
+        )
         self.disconnects = Counter(
             "chatfleet_client_disconnects",
             "Streams whose client went away before the end",

@@ -7,7 +7,8 @@
 3. admit: the breaker and the in-flight limit, else a fallback answer at once;
 4. generate: Triton (``chat``, or ``chat_stream`` for ``stream: true``) within the deadline; a Triton
    failure or the deadline is a breaker failure and a fallback answer, a bad request a 400;
-5. answer and save the turn (a stream saves it once the last chunk went out).
+5. answer and save the turn (a stream saves it once the last chunk went out), with the revision that
+   answered it; a turn whose previous one another revision answered counts a revision switch.
 
 Before step 1 the drain (``chatfleet_runtime.drain.Drain``) is asked whether a new request can still
 finish before the pod must exit; when it cannot, the request is refused with a 503 at once.
@@ -45,7 +46,7 @@ from chatfleet_runtime.prompting import (
     validate_session_id,
 )
 from chatfleet_runtime.responses import Reply
-from chatfleet_runtime.sessions import ActiveSessions, SessionStore, compose
+from chatfleet_runtime.sessions import ActiveSessions, History, SessionStore, compose
 
 log = logging.getLogger("chatfleet.api")
 
@@ -66,6 +67,8 @@ class Turn:
     """The `chatfleet` fields of the answer: history state, ignored fields."""
     t0: float
     """When the request arrived (time.monotonic)."""
+    previous_revision: str | None = None
+    """The revision that answered the conversation's last stored turn, when known."""
 
     @property
     def new_messages(self) -> list[dict[str, str]]:
@@ -95,7 +98,8 @@ class ChatPipeline:
             turns=settings.history_turns,
             on_error=lambda op: metrics.session_errors.labels(name, op).inc(),
         )
-        self.active = ActiveSessions(settings.session_ttl_s)
+        self.active = ActiveSessions(max(settings.session_ttl_s, settings.idle_s), clock=clock)
+        """Conversations seen here: active sessions (within the TTL) and open dialogues (within idle_s)."""
         self.drain = Drain(
             settle_s=settings.drain_settle_s,
             grace_s=settings.grace_s,
@@ -105,6 +109,7 @@ class ChatPipeline:
         """The replica's drain; the API counts chat requests in and out of it (api.DrainGate)."""
         metrics.draining.labels(name).set(0)
         metrics.drain_refused.labels(name)
+        metrics.revision_switches.labels(name)
         self.breaker = CircuitBreaker(
             settings.breaker_failures, settings.breaker_reset_s, on_change=self._breaker_changed
         )
@@ -163,7 +168,8 @@ class ChatPipeline:
 
     async def metrics_text(self) -> str:
         """The API's own exposition text, then Triton's (re-exported) when configured."""
-        self.metrics.active_sessions.labels(self.name).set(self.active.count())
+        self.metrics.active_sessions.labels(self.name).set(self.active.count(self.settings.session_ttl_s))
+        self.metrics.open_dialogues.labels(self.name).set(self.active.count(self.settings.idle_s))
         self.metrics.draining.labels(self.name).set(int(self.drain.draining))
         self.metrics.breaker_state.labels(self.name).set(STATE_VALUE[self.breaker.state])
         triton = await self._triton_metrics()
@@ -206,22 +212,26 @@ class ChatPipeline:
             self._count("client_error", exc.status, stream)
             return responses.error(exc.status, str(exc))
         # 2. history
-        history_state, prompt_messages = "none", messages
+        history_state, prompt_messages, history = "none", messages, History()
         if sid is not None:
             self.active.touch(sid)
-            history, ok = await self.store.history(sid)
-            history_state = "ok" if ok else "unavailable"
-            prompt_messages = compose(messages, history)
+            history = await self.store.history(sid)
+            history_state = "ok" if history.ok else "unavailable"
+            prompt_messages = compose(messages, history.messages)
         if ignored:
             log.info("ignored unknown request fields: %s", ", ".join(ignored))
+        info: dict[str, Any] = {"history": history_state, "history_turns": history.turns}
+        if history.revision is not None:
+            info["previous_revision"] = history.revision
         turn = Turn(
             messages,
             prompt_messages,
             triton_params(sampling, sid),
             stream,
             sid,
-            {"history": history_state, "ignored_fields": ignored},
+            {**info, "ignored_fields": ignored},
             t0,
+            history.revision,
         )
         # 3. admit
         if not self.breaker.allow():
@@ -277,6 +287,15 @@ class ChatPipeline:
         reply.headers.update({"Retry-After": "1", "Connection": "close"})
         return reply
 
+    async def _remember(self, turn: Turn, reply: str) -> None:
+        """Store the answered turn with this pod's revision; count a revision switch once it is stored."""
+        if turn.session_id is None:
+            return
+        revision = self.settings.revision
+        saved = await self.store.append(turn.session_id, turn.new_messages, reply, revision)
+        if saved and revision and turn.previous_revision and turn.previous_revision != revision:
+            self.metrics.revision_switches.labels(self.name).inc()
+
     def _count(self, outcome: str, code: int, stream: bool) -> None:
         self.metrics.requests.labels(self.name, outcome, str(code), str(stream).lower()).inc()
 
@@ -329,8 +348,7 @@ class ChatPipeline:
         self.metrics.ttft.labels(self.name, "false").observe(elapsed)
         self.metrics.tokens.labels(self.name).inc(result.num_tokens)
         self._count("success", 200, False)
-        if turn.session_id is not None:
-            await self.store.append(turn.session_id, turn.new_messages, result.text)
+        await self._remember(turn, result.text)
         head = responses.envelope(self.name, "chat.completion", turn.session_id, turn.info)
         used = responses.usage(result.prompt_tokens, result.num_tokens)
         return Reply(responses.completion(head, result.text, result.finish_reason or "stop", used))
@@ -420,8 +438,7 @@ class ChatPipeline:
         if num_tokens > 1 and elapsed > ttft:
             self.metrics.tps.labels(self.name).observe(num_tokens / (elapsed - ttft))
         self._count("success", 200, True)
-        if turn.session_id is not None:
-            await self.store.append(turn.session_id, turn.new_messages, "".join(parts))
+        await self._remember(turn, "".join(parts))
 
 
 class _Slot:

@@ -1,7 +1,7 @@
 """Conversation history in Redis: a sliding window of turns with a TTL, shared by every replica.
 
 Key ``chatfleet:session:<model>:<id>`` is a Redis list, one JSON turn per element
-(``{"messages": [...], "reply": "..."}``), trimmed to the last N turns and expiring TTL seconds after
+(``{"messages": [...], "reply": "...", "at": <unix time>, "revision": "<pod revision>"|null}``), trimmed to the last N turns and expiring TTL seconds after
 the last write. Redis trouble never fails a chat turn: reads return no history, writes are skipped, and
 ``on_error(op)`` is called so the API can count it.
 """
@@ -12,6 +12,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,20 @@ def compose(
     return [*system, *history, *new]
 
 
+@dataclass(frozen=True)
+class History:
+    """A conversation's stored turns as loaded for one request."""
+
+    messages: list[dict[str, str]] = field(default_factory=list)
+    """The turns flattened into chat messages (see history_messages)."""
+    ok: bool = False
+    """False when there is no Redis or it could not be read."""
+    turns: int = 0
+    """How many stored turns were loaded."""
+    revision: str | None = None
+    """The revision that answered the last loaded turn, when it was recorded."""
+
+
 class SessionStore:
     """Redis-backed history (redis.asyncio client); None client means sessions without memory."""
 
@@ -58,29 +73,39 @@ class SessionStore:
         """Redis key of a conversation."""
         return self.prefix + session_id
 
-    async def history(self, session_id: str) -> tuple[list[dict[str, str]], bool]:
-        """(messages of the last N turns, ok); ok is False when Redis could not be read."""
+    async def history(self, session_id: str) -> History:
+        """The last N turns (ok is False when there is no Redis or it could not be read)."""
         if self.client is None or self.turns <= 0:
-            return [], self.client is not None
+            return History(ok=self.client is not None)
         try:
             raw = await self.client.lrange(self.key(session_id), -self.turns, -1)
         except Exception as exc:  # any Redis failure: answer without history
             log.warning("session history unavailable: %s", exc)
             self.on_error("read")
-            return [], False
+            return History(ok=False)
         turns = []
         for item in raw:
             try:
-                turns.append(json.loads(item))
+                turn = json.loads(item)
             except (TypeError, ValueError):
                 continue
-        return history_messages(turns), True
+            if isinstance(turn, dict):
+                turns.append(turn)
+        revision = turns[-1].get("revision") if turns else None
+        return History(
+            history_messages(turns), True, len(turns), revision if isinstance(revision, str) else None
+        )
 
-    async def append(self, session_id: str, messages: Sequence[dict[str, str]], reply: str) -> bool:
-        """Add a turn, trim to the window and refresh the TTL in one transaction; False on Redis error."""
+    async def append(
+        self, session_id: str, messages: Sequence[dict[str, str]], reply: str, revision: str | None = None
+    ) -> bool:
+        """Add a turn (with the revision that answered it), trim to the window and refresh the TTL in one
+        transaction; False on Redis error."""
         if self.client is None or self.turns <= 0:
             return False
-        turn = json.dumps({"messages": list(messages), "reply": reply, "at": round(time.time(), 3)})
+        turn = json.dumps(
+            {"messages": list(messages), "reply": reply, "at": round(time.time(), 3), "revision": revision}
+        )
         key = self.key(session_id)
         try:
             async with self.client.pipeline(transaction=True) as pipe:
@@ -96,7 +121,8 @@ class SessionStore:
 
 
 class ActiveSessions:
-    """Conversations seen by this replica within the TTL (for the active-sessions gauge)."""
+    """Conversations seen by this replica within the TTL (the active-sessions gauge), or within a shorter
+    window (the open-dialogues gauge); entries older than the TTL are pruned."""
 
     def __init__(self, ttl_s: float, clock: Callable[[], float] = time.monotonic, limit: int = 100_000):
         self.ttl_s = ttl_s
@@ -111,9 +137,12 @@ class ActiveSessions:
         if len(self._seen) > self.limit:
             self._seen.pop(next(iter(self._seen)))
 
-    def count(self) -> int:
-        """Active conversations (expired ones are pruned)."""
-        cutoff = self.clock() - self.ttl_s
+    def count(self, within_s: float | None = None) -> int:
+        """Conversations seen within the TTL, or within ``within_s`` when given (expired ones are pruned)."""
+        now = self.clock()
+        cutoff = now - self.ttl_s
         for sid in [s for s, t in self._seen.items() if t < cutoff]:
             del self._seen[sid]
-        return len(self._seen)
+        if within_s is None:
+            return len(self._seen)
+        return sum(1 for t in self._seen.values() if t >= now - within_s)

@@ -77,7 +77,7 @@ def test_multi_turn_uses_history_from_redis(api, triton, redis_srv):
     s1, b1 = chat(api, {"messages": [system, *user("First question")], "max_tokens": 6, "session_id": sid})
     s2, b2 = chat(api, {"messages": [system, *user("Second question")], "max_tokens": 6, "user": sid})
     assert (s1, s2) == (200, 200)
-    assert b2["chatfleet"]["history"] == "ok"
+    assert b2["chatfleet"]["history"] == "ok" and b2["chatfleet"]["history_turns"] == 1
     expected = triton_text(
         triton,
         [

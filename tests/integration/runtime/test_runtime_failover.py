@@ -91,6 +91,7 @@ def test_fallback_when_triton_stops_and_recovery_when_it_returns(replica_b):
         "reason": "unavailable",
         "source": "faq",
         "history": None,
+        "history_turns": 0,
     }
     assert faq["choices"][0]["message"]["content"] == "Refunds take 5 days (FAQ)."
     _, text = chat(api_b.url, {"messages": user("hello?"), "max_tokens": 4})

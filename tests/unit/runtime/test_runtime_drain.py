@@ -115,9 +115,9 @@ def test_grace_defaults_to_what_the_operator_sets_and_env_names():
             "CHATFLEET_SESSION_TTL_SECONDS": "600",
         }
     )
-    assert (s.drain_settle_s, s.grace_s) == (3.0, 33.0)
-    s = ApiSettings.from_env({"CHATFLEET_DRAIN_GRACE_SECONDS": "45"})
-    assert (s.drain_settle_s, s.grace_s) == (5.0, 45.0)
+    assert (s.drain_settle_s, s.grace_s, s.idle_s) == (3.0, 33.0, 600)
+    s = ApiSettings.from_env({"CHATFLEET_DRAIN_GRACE_SECONDS": "45", "CHATFLEET_DIALOGUE_IDLE_SECONDS": "90"})
+    assert (s.drain_settle_s, s.grace_s, s.idle_s) == (5.0, 45.0, 90.0)
 
 
 # ---- the chat API while draining ---------------------------------------------------------------------

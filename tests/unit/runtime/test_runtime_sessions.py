@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
-from chatfleet_runtime.sessions import ActiveSessions, SessionStore, compose, history_messages
+from chatfleet_runtime.sessions import ActiveSessions, History, SessionStore, compose, history_messages
 
 
 class FakePipeline:
@@ -63,8 +64,9 @@ def test_window_and_ttl():
     store = SessionStore(redis, namespace="m", ttl_s=60, turns=2, on_error=errors.append)
     for i in range(3):
         assert run(store.append("s", [{"role": "user", "content": f"q{i}"}], f"a{i}"))
-    history, ok = run(store.history("s"))
-    assert ok and [m["content"] for m in history] == ["q1", "a1", "q2", "a2"]
+    history = run(store.history("s"))
+    assert history.ok and [m["content"] for m in history.messages] == ["q1", "a1", "q2", "a2"]
+    assert history.turns == 2
     assert redis.ttl["chatfleet:session:m:s"] == 60 and not errors
 
 
@@ -72,14 +74,14 @@ def test_redis_down_degrades_and_reports():
     redis, errors = FakeRedis(), []
     store = SessionStore(redis, on_error=errors.append)
     redis.down = True
-    assert run(store.history("s")) == ([], False)
+    assert run(store.history("s")) == History(ok=False)
     assert run(store.append("s", [{"role": "user", "content": "q"}], "a")) is False
     assert errors == ["read", "write"]
 
 
 def test_no_redis_configured():
     store = SessionStore(None)
-    assert run(store.history("s")) == ([], False)
+    assert run(store.history("s")) == History(ok=False)
     assert run(store.append("s", [], "a")) is False
 
 
@@ -113,3 +115,42 @@ def test_active_sessions_expire():
     assert active.count() == 2
     now[0] = 12
     assert active.count() == 1
+
+
+@pytest.mark.parametrize(
+    ("revisions", "expected"),
+    [
+        pytest.param(["r1"], "r1", id="one-turn"),
+        pytest.param(["r1", "r2"], "r2", id="the-last-turn-wins"),
+        pytest.param(["r1", None], None, id="last-unknown"),
+        pytest.param([], None, id="no-turns"),
+    ],
+)
+def test_each_turn_records_the_revision_that_answered_it(revisions, expected):
+    redis = FakeRedis()
+    store = SessionStore(redis, namespace="m", turns=5)
+    for i, rev in enumerate(revisions):
+        assert run(store.append("s", [{"role": "user", "content": f"q{i}"}], f"a{i}", rev))
+    stored = [json.loads(x)["revision"] for x in redis.lists.get("chatfleet:session:m:s", [])]
+    assert stored == revisions
+    history = run(store.history("s"))
+    assert (history.turns, history.revision) == (len(revisions), expected)
+
+
+def test_turns_stored_before_revisions_were_recorded_read_as_unknown():
+    redis = FakeRedis()
+    redis.lists["chatfleet:session:m:s"] = [json.dumps({"messages": [], "reply": "a"}), "not json"]
+    history = run(SessionStore(redis, namespace="m").history("s"))
+    assert (history.ok, history.turns, history.revision) == (True, 1, None)
+
+
+def test_open_dialogues_count_within_a_shorter_window():
+    now = [0.0]
+    active = ActiveSessions(ttl_s=100, clock=lambda: now[0])
+    active.touch("old")
+    now[0] = 50
+    active.touch("new")
+    now[0] = 60
+    assert (active.count(), active.count(within_s=30), active.count(within_s=100)) == (2, 1, 2)
+    now[0] = 120  # "old" is past the TTL: pruned, whatever the window
+    assert (active.count(within_s=1000), active.count()) == (1, 1)

@@ -72,7 +72,8 @@ class ChatApiProcess:
                 f"--port={self.port}",
                 f"--triton-grpc={self.triton_grpc}",
             ],
-            env={**os.environ, **self.env},
+            # No endpoints to leave here, so no settle time on SIGTERM (a test may still set one).
+            env={**os.environ, "CHATFLEET_DRAIN_SETTLE_SECONDS": "0", **self.env},
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,

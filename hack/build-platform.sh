@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build the local platform's binaries (etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler, kubectl, kubelet, kube-proxy, kwok, helm, prometheus, the KEDA operator and metrics adapter) from the Go module proxy, once, into a cache
+# kube-scheduler, kubectl, kubelet, kube-proxy, kwok, helm, prometheus, the KEDA operator and metrics adapter,
+# traefik) from the Go module proxy, once, into a cache
 # outside the repository keyed by version:  $CHATFLEET_CACHE/bin/<name>-<version>/<name>
 # A second run finds every binary and builds nothing.
 set -euo pipefail
@@ -21,7 +22,7 @@ mkdir -p "$BIN"
 exec 9>"$BIN/.build.lock"
 flock -n 9 || { say "another build holds $BIN/.build.lock: waiting for it"; flock 9; }
 
-command -v go >/dev/null 2>&1 || die "the Go toolchain is missing: install Go >= 1.26 (it builds Kubernetes, etcd, kwok and helm from the Go module proxy)"
+command -v go >/dev/null 2>&1 || die "the Go toolchain is missing: install Go >= 1.26 (it builds Kubernetes, etcd, kwok, helm, Prometheus, KEDA and Traefik from the Go module proxy)"
 gominor=$(go env GOVERSION | sed -E 's/^go1\.([0-9]+).*/\1/')
 [ "${gominor:-0}" -ge 26 ] || die "Go $(go env GOVERSION) is too old: helm v$HELM_VERSION needs Go >= 1.26"
 
@@ -37,6 +38,19 @@ except Exception: print("no answer")' 2>/dev/null)"
   fi
   KMOD_JSON=$out
   printf '%s' "$out"
+}
+
+# the folder of a module's source in the Go module cache (fetched once from the module proxy)
+module_dir() {
+  local out dir
+  out=$(cd "$(mktemp -d)" && go mod download -json "$1" 2>/dev/null) || true
+  dir=$(printf '%s' "$out" | python3 -c 'import json,sys
+try: print(json.load(sys.stdin).get("Dir", ""))
+except Exception: print("")')
+  [ -n "$dir" ] && [ -d "$dir" ] || die "cannot fetch $1 from the Go module proxy ($(go env GOPROXY)): $(printf '%s' "$out" | python3 -c 'import json,sys
+try: print(json.load(sys.stdin).get("Error", "no answer"))
+except Exception: print("no answer")')"
+  printf '%s' "$dir"
 }
 
 have() { [ -x "$BIN/$1-$2/$1" ]; }
@@ -146,8 +160,7 @@ build_keda() {
   [ -x "$out/keda-operator" ] && [ -x "$out/keda-adapter" ] && { say "keda v$v cached"; return; }
   say "building keda v$v (operator + metrics adapter); cold: ~8 min on 2 cores"
   local t0; t0=$(date +%s)
-  src=$(cd "$(mktemp -d)" && go mod download -json "github.com/kedacore/keda/v2@v$v" \
-    | python3 -c 'import json,sys;print(json.load(sys.stdin)["Dir"])')
+  src=$(module_dir "github.com/kedacore/keda/v2@v$v")
   rm -rf "$d" && mkdir -p "$(dirname "$d")" "$out.tmp" && cp -r "$src" "$d" && chmod -R u+w "$d" && cd "$d"
   local ldf="-s -w -X github.com/kedacore/keda/v2/version.Version=$v"
   go build -trimpath -ldflags "$ldf" -o "$out.tmp/keda-operator" ./cmd/operator
@@ -157,12 +170,28 @@ build_keda() {
   record "keda-$v" $(( $(date +%s) - t0 ))
 }
 
-targets=${*:-etcd kwok helm kubernetes prometheus keda}
+# Traefik: the Gateway API data plane (its kubernetesgateway provider serves HTTPRoutes). Like KEDA, its
+# go.mod has replace directives: build inside a copy of the module's source.
+build_traefik() {
+  local v=$TRAEFIK_VERSION out d src
+  out="$BIN/traefik-$v" d="$WORK/traefik-$v"
+  have traefik "$v" && { say "traefik v$v cached"; return; }
+  say "building traefik v$v (the Gateway API data plane); cold: ~7 min on 2 cores, ~3 GB of memory"
+  local t0; t0=$(date +%s)
+  src=$(module_dir "github.com/traefik/traefik/v3@v$v")
+  rm -rf "$d" && mkdir -p "$(dirname "$d")" "$out.tmp" && cp -r "$src" "$d" && chmod -R u+w "$d" && cd "$d"
+  go build -trimpath -ldflags "-s -w -X github.com/traefik/traefik/v3/pkg/version.Version=$v" \
+    -o "$out.tmp/traefik" ./cmd/traefik
+  rm -rf "$out" && mv "$out.tmp" "$out" && rm -rf "$d"
+  record "traefik-$v" $(( $(date +%s) - t0 ))
+}
+
+targets=${*:-etcd kwok helm kubernetes prometheus keda traefik}
 start=$(date +%s)
 cached() {
   case $1 in
     etcd) have etcd "$ETCD_VERSION" ;; kwok) have kwok "$KWOK_VERSION" ;; helm) have helm "$HELM_VERSION" ;;
-    prometheus) have prometheus "$PROMETHEUS_VERSION" ;;
+    prometheus) have prometheus "$PROMETHEUS_VERSION" ;; traefik) have traefik "$TRAEFIK_VERSION" ;;
     keda) [ -x "$BIN/keda-$KEDA_VERSION/keda-operator" ] && [ -x "$BIN/keda-$KEDA_VERSION/keda-adapter" ] ;;
     kubernetes) local c; for c in $K8S_COMPONENTS; do [ -x "$BIN/kubernetes-$K8S_VERSION/$c" ] || return 1; done ;;
     *) return 1 ;;
@@ -175,8 +204,8 @@ KMOD_JSON=$(probe_proxy)
 for t in $targets; do
   case $t in
     etcd) build_etcd ;; kwok) build_kwok ;; helm) build_helm ;; kubernetes) build_k8s ;;
-    prometheus) build_prometheus ;; keda) build_keda ;;
-    *) die "unknown component '$t' (etcd, kwok, helm, kubernetes, prometheus, keda)" ;;
+    prometheus) build_prometheus ;; keda) build_keda ;; traefik) build_traefik ;;
+    *) die "unknown component '$t' (etcd, kwok, helm, kubernetes, prometheus, keda, traefik)" ;;
   esac
 done
 say "done in $(( $(date +%s) - start ))s; binaries under $BIN"

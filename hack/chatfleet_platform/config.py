@@ -54,6 +54,7 @@ class Binaries:
     kwok: Path
     helm: Path
     prometheus: Path
+    traefik: Path
 
     def missing(self, names: tuple[str, ...] | None = None) -> list[str]:
         """Names of binaries (all, or those named) that are not built yet."""
@@ -85,12 +86,15 @@ def binaries(versions: dict[str, str] | None = None) -> Binaries:
         kwok=b / f"kwok-{v['KWOK_VERSION']}" / "kwok",
         helm=b / f"helm-{v['HELM_VERSION']}" / "helm",
         prometheus=b / f"prometheus-{v['PROMETHEUS_VERSION']}" / "prometheus",
+        traefik=b / f"traefik-{v['TRAEFIK_VERSION']}" / "traefik",
     )
 
 
 CLUSTER_BINARIES = ("etcd", "kube_apiserver", "kube_controller_manager", "kube_scheduler", "kubectl", "kwok")
 #: What a real node runs besides containerd and runc (Debian packages).
 NODE_BINARIES = ("kubelet", "kube_proxy")
+#: The Gateway API data plane (chatfleet_platform.gateway).
+GATEWAY_BINARIES = ("traefik",)
 
 
 def require_binaries(names: tuple[str, ...] = CLUSTER_BINARIES) -> Binaries:

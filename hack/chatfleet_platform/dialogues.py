@@ -96,6 +96,16 @@ def chat_turn(
     return TurnResult("ok", revision, turns if isinstance(turns, int) else None, at=now)
 
 
+@dataclass(frozen=True)
+class DialogueRecord:
+    """One finished dialogue: when it began and ended (monotonic), its revisions in turn order, switched or not."""
+
+    started: float
+    ended: float
+    revisions: tuple[str, ...]
+    switched: bool
+
+
 @dataclass
 class DialogueLoad:
     """Concurrent users holding multi-turn streamed dialogues through one URL (see the module docstring)."""
@@ -118,6 +128,7 @@ class DialogueLoad:
     switched: int = 0
     lost_history: int = 0
     revisions: Counter = field(default_factory=Counter)
+    records: list[DialogueRecord] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _threads: list[threading.Thread] = field(default_factory=list)
@@ -135,6 +146,7 @@ class DialogueLoad:
         """One whole dialogue: `turns` turns, pinned to the first answer's revision when `pin`."""
         sid = uuid.uuid4().hex
         first_revision, saved, switched, lost = "", 0, False, 0
+        started, seen = time.monotonic(), []
         for k in range(self.turns):
             if self._stop.is_set():
                 break
@@ -147,6 +159,7 @@ class DialogueLoad:
                 if r.revision:
                     self.revisions[r.revision] += 1
             if r.outcome == "ok":
+                seen.append(r.revision)
                 if k == 0 or not first_revision:
                     first_revision = first_revision or r.revision
                 elif r.revision and r.revision != first_revision:
@@ -160,6 +173,7 @@ class DialogueLoad:
             self.dialogues += 1
             self.switched += int(switched)
             self.lost_history += lost
+            self.records.append(DialogueRecord(started, time.monotonic(), tuple(seen), switched))
 
     def start(self) -> DialogueLoad:
         """Start the users (each its own thread and random stream)."""
@@ -195,6 +209,12 @@ class DialogueLoad:
         """Outcomes of the turns that began at or after monotonic time t."""
         with self._lock:
             return Counter(r.outcome for r in self.results if r.at >= t)
+
+    def switched_between(self, t0: float, t1: float) -> tuple[int, int]:
+        """(dialogues that began at or after t0 and ended by t1, how many of them switched revision)."""
+        with self._lock:
+            inside = [r for r in self.records if r.started >= t0 and r.ended <= t1]
+        return len(inside), sum(r.switched for r in inside)
 
     def summary(self) -> dict[str, Any]:
         """The counts: turns, dialogues, cut streams, non-2xx answers, failures, lost histories, switches."""

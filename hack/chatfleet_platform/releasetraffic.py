@@ -1,0 +1,215 @@
+"""Releases under real dialogue traffic: the scenarios of the zero-drop tests and `make bench-release-traffic`.
+
+A ChatbotService on the real node keeps its sessions in Redis and serves real streams. While
+`DialogueLoad` users chat through a URL (the Traefik gateway, or the Service's ClusterIP), the scenario
+drives the operations a release can bring, each waited for through the ChatbotService's status:
+- `promote`: a new revision (a harmless runtime change) through every step and the promotion;
+- `roll_back`: a new revision aborted once its canary serves (`spec.rollout.abort`), then the spec set
+  back to the stable revision;
+- `scale_down`: one more replica, Ready, then one fewer.
+Each pod that goes away drains (its preStop hook); the load counts what the users saw.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .realpods import on_real_node
+from .services import wait_until
+
+#: A short interval keeps a release to a couple of minutes on two cores; generous limits, because a
+#: loaded CPU is slow and these scenarios are about dropped streams, not latency.
+ANALYSIS = {
+    "intervalSeconds": 5,
+    "failureLimit": 2,
+    "consecutiveErrorLimit": 6,
+    "progressDeadlineSeconds": 300,
+    "thresholds": {
+        "errorRatePercent": 5,
+        "latencyP99Milliseconds": 60000,
+        "timeToFirstTokenP99Milliseconds": 60000,
+    },
+}
+
+
+def traffic_spec(
+    prometheus: str,
+    *,
+    image: str,
+    model_dir: Path,
+    redis_secret: str = "redis",
+    sticky: bool = True,
+    steps: tuple[int, ...] = (50, 100),
+    pause_seconds: int = 10,
+    idle_seconds: int = 10,
+    max_drain_seconds: int = 120,
+    replicas: int = 1,
+) -> dict[str, Any]:
+    """The bot of these scenarios on the real node: streaming, sessions in Redis, sticky dialogues."""
+    spec = {
+        "model": {"hostPath": "/", "maxContextTokens": 512},
+        "runtime": {"maxNewTokens": 8, "streaming": True, "requestTimeoutSeconds": 60},
+        "scaling": {"replicas": replicas},
+        "rollout": {
+            "strategy": "canary",
+            "canary": {"steps": [{"weight": w, "pauseSeconds": pause_seconds} for w in steps]},
+            "stickyDialogues": {
+                "enabled": sticky,
+                "idleSeconds": idle_seconds,
+                "maxDrainSeconds": max_drain_seconds,
+            },
+        },
+        "analysis": {"prometheusAddress": prometheus, **copy.deepcopy(ANALYSIS)},
+    }
+    spec = on_real_node(spec, image=image, model_dir=model_dir)
+    spec["runtime"]["sessions"]["redis"] = {"secretName": redis_secret, "key": "url"}
+    spec["runtime"]["sessions"]["historyTurns"] = 5
+    return spec
+
+
+class Bot:
+    """A ChatbotService of one namespace, seen through kubectl: apply, patch, status, conditions, pods."""
+
+    def __init__(self, cluster: Any, ns: str, name: str = "bot") -> None:
+        self.cluster, self.ns, self.name = cluster, ns, name
+
+    def kubectl(self, *args: str, **kw: Any) -> subprocess.CompletedProcess:
+        """kubectl in the bot's namespace."""
+        return self.cluster.kubectl(*args, namespace=self.ns, **kw)
+
+    def apply(self, spec: dict[str, Any]) -> None:
+        """Create or replace the ChatbotService with `spec`."""
+        doc = {
+            "apiVersion": "chatfleet.io/v1alpha1",
+            "kind": "ChatbotService",
+            "metadata": {"name": self.name},
+        }
+        self.kubectl("apply", "-f", "-", input=json.dumps({**doc, "spec": spec}))
+
+    def patch(self, spec: dict[str, Any]) -> None:
+        """Merge-patch the spec."""
+        self.kubectl("patch", "cbs", self.name, "--type=merge", "-p", json.dumps({"spec": spec}))
+
+    def spec(self) -> dict[str, Any]:
+        """The spec as stored (defaults filled in by the API server)."""
+        return json.loads(self.kubectl("get", "cbs", self.name, "-o", "json").stdout)["spec"]
+
+    def status(self) -> dict[str, Any]:
+        """status ({} when unreadable)."""
+        res = self.kubectl("get", "cbs", self.name, "-o", "json", check=False)
+        return json.loads(res.stdout).get("status", {}) if res.returncode == 0 else {}
+
+    def cond(self, ctype: str) -> dict[str, Any]:
+        """One condition of status ({} when absent)."""
+        return next((c for c in self.status().get("conditions", []) if c["type"] == ctype), {})
+
+    def wait(self, predicate, timeout: float, what: str) -> Any:
+        """Wait for predicate(); on a time-out, fail with the status and the pods."""
+        value = wait_until(predicate, timeout, 2)
+        if not value:
+            pods = self.kubectl("get", "pods", "-o", "wide", check=False).stdout
+            status = json.dumps(self.status(), indent=1)[-3000:]
+            raise AssertionError(f"{what} did not happen in {timeout}s; status:\n{status}\n{pods}")
+        return value
+
+    def pods(self, track: str) -> list[dict[str, Any]]:
+        """The pods of one track (terminating ones included)."""
+        res = self.kubectl("get", "pods", "-l", f"chatfleet.io/track={track}", "-o", "json")
+        return json.loads(res.stdout)["items"]
+
+    def endpoint_pods(self, service: str | None = None) -> set[str]:
+        """Names of the Ready pods behind a Service (default: the bot's own)."""
+        res = self.kubectl(
+            "get", "endpointslices", "-l", f"kubernetes.io/service-name={service or self.name}", "-o", "json"
+        )
+        return {
+            e["targetRef"]["name"]
+            for s in json.loads(res.stdout)["items"]
+            for e in s.get("endpoints") or []
+            if e.get("conditions", {}).get("ready") and e.get("targetRef")
+        }
+
+    def ready(self) -> bool:
+        """Ready=True."""
+        return self.cond("Ready").get("status") == "True"
+
+
+def rolled_back(bot: Bot) -> bool:
+    """Stalled=True with reason RolledBack."""
+    stalled = bot.cond("Stalled")
+    return stalled.get("status") == "True" and stalled.get("reason") == "RolledBack"
+
+
+def _ready_pods(bot: Bot, track: str) -> int:
+    return sum(
+        1
+        for p in bot.pods(track)
+        if not p["metadata"].get("deletionTimestamp")
+        and all(s.get("ready") for s in p.get("status", {}).get("containerStatuses") or [{}])
+    )
+
+
+@dataclass
+class Scenario:
+    """Operations on one bot under load, timed; `log` keeps (operation, seconds) in order."""
+
+    bot: Bot
+    timeout: float = 600.0
+    log: list[tuple[str, float]] = field(default_factory=list)
+    _n: int = 0
+
+    def _timed(self, name: str, t0: float) -> None:
+        self.log.append((name, round(time.monotonic() - t0, 1)))
+
+    def promote(self) -> str:
+        """A new revision through every step, the drain of pinned dialogues and the promotion; its hash."""
+        t0 = time.monotonic()
+        self._n += 1
+        before = self.bot.status().get("stableRevision")
+        self.bot.patch({"runtime": {"fallbackText": f"Busy, release {self._n}. Try again."}})
+        self.bot.wait(lambda: self.bot.status().get("release"), 60, "a release")
+        rev = self.bot.status()["release"]["revision"]
+        self.bot.wait(
+            lambda: self.bot.status().get("stableRevision") == rev and not self.bot.status().get("release"),
+            self.timeout,
+            f"promotion of {rev} (from {before})",
+        )
+        self.bot.wait(lambda: not self.bot.pods("canary"), 180, "canary pods gone after promotion")
+        self._timed("promotion", t0)
+        return rev
+
+    def roll_back(self) -> None:
+        """A new revision aborted once its canary serves, then the spec back to stable (release cancelled)."""
+        t0 = time.monotonic()
+        self._n += 1
+        fallback = self.bot.spec()["runtime"].get("fallbackText")
+        self.bot.patch({"runtime": {"fallbackText": f"Busy, doomed release {self._n}."}})
+        self.bot.wait(lambda: self.bot.status().get("release"), 60, "a release")
+        rev = self.bot.status()["release"]["revision"]
+        self.bot.wait(lambda: _ready_pods(self.bot, "canary") >= 1, self.timeout, "a Ready canary pod")
+        time.sleep(10)  # the canary takes its share of the dialogues before it goes
+        self.bot.patch({"rollout": {"abort": rev}})
+        self.bot.wait(lambda: rolled_back(self.bot), 120, f"rollback of {rev}")
+        self.bot.wait(lambda: not self.bot.pods("canary"), 180, "canary pods gone after rollback")
+        self.bot.patch({"runtime": {"fallbackText": fallback}, "rollout": {"abort": ""}})
+        self.bot.wait(
+            lambda: not self.bot.status().get("release") and self.bot.ready(), 120, "release cleared"
+        )
+        self._timed("rollback", t0)
+
+    def scale_down(self) -> None:
+        """One more replica until it is Ready, then back to one fewer (a pod drains away)."""
+        t0 = time.monotonic()
+        n = int(self.bot.spec()["scaling"]["replicas"])
+        self.bot.patch({"scaling": {"replicas": n + 1}})
+        self.bot.wait(lambda: _ready_pods(self.bot, "stable") >= n + 1, self.timeout, f"{n + 1} Ready pods")
+        time.sleep(5)  # the new pod takes its share of the dialogues
+        self.bot.patch({"scaling": {"replicas": n}})
+        self.bot.wait(lambda: len(self.bot.pods("stable")) == n, 180, f"back to {n} pods")
+        self._timed("scale-down", t0)

@@ -10,19 +10,24 @@ from __future__ import annotations
 import json
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 from .config import PlatformError
 
-#: Pinned Gateway API release (standard channel: HTTPRoute v1 with weighted backendRefs).
-GATEWAY_API_VERSION = "v1.3.0"
+#: Pinned Gateway API release (standard channel: HTTPRoute v1 with weighted backendRefs). v1.4.0 at least:
+#: Traefik 3.6 (chatfleet_platform.gateway) lists BackendTLSPolicy v1, which v1.3.0 does not serve; there
+#: it keeps retrying that list and never writes a route's status nor serves it.
+GATEWAY_API_VERSION = "v1.4.0"
 MODULE = "sigs.k8s.io/gateway-api"
+#: Every CRD of that release's standard channel (config/crd/standard/).
 CRD_NAMES = (
+    "backendtlspolicies.gateway.networking.k8s.io",
     "gatewayclasses.gateway.networking.k8s.io",
     "gateways.gateway.networking.k8s.io",
-    "httproutes.gateway.networking.k8s.io",
     "grpcroutes.gateway.networking.k8s.io",
+    "httproutes.gateway.networking.k8s.io",
     "referencegrants.gateway.networking.k8s.io",
 )
 
@@ -51,10 +56,25 @@ def crd_dir(version: str = GATEWAY_API_VERSION) -> Path:
     return path
 
 
-def install(cluster: Any, version: str = GATEWAY_API_VERSION) -> None:
+def install(cluster: Any, version: str = GATEWAY_API_VERSION, timeout: float = 60) -> None:
     """Apply the standard-channel CRDs and wait until they are Established."""
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd_dir(version)))
-    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", *[f"crd/{n}" for n in CRD_NAMES])
+    deadline = time.monotonic() + timeout
+    while True:  # right after the apply a CRD may have no status yet, and `kubectl wait` errors
+        res = cluster.kubectl(
+            "wait",
+            "--for=condition=Established",
+            f"--timeout={timeout:.0f}s",
+            *[f"crd/{n}" for n in CRD_NAMES],
+            check=False,
+        )
+        if res.returncode == 0:
+            return
+        if time.monotonic() > deadline:
+            raise PlatformError(
+                f"Gateway API CRDs not Established after {timeout:.0f}s: {res.stderr.strip()}"
+            )
+        time.sleep(0.5)
 
 
 def uninstall(cluster: Any) -> None:

@@ -9,6 +9,7 @@ STAMP   := $(VENV)/.installed-$(shell cat pyproject.toml 2>/dev/null | sha1sum |
 PLATFORM := $(PY) -m chatfleet_platform.cli
 NODES   ?= 4
 REAL_NODES ?= 1
+GATEWAY ?= 0
 # the layers in order: fast and pure first, then the platform, the release scenarios, real pods last
 TEST_LAYERS := tests/unit tests/admission tests/chart tests/integration tests/e2e tests/realnode
 export PYTHONUNBUFFERED := 1
@@ -49,7 +50,7 @@ system-deps: ## Debian packages: prometheus, redis-server; containerd, runc, CNI
 	@bash hack/install-system-deps.sh
 
 .PHONY: platform-build
-platform-build: ## Build etcd, Kubernetes, kwok, helm, Prometheus and KEDA from the Go module proxy (cached by version)
+platform-build: ## Build etcd, Kubernetes, kwok, helm, Prometheus, KEDA and Traefik from the Go module proxy (cached by version)
 	@bash hack/build-platform.sh
 
 .PHONY: test-servers
@@ -64,8 +65,8 @@ chart-tools: venv platform-build ## checkov in its own venv (.work/checkov) and 
 ##@ Local platform
 
 .PHONY: cluster-up
-cluster-up: setup ## Start the local Kubernetes: NODES (4) simulated GPU nodes, REAL_NODES (1) real ones; prints `export KUBECONFIG=...`
-	@$(PLATFORM) up --nodes $(NODES) --real-nodes $(REAL_NODES)
+cluster-up: setup ## Start the local Kubernetes: NODES (4) simulated GPU nodes, REAL_NODES (1) real ones, GATEWAY=1 Traefik; prints `export KUBECONFIG=...`
+	@$(PLATFORM) up --nodes $(NODES) --real-nodes $(REAL_NODES) $(if $(filter 1,$(GATEWAY)),--gateway)
 
 .PHONY: cluster-down
 cluster-down: ## Stop exactly what cluster-up started, undo its host changes (bridges, iptables, cgroups), remove its folder

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 from chatfleet_platform import services
 from chatfleet_platform.cluster import Cluster
-from chatfleet_platform.config import BUILD_SCRIPT, REPO_ROOT, PlatformError, binaries
+from chatfleet_platform.config import BUILD_SCRIPT, GATEWAY_BINARIES, REPO_ROOT, PlatformError, binaries
+from chatfleet_platform.gateway import Gateway
 from chatfleet_platform.keda import Keda, keda_binaries
 from needs import pytest_runtest_makereport  # noqa: F401 - any skip is reported as a failure
 
@@ -69,6 +70,29 @@ def keda(cluster: Cluster) -> Iterator[Keda]:
         yield k
     finally:
         k.down()
+
+
+@pytest.fixture(scope="session")
+def gateway(cluster: Cluster) -> Iterator[Gateway]:
+    """Traefik serving Gateway `chatfleet` in `chatfleet-gateway` (routes from every namespace).
+
+    `gateway.url` is where requests go (http://127.0.0.1:<port>); an HTTPRoute attaches with parentRefs
+    [{name: gateway.name, namespace: gateway.namespace}]; `gateway.add(ns)` puts a Gateway `chatfleet` in
+    `ns` too. It installs the Gateway API CRDs for the rest of the session: from then on the operators'
+    discovery finds gateway.networking.k8s.io, and releases move traffic with HTTPRoutes.
+    """
+    from needs import missing
+
+    if binaries().missing(GATEWAY_BINARIES):  # built on first use, like the cluster's binaries
+        subprocess.run(["bash", str(BUILD_SCRIPT), "traefik"], check=False)
+    if binaries().missing(GATEWAY_BINARIES):
+        missing("Traefik", f"not built under {binaries().traefik.parent}; `make platform-build` builds it")
+    g = Gateway(cluster)
+    g.up()
+    try:
+        yield g
+    finally:
+        g.down()
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,7 @@ import sys
 
 from .cluster import Cluster, default_workdir
 from .config import PlatformError
+from .gateway import GATEWAY_NAME, SHARED_NAMESPACE, Gateway
 
 
 def _progress(msg: str) -> None:
@@ -28,6 +29,11 @@ def main(argv: list[str] | None = None) -> int:
         help="real nodes (kubelet + containerd on this host) beside the simulated ones (default 0)",
     )
     up.add_argument("--gpus", type=int, default=4, help="fake GPUs on the first real node (default 4)")
+    up.add_argument(
+        "--gateway",
+        action="store_true",
+        help=f"also Traefik with Gateway {GATEWAY_NAME} in {SHARED_NAMESPACE} (the Gateway API data plane)",
+    )
     sub.add_parser("down", help="stop what `up` started and remove the working folder")
     sub.add_parser("status", help="processes, ports and nodes")
     sub.add_parser("env", help="print export KUBECONFIG=...")
@@ -36,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.cmd == "up":
             cluster.up(nodes=args.nodes, taint=args.taint, real_nodes=args.real_nodes, gpus=args.gpus)
+            if args.gateway:
+                gw = Gateway(cluster).up()
+                _progress(f"HTTPRoutes attach to Gateway {gw.namespace}/{gw.name}; requests go to {gw.url}")
             print(f"export KUBECONFIG={cluster.kubeconfig}")
         elif args.cmd == "down":
             stopped = cluster.down()
@@ -51,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
                 pid = (state["pids"].get(name) or ["-"])[0]
                 print(f"{name:26} {'running' if alive else 'stopped'}  pid {pid}")
             print(f"ports: {state['ports']}")
+            gw = Gateway(cluster)
+            if gw.running():
+                print(f"traefik (Gateway API data plane): {gw.url}")
             if cluster.is_up():
                 print(
                     cluster.kubectl(

@@ -1,0 +1,205 @@
+"""Traefik on the local platform: the Gateway API data plane that serves the operator's HTTPRoutes.
+
+Traefik runs as a host process (one of the cluster's extras) with its Kubernetes Gateway provider, reading
+the API through the cluster's admin kubeconfig ($KUBECONFIG). It is built from the Go module proxy by
+`hack/build-platform.sh traefik` and cached by version.
+
+What it needs out of a cluster:
+- the Gateway API CRDs of v1.4.0 or newer (chatfleet_platform.gatewayapi): Traefik 3.6 lists
+  BackendTLSPolicy v1, which v1.3.0 does not serve, and with v1.3.0 no route ever gets a status or traffic;
+- one entryPoint per listener port: Traefik maps a Gateway listener to the entryPoint whose address ends
+  in `:<listener port>`. The entryPoint listens on 127.0.0.1 on a port picked free, and every Gateway here
+  has one HTTP listener on that same port;
+- the Gateway's status address given (`statusaddress.ip`): without it no Gateway turns Programmed.
+
+The backends are the pods themselves: Traefik sends to the Ready addresses of a Service's EndpointSlices
+(the real node's pods, on its bridge, reachable from this host), not to the ClusterIP.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from . import gatewayapi, procs
+from .config import GATEWAY_BINARIES, read_json, require_binaries, write_json
+
+if TYPE_CHECKING:
+    from .cluster import Cluster
+
+#: The GatewayClass Traefik's Gateway provider claims (its controllerName is fixed by Traefik).
+GATEWAY_CLASS = "traefik"
+CONTROLLER_NAME = "traefik.io/gateway-controller"
+#: The Gateway's name: the operator's default (--gateway, env CHATFLEET_GATEWAY).
+GATEWAY_NAME = "chatfleet"
+#: The shared Gateway's namespace; its listener admits routes from every namespace.
+SHARED_NAMESPACE = "chatfleet-gateway"
+PROCESS = "traefik"
+
+
+def gateway_class() -> dict:
+    """The GatewayClass handed to Traefik. Pure."""
+    return {
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "GatewayClass",
+        "metadata": {"name": GATEWAY_CLASS},
+        "spec": {"controllerName": CONTROLLER_NAME},
+    }
+
+
+def gateway_manifest(namespace: str, port: int, *, routes_from: str = "All") -> dict:
+    """Gateway `chatfleet` in `namespace`: one HTTP listener on Traefik's entryPoint port. Pure.
+
+    routes_from: which namespaces' routes it admits (All, or Same: its own namespace's only).
+    """
+    return {
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "Gateway",
+        "metadata": {"name": GATEWAY_NAME, "namespace": namespace},
+        "spec": {
+            "gatewayClassName": GATEWAY_CLASS,
+            "listeners": [
+                {
+                    "name": "http",
+                    "protocol": "HTTP",
+                    "port": port,
+                    "allowedRoutes": {"namespaces": {"from": routes_from}},
+                }
+            ],
+        },
+    }
+
+
+def traefik_args(binary: str, port: int) -> list[str]:
+    """Traefik's flags: one entryPoint on 127.0.0.1:port, the Gateway provider, nothing else. Pure.
+
+    No dashboard, API, ping or metrics (any of them would open a second entryPoint, on all addresses);
+    no version check and no usage statistics (nothing leaves the machine).
+    """
+    return [
+        binary,
+        "--global.checkNewVersion=false",
+        "--global.sendAnonymousUsage=false",
+        f"--entryPoints.web.address=127.0.0.1:{port}",
+        # stop within procs.stop's SIGTERM window (in-flight requests get 2 s)
+        "--entryPoints.web.transport.lifeCycle.graceTimeOut=2s",
+        "--providers.kubernetesgateway=true",
+        "--providers.kubernetesgateway.statusaddress.ip=127.0.0.1",
+        "--log.level=INFO",
+        "--log.noColor=true",
+    ]
+
+
+class Gateway:
+    """Traefik and Gateway `chatfleet` for one local cluster (Traefik is one of the cluster's extras).
+
+    `up()` installs the Gateway API CRDs, the GatewayClass, starts Traefik and the shared Gateway in
+    `namespace` (routes from all namespaces), and waits until it is Programmed; `add(ns)` puts one more
+    Gateway `chatfleet` in `ns` (its own routes only) on the same Traefik. `url` is where to send requests.
+    """
+
+    def __init__(self, cluster: Cluster, namespace: str = SHARED_NAMESPACE) -> None:
+        self.cluster = cluster
+        self.namespace = namespace
+        self.name = GATEWAY_NAME
+        self.folder = cluster.workdir / "gateway"
+        #: Traefik's entryPoint port (the one recorded by an earlier `up`, until `up` runs)
+        self.port = int(read_json(self._state_file).get("port", 0))
+
+    @property
+    def url(self) -> str:
+        """http://127.0.0.1:<port>: Traefik's entryPoint, where every Gateway here listens."""
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def log(self) -> Path:
+        """Traefik's log (under the cluster's logs)."""
+        return self.cluster.log(PROCESS)
+
+    @property
+    def _state_file(self) -> Path:
+        return self.folder / "state.json"
+
+    def _proc(self) -> procs.Proc | None:
+        return procs.Proc.from_json(self.cluster.state().get("extras", {}).get(PROCESS))
+
+    def running(self) -> bool:
+        """Whether the Traefik this cluster recorded is alive."""
+        return procs.is_ours(self._proc())
+
+    def up(self, timeout: float = 120) -> Gateway:
+        """CRDs, GatewayClass, Traefik, the shared Gateway Programmed; harmless when already running."""
+        binary = str(require_binaries(GATEWAY_BINARIES).traefik)
+        c = self.cluster
+        gatewayapi.install(c)
+        c.apply([gateway_class()])
+        state = read_json(self._state_file)
+        if self.running() and state.get("port"):
+            self.port = int(state["port"])
+            c.progress(f"traefik already running on {self.url}")
+        else:
+            self.port = procs.free_port()
+            # the Gateway provider takes $KUBECONFIG unless it finds an in-cluster environment
+            env = {k: v for k, v in c.env.items() if not k.startswith("KUBERNETES_SERVICE_")}
+            c.start_extra(PROCESS, traefik_args(binary, self.port), env=env)
+            write_json(self._state_file, {"port": self.port, "gateways": []})
+            procs.wait_for(
+                f"traefik on 127.0.0.1:{self.port}",
+                lambda: procs.port_in_use(self.port),
+                timeout=timeout,
+                log=self.log,
+                proc=self._proc(),
+            )
+        self.add(self.namespace, routes_from="All", timeout=timeout)
+        c.progress(f"Gateway {self.namespace}/{self.name} Programmed: {self.url}")
+        return self
+
+    def add(self, namespace: str, *, routes_from: str = "Same", timeout: float = 60) -> None:
+        """Gateway `chatfleet` in `namespace` (created if missing) on this Traefik; waits for Programmed."""
+        c = self.cluster
+        c.kubectl("create", "namespace", namespace, check=False)  # AlreadyExists is fine
+        c.apply([gateway_manifest(namespace, self.port, routes_from=routes_from)])
+        state = read_json(self._state_file)
+        state["gateways"] = sorted({*state.get("gateways", []), namespace})
+        write_json(self._state_file, state)
+        procs.wait_for(
+            f"Gateway {namespace}/{self.name} Programmed",
+            lambda: self.programmed(namespace),
+            timeout=timeout,
+            log=self.log,
+            proc=self._proc(),
+            interval=0.5,
+        )
+
+    def programmed(self, namespace: str | None = None) -> bool:
+        """Whether Traefik has taken the Gateway of `namespace` (default the shared one) in hand."""
+        res = self.cluster.kubectl(
+            "get", "gateway", self.name, "-o", "json", namespace=namespace or self.namespace, check=False
+        )
+        if res.returncode != 0:
+            return False
+        gw = json.loads(res.stdout)
+        generation = gw["metadata"].get("generation")
+        # a condition of an earlier spec (a listener port of a Traefik since stopped) does not count
+        return any(
+            x["type"] == "Programmed" and x["status"] == "True" and x.get("observedGeneration") == generation
+            for x in gw.get("status", {}).get("conditions", [])
+        )
+
+    def down(self) -> None:
+        """Delete the Gateways it made and the GatewayClass, then stop Traefik (the CRDs stay)."""
+        c = self.cluster
+        for namespace in read_json(self._state_file).get("gateways", []):
+            c.kubectl(
+                "delete",
+                "gateway",
+                self.name,
+                "--ignore-not-found",
+                "--wait=false",
+                namespace=namespace,
+                check=False,
+            )
+        c.kubectl("delete", "gatewayclass", GATEWAY_CLASS, "--ignore-not-found", "--wait=false", check=False)
+        c.stop_extra(PROCESS)
+        self._state_file.unlink(missing_ok=True)

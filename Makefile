@@ -151,7 +151,7 @@ chart-package: venv platform-build ## helm package into dist/
 ##@ Benchmarks (apart from tests; each prints a table and writes bench-results/*.json)
 
 .PHONY: bench
-bench: bench-platform bench-operator bench-runtime bench-rollout bench-autoscale ## All benchmarks
+bench: bench-platform bench-operator bench-runtime bench-rollout bench-autoscale bench-release-traffic ## All benchmarks
 
 .PHONY: bench-platform
 bench-platform: setup ## Platform: cold build, warm start-to-ready, memory at rest, 1,000 GPU pods on 250 nodes
@@ -172,3 +172,7 @@ bench-rollout: setup ## Rollback time vs Flagger's and Argo Rollouts' rules; 5-s
 .PHONY: bench-autoscale
 bench-autoscale: setup ## Autoscaling: a compressed day + 5x surge; static vs reactive vs forecast+warm pool vs oracle (~22 min)
 	$(PY) bench/autoscale_bench.py $(BENCH_ARGS)
+
+.PHONY: bench-release-traffic
+bench-release-traffic: setup ## Releases on real pods: streams cut, non-2xx, lost histories (Service, Traefik); sticky vs unpinned dialogues
+	$(PY) bench/release_traffic_bench.py

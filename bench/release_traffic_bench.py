@@ -1,0 +1,290 @@
+"""`make bench-release-traffic`: what users see of releases on real pods, through the Service and through Traefik.
+
+Everything is real: the local Kubernetes, a real node (kubelet, containerd, runc) running the project's
+runtime image (Triton + the chat API on the tiny model, on CPU), Redis for the sessions, Prometheus
+scraping the pods, Traefik serving the operator's HTTPRoute, and the operator. Users are threads of this
+process (`chatfleet_platform.dialogues.DialogueLoad`): five-turn streamed dialogues with a session id.
+
+Table 1, zero drop: USERS (32) users chat continuously while the scenario runs PROMOTIONS (5)
+promotions, ROLLBACKS (5) rollbacks (spec.rollout.abort once the canary serves) and SCALE_DOWNS (5)
+scale-downs, interleaved, first through the Service (replica ratio; no Gateway API in the cluster yet),
+then through the gateway (HTTPRoute with sticky dialogues). Counted: streams cut, non-2xx answers, turns
+with no answer, lost histories. Goal 0, 0, 0, 0.
+
+Table 2, sticky dialogues: DIALOGUES (1,000) five-turn dialogues through the gateway while a release
+goes 10 -> 50 -> 100 % and is promoted, once with spec.rollout.stickyDialogues and the client echoing
+x-chatfleet-revision, once without (the baseline: weights alone, what a Gateway API user gets without
+us). Counted: dialogues that changed revision mid-conversation. Goal 0 with pinning; the share without.
+
+Writes bench-results/release-traffic.json and prints both tables.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "hack"))
+
+from chatfleet_platform import images, scrape, services  # noqa: E402
+from chatfleet_platform.cluster import Cluster  # noqa: E402
+from chatfleet_platform.config import LOCAL_ANALYSIS_ARGS  # noqa: E402
+from chatfleet_platform.dialogues import DialogueLoad  # noqa: E402
+from chatfleet_platform.gateway import SHARED_NAMESPACE, Gateway  # noqa: E402
+from chatfleet_platform.localruntime.tiny import build_tiny_model  # noqa: E402
+from chatfleet_platform.realnode import CLIENT_ADDRESSES  # noqa: E402
+from chatfleet_platform.realpods import fleet_podmonitor, service_url  # noqa: E402
+from chatfleet_platform.releasetraffic import Bot, Scenario, traffic_spec  # noqa: E402
+
+USERS = int(os.environ.get("USERS", "32"))
+PROMOTIONS = int(os.environ.get("PROMOTIONS", "5"))
+ROLLBACKS = int(os.environ.get("ROLLBACKS", "5"))
+SCALE_DOWNS = int(os.environ.get("SCALE_DOWNS", "5"))
+DIALOGUES = int(os.environ.get("DIALOGUES", "1000"))
+OUT = REPO / "bench-results" / "release-traffic.json"
+
+
+def say(msg: str) -> None:
+    """Progress line."""
+    print(f"[bench-release-traffic] {msg}", flush=True)
+
+
+class Platform:
+    """The cluster with a real node, the images, Prometheus on the pods, Redis, the operator; Traefik later."""
+
+    def __init__(self) -> None:
+        self.cluster = Cluster(REPO / ".work" / "bench-release-traffic", progress=lambda m: None)
+        self.prom: services.Prometheus | None = None
+        self.redis: services.Redis | None = None
+        self.gateway: Gateway | None = None
+        self.image = ""
+        self.model_dir = Path()
+        self.node_ip = ""
+
+    def up(self) -> None:
+        """Everything but the gateway (its CRDs switch the operator to HTTPRoutes)."""
+        say("building images (cached) and starting the platform with one real node")
+        self.image = images.ImageBuilder().build(list(images.ALL_NAMES))["runtime"]["ref"]
+        self.cluster.up(nodes=1)
+        (node,) = self.cluster.add_real_nodes(1, gpus=8)
+        self.node_ip = node.ip
+        self.cluster.install_crd(
+            REPO / "crds" / "chatfleet.io_chatbotservices.yaml", "chatbotservices.chatfleet.io"
+        )
+        configs = scrape.podmonitor_scrape_configs(
+            fleet_podmonitor(),
+            api_server=self.cluster.server,
+            pki_dir=self.cluster.workdir / "pki",
+            scrape_interval="1s",
+        )
+        self.prom = services.Prometheus(
+            self.cluster.workdir / "bench-prometheus", scrape_configs=configs
+        ).start()
+        self.redis = services.Redis(self.cluster.workdir / "bench-redis", also_bind=(self.node_ip,)).start()
+        model = build_tiny_model(REPO / ".work" / "realnode-model")
+        for p in [model, *model.rglob("*")]:
+            p.chmod(p.stat().st_mode | 0o444 | (0o111 if p.is_dir() else 0))
+        self.model_dir = model
+        self.cluster.start_extra(
+            "operator",
+            [
+                sys.executable,
+                "-m",
+                "chatfleet_operator.cli",
+                "run",
+                *LOCAL_ANALYSIS_ARGS,
+                f"--gateway-namespace={SHARED_NAMESPACE}",
+            ],
+        )
+
+    def gateway_up(self) -> Gateway:
+        """Traefik and the Gateway API CRDs (from now on releases use HTTPRoutes)."""
+        self.gateway = Gateway(self.cluster).up()
+        time.sleep(12)  # the operator's Gateway API discovery is cached 10 s
+        return self.gateway
+
+    def bot(self, **spec_kw: Any) -> Bot:
+        """A new namespace with the Redis Secret and a Ready bot."""
+        ns = f"bench-{uuid.uuid4().hex[:6]}"
+        self.cluster.kubectl("create", "namespace", ns)
+        assert services.wait_until(
+            lambda: self.cluster.kubectl("get", "sa", "default", namespace=ns, check=False).returncode == 0,
+            30,
+        )
+        assert self.redis is not None and self.prom is not None
+        url = self.redis.url_at(self.node_ip)
+        self.cluster.apply(
+            [
+                {
+                    "apiVersion": "v1",
+                    "kind": "Secret",
+                    "metadata": {"name": "redis", "namespace": ns},
+                    "stringData": {"url": url},
+                }
+            ]
+        )
+        bot = Bot(self.cluster, ns)
+        bot.apply(traffic_spec(self.prom.url, image=self.image, model_dir=self.model_dir, **spec_kw))
+        bot.wait(bot.ready, 600, "bot Ready")
+        return bot
+
+    def drop(self, bot: Bot) -> None:
+        """Delete the bot's namespace (frees the real node's memory)."""
+        self.cluster.kubectl(
+            "delete", "namespace", bot.ns, "--wait=true", "--timeout=120s", check=False, timeout=150
+        )
+
+    def down(self) -> None:
+        """Stop what this run started."""
+        for part in (self.gateway, self.redis, self.prom):
+            if part is not None:
+                try:
+                    part.down() if isinstance(part, Gateway) else part.stop()
+                except Exception as exc:  # keep tearing down
+                    say(f"teardown: {exc}")
+        self.cluster.down()
+
+
+def zero_drop(platform: Platform, path: str) -> dict[str, Any]:
+    """Table 1's row for one path: the interleaved operations under USERS users."""
+    bot = platform.bot()
+    try:
+        if path == "gateway":
+            assert platform.gateway is not None
+            load = DialogueLoad(platform.gateway.url, concurrency=USERS, pin=True, max_seconds=7200)
+        else:
+            url = service_url(platform.cluster, bot.ns, bot.name)
+            load = DialogueLoad(url, concurrency=USERS, pin=False, sources=CLIENT_ADDRESSES, max_seconds=7200)
+        load.start()
+        scenario = Scenario(bot)
+        bot.wait(lambda: load.summary()["ok"] >= 20, 300, "dialogues under way")
+        t0 = time.monotonic()
+        for i in range(max(PROMOTIONS, ROLLBACKS, SCALE_DOWNS)):
+            if i < PROMOTIONS:
+                scenario.promote()
+            if i < ROLLBACKS:
+                scenario.roll_back()
+            if i < SCALE_DOWNS:
+                scenario.scale_down()
+            say(f"{path}: round {i + 1} done: {scenario.log[-3:]}; so far {load.summary()}")
+        summary = load.stop()
+        summary.update(path=path, operations=scenario.log, seconds=round(time.monotonic() - t0))
+        return summary
+    finally:
+        platform.drop(bot)
+
+
+def pinning(platform: Platform, pin: bool) -> dict[str, Any]:
+    """Table 2's row: DIALOGUES dialogues through a 10 -> 50 -> 100 % release, pinned or not."""
+    assert platform.gateway is not None
+    bot = platform.bot(
+        sticky=pin, steps=(10, 50, 100), pause_seconds=20, idle_seconds=10, max_drain_seconds=300
+    )
+    try:
+        load = DialogueLoad(
+            platform.gateway.url, concurrency=USERS, pin=pin, max_dialogues=DIALOGUES, max_seconds=3600
+        ).start()
+        # The release begins once a tenth of the dialogues are done, so most of them live through it.
+        bot.wait(lambda: load.summary()["dialogues"] >= DIALOGUES // 10, 600, "the first dialogues")
+        scenario = Scenario(bot)
+        done = threading.Event()
+        errors: list[BaseException] = []
+
+        def release() -> None:
+            try:
+                scenario.promote()
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+            finally:
+                done.set()
+
+        threading.Thread(target=release, daemon=True).start()
+        load.wait(3600)
+        done.wait(900)
+        summary = load.summary()
+        summary.update(pin=pin, operations=scenario.log, release_error=str(errors[0]) if errors else "")
+        return summary
+    finally:
+        platform.drop(bot)
+
+
+def table(rows: list[dict[str, Any]], cols: list[tuple[str, str]]) -> str:
+    """A plain text table."""
+    widths = [max(len(h), *(len(str(r.get(k, ""))) for r in rows)) for k, h in cols]
+    line = "  ".join(h.ljust(w) for (_, h), w in zip(cols, widths, strict=True))
+    body = [
+        "  ".join(str(r.get(k, "")).ljust(w) for (k, _), w in zip(cols, widths, strict=True)) for r in rows
+    ]
+    return "\n".join([line, *body])
+
+
+def main() -> int:
+    """Run both tables in one session of the platform; print them and write the JSON."""
+    platform = Platform()
+    results: dict[str, Any] = {"users": USERS, "dialogues": DIALOGUES}
+    try:
+        platform.up()
+        say(
+            f"table 1 through the Service: {PROMOTIONS} promotions, {ROLLBACKS} rollbacks, {SCALE_DOWNS} scale-downs"
+        )
+        service = zero_drop(platform, "service")
+        platform.gateway_up()
+        say("table 1 through the gateway (Traefik, HTTPRoute, sticky dialogues)")
+        gateway = zero_drop(platform, "gateway")
+        say(f"table 2: {DIALOGUES} dialogues through a 10/50/100 release, pinned")
+        pinned = pinning(platform, True)
+        say(f"table 2: {DIALOGUES} dialogues through a 10/50/100 release, not pinned (baseline)")
+        unpinned = pinning(platform, False)
+        results.update(zero_drop=[service, gateway], pinning=[pinned, unpinned])
+    finally:
+        OUT.parent.mkdir(parents=True, exist_ok=True)
+        OUT.write_text(json.dumps(results, indent=1, default=str))
+        platform.down()
+    print()
+    print(
+        f"Table 1: {USERS} users, {PROMOTIONS} promotions + {ROLLBACKS} rollbacks + {SCALE_DOWNS} scale-downs"
+    )
+    print(
+        table(
+            results["zero_drop"],
+            [
+                ("path", "path"),
+                ("turns", "turns"),
+                ("dialogues", "dialogues"),
+                ("cut", "streams cut"),
+                ("non_2xx", "non-2xx"),
+                ("failed", "no answer"),
+                ("lost_history", "lost histories"),
+                ("seconds", "seconds"),
+            ],
+        )
+    )
+    print()
+    print(f"Table 2: {DIALOGUES} five-turn dialogues through a 10 -> 50 -> 100 % release (gateway)")
+    print(
+        table(
+            results["pinning"],
+            [
+                ("pin", "pinning"),
+                ("dialogues", "dialogues"),
+                ("switched", "changed revision"),
+                ("switched_share", "share"),
+                ("cut", "streams cut"),
+                ("non_2xx", "non-2xx"),
+                ("release_error", "release error"),
+            ],
+        )
+    )
+    print(f"\nwritten: {OUT.relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

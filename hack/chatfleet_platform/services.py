@@ -91,15 +91,27 @@ class Prometheus:
 
 @dataclass
 class Redis:
-    """A redis-server with no persistence."""
+    """A redis-server with no persistence, on 127.0.0.1 and the extra addresses of `also_bind`.
+
+    also_bind: host addresses pods can reach, i.e. a real node's bridge address (its node IP) and nothing
+    else, so pods on that node share this Redis (`url_at(node_ip)`). With them, protected mode is off (it
+    would refuse the pods, since there is no password); the server still listens on those addresses only.
+    """
 
     workdir: Path
     port: int = 0
     proc: procs.Proc | None = None
+    also_bind: tuple[str, ...] = ()
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        return self.url_at("127.0.0.1")
+
+    def url_at(self, host: str) -> str:
+        """redis://host:port/0 for one of the addresses it listens on."""
+        if host != "127.0.0.1" and host not in self.also_bind:
+            raise ValueError(f"redis listens on 127.0.0.1 and {list(self.also_bind)}, not {host}")
+        return f"redis://{host}:{self.port}/0"
 
     def start(self, timeout: float = 15) -> Redis:
         """Start in the foreground of its own session and wait for PING."""
@@ -114,6 +126,7 @@ class Redis:
                 binary,
                 "--bind",
                 "127.0.0.1",
+                *self.also_bind,
                 "--port",
                 str(self.port),
                 "--save",
@@ -122,8 +135,10 @@ class Redis:
                 "no",
                 "--dir",
                 str(self.workdir),
+                # protected mode refuses every client but loopback when there is no password: it stays on
+                # unless pods are meant to connect, on the bridge address given (host-local, bound explicitly)
                 "--protected-mode",
-                "yes",
+                "no" if self.also_bind else "yes",
             ],
             log=log,
         )

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from chatfleet_platform import images, scrape, services
@@ -89,3 +91,51 @@ def real_ns(cluster, real_node) -> Iterator[str]:
         yield name
     finally:
         cluster.kubectl("delete", "namespace", name, "--wait=true", "--timeout=90s", check=False, timeout=120)
+
+
+@dataclass
+class PodRedis:
+    """A Redis the real node's pods reach: it listens on 127.0.0.1 and on the node's bridge address only."""
+
+    server: services.Redis
+    node_ip: str
+    cluster: Any
+
+    @property
+    def url(self) -> str:
+        """redis://<node IP>:<port>/0: the address pods on the real node dial."""
+        return self.server.url_at(self.node_ip)
+
+    @property
+    def host_url(self) -> str:
+        """redis://127.0.0.1:<port>/0: the same server, from this host (tests reading what pods wrote)."""
+        return self.server.url
+
+    def secret(self, namespace: str, name: str = "redis") -> dict[str, str]:
+        """Secret `name` in `namespace` with key `url` = self.url; returns spec.runtime.sessions.redis for it."""
+        self.cluster.apply(
+            [
+                {
+                    "apiVersion": "v1",
+                    "kind": "Secret",
+                    "metadata": {"name": name, "namespace": namespace},
+                    "type": "Opaque",
+                    "stringData": {"url": self.url},
+                }
+            ]
+        )
+        return {"secretName": name, "key": "url"}
+
+
+@pytest.fixture(scope="session")
+def pod_redis(cluster, real_node, tmp_path_factory) -> Iterator[PodRedis]:
+    """A real redis-server on 127.0.0.1 and the real node's bridge address, for the session.
+
+    `pod_redis.secret(ns)` writes Secret `redis` (key `url`) into ns and returns the
+    `spec.runtime.sessions.redis` that names it; `pod_redis.url` is redis://<node IP>:<port>/0.
+    """
+    server = services.Redis(tmp_path_factory.mktemp("pod-redis"), also_bind=(real_node.ip,)).start()
+    try:
+        yield PodRedis(server, real_node.ip, cluster)
+    finally:
+        server.stop()

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from chatfleet_platform import services
+from chatfleet_platform import gatewayapi, services
 from chatfleet_platform.cluster import Cluster
 from chatfleet_platform.config import BUILD_SCRIPT, GATEWAY_BINARIES, REPO_ROOT, PlatformError, binaries
 from chatfleet_platform.gateway import Gateway
@@ -72,14 +72,15 @@ def keda(cluster: Cluster) -> Iterator[Keda]:
         k.down()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def gateway(cluster: Cluster) -> Iterator[Gateway]:
     """Traefik serving Gateway `chatfleet` in `chatfleet-gateway` (routes from every namespace).
 
     `gateway.url` is where requests go (http://127.0.0.1:<port>); an HTTPRoute attaches with parentRefs
     [{name: gateway.name, namespace: gateway.namespace}]; `gateway.add(ns)` puts a Gateway `chatfleet` in
-    `ns` too. It installs the Gateway API CRDs for the rest of the session: from then on the operators'
-    discovery finds gateway.networking.k8s.io, and releases move traffic with HTTPRoutes.
+    `ns` too. For the tests of one module: it installs the Gateway API CRDs (the operators' discovery then
+    finds gateway.networking.k8s.io, and releases move traffic with HTTPRoutes) and deletes them again
+    afterwards, so the modules after it keep the replica-ratio mode they expect.
     """
     from needs import missing
 
@@ -93,6 +94,7 @@ def gateway(cluster: Cluster) -> Iterator[Gateway]:
         yield g
     finally:
         g.down()
+        gatewayapi.uninstall(cluster)
 
 
 @pytest.fixture(scope="session")

@@ -120,7 +120,11 @@ class DialogueLoad:
     max_dialogues: int | None = None
     max_seconds: float = 600.0
     sources: tuple[str, ...] = ()
-    """Client addresses to spread users over (ClientIP affinity behind a Service); () = the default one."""
+    """Client addresses (behind a Service with ClientIP affinity); () = this host's default one. Each
+    dialogue takes an address no dialogue used in the last `reuse_after` seconds, so it arrives as a
+    new client, as real users do: a user who kept one address would stay on one pod for good."""
+    reuse_after: float = 65.0
+    """Seconds an address rests between dialogues: more than the affinity timeout (the session TTL)."""
     timeout: float = 60.0
     seed: int = 7
     results: list[TurnResult] = field(default_factory=list)
@@ -133,6 +137,7 @@ class DialogueLoad:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _threads: list[threading.Thread] = field(default_factory=list)
     _started: int = 0
+    _address_free_at: dict[str, float] = field(default_factory=dict)
 
     def _claim(self) -> bool:
         """Whether a user may begin one more dialogue (the count bound)."""
@@ -141,6 +146,26 @@ class DialogueLoad:
                 return False
             self._started += 1
             return True
+
+    def _address(self) -> str | None:
+        """A client address for a new dialogue (None: the default one); waits while all are resting."""
+        if not self.sources:
+            return None
+        while not self._stop.is_set():
+            now = time.monotonic()
+            with self._lock:
+                for addr in self.sources:
+                    if self._address_free_at.get(addr, 0.0) <= now:
+                        self._address_free_at[addr] = float("inf")  # in use
+                        return addr
+            time.sleep(0.2)
+        return None
+
+    def _release(self, addr: str | None) -> None:
+        """The dialogue on `addr` ended: the address rests `reuse_after` seconds."""
+        if addr is not None:
+            with self._lock:
+                self._address_free_at[addr] = time.monotonic() + self.reuse_after
 
     def _dialogue(self, rng: random.Random, source: str | None) -> None:
         """One whole dialogue: `turns` turns, pinned to the first answer's revision when `pin`."""
@@ -181,9 +206,12 @@ class DialogueLoad:
 
         def user(i: int) -> None:
             rng = random.Random(self.seed * 1000 + i)
-            source = self.sources[i % len(self.sources)] if self.sources else None
             while not self._stop.is_set() and time.monotonic() - t0 < self.max_seconds and self._claim():
-                self._dialogue(rng, source)
+                source = self._address()
+                try:
+                    self._dialogue(rng, source)
+                finally:
+                    self._release(source)
 
         self._threads = [
             threading.Thread(target=user, args=(i,), daemon=True) for i in range(self.concurrency)

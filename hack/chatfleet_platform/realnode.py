@@ -65,7 +65,7 @@ KWOK_POD_CIDR = (
 API_FORWARD_PORT = 6443
 #: Addresses on node 0's bridge that stand for distinct users of this host: ClientIP session affinity
 #: (replica-ratio releases pin a client to a track) spreads them over the pods as it would real users.
-CLIENT_ADDRESSES = tuple(f"10.245.255.{i}" for i in range(1, 65))
+CLIENT_ADDRESSES = tuple(f"10.245.255.{i}" for i in range(1, 201))
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 GUARD_COMMENT = "chatfleet-real-node"
 #: Where the nodes' folders live (short, for the Unix sockets in them); removed by down.

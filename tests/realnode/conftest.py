@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from chatfleet_platform import images, scrape, services
 from chatfleet_platform.config import REPO_ROOT
+from chatfleet_platform.gateway import GATEWAY_NAME, SHARED_NAMESPACE
 from chatfleet_platform.realnode import NodePlan
 from chatfleet_platform.realpods import fleet_podmonitor
 from operator_process import OperatorProcess
@@ -57,8 +58,14 @@ def host_model_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def real_operator(chatfleet_crd, real_node, tmp_path_factory) -> Iterator[OperatorProcess]:
-    """The operator (a host process, like the other suites') watching real-* namespaces."""
-    op = OperatorProcess(chatfleet_crd, tmp_path_factory.mktemp("real-operator"), (REAL_NAMESPACES,))
+    """The operator (a host process, like the other suites') watching real-* namespaces.
+
+    Its HTTPRoutes attach to the `gateway` fixture's shared Gateway whenever a module has one up.
+    """
+    gateway_args = (f"--gateway={GATEWAY_NAME}", f"--gateway-namespace={SHARED_NAMESPACE}")
+    op = OperatorProcess(
+        chatfleet_crd, tmp_path_factory.mktemp("real-operator"), (REAL_NAMESPACES,), gateway_args
+    )
     op.start()
     try:
         yield op

@@ -94,3 +94,12 @@ def test_a_refused_connection_is_a_failure():
     load = DialogueLoad("http://127.0.0.1:9", think_seconds=(0, 0), concurrency=1, max_dialogues=1, turns=2)
     assert load.start().wait(30)
     assert load.summary()["failed"] == 2
+
+
+def test_each_dialogue_arrives_from_an_address_that_rested():
+    load = DialogueLoad("http://127.0.0.1:9", sources=("a", "b"), reuse_after=100.0)
+    first, second = load._address(), load._address()
+    assert {first, second} == {"a", "b"}
+    load._release(first)
+    load._stop.set()  # both resting or in use: a third dialogue would wait; stopped, it gets none
+    assert load._address() is None

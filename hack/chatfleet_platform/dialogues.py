@@ -40,6 +40,8 @@ class TurnResult:
     revision: str = ""
     history_turns: int | None = None
     at: float = 0.0
+    error: str = ""
+    """Why a turn failed or was cut: the exception's class and first words."""
 
 
 def _first_event(body: str) -> dict[str, Any] | None:
@@ -51,6 +53,11 @@ def _first_event(body: str) -> dict[str, Any] | None:
             except ValueError:
                 return None
     return None
+
+
+def _why(exc: BaseException) -> str:
+    """An exception as a short reason, e.g. 'ConnectionRefusedError: [Errno 111] Connection refused'."""
+    return f"{type(exc).__name__}: {str(exc)[:80]}"
 
 
 def chat_turn(
@@ -77,13 +84,14 @@ def chat_turn(
         try:
             conn.request("POST", "/v1/chat/completions", body=json.dumps(body), headers=headers)
             resp = conn.getresponse()
-        except (http.client.HTTPException, OSError):
-            return TurnResult("failed", at=now)
+        except (http.client.HTTPException, OSError) as exc:
+            return TurnResult("failed", at=now, error=_why(exc))
         revision = resp.getheader(REVISION_HEADER) or ""
         try:
             text_body = resp.read().decode(errors="replace")
-        except (http.client.HTTPException, OSError):
-            return TurnResult("cut" if resp.status == 200 else f"http-{resp.status}", revision, at=now)
+        except (http.client.HTTPException, OSError) as exc:
+            outcome = "cut" if resp.status == 200 else f"http-{resp.status}"
+            return TurnResult(outcome, revision, at=now, error=_why(exc))
     finally:
         conn.close()
     if resp.status != 200:
@@ -233,6 +241,11 @@ class DialogueLoad:
         self.wait(self.timeout + 30)
         return self.summary()
 
+    def failures_between(self, t0: float, t1: float) -> int:
+        """Turns that began in [t0, t1) and were not answered well (anything but ok)."""
+        with self._lock:
+            return sum(1 for r in self.results if t0 <= r.at < t1 and r.outcome != "ok")
+
     def since(self, t: float) -> Counter:
         """Outcomes of the turns that began at or after monotonic time t."""
         with self._lock:
@@ -260,4 +273,5 @@ class DialogueLoad:
                 "switched": self.switched,
                 "switched_share": round(self.switched / self.dialogues, 4) if self.dialogues else 0.0,
                 "revisions": dict(self.revisions),
+                "errors": dict(Counter(r.error for r in self.results if r.error)),
             }

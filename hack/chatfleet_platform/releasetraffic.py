@@ -162,10 +162,13 @@ class Scenario:
     bot: Bot
     timeout: float = 600.0
     log: list[tuple[str, float]] = field(default_factory=list)
+    spans: list[tuple[str, float, float]] = field(default_factory=list)
+    """(operation, began, ended) in monotonic time: to place what the users saw."""
     _n: int = 0
 
     def _timed(self, name: str, t0: float) -> None:
         self.log.append((name, round(time.monotonic() - t0, 1)))
+        self.spans.append((name, t0, time.monotonic()))
 
     def promote(self) -> str:
         """A new revision through every step, the drain of pinned dialogues and the promotion; its hash."""

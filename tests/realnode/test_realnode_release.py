@@ -35,7 +35,7 @@ from chatfleet_platform.realpods import (
     pod_request_counts,
     service_url,
 )
-from realbot import Bot, rolled_back
+from chatfleet_platform.releasetraffic import Bot, rolled_back
 
 pytestmark = [pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.slow]
 

@@ -169,16 +169,38 @@ def _new_release(inp: ReleaseInput, stable_rev: str) -> ReleaseState:
     )
 
 
+def covering_canary(inp: ReleaseInput) -> int:
+    """Canary pods kept after a rollback until stable's Ready pods cover the total (make before break).
+
+    At weight 100 with replica ratio (or in place) the stable track has no pods left; scaling the canary
+    to 0 at once would leave nothing to serve until stable's pods load their model. So the canary keeps
+    what stable lacks, and leaves as stable's pods turn Ready.
+    e.g. total 2: stable Ready 0, canary 2 -> 2; stable Ready 1 -> 1; stable Ready 2 -> 0. A stable
+    track at full size (HTTPRoute surge) -> 0 at once.
+    """
+    return max(0, min(inp.canary.replicas, inp.total - inp.stable.ready))
+
+
+def covering_weight(canary: int, stable_ready: int) -> int:
+    """The route's canary weight while covering pods remain: their share of the serving pods.
+
+    e.g. canary 2, stable Ready 0 -> 100; canary 1, stable Ready 1 -> 50; canary 0 -> 0.
+    """
+    return round(100 * canary / (canary + stable_ready)) if canary else 0
+
+
 def _rolled_back_plan(
     inp: ReleaseInput, rel: ReleaseState, history: list[HistoryEntry], stable_rev: str
 ) -> ReleasePlan:
-    """After a rollback: stable at full size on its old template, no canary, Stalled until the spec changes."""
+    """After a rollback: stable at full size on its old template, the canary gone once stable covers it
+    (covering_canary), Stalled until the spec changes."""
+    covering = covering_canary(inp)
     return ReleasePlan(
         in_release=True,
         stable_from_spec=False,
         stable_replicas=inp.total,
-        canary_replicas=0,
-        canary_weight=0,
+        canary_replicas=covering,
+        canary_weight=covering_weight(covering, inp.stable.ready),
         active_revision=stable_rev,
         release=rel,
         history=history,

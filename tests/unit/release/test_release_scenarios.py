@@ -348,3 +348,29 @@ def test_no_drain_in_place_where_stable_is_gone_at_full_weight():
     w.set_rollout(gpuCapacity=REPLACE_IN_PLACE)
     w.run_until(promoted)
     assert DRAINING not in [p.release.phase for p in w.plans if p.release is not None]
+
+
+# ---- rollback: make before break ---------------------------------------------------------------------
+
+
+def test_rollback_at_full_canary_weight_keeps_the_canary_until_stable_serves_again():
+    # ReplicaRatio at the last step (100 %): the stable track has no pod left.
+    from chatfleet_operator.release.strategy import Track
+
+    w = world(total=2)
+    w.run_until(lambda w: w.plans[-1].stable_replicas == 0 and w.canary.ready == 2)
+    w.set_rollout(abort="B")
+    # tick: rolled back; stable asked back to 2, none Ready yet -> the canary keeps both pods, all traffic.
+    w._apply = lambda plan: None  # the cluster is slow: nothing changes until the ticks below say so
+    p = w.tick()
+    assert w.plans[-1].release.phase == ROLLED_BACK
+    assert (p.stable_replicas, p.canary_replicas, p.canary_weight) == (2, 2, 100)
+    w.status = {**w.status, **p.status_fields("B").fields}
+    # tick: one stable pod Ready -> one canary pod left, half the route's weight.
+    w.stable = Track("A", 2, 1, exists=True)
+    p = w.tick()
+    assert (p.canary_replicas, p.canary_weight) == (1, 50)
+    # tick: stable at full size -> the canary goes.
+    w.stable = Track("A", 2, 2, exists=True)
+    p = w.tick()
+    assert (p.canary_replicas, p.canary_weight) == (0, 0)

@@ -1,0 +1,90 @@
+"""Zero-drop releases on real pods: no stream cut, no non-2xx answer, no lost history, no switched dialogue.
+
+Test design: a bot on the real node keeps its sessions in a real Redis. Users hold five-turn streamed
+dialogues from background threads (`DialogueLoad`), each turn checking that the stream ended with
+[DONE], that the status was 200 and that the history the answer reports holds every turn saved before.
+While they chat, the scenario (`chatfleet_platform.releasetraffic`) promotes a new revision, rolls one
+back with `spec.rollout.abort`, and scales a replica down: each takes pods away, and each pod must drain.
+
+- Through the Service (replica ratio, no Gateway API in the cluster): kube-proxy's ClientIP affinity;
+  users come from the real node's client addresses.
+- Through the gateway (Traefik serving the operator's HTTPRoute), with sticky dialogues: users echo
+  `x-chatfleet-revision`, and no dialogue that ended before the rollback began may have changed
+  revision -- the promotion included, which drains the old revision's dialogues before it re-templates
+  stable. (The rollback moves the canary's dialogues to stable on purpose: those are not counted.)
+
+Counts are small here (make test); `make bench-release-traffic` runs the issue's full counts.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from chatfleet_platform.dialogues import DialogueLoad
+from chatfleet_platform.realnode import CLIENT_ADDRESSES
+from chatfleet_platform.realpods import service_url
+from chatfleet_platform.releasetraffic import Bot, Scenario, traffic_spec
+
+pytestmark = [pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.slow]
+
+USERS = 6
+
+
+def run_scenario(bot: Bot, load: DialogueLoad) -> tuple[dict, float]:
+    """Promote, roll back, scale down under the load; (summary, when the rollback began)."""
+    scenario = Scenario(bot)
+    try:
+        bot.wait(lambda: load.summary()["ok"] >= 10, 180, "dialogues under way")
+        scenario.promote()
+        t_rollback = time.monotonic()
+        scenario.roll_back()
+        scenario.scale_down()
+        time.sleep(5)
+    finally:
+        summary = load.stop()
+    summary["operations"] = scenario.log
+    summary["bad_turns_during"] = {name: load.failures_between(a, b) for name, a, b in scenario.spans}
+    print(f"zero-drop summary: {summary}")
+    return summary, t_rollback
+
+
+def assert_nothing_dropped(summary: dict) -> None:
+    assert summary["dialogues"] >= USERS, summary
+    assert summary["cut"] == 0, f"streams cut: {summary}"
+    assert summary["non_2xx"] == 0, f"non-2xx answers: {summary}"
+    assert summary["failed"] == 0, f"turns without an answer: {summary}"
+    assert summary["lost_history"] == 0, f"lost histories: {summary}"
+
+
+@pytest.mark.timeout(1500)
+def test_releases_drop_nothing_through_the_service(
+    cluster, real_operator, real_ns, pod_prometheus, pod_redis, runtime_image, host_model_dir
+):
+    bot = Bot(cluster, real_ns)
+    pod_redis.secret(real_ns)
+    bot.apply(traffic_spec(pod_prometheus.url, image=runtime_image, model_dir=host_model_dir))
+    bot.wait(bot.ready, 600, "bot Ready")
+    url = service_url(cluster, real_ns, bot.name)
+    load = DialogueLoad(url, concurrency=USERS, pin=False, sources=CLIENT_ADDRESSES, max_seconds=1200).start()
+    summary, _ = run_scenario(bot, load)
+    assert_nothing_dropped(summary)
+
+
+@pytest.mark.timeout(1500)
+def test_releases_drop_nothing_and_keep_dialogues_on_their_revision_through_the_gateway(
+    cluster, real_operator, real_ns, pod_prometheus, pod_redis, gateway, runtime_image, host_model_dir
+):
+    bot = Bot(cluster, real_ns)
+    pod_redis.secret(real_ns)
+    bot.apply(traffic_spec(pod_prometheus.url, image=runtime_image, model_dir=host_model_dir))
+    bot.wait(bot.ready, 600, "bot Ready")
+    bot.wait(lambda: bot.kubectl("get", "httproute", bot.name, check=False).returncode == 0, 60, "HTTPRoute")
+    t0 = time.monotonic()
+    load = DialogueLoad(gateway.url, concurrency=USERS, pin=True, max_seconds=1200).start()
+    summary, t_rollback = run_scenario(bot, load)
+    assert_nothing_dropped(summary)
+    before_rollback, switched = load.switched_between(t0, t_rollback)
+    assert before_rollback >= USERS, summary
+    assert switched == 0, f"{switched} of {before_rollback} dialogues changed revision through the promotion"
+    assert len(summary["revisions"]) >= 2, f"the promotion was never served: {summary['revisions']}"

@@ -7,8 +7,8 @@
 3. admit: the breaker and the in-flight limit, else a fallback answer at once;
 4. generate: Triton (``chat``, or ``chat_stream`` for ``stream: true``) within the deadline; a Triton
    failure or the deadline is a breaker failure and a fallback answer, a bad request a 400;
-5. answer and save the turn (a stream saves it once the last chunk went out), with the revision that
-   answered it; a turn whose previous one another revision answered counts a revision switch.
+5. answer and save the turn with the revision that answered it (a stream saves it after its last chunk
+   and before its [DONE], so a client that saw a turn end finds it in the next turn's history); a turn whose previous one another revision answered counts a revision switch.
 
 Before step 1 the drain (``chatfleet_runtime.drain.Drain``) is asked whether a new request can still
 finish before the pod must exit; when it cannot, the request is refused with a 503 at once.
@@ -413,6 +413,9 @@ class ChatPipeline:
                 self.breaker.record_success()
             used = responses.usage(prompt_tokens, num_tokens)
             yield responses.sse(head, {}, "length" if finish == "length" else "stop", used)
+            if not timed_out:
+                # Stored before [DONE]: a client that saw a turn end finds it in its next turn's history.
+                await self._remember(turn, "".join(parts))
             yield responses.DONE
             completed = True
         except BackendError:
@@ -438,7 +441,6 @@ class ChatPipeline:
         if num_tokens > 1 and elapsed > ttft:
             self.metrics.tps.labels(self.name).observe(num_tokens / (elapsed - ttft))
         self._count("success", 200, True)
-        await self._remember(turn, "".join(parts))
 
 
 class _Slot:

@@ -163,3 +163,26 @@ def test_open_dialogues_gauge_counts_turns_within_the_idle_window():
         assert metric(c, "chatfleet_active_sessions", model="m1") == 2
         now[0] = 111.0
         assert metric(c, "chatfleet_open_dialogues", model="m1") == 0
+
+
+def test_a_streamed_turn_is_stored_before_its_done_event():
+    """A client sends its next turn as soon as it reads [DONE]: the turn must be in Redis by then."""
+    import asyncio
+
+    from chatfleet_runtime import responses
+    from chatfleet_runtime.pipeline import ChatPipeline
+
+    redis = FakeRedis()
+    pipeline = ChatPipeline(
+        ApiSettings(model_name="m1", revision="r1", max_new_tokens=50), FakeBackend(), redis
+    )
+    body = {"messages": [{"role": "user", "content": "hi"}], "session_id": "d-9", "stream": True}
+
+    async def stored_when_done():
+        reply = await pipeline.chat(json.dumps(body).encode(), {})
+        async for event in reply.events:
+            if event == responses.DONE:
+                return len(redis.lists.get("chatfleet:session:m1:d-9", []))
+        return None
+
+    assert asyncio.run(stored_when_done()) == 1

@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO / "hack"))
 
 from chatfleet_platform import images, scrape, services  # noqa: E402
 from chatfleet_platform.cluster import Cluster  # noqa: E402
-from chatfleet_platform.config import LOCAL_ANALYSIS_ARGS  # noqa: E402
+from chatfleet_platform.config import LOCAL_ANALYSIS_ARGS, REAL_NODE_OPERATOR_ENV  # noqa: E402
 from chatfleet_platform.dialogues import DialogueLoad  # noqa: E402
 from chatfleet_platform.gateway import SHARED_NAMESPACE, Gateway  # noqa: E402
 from chatfleet_platform.localruntime.tiny import build_tiny_model  # noqa: E402
@@ -102,6 +102,7 @@ class Platform:
                 *LOCAL_ANALYSIS_ARGS,
                 f"--gateway-namespace={SHARED_NAMESPACE}",
             ],
+            env={**self.cluster.env, **REAL_NODE_OPERATOR_ENV},
         )
 
     def gateway_up(self) -> Gateway:

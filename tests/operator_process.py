@@ -25,10 +25,16 @@ class OperatorProcess:
     """The operator under test, as a subprocess with a log file and a stats file."""
 
     def __init__(
-        self, cluster: Any, workdir: Path, scope: tuple[str, ...], extra_args: tuple[str, ...] = ()
+        self,
+        cluster: Any,
+        workdir: Path,
+        scope: tuple[str, ...],
+        extra_args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
     ) -> None:
         self.cluster, self.workdir, self.scope = cluster, workdir, scope
         self.extra_args = extra_args
+        self.env = env or {}
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
@@ -46,7 +52,7 @@ class OperatorProcess:
         """Start the operator (watching `namespaces`, default its scope); wait until kopf is watching."""
         self.starts += 1
         scope = [arg for ns in (namespaces or self.scope) for arg in ("--namespace", ns)]
-        env = {**os.environ, **self.cluster.env, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, **self.cluster.env, "PYTHONUNBUFFERED": "1", **self.env}
         with open(self.log, "wb") as fh:
             self.proc = subprocess.Popen(
                 [

@@ -10,10 +10,11 @@ from dataclasses import dataclass, field
 class PodSettings:
     """What every Triton pod gets besides the spec."""
 
-    chat_api_cpu: str = "500m"
-    """CPU request and limit of the chat-api sidecar container (quantity). Small: it only relays."""
-    chat_api_memory: str = "512Mi"
-    """Memory request and limit of the chat-api sidecar container (quantity)."""
+    chat_api_cpu: str = os.environ.get("CHATFLEET_CHAT_API_CPU", "500m")
+    """CPU request and limit of the chat-api sidecar container (quantity; env CHATFLEET_CHAT_API_CPU).
+    Small: it only relays. Smaller still where CPU is scarcer than GPUs (the local real node's 2 cores)."""
+    chat_api_memory: str = os.environ.get("CHATFLEET_CHAT_API_MEMORY", "512Mi")
+    """Memory request and limit of the chat-api sidecar container (quantity; env CHATFLEET_CHAT_API_MEMORY)."""
     run_as_user: int = 1000
     """UID the containers run as (non-root; the runtime image owns /tmp and the model dirs for it)."""
     drain_settle_seconds: int = 5

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from chatfleet_platform import images, scrape, services
-from chatfleet_platform.config import REPO_ROOT
+from chatfleet_platform.config import REAL_NODE_OPERATOR_ENV, REPO_ROOT
 from chatfleet_platform.gateway import GATEWAY_NAME, SHARED_NAMESPACE
 from chatfleet_platform.realnode import NodePlan
 from chatfleet_platform.realpods import fleet_podmonitor
@@ -64,7 +64,11 @@ def real_operator(chatfleet_crd, real_node, tmp_path_factory) -> Iterator[Operat
     """
     gateway_args = (f"--gateway={GATEWAY_NAME}", f"--gateway-namespace={SHARED_NAMESPACE}")
     op = OperatorProcess(
-        chatfleet_crd, tmp_path_factory.mktemp("real-operator"), (REAL_NAMESPACES,), gateway_args
+        chatfleet_crd,
+        tmp_path_factory.mktemp("real-operator"),
+        (REAL_NAMESPACES,),
+        gateway_args,
+        env=REAL_NODE_OPERATOR_ENV,
     )
     op.start()
     try:

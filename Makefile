@@ -33,7 +33,11 @@ help: ## This list
 ##@ Setup (each target installs what it needs; `make test` and `make demo` call them)
 
 .PHONY: setup
-setup: venv system-deps platform-build chart-tools test-servers images ## Python packages, Debian packages, platform binaries, chart tools, test servers, images
+setup: venv system-deps ## Python packages, Debian packages, platform binaries, chart tools, test servers, images
+	@# The Go builds keep both cores busy; the images and the test servers mostly wait on the disk and on
+	@# pip, so they run beside them (each prints its own [build]/[images] lines).
+	@$(MAKE) --no-print-directory -j3 platform-build test-servers images
+	@$(MAKE) --no-print-directory chart-tools
 
 .PHONY: venv
 venv: $(STAMP) ## Virtual environment with the operator, runtime and dev extras (pinned)

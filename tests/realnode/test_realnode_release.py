@@ -10,8 +10,8 @@ what the pods really served.
   message), turns Ready, and then fails every real request. It must be rolled back on its error rate.
   Afterwards the traffic must be off the canary: the Service's endpoints hold only stable pods, and the
   client sees only successes.
-- Healthy release: promoted while the client keeps chatting. The failed requests are reported, not
-  asserted: zero-drop releases are later work.
+- Healthy release: promoted while the client keeps chatting (what users saw is asserted, turn by turn,
+  in test_realnode_zero_drop.py).
 - Dying runtime: the canary's Triton process is killed from the host. Its container restarts, and the
   health check rolls the release back without waiting for metrics.
 """

@@ -92,6 +92,11 @@ class ReleaseSettings:
     CHATFLEET_GATEWAY_NAMESPACE). A shared Gateway must admit the routes (listeners' allowedRoutes)."""
     probe_url_template: str = "http://{service}-{track}.{namespace}.svc.{domain}:8080/v1/chat/completions"
     """Where probe prompts go; {namespace} {service} {track} {domain} are filled in (spec.analysis.probe.url wins)."""
+    route_settle_seconds: float = 10.0
+    """Seconds the canary's pods stay after an HTTPRoute moved all traffic off them (promotion, rollback):
+    a Gateway data plane applies a route change a moment after the pods' endpoints change, and a route
+    that still points at a Service without endpoints answers 503 (Argo Rollouts'
+    abortScaleDownDelaySeconds guards the same race). The pods drain once they go."""
     discovery_cache_seconds: float = 10.0
     """Seconds the answer 'does the cluster serve gateway.networking.k8s.io' is reused."""
     analysis_allowed_hosts: tuple[str, ...] = field(

@@ -32,8 +32,15 @@ from chatfleet_operator.context import PassContext
 from chatfleet_operator.converge.facts import PodFacts, deployment_facts
 from chatfleet_operator.release.planner import ReleaseInput, ReleasePlan, plan_release, strategy_of
 from chatfleet_operator.release.strategy import selector_text, service_selector
-from chatfleet_operator.release.traffic import REPLACE_IN_PLACE, SURGE
-from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
+from chatfleet_operator.release.traffic import HTTPROUTE, REPLACE_IN_PLACE, SURGE
+from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef, Strategy
+
+
+def route_settle_seconds(ctx: PassContext) -> float:
+    """How long a canary's pods outlive the route change that moves traffic off them: the operator's
+    setting behind an HTTPRoute, 0 where no route carries the split (replica ratio, blue-green's Services)."""
+    routed = ctx.traffic == HTTPROUTE and ctx.spec.rollout.strategy == Strategy.CANARY
+    return ctx.settings.release.route_settle_seconds if routed else 0.0
 
 
 def plan_pass(ctx: PassContext) -> ReleasePlan:
@@ -48,6 +55,7 @@ def plan_pass(ctx: PassContext) -> ReleasePlan:
         ctx.now,
         ctx.measurement,
         ctx.dialogue_check,
+        route_settle_seconds(ctx),
     )
     return plan_release(inp, ctx.old_status)
 

@@ -48,6 +48,7 @@ from chatfleet_operator.release.strategy import (
     ReleaseStrategy,
     Track,
     Verdict,
+    settling_canary,
 )
 from chatfleet_operator.release.traffic import AUTO, SURGE
 from chatfleet_operator.spec import ChatbotServiceSpec, Strategy
@@ -138,12 +139,19 @@ def rollback_reason(inp: ReleaseInput, rel: ReleaseState, health: str, verdict: 
 
 
 def _steady(inp: ReleaseInput, history: list[HistoryEntry]) -> ReleasePlan:
-    """No release: the stable Deployment follows the spec, no canary."""
+    """No release: the stable Deployment follows the spec, no canary (but for the seconds after a
+    promotion that the route takes to move: settling_canary)."""
+    last = history[0] if history else None
+    promoted_now = (
+        last is not None and last.result == Result.PROMOTED and last.revision == inp.update_revision
+    )
+    kept, left = settling_canary(inp, last.at if promoted_now else None)
     return ReleasePlan(
         in_release=False,
         stable_from_spec=True,
         stable_replicas=inp.total,
-        canary_replicas=0,
+        canary_replicas=kept,
+        requeue_after=left,
         active_revision=inp.update_revision,
         history=history,
         strategy=inp.spec.rollout.strategy,
@@ -195,12 +203,14 @@ def _rolled_back_plan(
     """After a rollback: stable at full size on its old template, the canary gone once stable covers it
     (covering_canary), Stalled until the spec changes."""
     covering = covering_canary(inp)
+    kept, left = settling_canary(inp, rel.rolled_back_at)
     return ReleasePlan(
         in_release=True,
         stable_from_spec=False,
         stable_replicas=inp.total,
-        canary_replicas=covering,
+        canary_replicas=max(covering, kept),
         canary_weight=covering_weight(covering, inp.stable.ready),
+        requeue_after=left,
         active_revision=stable_rev,
         release=rel,
         history=history,

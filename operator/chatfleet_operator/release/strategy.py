@@ -64,6 +64,8 @@ class ReleaseInput:
     now: datetime
     measurement: Measurement | None = None
     dialogue_check: DialogueCheck | None = None
+    route_settle_seconds: float = 0.0
+    """How long the canary's pods outlive the route change that moved traffic off them (0: no route)."""
 
 
 @dataclass
@@ -194,16 +196,30 @@ def requeue(inp: ReleaseInput, rel: ReleaseState, *candidates: float | None) -> 
     return max(1.0, min([interval, *values]))
 
 
+def settling_canary(inp: ReleaseInput, moved_at: str | None) -> tuple[int, float | None]:
+    """(canary pods kept, seconds left) while the data plane applies the route that moved traffic off them.
+
+    e.g. settle 10 s, canary 2 pods, traffic moved 4 s ago -> (2, 6.0); 10 s ago -> (0, None); no route
+    (settle 0) -> (0, None).
+    """
+    if not inp.route_settle_seconds or not moved_at or inp.canary.replicas < 1:
+        return 0, None
+    left = inp.route_settle_seconds - since(moved_at, inp.now)
+    return (inp.canary.replicas, left) if left > 0 else (0, None)
+
+
 def promoted_plan(
     inp: ReleaseInput, revision: str, stable_rev: str, history: list[HistoryEntry], events: list[EventIntent]
 ) -> ReleasePlan:
     """The release is over: the stable Deployment runs `revision` on every replica; history and an event."""
     message = f"Promoted revision {revision} (was {stable_rev})"
+    kept, left = settling_canary(inp, rfc3339(inp.now))
     return ReleasePlan(
         in_release=False,
         stable_from_spec=True,
         stable_replicas=inp.total,
-        canary_replicas=0,
+        canary_replicas=kept,
+        requeue_after=left,
         active_revision=revision,
         release=None,
         history=with_entry(history, HistoryEntry(revision, Result.PROMOTED, rfc3339(inp.now), message)),

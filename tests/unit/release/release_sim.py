@@ -64,6 +64,7 @@ class World:
     error_rate: float | None = 0.1  # canary figures the fake Prometheus returns; None: no traffic
     latency: float = 100.0
     prometheus_up: bool = True
+    route_settle: float = 0.0  # the operator's route_settle_seconds (HTTPRoute canary only)
     stable_requests: float = 0.0  # requests the stable track served in the idle window (dialogue drain)
     measured: int = 0
     dialogue_checks: int = 0
@@ -111,6 +112,7 @@ class World:
             self.now,
             measurement,
             check,
+            self.route_settle,
         )
         plan = plan_release(inp, self.status)
         self.plans.append(plan)

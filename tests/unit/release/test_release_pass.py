@@ -195,3 +195,12 @@ def test_an_unreachable_prometheus_holds_the_drain_and_says_why():
         "not measured (Prometheus at http://prometheus.monitoring.svc:9090 did not answer: connection refused)"
         in plan.gate.message
     )
+
+
+def test_only_a_routed_canary_waits_for_the_route_to_settle():
+    from chatfleet_operator.release.children import route_settle_seconds
+
+    blue_green = {**NEW, "rollout": {"strategy": "blueGreen"}}
+    assert route_settle_seconds(context(NEW, traffic="HTTPRoute")) == 10.0
+    assert route_settle_seconds(context(NEW, traffic="ReplicaRatio")) == 0.0
+    assert route_settle_seconds(context(blue_green, traffic="HTTPRoute")) == 0.0

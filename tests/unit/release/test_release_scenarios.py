@@ -374,3 +374,29 @@ def test_rollback_at_full_canary_weight_keeps_the_canary_until_stable_serves_aga
     w.stable = Track("A", 2, 2, exists=True)
     p = w.tick()
     assert (p.canary_replicas, p.canary_weight) == (0, 0)
+
+
+# ---- behind a route, the canary's pods outlive the route change by route_settle_seconds ----------------
+
+
+def test_after_promotion_the_canary_stays_until_the_route_has_moved():
+    w = world(traffic=HTTPROUTE, route_settle=10)
+    w.run_until(promoted)
+    # the pass that promotes: the route goes all to stable, the canary keeps its pods for 10 s
+    p = w.plans[-1]
+    assert (p.in_release, p.canary_weight, p.canary_replicas, p.requeue_after) == (False, 0, 2, 10)
+    w.tick(4)
+    assert (w.plans[-1].canary_replicas, w.plans[-1].requeue_after) == (2, 6)
+    w.tick(6)
+    assert w.plans[-1].canary_replicas == 0
+
+
+def test_after_rollback_the_canary_stays_until_the_route_has_moved():
+    w = world(traffic=HTTPROUTE, route_settle=10, total=4)
+    w.run_until(lambda w: w.canary.ready >= 1 and w.phase == PROGRESSING)
+    w.set_rollout(abort="B")
+    p = w.tick()
+    # weight 0 at once (stable is at full size behind the route), the pods a moment later
+    assert w.phase == ROLLED_BACK and (p.canary_weight, p.canary_replicas) == (0, w.canary.replicas)
+    w.tick(10)
+    assert w.plans[-1].canary_replicas == 0

@@ -201,11 +201,15 @@ need=0
 for t in $targets; do cached "$t" || need=1; done
 if [ $need = 0 ]; then say "all cached under $BIN ($targets)"; exit 0; fi
 KMOD_JSON=$(probe_proxy)
+# Each build runs in its own subshell, from $here: a build that removes its own work directory (keda,
+# traefik) must not leave the next one in a deleted working directory, where go cannot even resolve
+# its module cache.
 for t in $targets; do
   case $t in
-    etcd) build_etcd ;; kwok) build_kwok ;; helm) build_helm ;; kubernetes) build_k8s ;;
-    prometheus) build_prometheus ;; keda) build_keda ;; traefik) build_traefik ;;
+    etcd|kwok|helm|kubernetes|prometheus|keda|traefik) ;;
     *) die "unknown component '$t' (etcd, kwok, helm, kubernetes, prometheus, keda, traefik)" ;;
   esac
+  [ "$t" = kubernetes ] && fn=build_k8s || fn="build_$t"
+  ( cd "$here" && "$fn" ) || die "building $t failed (see the lines above)"
 done
 say "done in $(( $(date +%s) - start ))s; binaries under $BIN"

@@ -210,6 +210,7 @@ for t in $targets; do
     *) die "unknown component '$t' (etcd, kwok, helm, kubernetes, prometheus, keda, traefik)" ;;
   esac
   [ "$t" = kubernetes ] && fn=build_k8s || fn="build_$t"
-  ( cd "$here" && "$fn" ) || die "building $t failed (see the lines above)"
+  # no `|| die` here: it would switch set -e off inside the build, and a failed go build would go on
+  ( cd "$here"; "$fn" )
 done
 say "done in $(( $(date +%s) - start ))s; binaries under $BIN"

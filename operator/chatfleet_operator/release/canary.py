@@ -15,6 +15,7 @@ pinned dialogue to the new revision mid-conversation.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from chatfleet_operator import api
@@ -38,7 +39,7 @@ from chatfleet_operator.release.strategy import (
     track_service,
 )
 from chatfleet_operator.release.traffic import HTTPROUTE, REPLACE_IN_PLACE, SURGE, split
-from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef, Strategy
+from chatfleet_operator.spec import CanaryStep, ChatbotServiceSpec, ObjectRef, Strategy
 
 #: Phases in which the canary's pods are watched for health (and can roll the release back without metrics).
 HEALTH_WATCHED = frozenset({ReleasePhase.STEPPING, ReleasePhase.DRAINING})
@@ -56,7 +57,7 @@ class Canary:
         if ctx.traffic != HTTPROUTE:
             affinity = ctx.spec.runtime.sessions.ttl_seconds
             return [build_service(ref, ref.name, service_selector(ref), affinity_seconds=affinity)]
-        w = plan.canary_weight if plan.in_release and plan.canary_replicas > 0 else 0
+        w = plan.routed_weight if plan.in_release and plan.canary_replicas > 0 else 0
         release = ctx.settings.release
         route = build_httproute(
             ref,
@@ -208,9 +209,14 @@ class Canary:
         stable_replicas = s.stable
         if capacity == SURGE and inp.canary.ready < s.canary:
             stable_replicas = max(s.stable, min(inp.total, inp.stable.replicas))  # surge first, then shrink
+        route_weight: int | None = None
+        if inp.traffic == HTTPROUTE and not (
+            inp.canary.ready >= s.canary and inp.canary.revision == revision
+        ):
+            route_weight = covered_weight(inp, steps, idx, revision, capacity)  # the step waits for its pods
         rel.weight = weight
-        rel.effective_weight = s.effective_weight
-        return _plan(
+        rel.effective_weight = s.effective_weight if route_weight is None else route_weight
+        plan = _plan(
             inp,
             rel,
             stable_rev,
@@ -223,6 +229,25 @@ class Canary:
             events,
             requeue(inp, rel, pause_left),
         )
+        plan.route_weight = route_weight
+        return plan
+
+
+def covered_weight(
+    inp: ReleaseInput, steps: Sequence[CanaryStep], idx: int, revision: str, capacity: str
+) -> int:
+    """The largest weight up to step idx that the canary's Ready pods of `revision` can serve, else 0.
+
+    Behind an HTTPRoute a step's weight waits for the step's canary pods: a gateway sends a backend its
+    share whether or not it has a Ready endpoint. e.g. total 4, steps 20/50: step 2 with 1 of 2 canary pods
+    Ready -> 20; step 1 with 0 Ready (the release just began, or its pod was lost) -> 0.
+    """
+    if inp.canary.revision != revision:
+        return 0
+    for step in reversed(steps[:idx]):
+        if inp.canary.ready >= split(inp.total, step.weight, inp.traffic, capacity).canary:
+            return step.weight
+    return 0
 
 
 def pins(spec: ChatbotServiceSpec, plan: ReleasePlan) -> dict[str, str]:

@@ -77,6 +77,10 @@ class ReleasePlan:
     stable_replicas: int
     canary_replicas: int
     canary_weight: int = 0
+    """The step's weight (status.canaryWeight)."""
+    route_weight: int | None = None
+    """The canary's weight in the HTTPRoute when it is less than canary_weight: the canary's pods are not
+    all Ready for the step yet, and a gateway would send a share to a backend with no Ready endpoint."""
     active_revision: str = ""
     release: ReleaseState | None = None
     history: list[HistoryEntry] = field(default_factory=list)
@@ -86,6 +90,11 @@ class ReleasePlan:
     events: list[EventIntent] = field(default_factory=list)
     requeue_after: float | None = None
     strategy: Strategy = Strategy.CANARY
+
+    @property
+    def routed_weight(self) -> int:
+        """The canary's weight in the HTTPRoute this pass."""
+        return self.canary_weight if self.route_weight is None else self.route_weight
 
     def status_fields(self, update_revision: str) -> ReleaseFields:
         """What this plan contributes to the status of the pass (fields derived in state.mirror_fields)."""

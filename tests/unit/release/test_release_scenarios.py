@@ -203,9 +203,32 @@ def test_explicit_surge_waits_for_gpus_without_rolling_back():
 
 def test_httproute_keeps_stable_full_size_and_weights_exact():
     w = world(traffic=HTTPROUTE, total=4)
-    p = w.tick()
+    w.tick()
+    p = w.tick()  # the canary pod is Ready: the route carries the step's exact weight
     assert (p.stable_replicas, p.canary_replicas, p.canary_weight) == (4, 1, 20)
     assert w.status["release"]["traffic"] == HTTPROUTE
+
+
+def test_httproute_sends_the_canary_no_more_than_its_ready_pods_can_take():
+    # A gateway sends a backend's share even when the backend has no Ready endpoint (Traefik answers 503
+    # "no available server"): the route's canary weight waits for the canary pods of each step.
+    w = world(traffic=HTTPROUTE, total=4)
+    # tick 1: the release starts, its canary pod is not Ready yet -> weight 0, the status says 20 is next
+    p = w.tick()
+    assert (p.canary_replicas, p.routed_weight) == (1, 0)
+    assert w.status["canaryWeight"] == 20 and w.status["release"]["effectiveWeight"] == 0
+    # tick 2: the pod is Ready -> 20 %
+    assert w.tick().routed_weight == 20
+    # step 2 (50 %) needs 2 canary pods: 20 % stays on the Ready one until the second is Ready
+    w.run_until(lambda w: w.status["currentStepIndex"] == 1, max_ticks=60)
+    p = w.plans[-1]
+    assert (p.canary_replicas, p.routed_weight) == (2, 20)
+    assert w.tick().routed_weight == 50
+    # a canary that never turns Ready never gets a request, up to its rollback
+    w = world(traffic=HTTPROUTE, total=4)
+    w.canary_health = "unready"
+    w.run_until(lambda w: w.phase == ROLLED_BACK)
+    assert {p.routed_weight for p in w.plans if p.canary_replicas} == {0}
 
 
 def bg(**kw) -> World:

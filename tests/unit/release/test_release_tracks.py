@@ -69,6 +69,12 @@ def test_release_keeps_stable_template_and_adds_the_canary():
 def test_httproute_mode_builds_route_and_track_services():
     children, old_rev = observed(OLD)
     pods = [PodFacts(f"bot-{i}", old_rev, "stable", "Running", True) for i in range(2)]
+    new_rev, out = run(NEW, children, pods, {"stableRevision": old_rev}, traffic="HTTPRoute")
+    route = by_key(out.desired)[("HTTPRoute", "bot")]
+    assert [b["weight"] for b in route["spec"]["rules"][-1]["backendRefs"]] == [100, 0]  # no Ready canary yet
+    assert out.plan.canary_weight == 10
+    children[("Deployment", "bot-canary")] = by_key(out.desired)[("Deployment", "bot-canary")]
+    pods.append(PodFacts("bot-canary-0", new_rev, "canary", "Running", True))
     _, out = run(NEW, children, pods, {"stableRevision": old_rev}, traffic="HTTPRoute")
     d = by_key(out.desired)
     route = d[("HTTPRoute", "bot")]

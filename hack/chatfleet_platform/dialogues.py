@@ -95,7 +95,10 @@ def chat_turn(
     finally:
         conn.close()
     if resp.status != 200:
-        return TurnResult(f"http-{resp.status}", revision, at=now)
+        # who refused: a draining chat API answers JSON with Retry-After, a gateway with no backend its own text
+        retry = resp.getheader("Retry-After")
+        why = f"pin={pin or '-'} retry-after={retry or '-'} {' '.join(text_body.split())[:70]}"
+        return TurnResult(f"http-{resp.status}", revision, at=now, error=why)
     if "data: [DONE]" not in text_body:
         return TurnResult("cut", revision, at=now)
     first = _first_event(text_body) or {}

@@ -19,6 +19,7 @@ The backends are the pods themselves: Traefik sends to the Ready addresses of a 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -71,7 +72,7 @@ def gateway_manifest(namespace: str, port: int, *, routes_from: str = "All") -> 
     }
 
 
-def traefik_args(binary: str, port: int) -> list[str]:
+def traefik_args(binary: str, port: int, access_log: str = "") -> list[str]:
     """Traefik's flags: one entryPoint on 127.0.0.1:port, the Gateway provider, nothing else. Pure.
 
     No dashboard, API, ping or metrics (any of them would open a second entryPoint, on all addresses);
@@ -88,6 +89,12 @@ def traefik_args(binary: str, port: int) -> list[str]:
         "--providers.kubernetesgateway.statusaddress.ip=127.0.0.1",
         "--log.level=INFO",
         "--log.noColor=true",
+        # one JSON line per request with the router, the backend service and the status: who answered a 5xx
+        *(
+            ["--accesslog=true", f"--accesslog.filepath={access_log}", "--accesslog.format=json"]
+            if access_log
+            else []
+        ),
     ]
 
 
@@ -118,6 +125,11 @@ class Gateway:
         return self.cluster.log(PROCESS)
 
     @property
+    def access_log(self) -> Path:
+        """Traefik's access log: one JSON line per request (RouterName, ServiceName, DownstreamStatus)."""
+        return self.cluster.log(f"{PROCESS}-access")
+
+    @property
     def _state_file(self) -> Path:
         return self.folder / "state.json"
 
@@ -142,7 +154,7 @@ class Gateway:
             self.port = procs.free_port()
             # the Gateway provider takes $KUBECONFIG unless it finds an in-cluster environment
             env = {k: v for k, v in c.env.items() if not k.startswith("KUBERNETES_SERVICE_")}
-            c.start_extra(PROCESS, traefik_args(binary, self.port), env=env)
+            c.start_extra(PROCESS, traefik_args(binary, self.port, str(self.access_log)), env=env)
             write_json(self._state_file, {"port": self.port, "gateways": []})
             procs.wait_for(
                 f"traefik on 127.0.0.1:{self.port}",
@@ -203,3 +215,23 @@ class Gateway:
         c.kubectl("delete", "gatewayclass", GATEWAY_CLASS, "--ignore-not-found", "--wait=false", check=False)
         c.stop_extra(PROCESS)
         self._state_file.unlink(missing_ok=True)
+
+
+def server_errors(access_log: Path) -> dict[str, int]:
+    """5xx answers in Traefik's JSON access log, counted by '<status> from <service> (origin <status>)'.
+
+    An origin status of 0 means Traefik answered itself (e.g. 503: the backend Service had no ready
+    endpoint); the same status as the answer means the pod said it (e.g. a draining chat API's 503).
+    """
+    out: Counter[str] = Counter()
+    if not access_log.exists():
+        return {}
+    for line in access_log.read_text(errors="replace").splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        status = int(entry.get("DownstreamStatus") or 0)
+        if status >= 500:
+            out[f"{status} from {entry.get('ServiceName', '?')} (origin {entry.get('OriginStatus', 0)})"] += 1
+    return dict(out)

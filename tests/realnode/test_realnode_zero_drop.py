@@ -18,10 +18,12 @@ Counts are small here (make test); `make bench-release-traffic` runs the issue's
 
 from __future__ import annotations
 
+import shutil
 import time
 
 import pytest
 from chatfleet_platform.dialogues import DialogueLoad
+from chatfleet_platform.gateway import server_errors
 from chatfleet_platform.realnode import CLIENT_ADDRESSES
 from chatfleet_platform.realpods import service_url
 from chatfleet_platform.releasetraffic import Bot, Scenario, traffic_spec
@@ -73,7 +75,15 @@ def test_releases_drop_nothing_through_the_service(
 
 @pytest.mark.timeout(1500)
 def test_releases_drop_nothing_and_keep_dialogues_on_their_revision_through_the_gateway(
-    cluster, real_operator, real_ns, pod_prometheus, pod_redis, gateway, runtime_image, host_model_dir
+    cluster,
+    real_operator,
+    real_ns,
+    pod_prometheus,
+    pod_redis,
+    gateway,
+    runtime_image,
+    host_model_dir,
+    tmp_path,
 ):
     bot = Bot(cluster, real_ns)
     pod_redis.secret(real_ns)
@@ -83,6 +93,9 @@ def test_releases_drop_nothing_and_keep_dialogues_on_their_revision_through_the_
     t0 = time.monotonic()
     load = DialogueLoad(gateway.url, concurrency=USERS, pin=True, max_seconds=1200).start()
     summary, t_rollback = run_scenario(bot, load)
+    summary["gateway_5xx"] = server_errors(gateway.access_log)
+    if gateway.access_log.exists():  # kept with the test's files: when each 5xx happened, and from where
+        shutil.copy(gateway.access_log, tmp_path / "traefik-access.log")
     assert_nothing_dropped(summary)
     before_rollback, switched = load.switched_between(t0, t_rollback)
     assert before_rollback >= USERS, summary

@@ -333,6 +333,8 @@ class RolloutSpec:
     """spec.rollout.gpuCapacity: Surge, ReplaceInPlace, or Auto (surge until a pod finds no GPU)."""
     sticky: StickyDialogues = field(default_factory=StickyDialogues)
     """spec.rollout.stickyDialogues."""
+    hostnames: tuple[str, ...] = ()
+    """spec.rollout.hostnames: the HTTPRoute's hostnames (none: every hostname its listener admits)."""
 
     def wants(self, intent: str, revision: str) -> bool:
         """Whether an intent field (self.promote, self.abort) names this revision ('*' names any)."""
@@ -361,6 +363,7 @@ class RolloutSpec:
             abort=str(d.get("abort") or ""),
             gpu_capacity=str(d.get("gpuCapacity") or "Auto"),
             sticky=StickyDialogues.from_dict(_m(d, "stickyDialogues")),
+            hostnames=tuple(str(h) for h in d.get("hostnames") or ()),
         )
 
 

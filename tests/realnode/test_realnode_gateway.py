@@ -1,7 +1,8 @@
 """The Gateway API data plane on real pods: Traefik serves an HTTPRoute between two bots on the real node.
 
 Test design: two ChatbotServices, `alpha` and `beta`, run one pod each on the real node (the tiny model on
-the CPU); each answers with its own name as the response's "model". An HTTPRoute written here, not by the
+the CPU); each answers with its own name as the response's "model", and each has a hostname of its own
+(`spec.rollout.hostnames`) on the operator's HTTPRoute for it. An HTTPRoute written here, not by the
 operator, attaches to the platform's shared Gateway (`gateway` fixture: Traefik on 127.0.0.1) for one
 hostname of its own, so no other route on the Gateway can catch these requests. It has two rules: requests
 with the header `x-chatfleet-backend: beta` go to beta only, and all others are split 75/25 between
@@ -12,6 +13,7 @@ bridge.
   robin is deterministic: 30/10), every one answered 200.
 - The header-matched rule must send every request to beta.
 - A weight change (0/100) must take effect within seconds, as a release's steps need.
+- The operator's own route of each bot must answer for that bot's hostname, every request.
 - The pods must reach the session's Redis for pods (`pod_redis`) on the node's bridge address, and both
   servers must listen on 127.0.0.1 or that bridge address, nowhere else.
 """
@@ -39,8 +41,17 @@ HEADER = "x-chatfleet-backend"
 BOTS = ("alpha", "beta")
 
 
+def bot_host(name: str) -> str:
+    """The hostname of a bot's own HTTPRoute (spec.rollout.hostnames)."""
+    return f"{name}.gateway.chatfleet.test"
+
+
 def bot_doc(name: str, image: str, model_dir) -> dict[str, Any]:
-    spec = {"model": {"hostPath": "/", "maxContextTokens": 512}, "runtime": {"maxNewTokens": 4}}
+    spec = {
+        "model": {"hostPath": "/", "maxContextTokens": 512},
+        "runtime": {"maxNewTokens": 4},
+        "rollout": {"hostnames": [bot_host(name)]},
+    }
     return {
         "apiVersion": "chatfleet.io/v1alpha1",
         "kind": "ChatbotService",
@@ -75,8 +86,8 @@ def route(ns: str, gateway, weights: tuple[int, int]) -> dict[str, Any]:
     }
 
 
-def ask(url: str, headers: dict[str, str] | None = None) -> tuple[int, str]:
-    """One chat through the gateway for HOST: (status, the answering bot's name, or the body's start)."""
+def ask(url: str, headers: dict[str, str] | None = None, host: str = HOST) -> tuple[int, str]:
+    """One chat through the gateway for `host`: (status, the answering bot's name, or the body's start)."""
     port = int(url.rsplit(":", 1)[1])
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     try:
@@ -84,7 +95,7 @@ def ask(url: str, headers: dict[str, str] | None = None) -> tuple[int, str]:
             "POST",
             "/v1/chat/completions",
             body=json.dumps(chat_body("hello", max_tokens=2)),
-            headers={"Host": HOST, "Content-Type": "application/json", **(headers or {})},
+            headers={"Host": host, "Content-Type": "application/json", **(headers or {})},
         )
         resp = conn.getresponse()
         body = resp.read().decode(errors="replace")
@@ -165,6 +176,20 @@ def test_an_httproute_splits_and_matches_headers_between_real_pods(cluster, gate
     moved = wait_until(lambda: all(ask(gateway.url) == (200, "beta") for _ in range(6)), 20, 0.5)
     assert moved, f"weights 0/100 not in effect after 20 s: {[ask(gateway.url) for _ in range(6)]}"
     print(f"weight change in effect after {time.monotonic() - t0:.1f}s; 75/25 split of 40: {dict(split)}")
+
+
+def test_the_operators_routes_answer_for_their_own_hostnames_only(cluster, gateway, bots):
+    """Each bot's own HTTPRoute (spec.rollout.hostnames) takes its hostname and nothing else: without
+    hostnames both routes would match every request on the shared listener, and one bot would answer all."""
+    ns = bots
+    for name in BOTS:
+        res = cluster.kubectl("get", "httproute", name, "-o", "jsonpath={.spec.hostnames}", namespace=ns)
+        assert json.loads(res.stdout or "null") == [bot_host(name)], res.stdout
+    for name in BOTS:
+        answered = wait_until(lambda name=name: ask(gateway.url, host=bot_host(name)) == (200, name), 30, 0.5)
+        assert answered, f"{bot_host(name)}: {ask(gateway.url, host=bot_host(name))}"
+        answers = Counter(ask(gateway.url, host=bot_host(name)) for _ in range(6))
+        assert answers == Counter({(200, name): 6}), answers
 
 
 def test_real_node_pods_reach_the_pod_redis(cluster, pod_redis, real_node, bots):

@@ -10,7 +10,7 @@ the header are split by the weights. Without pinning, every request is split by 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from chatfleet_operator import api
@@ -32,12 +32,14 @@ def build_httproute(
     gateway_name: str,
     gateway_namespace: str | None = None,
     pins: Mapping[str, str] | None = None,
+    hostnames: Sequence[str] = (),
 ) -> dict[str, Any]:
     """HTTPRoute `<name>` splitting the chat port between the stable and canary Services by weight.
 
     e.g. canary_weight 20 -> backendRefs [<name> weight 80, <name>-canary weight 20]. `pins` maps a
     revision to the track whose Service serves only it: {"a1": "stable", "b2": "canary"} adds, before the
     weighted rule, `x-chatfleet-revision: a1` -> <name> and `x-chatfleet-revision: b2` -> <name>-canary.
+    `hostnames` (spec.rollout.hostnames) become the route's; none: every hostname the listener admits.
     """
     parent: dict[str, Any] = {"group": GATEWAY_GROUP, "kind": "Gateway", "name": gateway_name}
     if gateway_namespace:
@@ -67,6 +69,10 @@ def build_httproute(
             "apiVersion": f"{GATEWAY_GROUP}/{GATEWAY_VERSION}",
             "kind": "HTTPRoute",
             "metadata": object_meta(ref, ref.name, {api.LABEL_COMPONENT: "traffic"}),
-            "spec": {"parentRefs": [parent], "rules": rules},
+            "spec": {
+                "parentRefs": [parent],
+                **({"hostnames": list(hostnames)} if hostnames else {}),
+                "rules": rules,
+            },
         }
     )

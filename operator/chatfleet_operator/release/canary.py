@@ -66,6 +66,7 @@ class Canary:
             gateway_name=release.gateway_name,
             gateway_namespace=release.gateway_namespace,
             pins=pins(ctx.spec, plan),
+            hostnames=ctx.spec.rollout.hostnames,
         )
         return [
             route,

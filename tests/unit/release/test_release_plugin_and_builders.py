@@ -107,6 +107,16 @@ def test_httproute_weights_without_pins():
     ]
 
 
+def test_httproute_hostnames_are_the_specs_and_absent_when_unset():
+    assert (
+        "hostnames" not in build_httproute(REF, stable_weight=100, canary_weight=0, gateway_name="gw")["spec"]
+    )
+    route = build_httproute(
+        REF, stable_weight=100, canary_weight=0, gateway_name="gw", hostnames=("chat.example.com",)
+    )
+    assert route["spec"]["hostnames"] == ["chat.example.com"]
+
+
 def test_httproute_pins_each_revision_to_its_service_before_the_weights():
     route = build_httproute(
         REF,

@@ -43,14 +43,23 @@ def _ready(cluster, ns: str, name: str) -> bool:
     return conds.get("Ready", {}).get("status") == "True"
 
 
+def _pod_ready(pod: dict) -> bool:
+    conds = pod.get("status", {}).get("conditions", [])
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
+
+
 def _serve_and_chat(cluster, ns: str, name: str) -> None:
     """Wait for Ready; check the pods are on the real node, on the CPU; chat through the Service."""
     ok = wait_until(lambda: _ready(cluster, ns, name), 600, 3)
     pods_wide = cluster.kubectl("get", "pods", "-o", "wide", namespace=ns, check=False).stdout
     assert ok, f"{ns}/{name} never turned Ready on the real node:\n{pods_wide}"
     pods = json.loads(cluster.kubectl("get", "pods", "-o", "json", namespace=ns).stdout)["items"]
-    assert pods and all(p["spec"]["nodeName"] == "chatfleet-real-0" for p in pods)
-    log = cluster.kubectl("logs", pods[0]["metadata"]["name"], "-c", "triton", namespace=ns).stdout
+    # every scheduled pod is on the real node; a pod the scheduler has not placed yet (e.g. a rolling
+    # update's surge pod waiting for the CPU the previous wave's draining pods still hold) is on none
+    assert all(p["spec"].get("nodeName") in (None, "chatfleet-real-0") for p in pods), pods_wide
+    ready = [p for p in pods if _pod_ready(p)]
+    assert ready and all(p["spec"]["nodeName"] == "chatfleet-real-0" for p in ready), pods_wide
+    log = cluster.kubectl("logs", ready[0]["metadata"]["name"], "-c", "triton", namespace=ns).stdout
     assert "simulated GPU" in log, log[-2000:]
     url = service_url(cluster, ns, name)
     # Ready pods and endpoints come before kube-proxy has written the Service's rules (its sync runs on

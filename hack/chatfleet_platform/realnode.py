@@ -434,18 +434,24 @@ class RealNodes:
         lock = self._lock_path()
         if lock.exists():
             owner = Path(lock.read_text().strip())
-            if owner != self.cluster.workdir and owner.exists():
+            if owner.exists():
                 other = RealNodes(type(self.cluster)(owner), self.progress)
                 if any(
                     procs.is_ours(procs.Proc.from_json(v))
                     for v in other.host_state().get("pids", {}).values()
                 ):
+                    if owner == self.cluster.workdir:
+                        return  # ours already: more nodes for a running cluster
                     raise PlatformError(
                         f"real nodes already run on this host for the cluster in {owner}: stop it first "
                         f"(`make cluster-down`, or CHATFLEET_CLUSTER_DIR={owner} python -m chatfleet_platform.cli down), "
                         "or start this one with REAL_NODES=0"
                     )
-                other.down()  # a dead owner: undo what it left on the host
+                other.down()  # a dead owner: undo what it recorded in its folder
+        # What no folder records any more (an earlier run killed, its checkout gone): sweep by name
+        left = sweep_host()
+        if left:
+            self.progress(f"swept what a dead cluster left on this host: {', '.join(left)}")
         lock.write_text(str(self.cluster.workdir))
 
     def _host_network(self, state: dict) -> None:
@@ -672,6 +678,77 @@ class RealNodes:
             lock.unlink()
         self.host_file.unlink(missing_ok=True)
         return stopped
+
+
+def host_owner() -> Path | None:
+    """The cluster folder that holds this host's real nodes, if its processes still run."""
+    lock = RealNodes._lock_path()
+    if not lock.exists():
+        return None
+    owner = Path(lock.read_text().strip())
+    state = read_json(owner / "realnodes" / "host.json") if owner.exists() else {}
+    alive = any(procs.is_ours(procs.Proc.from_json(v)) for v in (state or {}).get("pids", {}).values())
+    return owner if alive else None
+
+
+def sweep_host() -> list[str]:
+    """Remove, by name, every real-node trace on this host whose cluster is gone; return what it found.
+
+    `down` undoes what a cluster's folder records. A run killed before its `down`, whose checkout is gone
+    too (a CI machine that keeps its host between runs), leaves processes, pods, a bridge whose addresses
+    the next cluster's pods would get again, cgroups, mounts and iptables rules that no folder records.
+    They are found by the names this module gives them. Refuses while a live cluster owns the host.
+    """
+    owner = host_owner()
+    if owner is not None:
+        raise PlatformError(f"real nodes of the cluster in {owner} still run on this host: stop it first")
+    found: list[str] = []
+    root = f"{NODES_ROOT}/".encode()
+    for proc in Path("/proc").iterdir():  # kubelets, containerds, shims, kube-proxy, forwarder, plugin
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        forwarder = cmd.startswith(b"socat\0") and b"bind=10.245." in cmd
+        if root in cmd or forwarder or b"chatfleet_platform.fakegpu" in cmd:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(proc.name), signal.SIGKILL)
+                found.append(f"process {proc.name}")
+    groups = sorted({d.name for h in Path("/sys/fs/cgroup").iterdir() for d in h.glob("chatfleet-real-*")})
+    for g in groups:
+        _kill_cgroup_tree(f"/{g}")
+    if groups:
+        time.sleep(0.5)
+    for g in groups:
+        _kill_cgroup_tree(f"/{g}")
+        _remove_cgroup_tree(f"/{g}")
+        found.append(f"cgroup {g}")
+    if NODES_ROOT.exists():
+        _unmount_under(NODES_ROOT)
+        _unmount_under(Path("/var/lib/kubelet/pods"))
+        _remove_netns_in(PODS_CIDR)
+        shutil.rmtree(NODES_ROOT, ignore_errors=True)
+        found.append(str(NODES_ROOT))
+    links = _run("ip", "-o", "link", check=False).stdout.splitlines()
+    for bridge in sorted({ln.split(": ")[1].split("@")[0] for ln in links if ": cfbr" in ln}):
+        _run("ip", "link", "del", bridge, check=False)
+        found.append(f"bridge {bridge}")
+    while _run("iptables", "-D", *GUARD, "-j", "DROP", check=False).returncode == 0:
+        found.append("guard rule")
+    chains = [
+        ln.split()[0][1:]
+        for tool in ("iptables-save", "ip6tables-save")
+        for ln in _run(tool, check=False).stdout.splitlines()
+        if ln.startswith((":KUBE-", ":CNI-"))
+    ]
+    if chains:
+        _remove_chains("CNI-", "KUBE-")
+        found.append(f"{len(chains)} iptables chains")
+    if _run("ip", "route", "del", "blackhole", KWOK_POD_CIDR, check=False).returncode == 0:
+        found.append("blackhole route")
+    return found
 
 
 def _http_ok(url: str) -> bool:

@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from chatfleet_platform import realnode
+from chatfleet_platform import procs, realnode
 from chatfleet_platform.cluster import Cluster
 from chatfleet_platform.config import REPO_ROOT, PlatformError
 from chatfleet_platform.services import wait_until
@@ -58,7 +58,53 @@ def host_snapshot() -> dict[str, object]:
     }
 
 
+def test_a_dead_clusters_traces_are_swept_before_real_nodes_start(tmp_path):
+    """A run killed before its `down`, its checkout gone (a CI host kept between runs), left traces that no
+    cluster folder records: claiming the host removes them by name, and nothing else."""
+    # what such a run leaves: its lock naming a folder that is gone, a bridge holding a pod address, a
+    # container process in a node cgroup, a kubelet-like process naming a node folder, a node folder,
+    # the guard and a kube-proxy chain
+    lock = Path("/run/chatfleet-real-nodes.owner")
+    lock.write_text(str(tmp_path / "gone"))
+    subprocess.run(["ip", "link", "add", "cfbr0", "type", "bridge"], check=True)
+    subprocess.run(["ip", "addr", "add", "10.245.0.1/24", "dev", "cfbr0"], check=True)
+    (realnode.NODES_ROOT / "deadbeef-0").mkdir(parents=True)
+    cgroup = next(h for h in Path("/sys/fs/cgroup").iterdir() if (h / "cgroup.procs").exists()) / (
+        "chatfleet-real-0"
+    )
+    cgroup.mkdir()
+    container = subprocess.Popen(["sleep", "300"])
+    (cgroup / "cgroup.procs").write_text(str(container.pid))
+    kubelet = subprocess.Popen(
+        ["sh", "-c", "sleep 301", "kubelet", f"--root-dir={realnode.NODES_ROOT}/deadbeef-0/kubelet"]
+    )
+    subprocess.run(["iptables", "-I", realnode.GUARD[0], "1", *realnode.GUARD[1:], "-j", "DROP"], check=True)
+    subprocess.run(["iptables", "-t", "nat", "-N", "KUBE-SERVICES"], check=True)
+    bystander = subprocess.Popen(["sleep", "302"])  # not ours: must survive
+    try:
+        Cluster(tmp_path / "next").realnodes._claim_host()
+        assert container.wait(timeout=10) == -9 and kubelet.wait(timeout=10) == -9
+        assert bystander.poll() is None, "the sweep killed a process that is not a real node's"
+        snap = host_snapshot()
+        assert not snap["bridges"] and not snap["rules"] and not snap["cgroups"], snap
+        assert not realnode.NODES_ROOT.exists()
+        assert lock.read_text() == str(tmp_path / "next")
+        # the sweep refuses while a live cluster owns the host
+        (tmp_path / "next" / "realnodes").mkdir(parents=True)
+        (tmp_path / "next" / "realnodes" / "host.json").write_text(
+            json.dumps({"pids": {"n/kubelet": [bystander.pid, procs.start_time(bystander.pid)]}})
+        )
+        with pytest.raises(PlatformError, match="still run on this host"):
+            realnode.sweep_host()
+    finally:
+        for p in (container, kubelet, bystander):
+            p.kill()
+        lock.unlink(missing_ok=True)
+        realnode.sweep_host()
+
+
 def test_real_node_runs_a_gpu_pod_and_down_leaves_the_host_clean(tmp_path):
+    realnode.sweep_host()  # traces of a dead cluster (the test above): up would sweep them, down too
     before = host_snapshot()
     c = Cluster(REPO_ROOT / ".work" / f"realnode-life-{tmp_path.name[-12:]}")
     try:

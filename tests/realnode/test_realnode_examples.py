@@ -13,6 +13,7 @@ the Triton container died on KIND_GPU with no GPU, and no example turned Ready.
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import yaml
@@ -50,7 +51,9 @@ def _pod_ready(pod: dict) -> bool:
 
 def _serve_and_chat(cluster, ns: str, name: str) -> None:
     """Wait for Ready; check the pods are on the real node, on the CPU; chat through the Service."""
-    ok = wait_until(lambda: _ready(cluster, ns, name), 600, 3)
+    t0 = time.monotonic()
+    ok = wait_until(lambda: _ready(cluster, ns, name), 300, 3)
+    print(f"[examples] {ns}/{name} Ready={ok} after {time.monotonic() - t0:.0f}s")
     pods_wide = cluster.kubectl("get", "pods", "-o", "wide", namespace=ns, check=False).stdout
     assert ok, f"{ns}/{name} never turned Ready on the real node:\n{pods_wide}"
     pods = json.loads(cluster.kubectl("get", "pods", "-o", "json", namespace=ns).stdout)["items"]
@@ -69,6 +72,23 @@ def _serve_and_chat(cluster, ns: str, name: str) -> None:
     assert outcomes == ["ok", "ok"], f"{ns}/{name} through {url}: {outcomes}"
 
 
+def _what_holds(cluster, ns: str) -> str:
+    """Why a namespace outlives its deletion: its pods, the ChatbotServices' finalizers, the last events."""
+    out = [cluster.kubectl("get", "pods,cbs", "-o", "wide", namespace=ns, check=False).stdout]
+    out.append(cluster.kubectl("get", "ns", ns, "-o", "jsonpath={.status}", check=False).stdout)
+    out.append(
+        cluster.kubectl(
+            "get", "cbs", "-o", "jsonpath={range .items[*]}{.metadata.name} {.metadata.finalizers}{\"\\n\"}{end}",
+            namespace=ns, check=False,
+        ).stdout
+    )  # fmt: skip
+    out.append(
+        cluster.kubectl("get", "events", "--sort-by=.lastTimestamp", namespace=ns, check=False).stdout[-3000:]
+    )
+    return "\n".join(out)
+
+
+@pytest.mark.timeout(1500)  # three waves of real Triton pods on two cores: each wave <= 2 x 300 s + 90 s
 def test_examples_serve_a_chat_on_the_real_node(cluster, real_operator, runtime_image, host_model_dir):
     for start in range(0, len(EXAMPLES), WAVE):
         created: list[tuple[str, str]] = []
@@ -85,9 +105,12 @@ def test_examples_serve_a_chat_on_the_real_node(cluster, real_operator, runtime_
             for ns, name in created:
                 _serve_and_chat(cluster, ns, name)
         finally:
+            t0 = time.monotonic()
             for ns in {ns for ns, _ in created}:
                 cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
-            for ns in {ns for ns, _ in created}:
-                cluster.kubectl(
-                    "wait", "--for=delete", f"namespace/{ns}", "--timeout=120s", check=False, timeout=150
+            for ns in sorted({ns for ns, _ in created}):
+                gone = cluster.kubectl(
+                    "wait", "--for=delete", f"namespace/{ns}", "--timeout=90s", check=False, timeout=120
                 )
+                print(f"[examples] {ns} deleted rc={gone.returncode} after {time.monotonic() - t0:.0f}s")
+                assert gone.returncode == 0, f"{ns} was not deleted in 90 s:\n{_what_holds(cluster, ns)}"

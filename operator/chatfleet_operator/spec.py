@@ -425,6 +425,82 @@ class ProbeSpec:
 
 
 @dataclass(frozen=True)
+class GoldenExpectation:
+    """What one golden prompt's answer must be (spec.analysis.quality.prompts[].expect); all optional."""
+
+    contains: tuple[str, ...] = ()
+    regex: str | None = None
+    must_not_refuse: bool = False
+    max_length: int | None = None
+    valid_json: bool = False
+
+
+@dataclass(frozen=True)
+class GoldenPromptSpec:
+    """One spec.analysis.quality.prompts entry."""
+
+    name: str
+    prompt: str
+    expect: GoldenExpectation = field(default_factory=GoldenExpectation)
+
+
+@dataclass(frozen=True)
+class QualitySpec:
+    """spec.analysis.quality: golden prompts sent to the canary and to stable every analysis interval."""
+
+    enabled: bool = False
+    prompts: tuple[GoldenPromptSpec, ...] = ()
+    max_tokens: int = 32
+    seed: int = 0
+    timeout_seconds: float = 10.0
+    compare_with_stable: bool = True
+    """False for a release meant to change answers (new weights): agreement is not checked."""
+    min_agreement_percent: float = 100.0
+    min_expectations_percent: float = 100.0
+    max_refusal_increase_percent: float = 0.0
+    max_garbled_increase_percent: float = 0.0
+    max_length_drift_percent: float | None = 50.0
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> QualitySpec:
+        """Parse spec.analysis.quality (entries without name or prompt are left out; admission refuses them)."""
+        prompts = []
+        for p in _v(d, "prompts", ()):
+            if not isinstance(p, Mapping) or not p.get("name") or not p.get("prompt"):
+                continue
+            e = _m(p, "expect")
+            prompts.append(
+                GoldenPromptSpec(
+                    name=str(p["name"]),
+                    prompt=str(p["prompt"]),
+                    expect=GoldenExpectation(
+                        contains=tuple(str(c) for c in e.get("contains") or ()),
+                        regex=None if e.get("regex") is None else str(e["regex"]),
+                        must_not_refuse=bool(e.get("mustNotRefuse")),
+                        max_length=None if e.get("maxLength") is None else int(e["maxLength"]),
+                        valid_json=bool(e.get("validJSON")),
+                    ),
+                )
+            )
+        t = _m(d, "thresholds")
+        return cls(
+            enabled=bool(d.get("enabled")),
+            prompts=tuple(prompts),
+            max_tokens=int(_v(d, "maxTokens", 32)),
+            seed=int(_v(d, "seed", 0)),
+            timeout_seconds=float(_v(d, "timeoutSeconds", 10)),
+            compare_with_stable=bool(_v(d, "compareWithStable", True)),
+            min_agreement_percent=float(_v(t, "minAgreementPercent", 100.0)),
+            min_expectations_percent=float(_v(t, "minExpectationsPercent", 100.0)),
+            max_refusal_increase_percent=float(_v(t, "maxRefusalIncreasePercent", 0.0)),
+            max_garbled_increase_percent=float(_v(t, "maxGarbledIncreasePercent", 0.0)),
+            max_length_drift_percent=_opt_float(t, "maxLengthDriftPercent")
+            if "maxLengthDriftPercent" in t
+            else 50.0,
+        )
+
+
+@dataclass(frozen=True)
 class AnalysisSpec:
     """spec.analysis: where metrics come from and what counts as healthy."""
 
@@ -437,6 +513,7 @@ class AnalysisSpec:
     relative: RelativeThresholds = field(default_factory=RelativeThresholds)
     custom_queries: tuple[CustomQuery, ...] = ()
     probe: ProbeSpec = field(default_factory=ProbeSpec)
+    quality: QualitySpec = field(default_factory=QualitySpec)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> AnalysisSpec:
@@ -472,6 +549,7 @@ class AnalysisSpec:
                 if isinstance(q, Mapping) and q.get("name") and q.get("query")
             ),
             probe=ProbeSpec.from_dict(_m(d, "probe")),
+            quality=QualitySpec.from_dict(_m(d, "quality")),
         )
 
 

@@ -152,6 +152,24 @@ def assess(sample: Sample, checks: Sequence[Check], min_requests_per_second: flo
     return Measurement(sample.at, SUCCESSFUL, shown, tuple(figures))
 
 
+#: Which verdict wins when two measurements of one interval are combined: a failure anywhere fails.
+_PRECEDENCE = (FAILED, ERROR, INCONCLUSIVE, SUCCESSFUL)
+
+
+def combine(first: Measurement, second: Measurement) -> Measurement:
+    """One interval's verdict from two measurements of it (the metrics', the answers').
+
+    The worse verdict wins (Failed > Error > Inconclusive > Successful), so a canary with perfect HTTP
+    metrics but wrong answers fails, and answers alone never pass a canary whose metrics saw no traffic.
+    The message names both parts, the failing or erring one first; the figures are both sets.
+    e.g. Successful "error rate 0%" + Failed "answer agreement 12% < 100%" -> Failed
+    "answer agreement 12% < 100%; error rate 0%".
+    """
+    a, b = sorted((first, second), key=lambda m: _PRECEDENCE.index(m.verdict))
+    message = a.message if a.message == b.message else f"{a.message}; {b.message}"
+    return Measurement(first.at, a.verdict, message, (*first.figures, *second.figures))
+
+
 def poisson_tail(k: int, lam: float) -> float:
     """P(X >= k) for X ~ Poisson(lam), e.g. poisson_tail(2, 1.8) ~= 0.54, poisson_tail(0, x) == 1."""
     if k <= 0:

@@ -39,7 +39,8 @@ class _NoRedirects(urllib.request.HTTPRedirectHandler):
         return None
 
 
-_OPENER = urllib.request.build_opener(_NoRedirects)
+#: An opener that never follows a redirect (the probe and the quality gate call only the URL they chose).
+OPENER = urllib.request.build_opener(_NoRedirects)
 
 
 def send_probe(
@@ -72,7 +73,7 @@ def send_probe(
         )
         sent += 1
         try:
-            with _OPENER.open(req, timeout=timeout_seconds) as r:
+            with OPENER.open(req, timeout=timeout_seconds) as r:
                 r.read()
         except Exception:  # a failed probe is data for the metrics, not an operator error
             failed += 1

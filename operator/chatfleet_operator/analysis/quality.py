@@ -32,6 +32,7 @@ from datetime import datetime
 from rapidfuzz import fuzz
 
 from chatfleet_operator.analysis.assess import Check, Sample
+from chatfleet_operator.spec import QualitySpec
 
 AGREEMENT, EXPECTATIONS, REFUSALS, GARBLED, LENGTH_DRIFT = (
     "answer agreement",
@@ -164,7 +165,11 @@ def garbled(text: str | None) -> str | None:
 
 
 def request_body(model: str, prompt: str, *, max_tokens: int, seed: int) -> dict:
-    """The chat completion a golden prompt is sent as: greedy with a fixed seed, so answers repeat."""
+    """The chat completion a golden prompt is sent as: greedy with a fixed seed, so answers repeat.
+
+    No session id (no `user`, no `session_id`): a session would add the last round's answers to the
+    prompt as history, and the same prompt would be asked differently every interval.
+    """
     return {
         "model": model,
         "messages": [{"role": "user", "content": prompt}],
@@ -172,7 +177,6 @@ def request_body(model: str, prompt: str, *, max_tokens: int, seed: int) -> dict
         "temperature": 0,
         "seed": seed,
         "stream": False,
-        "user": "chatfleet-quality",
     }
 
 
@@ -242,16 +246,65 @@ def checks(
     min_agreement_percent: float | None = 100.0,
     min_expectations_percent: float = 100.0,
     max_refusal_increase_percent: float = 0.0,
-    max_garbled_percent: float = 0.0,
+    max_garbled_increase_percent: float = 0.0,
     max_length_drift_percent: float | None = 50.0,
 ) -> tuple[Check, ...]:
-    """The quality gates; None leaves a figure unchecked (agreement for a release meant to change answers)."""
+    """The quality gates; None leaves a figure unchecked (agreement for a release meant to change answers).
+
+    Refusals and garbled answers are judged against stable's on the same prompts: a small model can
+    garble some answers of every revision, and only a change from stable's is the release's doing.
+    """
     out = []
     if min_agreement_percent is not None:
         out.append(Check(AGREEMENT, "%", min_value=min_agreement_percent))
     out.append(Check(EXPECTATIONS, "%", min_value=min_expectations_percent))
     out.append(Check(REFUSALS, "%", max_increase_over_stable=max_refusal_increase_percent))
-    out.append(Check(GARBLED, "%", max_value=max_garbled_percent))
+    out.append(Check(GARBLED, "%", max_increase_over_stable=max_garbled_increase_percent))
     if max_length_drift_percent is not None:
         out.append(Check(LENGTH_DRIFT, "%", max_value=max_length_drift_percent))
     return tuple(out)
+
+
+def checks_of(spec: QualitySpec) -> tuple[Check, ...]:
+    """The gates spec.analysis.quality asks for (agreement left out when compareWithStable is false)."""
+    return checks(
+        min_agreement_percent=spec.min_agreement_percent if spec.compare_with_stable else None,
+        min_expectations_percent=spec.min_expectations_percent,
+        max_refusal_increase_percent=spec.max_refusal_increase_percent,
+        max_garbled_increase_percent=spec.max_garbled_increase_percent,
+        max_length_drift_percent=spec.max_length_drift_percent,
+    )
+
+
+def prompts_of(spec: QualitySpec) -> tuple[GoldenPrompt, ...]:
+    """The golden prompts of spec.analysis.quality, with their expectations."""
+    return tuple(
+        GoldenPrompt(
+            p.name,
+            p.prompt,
+            Expectation(
+                contains=p.expect.contains,
+                regex=p.expect.regex,
+                must_not_refuse=p.expect.must_not_refuse,
+                max_length=p.expect.max_length,
+                valid_json=p.expect.valid_json,
+            ),
+        )
+        for p in spec.prompts
+    )
+
+
+def spec_errors(spec: QualitySpec) -> list[str]:
+    """What admission cannot check of spec.analysis.quality (a regex in Python's syntax), each naming its
+    field; [] if fine. e.g. regex "(" -> "spec.analysis.quality.prompts[0].expect.regex: ..."."""
+    out = []
+    for i, p in enumerate(spec.prompts):
+        if p.expect.regex is None:
+            continue
+        try:
+            re.compile(p.expect.regex)
+        except re.error as exc:
+            out.append(
+                f"spec.analysis.quality.prompts[{i}].expect.regex is not a valid regular expression: {exc}"
+            )
+    return out

@@ -74,6 +74,8 @@ class PodFacts:
     """The chatfleet.io/serving label ('' when absent: no warm pool)."""
     deletion_cost: str = ""
     """The controller.kubernetes.io/pod-deletion-cost annotation ('' when absent)."""
+    ip: str = ""
+    """status.podIP ('' before the pod has one): where the quality gate sends its golden prompts."""
 
 
 def pod_facts(body: Mapping[str, Any]) -> PodFacts:
@@ -116,6 +118,7 @@ def pod_facts(body: Mapping[str, Any]) -> PodFacts:
         ready_since=ready_since,
         serving=labels.get(api.LABEL_SERVING, ""),
         deletion_cost=(meta.get("annotations") or {}).get(api.ANNOTATION_DELETION_COST, ""),
+        ip=str(status.get("podIP") or ""),
     )
 
 

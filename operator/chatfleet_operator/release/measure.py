@@ -14,8 +14,9 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from chatfleet_operator import api
-from chatfleet_operator.analysis import queries
-from chatfleet_operator.analysis.assess import INCONCLUSIVE, Measurement, Sample, assess
+from chatfleet_operator.analysis import quality, queries
+from chatfleet_operator.analysis.answers import ask_all
+from chatfleet_operator.analysis.assess import INCONCLUSIVE, Measurement, Sample, assess, combine
 from chatfleet_operator.analysis.probe import send_probe
 from chatfleet_operator.analysis.provider import (
     PrometheusProvider,
@@ -24,7 +25,9 @@ from chatfleet_operator.analysis.provider import (
     short_error,
 )
 from chatfleet_operator.analysis.targets import analysis_target_errors, fill_template
+from chatfleet_operator.builders.deployment import CHAT_PORT
 from chatfleet_operator.context import DialogueCheck, PassContext
+from chatfleet_operator.converge.facts import PodFacts, Track
 from chatfleet_operator.discovery import ServedGroup
 from chatfleet_operator.release.planner import analysis_due, dialogue_check_due, strategy_of
 from chatfleet_operator.release.state import last_verdict
@@ -66,7 +69,7 @@ class Releases:
             default_probe_template=self.settings.probe_url_template,
             allowed=self.settings.analysis_allowed_hosts,
             cluster_domain=self.cluster_domain,
-        )
+        ) + quality.spec_errors(spec.analysis.quality)
 
     def measure(self, ctx: PassContext) -> Measurement:
         """One measurement (probing first when the last one had no data and the spec asks). Never raises."""
@@ -89,9 +92,43 @@ class Releases:
             )
         sample = self.provider.measure(plan, ctx.now)
         m = assess(sample, [q.check for q in plan.metrics])
+        if spec.analysis.quality.enabled:
+            m = combine(m, self.measure_answers(ctx))
         log.info(
             "Measured release of ChatbotService %s/%s: %s %s", ref.namespace, ref.name, m.verdict, m.message
         )
+        return m
+
+    def measure_answers(self, ctx: PassContext) -> Measurement:
+        """The quality gate's measurement: the golden prompts asked of one pod per track, scored. Never raises."""
+        q = ctx.spec.analysis.quality
+        prompts = quality.prompts_of(q)
+        checks = quality.checks_of(q)
+        if not prompts:
+            return assess(Sample(ctx.now, error="spec.analysis.quality.prompts is empty"), checks)
+        canary, stable = answering_pod(ctx.canary), answering_pod(ctx.stable)
+        if canary is None or stable is None:
+            which = "the canary" if canary is None else "stable"
+            return Measurement(ctx.now, INCONCLUSIVE, f"golden prompts: no Ready pod of {which} to ask yet")
+        budget = min(60.0, max(5.0, ctx.spec.analysis.interval_seconds / 2))
+
+        def ask(pod: PodFacts) -> list[quality.Answer]:
+            url = f"http://{pod.ip}:{CHAT_PORT}/v1/chat/completions"
+            return ask_all(
+                url,
+                ctx.ref.name,
+                prompts,
+                max_tokens=q.max_tokens,
+                seed=q.seed,
+                timeout_seconds=q.timeout_seconds,
+                budget_seconds=budget,
+            )
+
+        result = quality.score(prompts, ask(canary), ask(stable))
+        m = assess(quality.to_sample(result, ctx.now, len(prompts)), checks)
+        if result.misses and m.verdict != INCONCLUSIVE:
+            shown = "; ".join(result.misses[:5]) + (" ..." if len(result.misses) > 5 else "")
+            m = replace(m, message=f"{m.message} (golden prompts: {shown})")
         return m
 
     def old_revision_requests(self, ctx: PassContext) -> DialogueCheck:
@@ -116,3 +153,14 @@ class Releases:
         if dialogue_check_due(ctx.spec, ctx.old_status, ctx.now):
             ctx = replace(ctx, dialogue_check=self.old_revision_requests(ctx))
         return ctx
+
+
+def answering_pod(track: Track) -> PodFacts | None:
+    """The pod of a track the golden prompts go to: the first by name that is Ready, serving, of the
+    track's revision and has an address (the same pod each interval while it lives)."""
+    ready = [
+        p
+        for p in track.pods
+        if p.ready and p.ip and not p.deleting and p.serving != "false" and p.revision == track.revision
+    ]
+    return min(ready, key=lambda p: p.name) if ready else None

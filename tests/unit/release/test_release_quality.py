@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 
 import pytest
@@ -108,6 +109,20 @@ def test_golden_prompts_are_sent_greedy_with_a_fixed_seed():
     body = quality.request_body("chat", "Say hello.", max_tokens=32, seed=7)
     assert body["temperature"] == 0 and body["seed"] == 7 and body["stream"] is False
     assert body["messages"] == [{"role": "user", "content": "Say hello."}]
+    # no session: the runtime would prepend the last round's answers as history
+    assert not {"user", "session_id"} & set(body)
+
+
+def test_a_fallback_answer_is_no_answer_of_the_model():
+    from chatfleet_operator.analysis.answers import answer_text
+
+    ok = {"choices": [{"message": {"role": "assistant", "content": "Hi"}}], "chatfleet": {"fallback": False}}
+    assert answer_text(json.dumps(ok).encode()) == "Hi"
+    fallback = {**ok, "chatfleet": {"fallback": True}}
+    with pytest.raises(ValueError, match="fallback"):
+        answer_text(json.dumps(fallback).encode())
+    with pytest.raises(ValueError, match="choices"):
+        answer_text(b'{"object": "error"}')
 
 
 def test_one_answer_per_prompt_and_track():

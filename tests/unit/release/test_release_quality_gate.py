@@ -1,0 +1,189 @@
+"""The quality gate in a pass: golden prompts asked of one pod per track, scored, combined with the metrics.
+
+Test design: the same release as test_release_pass.py (a canary of v2 over stable v1), a fake Prometheus
+that always finds perfect HTTP metrics, and `ask_all` replaced by a function that answers by pod address,
+so a canary whose answers differ from stable's is caught on quality alone. Tick by tick, as a pass runs.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from chatfleet_operator.analysis import assess as a
+from chatfleet_operator.analysis import quality
+from chatfleet_operator.analysis.assess import Measurement, Sample, combine
+from chatfleet_operator.converge.facts import PodFacts, Track
+from chatfleet_operator.release import measure
+from chatfleet_operator.release.measure import Releases, answering_pod
+from chatfleet_operator.spec import ChatbotServiceSpec, QualitySpec
+from pass_helpers import NOW
+from test_release_pass import NEW, OLD, FakeProvider, children_and_rev, run
+
+GOLDEN = {
+    "enabled": True,
+    "prompts": [
+        {"name": "refund", "prompt": "Our refund window?", "expect": {"contains": ["30 days"]}},
+        {"name": "hello", "prompt": "Hello!"},
+    ],
+}
+PERFECT_METRICS = FakeProvider(lambda now: Sample(now, 5.0, {"error rate": 0.0}, {"error rate": 0.0}))
+
+
+def with_quality(raw, **extra):
+    return {**raw, "analysis": {**raw["analysis"], "failureLimit": 2, "quality": {**GOLDEN, **extra}}}
+
+
+def answers_by_ip(table, asked):
+    """An ask_all that answers from `table[ip]` (a function of the prompt) and records who was asked."""
+
+    def ask_all(url, model, prompts, **kw):
+        ip = url.split("//")[1].split(":")[0]
+        asked.append((ip, kw["max_tokens"], kw["seed"]))
+        return [quality.Answer(table[ip](p.prompt)) for p in prompts]
+
+    return ask_all
+
+
+def good(prompt):
+    return "Refunds within 30 days." if "refund" in prompt else "Hi! How can I help?"
+
+
+def broken(prompt):  # what a broken chat template gives: fluent, 200, wrong
+    return "<|im_start|>assistant <|im_start|>assistant"
+
+
+def release_passes(monkeypatch, canary_answers, **quality_extra):
+    """Run the release tick by tick (each at the next analysis time) and return the plans."""
+    asked = []
+    monkeypatch.setattr(
+        measure, "ask_all", answers_by_ip({"10.0.0.1": good, "10.0.0.2": canary_answers}, asked)
+    )
+    releases = Releases(provider=PERFECT_METRICS)
+    old, new = with_quality(OLD, **quality_extra), with_quality(NEW, **quality_extra)
+    children, old_rev = children_and_rev(old)
+    out = run(releases, new, children, [], {"stableRevision": old_rev}, NOW)
+    new_rev = out.plan.release.revision
+    children.update({(m["kind"], m["metadata"]["name"]): m for m in out.desired})
+    pods = [
+        PodFacts("bot-s", old_rev, "stable", "Running", True, ip="10.0.0.1"),
+        PodFacts("bot-c", new_rev, "canary", "Running", True, ip="10.0.0.2"),
+    ]
+    status = {"stableRevision": old_rev, "release": out.plan.release.to_status()}
+    plans = []
+    for tick in (1, 21, 31, 41):
+        out = run(releases, new, children, pods, status, NOW + timedelta(seconds=tick))
+        plans.append(out.plan)
+        status = {"stableRevision": old_rev, "release": out.plan.release.to_status()}
+    return plans, asked
+
+
+def test_a_canary_with_perfect_metrics_and_wrong_answers_is_rolled_back_in_two_intervals(monkeypatch):
+    plans, asked = release_passes(monkeypatch, broken)
+    # tick 1: canary Ready, analysis from 20 s later; tick 21: 1st check fails on quality alone
+    first = plans[1].release.analysis
+    assert first["failed"] == 1 and first["lastVerdict"] == "Failed", first
+    assert "answer agreement" in first["lastMessage"] and "garbled answers 100%" in first["lastMessage"]
+    assert "refund: contains '30 days'" in first["lastMessage"]
+    metrics = {f["metric"] for f in first["figures"]}
+    assert {"error rate", "answer agreement", "expectations passed", "garbled answers"} <= metrics
+    # tick 31: 2nd failure -> rolled back (failureLimit 2), within 2 analysis intervals
+    assert plans[2].release.phase == "RolledBack" and plans[2].release.analysis["failed"] == 2, plans[
+        2
+    ].release
+    # each track asked once per interval, greedy with the spec's seed and max tokens
+    assert asked[:2] == [("10.0.0.2", 32, 0), ("10.0.0.1", 32, 0)]
+
+
+def test_a_canary_that_answers_as_stable_does_passes(monkeypatch):
+    plans, _ = release_passes(monkeypatch, good)
+    for plan in plans[1:]:
+        assert plan.release.analysis["failed"] == 0, plan.release.analysis
+    last = plans[-1].release.analysis
+    assert last["lastVerdict"] == "Successful" and "answer agreement 100%" in last["lastMessage"]
+
+
+def test_compare_with_stable_off_keeps_the_expectations(monkeypatch):
+    def new_weights(prompt):  # other words, same facts: agreement is not asked, expectations still hold
+        return "You have 30 days to ask for a refund." if "refund" in prompt else "Hello there."
+
+    plans, _ = release_passes(monkeypatch, new_weights, compareWithStable=False)
+    last = plans[-1].release.analysis
+    assert last["failed"] == 0 and "answer agreement" not in last["lastMessage"], last
+
+    def forgot(prompt):
+        return "Ask support." if "refund" in prompt else "Hello there."
+
+    plans, _ = release_passes(monkeypatch, forgot, compareWithStable=False)
+    assert plans[1].release.analysis["failed"] == 1
+    assert "expectations passed 0% < 100%" in plans[1].release.analysis["lastMessage"]
+
+
+def test_no_ready_pod_to_ask_is_inconclusive_never_a_pass():
+    m = Releases(provider=PERFECT_METRICS)
+    track = Track("r1", 1, 0, (PodFacts("c", "r1", "canary", "Running", False, ip="10.0.0.9"),), True)
+    assert answering_pod(track) is None
+    standby = PodFacts("b", "r1", "stable", "Running", True, serving="false", ip="10.0.0.3")
+    serving = PodFacts("c", "r1", "stable", "Running", True, ip="10.0.0.4")
+    old_rev = PodFacts("a", "r0", "stable", "Running", True, ip="10.0.0.5")
+    assert answering_pod(Track("r1", 3, 2, (standby, serving, old_rev), True)) == serving
+    assert m is not None
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "verdict"),
+    [
+        pytest.param(a.SUCCESSFUL, a.FAILED, a.FAILED, id="a quality failure fails good metrics"),
+        pytest.param(a.FAILED, a.SUCCESSFUL, a.FAILED, id="a metrics failure fails good answers"),
+        pytest.param(a.INCONCLUSIVE, a.SUCCESSFUL, a.INCONCLUSIVE, id="answers alone never pass"),
+        pytest.param(a.ERROR, a.SUCCESSFUL, a.ERROR, id="an error stays an error"),
+        pytest.param(a.ERROR, a.FAILED, a.FAILED, id="a failure outranks an error"),
+        pytest.param(a.SUCCESSFUL, a.SUCCESSFUL, a.SUCCESSFUL, id="both pass"),
+    ],
+)
+def test_combine_takes_the_worse_verdict_and_both_figures(first, second, verdict):
+    f1 = a.Figure("error rate", 0.0, 0.0, 1.0, "%", first != a.FAILED)
+    f2 = a.Figure("answer agreement", 50.0, None, 100.0, "%", second != a.FAILED)
+    m = combine(Measurement(NOW, first, "m1", (f1,)), Measurement(NOW, second, "m2", (f2,)))
+    assert m.verdict == verdict and m.figures == (f1, f2)
+    worse = "m1" if first == verdict else "m2"
+    assert m.message.startswith(worse)
+
+
+def test_spec_parses_the_quality_gate_and_refuses_a_bad_regex_by_field():
+    spec = ChatbotServiceSpec.from_dict(
+        {
+            "analysis": {
+                "quality": {
+                    **GOLDEN,
+                    "maxTokens": 16,
+                    "thresholds": {"minAgreementPercent": 90, "maxLengthDriftPercent": 25},
+                    "prompts": [
+                        *GOLDEN["prompts"],
+                        {"name": "json", "prompt": "{}", "expect": {"regex": "("}},
+                    ],
+                }
+            }
+        }
+    )
+    q = spec.analysis.quality
+    assert q.enabled and q.max_tokens == 16 and len(q.prompts) == 3
+    assert q.prompts[0].expect.contains == ("30 days",)
+    checks = {c.name: c for c in quality.checks_of(q)}
+    assert checks["answer agreement"].min_value == 90 and checks["answer length drift"].max_value == 25
+    assert quality.spec_errors(q) == [
+        "spec.analysis.quality.prompts[2].expect.regex is not a valid regular expression: "
+        "missing ), unterminated subpattern at position 0"
+    ]
+    assert "answer agreement" not in {
+        c.name for c in quality.checks_of(QualitySpec(compare_with_stable=False))
+    }
+
+
+def test_a_bad_regex_is_an_error_measurement_that_names_the_field(monkeypatch):
+    monkeypatch.setattr(measure, "ask_all", lambda *a, **k: pytest.fail("asked despite a refused spec"))
+    plans, _ = release_passes(
+        monkeypatch, good, prompts=[{"name": "x", "prompt": "hi", "expect": {"regex": "("}}]
+    )
+    last = plans[1].release.analysis
+    assert last["lastVerdict"] == "Error" and "prompts[0].expect.regex" in last["lastMessage"], last

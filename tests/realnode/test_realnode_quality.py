@@ -1,0 +1,108 @@
+"""The answer-quality gate on real pods: golden prompts asked of the real canary and stable pods.
+
+Test design: the bot of test_realnode_release.py (one stable replica of the tiny model on the real node,
+real traffic through the Service, the pods' own metrics in Prometheus) with spec.analysis.quality on and
+thresholds the HTTP metrics always meet.
+
+- A broken chat template: the new revision's template drops the roles (the model reads the bare text:
+  fluent, 200, fast, and not what stable answers). Every HTTP metric passes; the release must be rolled
+  back on the golden prompts alone, at the second failed interval (failureLimit 2), never on an error rate.
+- A release that changes only what cannot change answers (maxBatchSize): promoted, the gate's agreement
+  100 % in every interval.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from chatfleet_platform.realpods import ChatLoad, on_real_node, service_url
+from chatfleet_platform.releasetraffic import Bot, rolled_back
+
+pytestmark = [pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.slow]
+
+ROLELESS_TEMPLATE = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
+
+
+def bot_spec(prometheus: str) -> dict[str, Any]:
+    return {
+        "model": {"hostPath": "/", "maxContextTokens": 512},
+        "runtime": {"maxNewTokens": 8, "streaming": True},
+        "scaling": {"replicas": 1},
+        "rollout": {
+            "strategy": "canary",
+            "canary": {"steps": [{"weight": 50, "pauseSeconds": 30}, {"weight": 100, "pauseSeconds": 0}]},
+        },
+        "analysis": {
+            "prometheusAddress": prometheus,
+            "intervalSeconds": 10,
+            "failureLimit": 2,
+            "consecutiveErrorLimit": 6,
+            "progressDeadlineSeconds": 300,
+            "thresholds": {"errorRatePercent": 50, "latencyP99Milliseconds": 60000},
+            "quality": {
+                "enabled": True,
+                "maxTokens": 12,
+                "prompts": [
+                    {"name": "refund", "prompt": "How long do refunds take?"},
+                    {"name": "hello", "prompt": "Hello! Who are you?"},
+                    {"name": "order", "prompt": "Where is my order 1234?"},
+                ],
+            },
+        },
+    }
+
+
+def started(bot: Bot, pod_prometheus, runtime_image, host_model_dir) -> ChatLoad:
+    bot.apply(on_real_node(bot_spec(pod_prometheus.url), image=runtime_image, model_dir=host_model_dir))
+    bot.wait(lambda: bot.cond("Ready").get("status") == "True", 600, "stable Ready")
+    return ChatLoad(service_url(bot.cluster, bot.ns, bot.name), workers=2, max_seconds=900).start()
+
+
+def analysis(bot: Bot) -> dict[str, Any]:
+    return (bot.status().get("release") or {}).get("analysis") or {}
+
+
+def test_a_broken_chat_template_is_rolled_back_on_answers_alone(
+    cluster, real_operator, real_ns, pod_prometheus, runtime_image, host_model_dir
+):
+    bot = Bot(cluster, real_ns)
+    load = started(bot, pod_prometheus, runtime_image, host_model_dir)
+    try:
+        bot.patch({"model": {"chatTemplate": ROLELESS_TEMPLATE}})
+        bot.wait(lambda: bot.pods("canary"), 120, "a canary pod")
+        bot.wait(lambda: rolled_back(bot), 420, "rollback on answer quality")
+        message = bot.cond("Stalled").get("message", "")
+        assert "answer agreement" in message and "failureLimit (2)" in message, message
+        failing = [f["metric"] for f in analysis(bot).get("figures") or [] if not f.get("ok")]
+        assert "error rate" not in failing, analysis(bot)
+        assert load.outcomes.get("ok", 0) > 0, load.outcomes
+    finally:
+        load.stop()
+
+
+def test_a_release_that_cannot_change_answers_passes_the_gate(
+    cluster, real_operator, real_ns, pod_prometheus, runtime_image, host_model_dir
+):
+    bot = Bot(cluster, real_ns)
+    load = started(bot, pod_prometheus, runtime_image, host_model_dir)
+    seen: list[dict[str, Any]] = []
+    try:
+        before = bot.status().get("stableRevision")
+        bot.patch({"runtime": {"dynamicBatching": {"maxBatchSize": 4}}})
+
+        def promoted() -> bool:
+            a = analysis(bot)
+            if a.get("lastVerdict"):
+                seen.append(a)
+            s = bot.status()
+            return s.get("stableRevision") not in (None, before) and not s.get("release")
+
+        bot.wait(promoted, 600, "promotion with the quality gate on")
+    finally:
+        load.stop()
+    assert not rolled_back(bot), bot.cond("Stalled")
+    agreement = [
+        f.get("canary") for a in seen for f in a.get("figures") or [] if f.get("metric") == "answer agreement"
+    ]
+    assert agreement and set(agreement) == {100.0}, seen[-1:]

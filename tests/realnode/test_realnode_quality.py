@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from chatfleet_platform.realpods import ChatLoad, on_real_node, service_url
 from chatfleet_platform.releasetraffic import Bot, rolled_back
+from test_realnode_release import bot_spec as release_bot_spec
 
 pytestmark = [pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.slow]
 
@@ -25,32 +26,26 @@ ROLELESS_TEMPLATE = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
 
 
 def bot_spec(prometheus: str) -> dict[str, Any]:
-    return {
-        "model": {"hostPath": "/", "maxContextTokens": 512},
-        "runtime": {"maxNewTokens": 8, "streaming": True},
-        "scaling": {"replicas": 1},
-        "rollout": {
-            "strategy": "canary",
-            "canary": {"steps": [{"weight": 50, "pauseSeconds": 30}, {"weight": 100, "pauseSeconds": 0}]},
+    """test_realnode_release's bot, with the quality gate on and HTTP thresholds it always meets."""
+    spec = release_bot_spec(prometheus)
+    spec["rollout"]["canary"]["steps"][0]["pauseSeconds"] = 30
+    spec["analysis"].update(
+        intervalSeconds=10,
+        failureLimit=2,
+        consecutiveErrorLimit=6,
+        progressDeadlineSeconds=300,
+        thresholds={"errorRatePercent": 50, "latencyP99Milliseconds": 60000},
+        quality={
+            "enabled": True,
+            "maxTokens": 12,
+            "prompts": [
+                {"name": "refund", "prompt": "How long do refunds take?"},
+                {"name": "hello", "prompt": "Hello! Who are you?"},
+                {"name": "order", "prompt": "Where is my order 1234?"},
+            ],
         },
-        "analysis": {
-            "prometheusAddress": prometheus,
-            "intervalSeconds": 10,
-            "failureLimit": 2,
-            "consecutiveErrorLimit": 6,
-            "progressDeadlineSeconds": 300,
-            "thresholds": {"errorRatePercent": 50, "latencyP99Milliseconds": 60000},
-            "quality": {
-                "enabled": True,
-                "maxTokens": 12,
-                "prompts": [
-                    {"name": "refund", "prompt": "How long do refunds take?"},
-                    {"name": "hello", "prompt": "Hello! Who are you?"},
-                    {"name": "order", "prompt": "Where is my order 1234?"},
-                ],
-            },
-        },
-    }
+    )
+    return spec
 
 
 def started(bot: Bot, pod_prometheus, runtime_image, host_model_dir) -> ChatLoad:

@@ -26,13 +26,13 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 
 from rapidfuzz import fuzz
 
 from chatfleet_operator.analysis.assess import Check, Sample
-from chatfleet_operator.spec import QualitySpec
+from chatfleet_operator.spec import GoldenExpectation, GoldenPromptSpec, QualitySpec
 
 AGREEMENT, EXPECTATIONS, REFUSALS, GARBLED, LENGTH_DRIFT = (
     "answer agreement",
@@ -66,51 +66,37 @@ TEMPLATE_TOKENS = (
 )
 
 
-@dataclass(frozen=True)
-class Expectation:
-    """What one golden prompt's answer must be; every field optional."""
-
-    contains: tuple[str, ...] = ()
-    regex: str | None = None
-    must_not_refuse: bool = False
-    max_length: int | None = None
-    valid_json: bool = False
-
-    def failures(self, answer: str) -> list[str]:
-        """The expectations `answer` misses, each named (empty when it meets them all)."""
-        out = [f"contains {c!r}" for c in self.contains if c.casefold() not in answer.casefold()]
-        if self.regex is not None and not re.search(self.regex, answer):
-            out.append(f"matches /{self.regex}/")
-        if self.must_not_refuse and refused(answer):
-            out.append("does not refuse")
-        if self.max_length is not None and len(answer) > self.max_length:
-            out.append(f"at most {self.max_length} characters ({len(answer)})")
-        if self.valid_json:
-            try:
-                json.loads(answer)
-            except ValueError:
-                out.append("valid JSON")
-        return out
-
-    @property
-    def count(self) -> int:
-        """How many expectations this is (contains counts once per string)."""
-        return (
-            len(self.contains)
-            + (self.regex is not None)
-            + self.must_not_refuse
-            + (self.max_length is not None)
-            + self.valid_json
-        )
+#: The spec's types: a golden prompt (name, the user's message, `expect`) and what its answer must be.
+GoldenPrompt = GoldenPromptSpec
+Expectation = GoldenExpectation
 
 
-@dataclass(frozen=True)
-class GoldenPrompt:
-    """One prompt (the user's message) and what its answer must be."""
+def unmet(expect: GoldenExpectation, answer: str) -> list[str]:
+    """The expectations `answer` misses, each named (empty when it meets them all)."""
+    out = [f"contains {c!r}" for c in expect.contains if c.casefold() not in answer.casefold()]
+    if expect.regex is not None and not re.search(expect.regex, answer):
+        out.append(f"matches /{expect.regex}/")
+    if expect.must_not_refuse and refused(answer):
+        out.append("does not refuse")
+    if expect.max_length is not None and len(answer) > expect.max_length:
+        out.append(f"at most {expect.max_length} characters ({len(answer)})")
+    if expect.valid_json:
+        try:
+            json.loads(answer)
+        except ValueError:
+            out.append("valid JSON")
+    return out
 
-    name: str
-    prompt: str
-    expect: Expectation = field(default_factory=Expectation)
+
+def expectation_count(expect: GoldenExpectation) -> int:
+    """How many expectations `expect` holds (contains counts once per string)."""
+    return (
+        len(expect.contains)
+        + (expect.regex is not None)
+        + expect.must_not_refuse
+        + (expect.max_length is not None)
+        + expect.valid_json
+    )
 
 
 @dataclass(frozen=True)
@@ -205,9 +191,10 @@ def score(
         refusals_c += refused(text_c)
         refusals_s += refused(text_s)
         similar += agreement(text_c, text_s)
-        expected += p.expect.count
-        failed = p.expect.failures(text_c)
-        met += p.expect.count - len(failed)
+        count = expectation_count(p.expect)
+        expected += count
+        failed = unmet(p.expect, text_c)
+        met += count - len(failed)
         misses += [f"{p.name}: {f}" for f in failed]
         len_c += len(text_c)
         len_s += len(text_s)
@@ -223,7 +210,9 @@ def score(
     if expected:
         canary_figures[EXPECTATIONS] = met / expected * 100.0
         stable_figures[EXPECTATIONS] = (
-            sum(p.expect.count - len(p.expect.failures(s.text or "")) for p, _, s in both) / expected * 100.0
+            sum(expectation_count(p.expect) - len(unmet(p.expect, s.text or "")) for p, _, s in both)
+            / expected
+            * 100.0
         )
     return Score(canary_figures, stable_figures, tuple(misses))
 
@@ -278,20 +267,7 @@ def checks_of(spec: QualitySpec) -> tuple[Check, ...]:
 
 def prompts_of(spec: QualitySpec) -> tuple[GoldenPrompt, ...]:
     """The golden prompts of spec.analysis.quality, with their expectations."""
-    return tuple(
-        GoldenPrompt(
-            p.name,
-            p.prompt,
-            Expectation(
-                contains=p.expect.contains,
-                regex=p.expect.regex,
-                must_not_refuse=p.expect.must_not_refuse,
-                max_length=p.expect.max_length,
-                valid_json=p.expect.valid_json,
-            ),
-        )
-        for p in spec.prompts
-    )
+    return spec.prompts
 
 
 def spec_errors(spec: QualitySpec) -> list[str]:

@@ -37,6 +37,16 @@ def answer_text(body: bytes) -> str:
     return "" if content is None else str(content)
 
 
+def error_text(exc: urllib.error.HTTPError) -> str:
+    """The chat API's error message of a refused prompt (OpenAI's error.message), short; '' if none."""
+    try:
+        data = json.loads(exc.read() or b"{}")
+        message = (data.get("error") or {}).get("message") if isinstance(data, dict) else None
+    except (ValueError, OSError, AttributeError):
+        message = None
+    return str(message or "")[:160]
+
+
 def ask_all(
     url: str,
     model: str,
@@ -65,7 +75,7 @@ def ask_all(
             with OPENER.open(req, timeout=timeout_seconds) as r:
                 out.append(Answer(answer_text(r.read())))
         except urllib.error.HTTPError as exc:
-            out.append(Answer(None, f"HTTP {exc.code}"))
+            out.append(Answer(None, f"HTTP {exc.code}: {error_text(exc)}"))
         except Exception as exc:  # an unanswered prompt is data for the scorer, not an operator error
             out.append(Answer(None, f"{type(exc).__name__}: {str(exc)[:120]}"))
     answered = sum(a.text is not None for a in out)

@@ -118,7 +118,8 @@ class Releases:
                 url,
                 ctx.ref.name,
                 prompts,
-                max_tokens=q.max_tokens,
+                # the runtime refuses more than its spec.runtime.maxNewTokens (a 400 for every prompt)
+                max_tokens=min(q.max_tokens, ctx.spec.runtime.max_new_tokens),
                 seed=q.seed,
                 timeout_seconds=q.timeout_seconds,
                 budget_seconds=budget,

@@ -53,7 +53,7 @@ def broken(prompt):  # what a broken chat template gives: fluent, 200, wrong
     return "<|im_start|>assistant <|im_start|>assistant"
 
 
-def release_passes(monkeypatch, canary_answers, **quality_extra):
+def release_passes(monkeypatch, canary_answers, runtime=None, **quality_extra):
     """Run the release tick by tick (each at the next analysis time) and return the plans."""
     asked = []
     monkeypatch.setattr(
@@ -61,6 +61,8 @@ def release_passes(monkeypatch, canary_answers, **quality_extra):
     )
     releases = Releases(provider=PERFECT_METRICS)
     old, new = with_quality(OLD, **quality_extra), with_quality(NEW, **quality_extra)
+    if runtime:
+        old, new = ({**raw, "runtime": {**raw.get("runtime", {}), **runtime}} for raw in (old, new))
     children, old_rev = children_and_rev(old)
     out = run(releases, new, children, [], {"stableRevision": old_rev}, NOW)
     new_rev = out.plan.release.revision
@@ -187,3 +189,11 @@ def test_a_bad_regex_is_an_error_measurement_that_names_the_field(monkeypatch):
     )
     last = plans[1].release.analysis
     assert last["lastVerdict"] == "Error" and "prompts[0].expect.regex" in last["lastMessage"], last
+
+
+
+def test_max_tokens_is_capped_at_the_runtimes_limit(monkeypatch):
+    """The runtime refuses max_tokens over spec.runtime.maxNewTokens (HTTP 400 for every prompt, so stable
+    'answered none' and every interval was an Error on real pods): the gate asks for at most that."""
+    _, asked = release_passes(monkeypatch, good, runtime={"maxNewTokens": 8})
+    assert asked and {m for _, m, _ in asked} == {8}, asked

@@ -191,7 +191,6 @@ def test_a_bad_regex_is_an_error_measurement_that_names_the_field(monkeypatch):
     assert last["lastVerdict"] == "Error" and "prompts[0].expect.regex" in last["lastMessage"], last
 
 
-
 def test_max_tokens_is_capped_at_the_runtimes_limit(monkeypatch):
     """The runtime refuses max_tokens over spec.runtime.maxNewTokens (HTTP 400 for every prompt, so stable
     'answered none' and every interval was an Error on real pods): the gate asks for at most that."""

@@ -54,6 +54,10 @@ class Releases:
             "Gateway API", serves_gateway_api, self.settings.discovery_cache_seconds
         )
         self.cluster_domain = cluster_domain
+        #: Per ChatbotService, stable's last answers to the golden prompts: (stable revision, the quality
+        #: spec, the answers). Greedy answers of one revision do not change, so a step that has scaled
+        #: stable to zero (the replica ratio's 100 %) is judged against them. Lost on restart.
+        self._stable_answers: dict[tuple[str, str], tuple[str, object, list[quality.Answer]]] = {}
 
     def traffic_mode(self) -> str:
         """HTTPRoute when the cluster serves Gateway API (discovery, cached a few seconds), else ReplicaRatio."""
@@ -107,8 +111,11 @@ class Releases:
         if not prompts:
             return assess(Sample(ctx.now, error="spec.analysis.quality.prompts is empty"), checks)
         canary, stable = answering_pod(ctx.canary), answering_pod(ctx.stable)
-        if canary is None or stable is None:
-            which = "the canary" if canary is None else "stable"
+        key = (ctx.ref.namespace, ctx.ref.name)
+        kept = self._stable_answers.get(key)
+        kept_answers = kept[2] if kept is not None and kept[:2] == (ctx.stable.revision, q) else None
+        if canary is None or (stable is None and kept_answers is None):
+            which = "the canary" if canary is None else "stable (and none of its answers kept)"
             return Measurement(ctx.now, INCONCLUSIVE, f"golden prompts: no Ready pod of {which} to ask yet")
         budget = min(60.0, max(5.0, ctx.spec.analysis.interval_seconds / 2))
 
@@ -125,7 +132,13 @@ class Releases:
                 budget_seconds=budget,
             )
 
-        result = quality.score(prompts, ask(canary), ask(stable))
+        if stable is not None:
+            stable_answers = ask(stable)
+            if any(a.text is not None for a in stable_answers):
+                self._stable_answers[key] = (ctx.stable.revision, q, stable_answers)
+        else:
+            stable_answers = kept_answers or []
+        result = quality.score(prompts, ask(canary), stable_answers)
         m = assess(quality.to_sample(result, ctx.now, len(prompts)), checks)
         if result.misses and m.verdict != INCONCLUSIVE:
             shown = "; ".join(result.misses[:5]) + (" ..." if len(result.misses) > 5 else "")

@@ -53,7 +53,7 @@ def broken(prompt):  # what a broken chat template gives: fluent, 200, wrong
     return "<|im_start|>assistant <|im_start|>assistant"
 
 
-def release_passes(monkeypatch, canary_answers, runtime=None, **quality_extra):
+def release_passes(monkeypatch, canary_answers, runtime=None, stable_pod_ticks=None, **quality_extra):
     """Run the release tick by tick (each at the next analysis time) and return the plans."""
     asked = []
     monkeypatch.setattr(
@@ -73,8 +73,9 @@ def release_passes(monkeypatch, canary_answers, runtime=None, **quality_extra):
     ]
     status = {"stableRevision": old_rev, "release": out.plan.release.to_status()}
     plans = []
-    for tick in (1, 21, 31, 41):
-        out = run(releases, new, children, pods, status, NOW + timedelta(seconds=tick))
+    for i, tick in enumerate((1, 21, 31, 41)):
+        seen = pods if stable_pod_ticks is None or i < stable_pod_ticks else pods[1:]
+        out = run(releases, new, children, seen, status, NOW + timedelta(seconds=tick))
         plans.append(out.plan)
         status = {"stableRevision": old_rev, "release": out.plan.release.to_status()}
     return plans, asked
@@ -94,7 +95,7 @@ def test_a_canary_with_perfect_metrics_and_wrong_answers_is_rolled_back_in_two_i
         2
     ].release
     # each track asked once per interval, greedy with the spec's seed and max tokens
-    assert asked[:2] == [("10.0.0.2", 32, 0), ("10.0.0.1", 32, 0)]
+    assert sorted(asked[:2]) == [("10.0.0.1", 32, 0), ("10.0.0.2", 32, 0)]
 
 
 def test_a_canary_that_answers_as_stable_does_passes(monkeypatch):
@@ -196,3 +197,18 @@ def test_max_tokens_is_capped_at_the_runtimes_limit(monkeypatch):
     'answered none' and every interval was an Error on real pods): the gate asks for at most that."""
     _, asked = release_passes(monkeypatch, good, runtime={"maxNewTokens": 8})
     assert asked and {m for _, m, _ in asked} == {8}, asked
+
+
+def test_a_step_without_stable_pods_is_judged_against_stables_kept_answers(monkeypatch):
+    """At the replica ratio's 100 % stable has no pod to ask: its answers of an earlier interval (same
+    revision, same prompts) stand in, so the last step is judged, not Inconclusive until the deadline."""
+    plans, asked = release_passes(monkeypatch, broken, stable_pod_ticks=2)
+    # tick 21 asks both; at tick 31 stable has no pod: only the canary is asked, and it still fails
+    assert [ip for ip, _, _ in asked[2:]] == ["10.0.0.2"], asked
+    assert plans[2].release.phase == "RolledBack" and plans[2].release.analysis["failed"] == 2, plans[2]
+
+
+def test_without_stable_pods_or_kept_answers_the_gate_is_inconclusive(monkeypatch):
+    plans, _ = release_passes(monkeypatch, broken, stable_pod_ticks=0)
+    last = plans[-1].release.analysis
+    assert last["lastVerdict"] == "Inconclusive" and "none of its answers kept" in last["lastMessage"], last

@@ -179,7 +179,7 @@ def score(
         why = next((s.error for s in stable if s.error), "no answer")
         return Score({}, {}, error=f"stable answered none of the {len(prompts)} golden prompts ({why})")
     misses: list[str] = []
-    similar = expected = met = refusals_c = refusals_s = garbled_c = garbled_s = 0.0
+    similar = expected = met = met_s = refusals_c = refusals_s = garbled_c = garbled_s = 0.0
     len_c = len_s = 0
     for p, c, s in both:
         text_c, text_s = c.text or "", s.text or ""
@@ -195,6 +195,7 @@ def score(
         expected += count
         failed = unmet(p.expect, text_c)
         met += count - len(failed)
+        met_s += count - len(unmet(p.expect, text_s))
         misses += [f"{p.name}: {f}" for f in failed]
         len_c += len(text_c)
         len_s += len(text_s)
@@ -209,11 +210,7 @@ def score(
     stable_figures = {REFUSALS: refusals_s / n * 100.0, GARBLED: garbled_s / n * 100.0}
     if expected:
         canary_figures[EXPECTATIONS] = met / expected * 100.0
-        stable_figures[EXPECTATIONS] = (
-            sum(expectation_count(p.expect) - len(unmet(p.expect, s.text or "")) for p, _, s in both)
-            / expected
-            * 100.0
-        )
+        stable_figures[EXPECTATIONS] = met_s / expected * 100.0
     return Score(canary_figures, stable_figures, tuple(misses))
 
 
@@ -263,11 +260,6 @@ def checks_of(spec: QualitySpec) -> tuple[Check, ...]:
         max_garbled_increase_percent=spec.max_garbled_increase_percent,
         max_length_drift_percent=spec.max_length_drift_percent,
     )
-
-
-def prompts_of(spec: QualitySpec) -> tuple[GoldenPrompt, ...]:
-    """The golden prompts of spec.analysis.quality, with their expectations."""
-    return spec.prompts
 
 
 def spec_errors(spec: QualitySpec) -> list[str]:

@@ -33,7 +33,7 @@ from chatfleet_operator.release.planner import analysis_due, dialogue_check_due,
 from chatfleet_operator.release.state import last_verdict
 from chatfleet_operator.release.traffic import HTTPROUTE, REPLICA_RATIO
 from chatfleet_operator.settings import ReleaseSettings
-from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
+from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef, QualitySpec
 
 log = logging.getLogger("chatfleet")
 
@@ -57,7 +57,7 @@ class Releases:
         #: Per ChatbotService, stable's last answers to the golden prompts: (stable revision, the quality
         #: spec, the answers). Greedy answers of one revision do not change, so a step that has scaled
         #: stable to zero (the replica ratio's 100 %) is judged against them. Lost on restart.
-        self._stable_answers: dict[tuple[str, str], tuple[str, object, list[quality.Answer]]] = {}
+        self._stable_answers: dict[tuple[str, str], tuple[str, QualitySpec, list[quality.Answer]]] = {}
 
     def traffic_mode(self) -> str:
         """HTTPRoute when the cluster serves Gateway API (discovery, cached a few seconds), else ReplicaRatio."""
@@ -106,7 +106,7 @@ class Releases:
     def measure_answers(self, ctx: PassContext) -> Measurement:
         """The quality gate's measurement: the golden prompts asked of one pod per track, scored. Never raises."""
         q = ctx.spec.analysis.quality
-        prompts = quality.prompts_of(q)
+        prompts = q.prompts
         checks = quality.checks_of(q)
         if not prompts:
             return assess(Sample(ctx.now, error="spec.analysis.quality.prompts is empty"), checks)

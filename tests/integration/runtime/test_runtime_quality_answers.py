@@ -34,7 +34,7 @@ SPEC = QualitySpec.from_dict(
         "maxTokens": 16,
     }
 )
-PROMPTS = quality.prompts_of(SPEC)
+PROMPTS = SPEC.prompts
 
 
 def ask(api) -> list[quality.Answer]:

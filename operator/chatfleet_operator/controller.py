@@ -50,6 +50,7 @@ class Controller:
             settings.release,
             serves_gateway_api=(lambda: serves(GATEWAY_GROUP)) if serves else None,
             cluster_domain=settings.runtime.cluster_domain,
+            read_config_map=getattr(client, "config_map_data", None),
         )
         source = settings.autoscale.metrics_source.lower()
         keda: Callable[[], bool] | None = (lambda: serves(KEDA_GROUP, KEDA_VERSION)) if serves else None

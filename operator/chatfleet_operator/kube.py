@@ -201,6 +201,12 @@ def secret_exists(namespace: str, name: str) -> bool:
     return secret_summary(namespace, name) is not None
 
 
+def config_map_data(namespace: str, name: str) -> dict[str, str] | None:
+    """A ConfigMap's data (None when it does not exist)."""
+    body = get("ConfigMap", namespace, name)
+    return None if body is None else dict(body.get("data") or {})
+
+
 def get(kind: str, namespace: str, name: str) -> dict[str, Any] | None:
     """Read one object; None when it does not exist."""
     try:

@@ -445,11 +445,39 @@ class GoldenPromptSpec:
 
 
 @dataclass(frozen=True)
+class PromptsSource:
+    """spec.analysis.quality.promptsFrom: a ConfigMap key holding golden prompts (YAML or JSON list)."""
+
+    config_map: str
+    key: str = "prompts.yaml"
+
+
+def golden_prompt_of(p: Any) -> GoldenPromptSpec | None:
+    """One golden prompt in the spec's shape ({name, prompt, expect}); None without a name or a prompt."""
+    if not isinstance(p, Mapping) or not p.get("name") or not p.get("prompt"):
+        return None
+    e = _m(p, "expect")
+    return GoldenPromptSpec(
+        name=str(p["name"]),
+        prompt=str(p["prompt"]),
+        expect=GoldenExpectation(
+            contains=tuple(str(c) for c in e.get("contains") or ()),
+            regex=None if e.get("regex") is None else str(e["regex"]),
+            must_not_refuse=bool(e.get("mustNotRefuse")),
+            max_length=None if e.get("maxLength") is None else int(e["maxLength"]),
+            valid_json=bool(e.get("validJSON")),
+        ),
+    )
+
+
+@dataclass(frozen=True)
 class QualitySpec:
     """spec.analysis.quality: golden prompts sent to the canary and to stable every analysis interval."""
 
     enabled: bool = False
     prompts: tuple[GoldenPromptSpec, ...] = ()
+    prompts_from: PromptsSource | None = None
+    """A ConfigMap key holding more prompts (read by the operator at each measurement)."""
     max_tokens: int = 32
     seed: int = 0
     timeout_seconds: float = 10.0
@@ -464,28 +492,15 @@ class QualitySpec:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> QualitySpec:
         """Parse spec.analysis.quality (entries without name or prompt are left out; admission refuses them)."""
-        prompts = []
-        for p in _v(d, "prompts", ()):
-            if not isinstance(p, Mapping) or not p.get("name") or not p.get("prompt"):
-                continue
-            e = _m(p, "expect")
-            prompts.append(
-                GoldenPromptSpec(
-                    name=str(p["name"]),
-                    prompt=str(p["prompt"]),
-                    expect=GoldenExpectation(
-                        contains=tuple(str(c) for c in e.get("contains") or ()),
-                        regex=None if e.get("regex") is None else str(e["regex"]),
-                        must_not_refuse=bool(e.get("mustNotRefuse")),
-                        max_length=None if e.get("maxLength") is None else int(e["maxLength"]),
-                        valid_json=bool(e.get("validJSON")),
-                    ),
-                )
-            )
+        prompts = [g for p in _v(d, "prompts", ()) if (g := golden_prompt_of(p)) is not None]
+        source = _m(d, "promptsFrom")
         t = _m(d, "thresholds")
         return cls(
             enabled=bool(d.get("enabled")),
             prompts=tuple(prompts),
+            prompts_from=PromptsSource(str(source["configMapName"]), str(_v(source, "key", "prompts.yaml")))
+            if source.get("configMapName")
+            else None,
             max_tokens=int(_v(d, "maxTokens", 32)),
             seed=int(_v(d, "seed", 0)),
             timeout_seconds=float(_v(d, "timeoutSeconds", 10)),

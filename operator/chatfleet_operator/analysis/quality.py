@@ -2,7 +2,7 @@
 
 Pure: the answers come in, figures come out, in the shape of the other analysis metrics (a Sample keyed
 by check name), so the same assessor, failure counting and rollback order apply. Nothing here sends a
-request or reads the spec.
+request or reads the spec (the ConfigMap's prompts come in as text: `prompts_from_text`).
 
 The figures, per interval, over the golden prompts both tracks answered:
 
@@ -29,10 +29,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+import yaml
 from rapidfuzz import fuzz
 
 from chatfleet_operator.analysis.assess import Check, Sample
-from chatfleet_operator.spec import GoldenExpectation, GoldenPromptSpec, QualitySpec
+from chatfleet_operator.spec import GoldenExpectation, GoldenPromptSpec, QualitySpec, golden_prompt_of
 
 AGREEMENT, EXPECTATIONS, REFUSALS, GARBLED, LENGTH_DRIFT = (
     "answer agreement",
@@ -265,14 +266,91 @@ def checks_of(spec: QualitySpec) -> tuple[Check, ...]:
 def spec_errors(spec: QualitySpec) -> list[str]:
     """What admission cannot check of spec.analysis.quality (a regex in Python's syntax), each naming its
     field; [] if fine. e.g. regex "(" -> "spec.analysis.quality.prompts[0].expect.regex: ..."."""
+    return _regex_errors(spec.prompts, "spec.analysis.quality.prompts")
+
+
+def _regex_errors(prompts: Sequence[GoldenPromptSpec], where: str) -> list[str]:
+    """One message per expect.regex that Python cannot compile."""
     out = []
-    for i, p in enumerate(spec.prompts):
+    for i, p in enumerate(prompts):
         if p.expect.regex is None:
             continue
         try:
             re.compile(p.expect.regex)
         except re.error as exc:
-            out.append(
-                f"spec.analysis.quality.prompts[{i}].expect.regex is not a valid regular expression: {exc}"
-            )
+            out.append(f"{where}[{i}].expect.regex is not a valid regular expression: {exc}")
     return out
+
+
+#: What a prompt from a ConfigMap may hold: the schema of spec.analysis.quality.prompts[] (admission
+#: checks the inline ones; these are checked here, at each measurement, with the same limits).
+MAX_PROMPTS = 20
+_PROMPT_KEYS = {"name", "prompt", "expect"}
+_EXPECT_TYPES: dict[str, type | tuple[type, ...]] = {
+    "contains": list,
+    "regex": str,
+    "mustNotRefuse": bool,
+    "maxLength": int,
+    "validJSON": bool,
+}
+
+
+def prompts_from_text(
+    text: str | None, where: str, inline: Sequence[GoldenPromptSpec] = ()
+) -> tuple[tuple[GoldenPromptSpec, ...], list[str]]:
+    """The golden prompts a ConfigMap key holds (a YAML or JSON list in the shape of
+    spec.analysis.quality.prompts), and what is wrong with them, each message starting with `where`
+    (e.g. "spec.analysis.quality.promptsFrom (ConfigMap 'golden', key 'prompts.yaml')[2].prompt is
+    missing"). Any error: no prompts (a half-read set would judge the release on other prompts)."""
+    if text is None:
+        return (), [f"{where} does not exist"]
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        return (), [f"{where} is not YAML or JSON: {' '.join(str(exc).split())[:200]}"]
+    if not isinstance(data, list) or not data:
+        return (), [f"{where} must be a non-empty list of prompts, each {{name, prompt, expect}}"]
+    errors = [f"{where} has {len(data)} prompts, at most {MAX_PROMPTS}"] if len(data) > MAX_PROMPTS else []
+    names = {p.name for p in inline}
+    for i, item in enumerate(data):
+        errors += _item_errors(item, f"{where}[{i}]", names)
+    prompts = tuple(g for item in data if (g := golden_prompt_of(item)) is not None)
+    errors += _regex_errors(prompts, where) if not errors else []
+    return ((), errors) if errors else (prompts, [])
+
+
+def _item_errors(item: object, at: str, names: set[str]) -> list[str]:
+    """What is wrong with one prompt from a ConfigMap (adds its name to `names`)."""
+    if not isinstance(item, Mapping):
+        return [f"{at} must be a mapping with name and prompt"]
+    out = [f"{at}.{k} is not a field of a golden prompt" for k in sorted(set(item) - _PROMPT_KEYS)]
+    for key, limit in (("name", 63), ("prompt", 4096)):
+        value = item.get(key)
+        if not isinstance(value, str) or not value:
+            out.append(f"{at}.{key} is missing (a non-empty string)")
+        elif len(value) > limit:
+            out.append(f"{at}.{key} is longer than {limit} characters")
+    name = item.get("name")
+    if isinstance(name, str) and name:
+        if name in names:
+            out.append(f"{at}.name {name!r} is not unique")
+        names.add(name)
+    expect = item.get("expect", {})
+    if not isinstance(expect, Mapping):
+        return [*out, f"{at}.expect must be a mapping"]
+    for k, v in expect.items():
+        want = _EXPECT_TYPES.get(k)
+        if want is None:
+            out.append(f"{at}.expect.{k} is not an expectation ({', '.join(_EXPECT_TYPES)})")
+        elif not isinstance(v, want) or (want is int and isinstance(v, bool)):
+            out.append(f"{at}.expect.{k} must be a {_type_name(want)}")
+        elif k == "contains" and not all(isinstance(c, str) and c for c in v):
+            out.append(f"{at}.expect.contains must be a list of non-empty strings")
+        elif k == "maxLength" and v < 1:
+            out.append(f"{at}.expect.maxLength must be at least 1")
+    return out
+
+
+def _type_name(t: type | tuple[type, ...]) -> str:
+    """'list', 'str', ... as a user reads it."""
+    return {list: "list", str: "string", bool: "boolean", int: "integer"}.get(t, str(t))  # type: ignore[call-overload]

@@ -10,7 +10,7 @@ Prometheus is an Error measurement, or a check without a figure).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from chatfleet_operator import api
@@ -33,9 +33,11 @@ from chatfleet_operator.release.planner import analysis_due, dialogue_check_due,
 from chatfleet_operator.release.state import last_verdict
 from chatfleet_operator.release.traffic import HTTPROUTE, REPLICA_RATIO
 from chatfleet_operator.settings import ReleaseSettings
-from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef, QualitySpec
+from chatfleet_operator.spec import ChatbotServiceSpec, GoldenPromptSpec, ObjectRef, QualitySpec
 
 log = logging.getLogger("chatfleet")
+
+Prompts = tuple[GoldenPromptSpec, ...]
 
 
 class Releases:
@@ -47,6 +49,7 @@ class Releases:
         provider: Provider | None = None,
         serves_gateway_api: Callable[[], bool] | None = None,
         cluster_domain: str = "cluster.local",
+        read_config_map: Callable[[str, str], Mapping[str, str] | None] | None = None,
     ) -> None:
         self.settings = settings or ReleaseSettings()
         self.provider = provider or PrometheusProvider()
@@ -54,10 +57,15 @@ class Releases:
             "Gateway API", serves_gateway_api, self.settings.discovery_cache_seconds
         )
         self.cluster_domain = cluster_domain
+        self._read_config_map = read_config_map
+        """(namespace, name) -> the ConfigMap's data, None when absent: spec.analysis.quality.promptsFrom."""
         #: Per ChatbotService, stable's last answers to the golden prompts: (stable revision, the quality
-        #: spec, the answers). Greedy answers of one revision do not change, so a step that has scaled
-        #: stable to zero (the replica ratio's 100 %) is judged against them. Lost on restart.
-        self._stable_answers: dict[tuple[str, str], tuple[str, QualitySpec, list[quality.Answer]]] = {}
+        #: spec and the prompts asked, the answers). Greedy answers of one revision do not change, so a
+        #: step that has scaled stable to zero (the replica ratio's 100 %) is judged against them. Lost on
+        #: restart.
+        self._stable_answers: dict[
+            tuple[str, str], tuple[str, tuple[QualitySpec, Prompts], list[quality.Answer]]
+        ] = {}
 
     def traffic_mode(self) -> str:
         """HTTPRoute when the cluster serves Gateway API (discovery, cached a few seconds), else ReplicaRatio."""
@@ -106,14 +114,15 @@ class Releases:
     def measure_answers(self, ctx: PassContext) -> Measurement:
         """The quality gate's measurement: the golden prompts asked of one pod per track, scored. Never raises."""
         q = ctx.spec.analysis.quality
-        prompts = q.prompts
         checks = quality.checks_of(q)
-        if not prompts:
-            return assess(Sample(ctx.now, error="spec.analysis.quality.prompts is empty"), checks)
+        prompts, errors = self.golden_prompts(ctx.ref.namespace, q)
+        if errors:  # never a pass, never a rollback on its own: an Error naming the field
+            return assess(Sample(ctx.now, error="; ".join(errors)), checks)
         canary, stable = answering_pod(ctx.canary), answering_pod(ctx.stable)
         key = (ctx.ref.namespace, ctx.ref.name)
         kept = self._stable_answers.get(key)
-        kept_answers = kept[2] if kept is not None and kept[:2] == (ctx.stable.revision, q) else None
+        asked = (q, prompts)
+        kept_answers = kept[2] if kept is not None and kept[:2] == (ctx.stable.revision, asked) else None
         if canary is None or (stable is None and kept_answers is None):
             which = "the canary" if canary is None else "stable (and none of its answers kept)"
             return Measurement(ctx.now, INCONCLUSIVE, f"golden prompts: no Ready pod of {which} to ask yet")
@@ -135,7 +144,7 @@ class Releases:
         if stable is not None:
             stable_answers = ask(stable)
             if any(a.text is not None for a in stable_answers):
-                self._stable_answers[key] = (ctx.stable.revision, q, stable_answers)
+                self._stable_answers[key] = (ctx.stable.revision, asked, stable_answers)
         else:
             stable_answers = kept_answers or []
         result = quality.score(prompts, ask(canary), stable_answers)
@@ -144,6 +153,28 @@ class Releases:
             shown = "; ".join(result.misses[:5]) + (" ..." if len(result.misses) > 5 else "")
             m = replace(m, message=f"{m.message} (golden prompts: {shown})")
         return m
+
+    def golden_prompts(self, namespace: str, q: QualitySpec) -> tuple[Prompts, list[str]]:
+        """The prompts to ask: the inline ones, then those of promptsFrom's ConfigMap key (read now, so an
+        edit applies at the next interval); or what is wrong, each message naming the field."""
+        if q.prompts_from is None:
+            return (q.prompts, []) if q.prompts else ((), ["spec.analysis.quality.prompts is empty"])
+        src = q.prompts_from
+        where = f"spec.analysis.quality.promptsFrom (ConfigMap {src.config_map!r}, key {src.key!r})"
+        if self._read_config_map is None:
+            return (), [f"{where}: this operator cannot read ConfigMaps"]
+        try:
+            data = self._read_config_map(namespace, src.config_map)
+        except Exception as exc:  # never raise: an Error measurement, counted apart
+            return (), [f"{where} could not be read: {short_error(exc)}"]
+        if data is None:
+            return (), [f"{where}: the ConfigMap does not exist"]
+        if src.key not in data:
+            return (), [
+                f"{where}: the ConfigMap has no key {src.key!r} (keys: {', '.join(sorted(data)) or 'none'})"
+            ]
+        more, errors = quality.prompts_from_text(data[src.key], where, q.prompts)
+        return (q.prompts + more, errors)
 
     def old_revision_requests(self, ctx: PassContext) -> DialogueCheck:
         """Requests the stable track served in the last idleSeconds (only pinned dialogues reach it). Never raises."""

@@ -128,3 +128,48 @@ def test_a_fallback_answer_is_no_answer_of_the_model():
 def test_one_answer_per_prompt_and_track():
     with pytest.raises(ValueError):
         quality.score(PROMPTS, STABLE[:2], STABLE)
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        pytest.param("a: [", "W is not YAML or JSON", id="not yaml"),
+        pytest.param("{name: x, prompt: y}", "W must be a non-empty list of prompts", id="not a list"),
+        pytest.param("[]", "W must be a non-empty list of prompts", id="empty"),
+        pytest.param("- hello", "W[0] must be a mapping with name and prompt", id="a string"),
+        pytest.param("- {name: x}", "W[0].prompt is missing (a non-empty string)", id="no prompt"),
+        pytest.param("- {name: hi, prompt: a}", "W[0].name 'hi' is not unique", id="same as inline"),
+        pytest.param(
+            "- {name: x, prompt: a, expect: {contain: [b]}}",
+            "W[0].expect.contain is not an expectation",
+            id="typo in expect",
+        ),
+        pytest.param(
+            "- {name: x, prompt: a, expect: {maxLength: '5'}}",
+            "W[0].expect.maxLength must be a integer",
+            id="wrong type",
+        ),
+        pytest.param(
+            "- {name: x, prompt: a, expect: {regex: '('}}",
+            "W[0].expect.regex is not a valid regular expression",
+            id="bad regex",
+        ),
+        pytest.param(
+            "\n".join(f"- {{name: p{i}, prompt: a}}" for i in range(21)),
+            "W has 21 prompts, at most 20",
+            id="too many",
+        ),
+    ],
+)
+def test_config_map_prompts_are_checked_like_admission_checks_inline_ones(text, why):
+    inline = (GoldenPrompt("hi", "Hello!"),)
+    prompts, errors = quality.prompts_from_text(text, "W", inline)
+    assert prompts == () and any(e.startswith(why) for e in errors), errors
+
+
+def test_config_map_prompts_parse_in_the_specs_shape_yaml_or_json():
+    text = '[{"name": "refund", "prompt": "Refunds?", "expect": {"contains": ["30 days"], "mustNotRefuse": true}}]'
+    prompts, errors = quality.prompts_from_text(text, "W")
+    assert errors == [] and prompts == (
+        GoldenPrompt("refund", "Refunds?", Expectation(contains=("30 days",), must_not_refuse=True)),
+    )

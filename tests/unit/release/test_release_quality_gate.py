@@ -34,12 +34,17 @@ def with_quality(raw, **extra):
     return {**raw, "analysis": {**raw["analysis"], "failureLimit": 2, "quality": {**GOLDEN, **extra}}}
 
 
+asked_prompts: list[list[str]] = []
+"""The prompt names of each ask_all call (cleared by the tests that read it)."""
+
+
 def answers_by_ip(table, asked):
     """An ask_all that answers from `table[ip]` (a function of the prompt) and records who was asked."""
 
     def ask_all(url, model, prompts, **kw):
         ip = url.split("//")[1].split(":")[0]
         asked.append((ip, kw["max_tokens"], kw["seed"]))
+        asked_prompts.append([p.name for p in prompts])
         return [quality.Answer(table[ip](p.prompt)) for p in prompts]
 
     return ask_all
@@ -53,13 +58,16 @@ def broken(prompt):  # what a broken chat template gives: fluent, 200, wrong
     return "<|im_start|>assistant <|im_start|>assistant"
 
 
-def release_passes(monkeypatch, canary_answers, runtime=None, stable_pod_ticks=None, **quality_extra):
+def release_passes(
+    monkeypatch, canary_answers, runtime=None, stable_pod_ticks=None, config_maps=None, **quality_extra
+):
     """Run the release tick by tick (each at the next analysis time) and return the plans."""
     asked = []
     monkeypatch.setattr(
         measure, "ask_all", answers_by_ip({"10.0.0.1": good, "10.0.0.2": canary_answers}, asked)
     )
-    releases = Releases(provider=PERFECT_METRICS)
+    read = (lambda ns, name: config_maps.get((ns, name))) if config_maps is not None else None
+    releases = Releases(provider=PERFECT_METRICS, read_config_map=read)
     old, new = with_quality(OLD, **quality_extra), with_quality(NEW, **quality_extra)
     if runtime:
         old, new = ({**raw, "runtime": {**raw.get("runtime", {}), **runtime}} for raw in (old, new))
@@ -212,3 +220,53 @@ def test_without_stable_pods_or_kept_answers_the_gate_is_inconclusive(monkeypatc
     plans, _ = release_passes(monkeypatch, broken, stable_pod_ticks=0)
     last = plans[-1].release.analysis
     assert last["lastVerdict"] == "Inconclusive" and "none of its answers kept" in last["lastMessage"], last
+
+
+PROMPTS_YAML = """
+- name: refund
+  prompt: Our refund window?
+  expect: {contains: ["30 days"]}
+- name: hello
+  prompt: Hello!
+"""
+
+
+def test_prompts_from_a_config_map_gate_the_release_like_inline_ones(monkeypatch):
+    asked_prompts.clear()
+    maps = {("ns", "golden"): {"prompts.yaml": PROMPTS_YAML}}
+    source = {"prompts": None, "promptsFrom": {"configMapName": "golden"}}
+    plans, _ = release_passes(monkeypatch, broken, config_maps=maps, **source)
+    assert plans[2].release.phase == "RolledBack", plans[2].release
+    assert "refund: contains '30 days'" in plans[1].release.analysis["lastMessage"]
+    assert asked_prompts[0] == ["refund", "hello"], asked_prompts
+    plans, _ = release_passes(monkeypatch, good, config_maps=maps, **source)
+    assert plans[-1].release.analysis["lastVerdict"] == "Successful", plans[-1].release.analysis
+
+
+@pytest.mark.parametrize(
+    ("maps", "why"),
+    [
+        pytest.param(
+            {}, "(ConfigMap 'golden', key 'prompts.yaml'): the ConfigMap does not exist", id="no map"
+        ),
+        pytest.param(
+            {("ns", "golden"): {"other": "[]"}},
+            "the ConfigMap has no key 'prompts.yaml' (keys: other)",
+            id="no key",
+        ),
+        pytest.param(
+            {("ns", "golden"): {"prompts.yaml": "- name: x\n  promt: hi\n"}},
+            "key 'prompts.yaml')[0].promt is not a field of a golden prompt",
+            id="a typo",
+        ),
+    ],
+)
+def test_a_config_map_that_cannot_give_prompts_is_an_error_naming_the_field(monkeypatch, maps, why):
+    monkeypatch.setattr(measure, "ask_all", lambda *a, **k: pytest.fail("asked without valid prompts"))
+    plans, _ = release_passes(
+        monkeypatch, good, config_maps=maps, prompts=None, promptsFrom={"configMapName": "golden"}
+    )
+    for plan in plans[1:]:  # an Error every interval: never a pass, never a failure
+        last = plan.release.analysis
+        assert last["lastVerdict"] == "Error" and last["failed"] == 0, last
+    assert "spec.analysis.quality.promptsFrom" in last["lastMessage"] and why in last["lastMessage"], last

@@ -107,7 +107,8 @@ class DrainGate:
 
 
 def _redis_client(url: str | None):
-    """An asyncio Redis client that fails fast (0.5 s, no retries), or None without a URL."""
+    """An asyncio Redis client that fails fast (0.5 s, no retries of its own: SessionStore tries each
+    operation twice), or None without a URL."""
     if not url:
         return None
     import redis.asyncio as aioredis

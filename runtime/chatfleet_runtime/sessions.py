@@ -2,8 +2,11 @@
 
 Key ``chatfleet:session:<model>:<id>`` is a Redis list, one JSON turn per element
 (``{"messages": [...], "reply": "...", "at": <unix time>, "revision": "<pod revision>"|null}``), trimmed to the last N turns and expiring TTL seconds after
-the last write. Redis trouble never fails a chat turn: reads return no history, writes are skipped, and
-``on_error(op)`` is called so the API can count it.
+the last write. Each read and write is tried twice (a loaded node or a Redis fail-over can miss one
+0.5 s time-out; a dialogue that lost its history is an outage for that user); the second write first
+checks whether the first one landed (its turn, unique by its timestamp, is the list's last element), so
+a turn is never stored twice. Redis trouble never fails a chat turn: reads return no history, writes
+are skipped, and ``on_error(op)`` is called so the API can count it.
 """
 
 from __future__ import annotations
@@ -74,11 +77,16 @@ class SessionStore:
         return self.prefix + session_id
 
     async def history(self, session_id: str) -> History:
-        """The last N turns (ok is False when there is no Redis or it could not be read)."""
+        """The last N turns, read at most twice (ok is False when there is no Redis or it could not be read)."""
         if self.client is None or self.turns <= 0:
             return History(ok=self.client is not None)
+        key = self.key(session_id)
         try:
-            raw = await self.client.lrange(self.key(session_id), -self.turns, -1)
+            try:
+                raw = await self.client.lrange(key, -self.turns, -1)
+            except Exception as exc:  # once more: a time-out under load is not a lost history
+                log.info("session history read failed, retrying once: %s", exc)
+                raw = await self.client.lrange(key, -self.turns, -1)
         except Exception as exc:  # any Redis failure: answer without history
             log.warning("session history unavailable: %s", exc)
             self.on_error("read")
@@ -100,7 +108,7 @@ class SessionStore:
         self, session_id: str, messages: Sequence[dict[str, str]], reply: str, revision: str | None = None
     ) -> bool:
         """Add a turn (with the revision that answered it), trim to the window and refresh the TTL in one
-        transaction; False on Redis error."""
+        transaction, tried twice (never stored twice); False on Redis error."""
         if self.client is None or self.turns <= 0:
             return False
         turn = json.dumps(
@@ -108,16 +116,25 @@ class SessionStore:
         )
         key = self.key(session_id)
         try:
-            async with self.client.pipeline(transaction=True) as pipe:
-                pipe.rpush(key, turn)
-                pipe.ltrim(key, -self.turns, -1)
-                pipe.expire(key, self.ttl_s)
-                await pipe.execute()
+            try:
+                await self._push(key, turn)
+            except Exception as exc:  # once more, unless the first try landed after all
+                log.info("session history write failed, retrying once: %s", exc)
+                if await self.client.lindex(key, -1) != turn:
+                    await self._push(key, turn)
         except Exception as exc:
             log.warning("session history not saved: %s", exc)
             self.on_error("write")
             return False
         return True
+
+    async def _push(self, key: str, turn: str) -> None:
+        """Append, trim to the window and refresh the TTL, in one transaction."""
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.rpush(key, turn)
+            pipe.ltrim(key, -self.turns, -1)
+            pipe.expire(key, self.ttl_s)
+            await pipe.execute()
 
 
 class ActiveSessions:

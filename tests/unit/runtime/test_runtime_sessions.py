@@ -31,6 +31,9 @@ class FakePipeline:
     async def execute(self):
         if self.redis.down:
             raise ConnectionError("redis down")
+        lost_reply = self.redis.fail_next.pop(0) if self.redis.fail_next else None
+        if lost_reply == "before":
+            raise TimeoutError("Timeout reading from socket")
         for op, key, *args in self.ops:
             if op == "rpush":
                 self.redis.lists.setdefault(key, []).append(args[0])
@@ -38,6 +41,8 @@ class FakePipeline:
                 self.redis.lists[key] = self.redis.lists[key][args[0] :]
             else:
                 self.redis.ttl[key] = args[0]
+        if lost_reply == "after":  # done on the server, the reply timed out
+            raise TimeoutError("Timeout reading from socket")
 
 
 class FakeRedis:
@@ -45,6 +50,8 @@ class FakeRedis:
 
     def __init__(self):
         self.lists, self.ttl, self.down = {}, {}, False
+        self.fail_next: list[str] = []
+        """Time-outs of the next calls: "before" (nothing done) or "after" (done, the reply lost)."""
 
     def pipeline(self, transaction=True):
         return FakePipeline(self)
@@ -52,7 +59,16 @@ class FakeRedis:
     async def lrange(self, key, start, end):
         if self.down:
             raise ConnectionError("redis down")
+        if self.fail_next:
+            self.fail_next.pop(0)
+            raise TimeoutError("Timeout reading from socket")
         return self.lists.get(key, [])[start:]
+
+    async def lindex(self, key, index):
+        if self.down:
+            raise ConnectionError("redis down")
+        items = self.lists.get(key, [])
+        return items[index] if items else None
 
 
 def run(coro):
@@ -77,6 +93,22 @@ def test_redis_down_degrades_and_reports():
     assert run(store.history("s")) == History(ok=False)
     assert run(store.append("s", [{"role": "user", "content": "q"}], "a")) is False
     assert errors == ["read", "write"]
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_one_time_out_loses_no_turn_and_stores_none_twice(when):
+    """A write whose reply timed out once (a loaded node) is retried: the turn is stored exactly once
+    whether the first try did nothing or landed; a read that timed out once is retried too. (Before: the
+    turn was skipped, and the next turn of the dialogue was answered without it.)"""
+    redis, errors = FakeRedis(), []
+    store = SessionStore(redis, namespace="m", turns=5, on_error=errors.append)
+    assert run(store.append("s", [{"role": "user", "content": "q0"}], "a0"))
+    redis.fail_next = [when]
+    assert run(store.append("s", [{"role": "user", "content": "q1"}], "a1"))
+    redis.fail_next = ["read"]
+    history = run(store.history("s"))
+    assert history.ok and [m["content"] for m in history.messages] == ["q0", "a0", "q1", "a1"], history
+    assert errors == []
 
 
 def test_no_redis_configured():

@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 import uuid
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,8 @@ PROMOTIONS = int(os.environ.get("PROMOTIONS", "5"))
 ROLLBACKS = int(os.environ.get("ROLLBACKS", "5"))
 SCALE_DOWNS = int(os.environ.get("SCALE_DOWNS", "5"))
 DIALOGUES = int(os.environ.get("DIALOGUES", "1000"))
+THINK_SECONDS = (2.0, 4.0)
+"""Table 2's think time between turns."""
 OUT = REPO / "bench-results" / "release-traffic.json"
 
 
@@ -167,6 +170,7 @@ def zero_drop(platform: Platform, path: str) -> dict[str, Any]:
         scenario = Scenario(bot)
         bot.wait(lambda: load.summary()["ok"] >= 20, 300, "dialogues under way")
         t0 = time.monotonic()
+        t0_wall = time.time()
         for i in range(max(PROMOTIONS, ROLLBACKS, SCALE_DOWNS)):
             if i < PROMOTIONS:
                 scenario.promote()
@@ -176,10 +180,74 @@ def zero_drop(platform: Platform, path: str) -> dict[str, Any]:
                 scenario.scale_down()
             say(f"{path}: round {i + 1} done: {scenario.log[-3:]}; so far {load.summary()}")
         summary = load.stop()
-        summary.update(path=path, operations=scenario.log, seconds=round(time.monotonic() - t0))
+        summary.update(
+            path=path,
+            operations=scenario.log,
+            seconds=round(time.monotonic() - t0),
+            bad_turns=placed(load, scenario, t0),
+        )
+        if platform.gateway is not None and path == "gateway":
+            gateway_view(platform.gateway.access_log, summary["bad_turns"], t0_wall)
         return summary
     finally:
         platform.drop(bot)
+
+
+def placed(load: DialogueLoad, scenario: Scenario, t0: float) -> list[dict[str, Any]]:
+    """Each turn not answered well, with when it began (seconds into the scenario) and the operation
+    then under way (with how far into it), so a cut can be traced to what the release was doing."""
+    out = []
+    for r in load.bad_turns():
+        during = [
+            f"{name} +{r.at - began:.1f}s of {ended - began:.0f}s"
+            for name, began, ended in scenario.spans
+            if began <= r.at <= ended
+        ]
+        out.append(
+            {
+                "at_s": round(r.at - t0, 1),
+                "outcome": r.outcome,
+                "revision": r.revision,
+                "error": r.error,
+                "during": during[0] if during else "between operations",
+            }
+        )
+    return out
+
+
+def gateway_view(access_log: Path, bad: list[dict[str, Any]], t0_wall: float) -> None:
+    """Add to each bad turn what Traefik's access log says of the requests that began within a second
+    of it (which pod, the origin's status, how many bytes came through, how long it took)."""
+    if not bad or not access_log.exists():
+        return
+    entries = []
+    for line in access_log.read_text(errors="replace").splitlines():
+        try:
+            e = json.loads(line)
+            began = datetime.fromisoformat(e["StartUTC"].replace("Z", "+00:00")).timestamp()
+        except (ValueError, KeyError):
+            continue
+        entries.append((began, e))
+    for b in bad:
+        at = t0_wall + b["at_s"]
+        near = sorted(
+            ((abs(began - at), e) for began, e in entries if abs(began - at) <= 1.0),
+            key=lambda pair: (pair[1].get("DownstreamContentSize", 0), pair[0]),
+        )
+        b["traefik"] = [
+            {
+                k: e.get(k)
+                for k in (
+                    "ServiceURL",
+                    "OriginStatus",
+                    "DownstreamStatus",
+                    "OriginContentSize",
+                    "DownstreamContentSize",
+                    "Duration",
+                )
+            }
+            for _, e in near[:3]
+        ]
 
 
 def pinning(platform: Platform, pin: bool) -> dict[str, Any]:
@@ -189,8 +257,15 @@ def pinning(platform: Platform, pin: bool) -> dict[str, Any]:
         sticky=pin, steps=(10, 50, 100), pause_seconds=20, idle_seconds=10, max_drain_seconds=300
     )
     try:
+        # Users read each answer before the next turn (2-4 s), so the dialogues live through the release
+        # (with the table-1 think time they would all be over before its 50 % step).
         load = DialogueLoad(
-            platform.gateway.url, concurrency=USERS, pin=pin, max_dialogues=DIALOGUES, max_seconds=3600
+            platform.gateway.url,
+            concurrency=USERS,
+            pin=pin,
+            max_dialogues=DIALOGUES,
+            max_seconds=3600,
+            think_seconds=THINK_SECONDS,
         ).start()
         # The release begins once a tenth of the dialogues are done, so most of them live through it.
         bot.wait(lambda: load.summary()["dialogues"] >= DIALOGUES // 10, 600, "the first dialogues")
@@ -210,7 +285,12 @@ def pinning(platform: Platform, pin: bool) -> dict[str, Any]:
         load.wait(3600)
         done.wait(900)
         summary = load.summary()
-        summary.update(pin=pin, operations=scenario.log, release_error=str(errors[0]) if errors else "")
+        summary.update(
+            pin=pin,
+            operations=scenario.log,
+            release_error=str(errors[0]) if errors else "",
+            bad_turns=placed(load, scenario, scenario.spans[0][1] if scenario.spans else 0.0),
+        )
         return summary
     finally:
         platform.drop(bot)
@@ -283,6 +363,9 @@ def main() -> int:
             ],
         )
     )
+    for row in [*results["zero_drop"], *results["pinning"]]:
+        for bad in row.get("bad_turns", []):
+            print(f"  {row.get('path', 'pin=' + str(row.get('pin')))}: {bad}")
     print(f"\nwritten: {OUT.relative_to(REPO)}")
     return 0
 

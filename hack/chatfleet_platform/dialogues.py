@@ -260,6 +260,11 @@ class DialogueLoad:
             inside = [r for r in self.records if r.started >= t0 and r.ended <= t1]
         return len(inside), sum(r.switched for r in inside)
 
+    def bad_turns(self) -> list[TurnResult]:
+        """Every turn not answered well (cut, non-2xx, no answer), in the order they began."""
+        with self._lock:
+            return sorted((r for r in self.results if r.outcome != "ok"), key=lambda r: r.at)
+
     def summary(self) -> dict[str, Any]:
         """The counts: turns, dialogues, cut streams, non-2xx answers, failures, lost histories, switches."""
         with self._lock:

@@ -155,7 +155,7 @@ chart-package: venv platform-build ## helm package into dist/
 ##@ Benchmarks (apart from tests; each prints a table and writes bench-results/*.json)
 
 .PHONY: bench
-bench: bench-platform bench-operator bench-runtime bench-rollout bench-autoscale bench-release-traffic ## All benchmarks
+bench: bench-platform bench-operator bench-runtime bench-rollout bench-autoscale bench-release-traffic bench-quality ## All benchmarks
 
 .PHONY: bench-platform
 bench-platform: setup ## Platform: cold build, warm start-to-ready, memory at rest, 1,000 GPU pods on 250 nodes
@@ -180,3 +180,7 @@ bench-autoscale: setup ## Autoscaling: a compressed day + 5x surge; static vs re
 .PHONY: bench-release-traffic
 bench-release-traffic: setup ## Releases on real pods: streams cut, non-2xx, lost histories (Service, Traefik); sticky vs unpinned dialogues
 	$(PY) bench/release_traffic_bench.py
+
+.PHONY: bench-quality
+bench-quality: setup ## Answer-quality gate on real pods: false rollbacks over 10 resource-only releases; a broken template's time to detection, gate on vs HTTP metrics only
+	$(PY) bench/quality_bench.py

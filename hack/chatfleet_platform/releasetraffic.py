@@ -146,7 +146,8 @@ def rolled_back(bot: Bot) -> bool:
     return stalled.get("status") == "True" and stalled.get("reason") == "RolledBack"
 
 
-def _ready_pods(bot: Bot, track: str) -> int:
+def ready_pods(bot: Bot, track: str) -> int:
+    """Pods of a track, not going away, with every container ready."""
     return sum(
         1
         for p in bot.pods(track)
@@ -195,7 +196,7 @@ class Scenario:
         self.bot.patch({"runtime": {"fallbackText": f"Busy, doomed release {self._n}."}})
         self.bot.wait(lambda: self.bot.status().get("release"), 60, "a release")
         rev = self.bot.status()["release"]["revision"]
-        self.bot.wait(lambda: _ready_pods(self.bot, "canary") >= 1, self.timeout, "a Ready canary pod")
+        self.bot.wait(lambda: ready_pods(self.bot, "canary") >= 1, self.timeout, "a Ready canary pod")
         time.sleep(10)  # the canary takes its share of the dialogues before it goes
         self.bot.patch({"rollout": {"abort": rev}})
         self.bot.wait(lambda: rolled_back(self.bot), 120, f"rollback of {rev}")
@@ -211,7 +212,7 @@ class Scenario:
         t0 = time.monotonic()
         n = int(self.bot.spec()["scaling"]["replicas"])
         self.bot.patch({"scaling": {"replicas": n + 1}})
-        self.bot.wait(lambda: _ready_pods(self.bot, "stable") >= n + 1, self.timeout, f"{n + 1} Ready pods")
+        self.bot.wait(lambda: ready_pods(self.bot, "stable") >= n + 1, self.timeout, f"{n + 1} Ready pods")
         time.sleep(5)  # the new pod takes its share of the dialogues
         self.bot.patch({"scaling": {"replicas": n}})
         self.bot.wait(lambda: len(self.bot.pods("stable")) == n, 180, f"back to {n} pods")

@@ -174,11 +174,13 @@ def analysis_hold(rel: ReleaseState, verdict: Verdict) -> Gate | None:
         )
         return Gate(GateKind.PAUSED, ReleaseReason.ANALYSIS_ERROR, f"Release paused: {text}")
     if rel.last_verdict == INCONCLUSIVE:
+        # the measurement says why (no traffic; or the golden prompts had no Ready pod to ask)
+        why = a.get("lastMessage") or "no traffic on the canary in the analysis window"
+        hint = "; send traffic or enable spec.analysis.probe" if "no traffic" in why else ""
         return Gate(
             GateKind.PAUSED,
             ReleaseReason.NO_TRAFFIC,
-            "Release paused: no traffic on the canary, the analysis is inconclusive (never a pass); "
-            "send traffic or enable spec.analysis.probe",
+            f"Release paused: the analysis is inconclusive (never a pass): {why}{hint}",
         )
     return None
 

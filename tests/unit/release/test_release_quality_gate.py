@@ -16,6 +16,8 @@ from chatfleet_operator.analysis.assess import Measurement, Sample, combine
 from chatfleet_operator.converge.facts import PodFacts, Track
 from chatfleet_operator.release import measure
 from chatfleet_operator.release.measure import Releases, answering_pod
+from chatfleet_operator.release.state import ReleaseState
+from chatfleet_operator.release.strategy import Verdict, analysis_hold
 from chatfleet_operator.spec import ChatbotServiceSpec, QualitySpec
 from pass_helpers import NOW
 from test_release_pass import NEW, OLD, FakeProvider, children_and_rev, run
@@ -270,3 +272,24 @@ def test_a_config_map_that_cannot_give_prompts_is_an_error_naming_the_field(monk
         last = plan.release.analysis
         assert last["lastVerdict"] == "Error" and last["failed"] == 0, last
     assert "spec.analysis.quality.promptsFrom" in last["lastMessage"] and why in last["lastMessage"], last
+
+
+@pytest.mark.parametrize(
+    ("message", "says", "hint"),
+    [
+        pytest.param(
+            "golden prompts: no Ready pod of the canary to ask yet",
+            "no Ready pod of the canary",
+            False,
+            id="gate",
+        ),
+        pytest.param("no traffic on the canary in the analysis window", "no traffic", True, id="no traffic"),
+    ],
+)
+def test_a_paused_release_says_why_the_analysis_is_inconclusive(message, says, hint):
+    """The pause names what the measurement said (before: always "no traffic on the canary", also when
+    only the golden prompts had no pod to ask)."""
+    rel = ReleaseState(revision="r2", analysis={"lastVerdict": "Inconclusive", "lastMessage": message})
+    gate = analysis_hold(rel, Verdict())
+    assert gate is not None and says in gate.message, gate
+    assert ("send traffic or enable spec.analysis.probe" in gate.message) is hint, gate

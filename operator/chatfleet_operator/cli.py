@@ -36,6 +36,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="serve kopf's health endpoint, e.g. http://0.0.0.0:8080/healthz",
     )
     run.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="serve the operator's Prometheus metrics on http://ADDRESS:PORT/metrics (off when absent; "
+        "0 picks a free port, written to the log)",
+    )
+    run.add_argument(
+        "--metrics-address",
+        default="0.0.0.0",
+        metavar="ADDRESS",
+        help="address the metrics server binds (default 0.0.0.0; 127.0.0.1 keeps it to this host)",
+    )
+    run.add_argument(
         "--peering",
         default=None,
         metavar="NAME",
@@ -100,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     """Configure the API client, install the Controller, and run kopf until SIGINT/SIGTERM."""
     import kopf
 
-    from chatfleet_operator import kopfext, kube, main
+    from chatfleet_operator import kopfext, kube, main, metrics
     from chatfleet_operator.controller import Controller
 
     settings = build_settings(args)
@@ -110,6 +124,11 @@ def run(args: argparse.Namespace) -> int:
     kube.configure(pool_size=max(32, settings.runtime.workers * 2))
     controller = Controller(settings, kube)
     main.install(controller)
+    if args.metrics_port is not None:  # before kopf starts: the first passes are counted and scrapable
+        port = metrics.serve(args.metrics_port, args.metrics_address)
+        logging.getLogger("chatfleet").info(
+            "Serving metrics on http://%s:%d/metrics", args.metrics_address, port
+        )
     namespaces = list(settings.runtime.namespaces)
 
     def dump_stats(*_: object) -> None:

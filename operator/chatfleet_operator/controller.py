@@ -11,12 +11,13 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import kopf
 
-from chatfleet_operator import api
+from chatfleet_operator import api, metrics
 from chatfleet_operator.autoscale.measure import Autoscaling
 from chatfleet_operator.builders.httproute import GATEWAY_GROUP
 from chatfleet_operator.builders.scaledobject import KEDA_GROUP, KEDA_VERSION
@@ -34,6 +35,14 @@ PLACEMENT_REASONS = frozenset({api.Reason.NO_MATCHING_GPU_NODES, api.Reason.INSU
 def backoff_delay(retry: int, base: float, ceiling: float) -> float:
     """Growing retry delay: base * 2**retry, capped; e.g. base 5: 5, 10, 20, 40, ... 300."""
     return float(min(ceiling, base * (2 ** min(retry, 16))))
+
+
+@dataclass
+class _Timing:
+    """What run_pass learns from its worker thread: whether the pass started running, and for how long."""
+
+    started: bool = False
+    seconds: float | None = None
 
 
 class Controller:
@@ -84,9 +93,35 @@ class Controller:
             self.world.indexes = {k: v for k, v in indexes.items() if k.endswith("_index")}
 
     async def run_pass(
-        self, key: Key, body: Mapping[str, Any] | None = None, executor: ThreadPoolExecutor | None = None
+        self,
+        key: Key,
+        body: Mapping[str, Any] | None = None,
+        executor: ThreadPoolExecutor | None = None,
+        trigger: str = metrics.HANDLER,
     ) -> Outcome | None:
-        """Run one pass for `key` under its lock, on the freshest cached body."""
+        """Run one pass for `key` under its lock, on the freshest cached body (counted in metrics.py)."""
+        token = metrics.pass_asked()
+        timing = _Timing()
+        result: str | None = None
+        try:
+            outcome = await self._locked_pass(key, body, executor, timing)
+            if outcome is not None:
+                result = metrics.PROBLEM if outcome.problems else metrics.SUCCESS
+            return outcome
+        except Gone:
+            result = metrics.GONE
+            log.info("Skipped ChatbotService %s/%s: its namespace is being deleted", *key)
+            return None
+        except PassFailed:
+            result = metrics.ERROR
+            raise
+        finally:
+            metrics.pass_done(token, trigger, result, timing.seconds, timing.started)
+
+    async def _locked_pass(
+        self, key: Key, body: Mapping[str, Any] | None, executor: ThreadPoolExecutor | None, timing: _Timing
+    ) -> Outcome | None:
+        """The pass of run_pass under the object's lock; None when there is nothing to reconcile."""
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
             body = self.world.body(key, body)
@@ -94,17 +129,14 @@ class Controller:
                 return None
             snap = self.world.snapshot(key)
             loop = asyncio.get_running_loop()
-            try:
-                outcome, seconds = await loop.run_in_executor(
-                    executor or self.executor, self._timed_pass, body, snap
-                )
-            except Gone:
-                log.info("Skipped ChatbotService %s/%s: its namespace is being deleted", *key)
-                return None
+            outcome = await loop.run_in_executor(
+                executor or self.executor, self._timed_pass, body, snap, timing
+            )
             self.passes += 1
             if outcome.requeue_after:  # a release waits on time (a pause, the next measurement), a forecast
                 loop.call_later(outcome.requeue_after, self.trigger, key)
-            self.latencies.append(seconds)
+            assert timing.seconds is not None
+            self.latencies.append(timing.seconds)
             if any(p.reason in PLACEMENT_REASONS for p in outcome.problems):
                 self._waiting_for_nodes.add(key)
             else:
@@ -113,11 +145,13 @@ class Controller:
                 del self.latencies[:50_000]
             return outcome
 
-    def _timed_pass(self, body: Mapping[str, Any], snap: Snapshot) -> tuple[Outcome, float]:
-        """One pass in a worker thread, with its duration (seconds); a pass that raises -> PassFailed."""
+    def _timed_pass(self, body: Mapping[str, Any], snap: Snapshot, timing: _Timing) -> Outcome:
+        """One pass in a worker thread, timed into `timing` (seconds); a pass that raises -> PassFailed."""
+        timing.started = True
+        metrics.pass_running()
         started = time.monotonic()
         try:
-            outcome = reconcile_pass(
+            return reconcile_pass(
                 self.client,
                 body,
                 snap,
@@ -137,7 +171,8 @@ class Controller:
             except Exception as record_exc:  # e.g. the API server is down: the retry will tell again
                 log.warning("Failed to record the error in the status: %s", record_exc)
             raise PassFailed(exc) from exc
-        return outcome, time.monotonic() - started
+        finally:
+            timing.seconds = time.monotonic() - started
 
     def child_event(self, kind: str, event_type: str, body: Mapping[str, Any], key: Key | None) -> None:
         """A watch event of an owned object or pod: trigger the owner only when something that matters changed."""
@@ -166,14 +201,16 @@ class Controller:
         if key is None or key in self._pending:
             return
         self._pending.add(key)
+        metrics.trigger_queued()
         loop = asyncio.get_running_loop()
         loop.call_later(self.settings.retry.trigger_debounce, lambda: loop.create_task(self._triggered(key)))
 
     async def _triggered(self, key: Key) -> None:
         """A triggered pass; API failures retry with backoff (kopf handlers retry their own)."""
         self._pending.discard(key)
+        metrics.trigger_due()
         try:
-            outcome = await self.run_pass(key, executor=self.trigger_executor)
+            outcome = await self.run_pass(key, executor=self.trigger_executor, trigger=metrics.TRIGGERED)
         except Exception as exc:
             outcome, error = None, exc
         else:

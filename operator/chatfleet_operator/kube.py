@@ -1,7 +1,7 @@
 """The ONLY module that calls the Kubernetes API (import-linter keeps it so).
 
-It owns server-side apply, 404/409 tolerance and the write counters the benchmark reads. Every call is
-blocking (the kubernetes client is synchronous); the reconciler runs it in a thread pool.
+It owns server-side apply, 404/409 tolerance, the write counters the benchmark reads and the API request
+metrics (metrics.py: every request, by verb, kind and status code). Every call is blocking (the kubernetes client is synchronous); the reconciler runs it in a thread pool.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from urllib.parse import quote
 import kubernetes
 from kubernetes.client import ApiClient, Configuration
 
-from chatfleet_operator import api
+from chatfleet_operator import api, metrics
 from chatfleet_operator.api import ApiError
 from chatfleet_operator.kinds import API_PATHS
 
@@ -32,6 +32,8 @@ KINDS: dict[str, tuple[str, str]] = API_PATHS
 WRITES: Counter[str] = Counter()
 #: Durations (seconds) of the most recent API requests, for the benchmark's latency figures.
 REQUEST_SECONDS: list[float] = []
+#: Content type of server-side apply (counted as the APPLY verb, as the API server counts it).
+APPLY_PATCH = "application/apply-patch+yaml"
 _lock = threading.Lock()
 _client: ApiClient | None = None
 
@@ -63,8 +65,10 @@ def request(
     query: Mapping[str, str] | None = None,
     content_type: str = "application/json",
     accept: str = "application/json",
+    *,
+    kind: str,
 ) -> dict[str, Any]:
-    """One API request; returns the decoded JSON body or raises ApiError."""
+    """One API request about `kind` (the metrics' label); returns the decoded JSON body or raises ApiError."""
     client = _api()
     headers = {"Accept": accept, "Content-Type": content_type}
     payload = body
@@ -75,13 +79,20 @@ def request(
         header_params=headers,
         auth_settings=["BearerToken"],
     )
+    verb = "APPLY" if content_type == APPLY_PATCH else method
     started = time.monotonic()
-    response = client.call_api(method, url, header_params=headers, body=payload, _request_timeout=30)
-    data = response.read()
-    with _lock:
-        REQUEST_SECONDS.append(time.monotonic() - started)
-        if len(REQUEST_SECONDS) > 50_000:
-            del REQUEST_SECONDS[:25_000]
+    code = "error"  # no response at all: refused, reset, timed out
+    try:
+        response = client.call_api(method, url, header_params=headers, body=payload, _request_timeout=30)
+        code = str(response.status)
+        data = response.read()
+    finally:
+        seconds = time.monotonic() - started
+        metrics.api_request(verb, kind, code, seconds)
+        with _lock:
+            REQUEST_SECONDS.append(seconds)
+            if len(REQUEST_SECONDS) > 50_000:
+                del REQUEST_SECONDS[:25_000]
     if not 200 <= response.status < 300:
         raise ApiError(response.status, response.reason or "", data.decode(errors="replace") if data else "")
     return json.loads(data) if data else {}
@@ -109,7 +120,8 @@ def apply(manifest: Mapping[str, Any]) -> dict[str, Any]:
         object_path(manifest["kind"], meta["namespace"], meta["name"]),
         body=manifest,
         query={"fieldManager": api.FIELD_MANAGER, "force": "true"},
-        content_type="application/apply-patch+yaml",
+        content_type=APPLY_PATCH,
+        kind=manifest["kind"],
     )
 
 
@@ -117,7 +129,9 @@ def delete(kind: str, namespace: str, name: str) -> None:
     """Delete an object; already gone is fine."""
     _count("DELETE", kind)
     try:
-        request("DELETE", object_path(kind, namespace, name), body={"propagationPolicy": "Background"})
+        request(
+            "DELETE", object_path(kind, namespace, name), body={"propagationPolicy": "Background"}, kind=kind
+        )
     except ApiError as exc:
         if exc.status != 404:
             raise
@@ -132,6 +146,7 @@ def patch_status(namespace: str, name: str, patch: Mapping[str, Any]) -> dict[st
             object_path(api.KIND, namespace, name) + "/status",
             body={"status": patch},
             content_type="application/merge-patch+json",
+            kind=f"{api.KIND}/status",
         )
     except ApiError as exc:
         if exc.status == 404:
@@ -152,6 +167,7 @@ def seed_replicas(namespace: str, name: str, replicas: int) -> None:
             object_path(api.KIND, namespace, name),
             body={"spec": {"scaling": {"replicas": int(replicas)}}},
             content_type="application/merge-patch+json",
+            kind=api.KIND,
         )
     except ApiError as exc:
         if exc.status != 404:
@@ -172,6 +188,7 @@ def label_pod(
             f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}",
             body={"metadata": {"labels": dict(labels), "annotations": dict(annotations)}},
             content_type="application/merge-patch+json",
+            kind="Pod",
         )
     except ApiError as exc:
         if exc.status != 404:
@@ -188,7 +205,11 @@ def secret_summary(namespace: str, name: str) -> dict[str, Any] | None:
     """A Secret's table row without the object (name, type, number of keys, age); None when it does not exist."""
     try:
         return request(
-            "GET", object_path("Secret", namespace, name), query={"includeObject": "None"}, accept=AS_TABLE
+            "GET",
+            object_path("Secret", namespace, name),
+            query={"includeObject": "None"},
+            accept=AS_TABLE,
+            kind="Secret",
         )
     except ApiError as exc:
         if exc.status == 404:
@@ -210,7 +231,7 @@ def config_map_data(namespace: str, name: str) -> dict[str, str] | None:
 def get(kind: str, namespace: str, name: str) -> dict[str, Any] | None:
     """Read one object; None when it does not exist."""
     try:
-        return request("GET", object_path(kind, namespace, name))
+        return request("GET", object_path(kind, namespace, name), kind=kind)
     except ApiError as exc:
         if exc.status == 404:
             return None
@@ -247,7 +268,7 @@ def post_event(
     }
     _count("POST", "Event")
     try:
-        request("POST", object_path("Event", meta["namespace"]), body=event)
+        request("POST", object_path("Event", meta["namespace"]), body=event, kind="Event")
     except ApiError as exc:
         log.warning("Failed to post event %s on %s/%s: %s", reason, meta["namespace"], meta["name"], exc)
 
@@ -255,7 +276,7 @@ def post_event(
 def serves_group(group: str, version: str = "v1") -> bool:
     """Whether the API server serves an API group version (discovery), e.g. gateway.networking.k8s.io/v1."""
     try:
-        request("GET", f"/apis/{group}/{version}")
+        request("GET", f"/apis/{group}/{version}", kind="APIResourceList")
         return True
     except ApiError as exc:
         if exc.status == 404:

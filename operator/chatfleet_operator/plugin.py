@@ -56,6 +56,7 @@ def patch_rollout(namespace: str, name: str, fields: dict[str, Any]) -> None:
         kube.object_path(api.KIND, namespace, name),
         body={"spec": {"rollout": fields}},
         content_type="application/merge-patch+json",
+        kind=api.KIND,
     )
 
 
@@ -216,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         kube.configure(args.kubeconfig)
     ns = args.namespace or current_namespace()
     if args.command == "get" or not args.name:
-        items = kube.request("GET", kube.object_path(api.KIND, ns)).get("items", [])
+        items = kube.request("GET", kube.object_path(api.KIND, ns), kind=api.KIND).get("items", [])
         for b in items:
             st = b.get("status") or {}
             print(
@@ -233,7 +234,9 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(st, indent=2))
             return 0
         selector = f"{api.LABEL_SERVICE}={args.name}"
-        pods = kube.request("GET", f"/api/v1/namespaces/{ns}/pods", query={"labelSelector": selector})
+        pods = kube.request(
+            "GET", f"/api/v1/namespaces/{ns}/pods", query={"labelSelector": selector}, kind="Pod"
+        )
         print(render_tree(body, pods.get("items", [])))
         return 0
     if args.command == "history":

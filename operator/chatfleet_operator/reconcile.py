@@ -2,7 +2,8 @@
 
 Data flows one way: observe (watch caches, snapshotted on the event loop) -> plan (pure builders and
 planner) -> apply (kube.py, in a worker thread) -> compute status (pure) -> one status write, skipped
-when unchanged -> events from the old -> new status difference.
+when unchanged -> events from the old -> new status difference; the release's transitions of a pass
+whose status was written are counted in metrics.py.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
-from chatfleet_operator import api, kinds
+from chatfleet_operator import api, kinds, metrics
 from chatfleet_operator.api import ApiError
 from chatfleet_operator.autoscale.measure import Autoscaling
 from chatfleet_operator.autoscale.state import scaling_condition
@@ -41,6 +42,8 @@ from chatfleet_operator.release.children import (
 )
 from chatfleet_operator.release.measure import Releases
 from chatfleet_operator.release.planner import strategy_of
+from chatfleet_operator.release.state import parse_time
+from chatfleet_operator.release.strategy import ReleasePlan, ReleaseReason
 from chatfleet_operator.settings import Settings
 from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
 
@@ -288,6 +291,8 @@ def reconcile_pass(
         log.info(
             "Posted %s event %s on ChatbotService %s/%s", event.type, event.reason, ref.namespace, ref.name
         )
+    if patch and written is not None:  # a transition not written is planned again by the next pass
+        count_release_transitions(plan)
     return Outcome(
         problems=problems,
         writes=writes,
@@ -295,6 +300,21 @@ def reconcile_pass(
         retry=any(t for _, t in refused),
         requeue_after=min((t for t in (plan.requeue_after, ctx.forecast_in) if t), default=None),
     )
+
+
+def count_release_transitions(plan: ReleasePlan) -> None:
+    """Count the release's transitions of one pass from its events (started, promoted, rolled back), and
+    a rollback's delay from the release's first failed measurement (status release.analysis.firstFailedAt)."""
+    strategy, rel = str(plan.strategy), plan.release
+    for event in plan.events:
+        if event.reason == ReleaseReason.STARTED:
+            metrics.release_started(strategy)
+        elif event.reason == ReleaseReason.PROMOTED:
+            metrics.release_promoted(strategy)
+        elif event.reason == ReleaseReason.ROLLED_BACK:
+            first_failed = parse_time(rel.analysis.get("firstFailedAt")) if rel is not None else None
+            rolled_back = parse_time(rel.rolled_back_at) if rel is not None else None
+            metrics.release_rolled_back(strategy, first_failed, rolled_back)
 
 
 def _autoscaling_status(ctx: PassContext, pool: int, stable_pods: list[Any]) -> dict[str, Any] | None:

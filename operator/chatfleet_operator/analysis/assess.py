@@ -248,8 +248,8 @@ def fold(
     """Add one measurement to the counters of status.release.analysis and decide.
 
     Worked example, failureLimit 2, error-rate check 1%:
-      check 1: 4.2% -> failed 1, Continue
-      check 2: 3.9% -> failed 2 -> Rollback "error rate 3.9% > 1% in 2 of 2 checks; failed (2) >= failureLimit (2)"
+      check 1 (10:00:21): 4.2% -> failed 1, firstFailedAt 10:00:21, Continue
+      check 2 (10:00:31): 3.9% -> failed 2 -> Rollback "error rate 3.9% > 1% in 2 of 2 checks; failed (2) >= failureLimit (2)"
     consecutiveErrorLimit 1: error, error -> consecutiveErrors 2 > 1 -> ErrorPause; a later answer resets it.
     """
     c: dict[str, Any] = {**empty_counters(), **dict(counters or {})}
@@ -272,6 +272,7 @@ def fold(
         c["lastSuccessfulAt"] = rfc3339
     if m.verdict == FAILED:
         c["failed"] += 1
+        c.setdefault("firstFailedAt", rfc3339)  # kept: the rollback's delay is measured from it
         for name in m.failed_metrics:
             by_metric[name] = by_metric.get(name, 0) + 1
     if by_metric:

@@ -4,7 +4,8 @@ The reconciler asks `Releases.traffic_mode` while it gathers the pass's context,
 `Releases.measure_if_due` before it plans (release/children.py `plan_pass`, pure). The Prometheus
 measurement, the optional probe load and -- while the old revision drains its pinned dialogues -- the
 check of its recent requests happen here, in the pass's worker thread; they never raise (an unreachable
-Prometheus is an Error measurement, or a check without a figure).
+Prometheus is an Error measurement, or a check without a figure). Each measurement is counted here, by
+verdict and by figure (metrics.py), where it is taken.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
-from chatfleet_operator import api
+from chatfleet_operator import api, metrics
 from chatfleet_operator.analysis import quality, queries
 from chatfleet_operator.analysis.answers import ask_all
 from chatfleet_operator.analysis.assess import INCONCLUSIVE, Measurement, Sample, assess, combine
@@ -194,7 +195,9 @@ class Releases:
     def measure_if_due(self, ctx: PassContext) -> PassContext:
         """The context with this pass's measurement and dialogue check, each when one is due."""
         if analysis_due(ctx.spec, ctx.old_status, ctx.canary, ctx.now):
-            ctx = replace(ctx, measurement=self.measure(ctx))
+            measurement = self.measure(ctx)
+            metrics.analysis_measured(measurement.verdict, measurement.figures)
+            ctx = replace(ctx, measurement=measurement)
         if dialogue_check_due(ctx.spec, ctx.old_status, ctx.now):
             ctx = replace(ctx, dialogue_check=self.old_revision_requests(ctx))
         return ctx

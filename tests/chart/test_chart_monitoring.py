@@ -13,6 +13,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 from chart_helpers import CHART, one, render
 from needs import need_executable
@@ -26,8 +27,8 @@ ALL_ON = [
     "monitoring.dashboard.enabled=true",
 ]
 #: Series the rules and the dashboard may read: the runtime's (runtime/chatfleet_runtime/metrics.py and the
-#: Triton model), Triton's built-ins, kube-state-metrics' ChatbotService series (files/kube-state-metrics.yaml)
-#: and the rules' own recordings.
+#: Triton model), Triton's built-ins, kube-state-metrics' ChatbotService series (files/kube-state-metrics.yaml),
+#: the operator's own (operator/chatfleet_operator/metrics.py) and the rules' own recordings.
 KNOWN_PREFIXES = ("chatfleet_", "nv_", "chatbotservice:")
 
 
@@ -94,6 +95,7 @@ def test_every_expected_alert_exists_and_is_tested() -> None:
         "ChatbotServiceGPUSaturated",
         "ChatbotServiceTrafficDrop",
         "ChatbotServiceReleaseRolledBack",
+        "ChatfleetOperatorReconcileStuck",
     }
     tests = yaml.safe_load(TESTS.read_text())["tests"]
     tested = {t["alertname"] for group in tests for t in group.get("alert_rule_test", [])}
@@ -130,6 +132,22 @@ def test_rules_and_dashboard_read_only_known_series() -> None:
     names = set().union(*(metric_names(e) for e in exprs))
     unknown = {n for n in names if not n.startswith(KNOWN_PREFIXES)}
     assert not unknown, f"series of unknown origin: {unknown}"
+    operator_series = {n for n in names if n.startswith("chatfleet_operator_")}
+    assert operator_series, "no rule or panel reads the operator's own metrics"
+    assert not operator_series - operator_metric_names(), "series the operator does not export"
+
+
+def operator_metric_names() -> set[str]:
+    """Every series name the operator's metrics module exports (counters' _total, histograms' parts)."""
+    from chatfleet_operator import metrics
+    from prometheus_client.metrics import MetricWrapperBase
+
+    out: set[str] = set()
+    for obj in vars(metrics).values():
+        if isinstance(obj, MetricWrapperBase):
+            for family in obj.describe():
+                out |= {family.name + suffix for suffix in ("", "_total", "_bucket", "_count", "_sum")}
+    return out
 
 
 def test_dashboard_covers_the_required_panels() -> None:
@@ -142,6 +160,12 @@ def test_dashboard_covers_the_required_panels() -> None:
         "gpu utilization",
         "batch size",
         "canary weight",
+        "reconcile passes",
+        "reconcile duration",
+        "oldest unfinished pass",
+        "api requests",
+        "rolled back",
+        "rollback",
     ):
         assert topic in titles, f"no panel about {topic}"
     ids = [p["id"] for p in dashboard["panels"]]
@@ -195,6 +219,43 @@ def test_kube_state_metrics_config_exposes_the_series_the_rules_use() -> None:
                 assert path[1] in status, (
                     f"{metric['name']} reads status.{path[1]}, which the CRD does not define"
                 )
+
+
+@pytest.mark.parametrize(
+    ("sets", "on"),
+    [
+        pytest.param([], False, id="all-off"),
+        pytest.param(["monitoring.fleetPodMonitor.enabled=true"], True, id="with-the-fleet-podmonitor"),
+        pytest.param(["monitoring.prometheusRule.enabled=true"], True, id="with-the-rules"),
+        pytest.param(["monitoring.dashboard.enabled=true"], False, id="dashboard-alone-needs-no-crds"),
+        pytest.param(["monitoring.operatorPodMonitor.enabled=true"], True, id="on-by-itself"),
+        pytest.param(
+            ["monitoring.fleetPodMonitor.enabled=true", "monitoring.operatorPodMonitor.enabled=false"],
+            False,
+            id="off-by-itself",
+        ),
+    ],
+)
+def test_the_operator_serves_and_is_scraped_when_monitoring_is_on(sets: list[str], on: bool) -> None:
+    """The flag, the container port, the NetworkPolicy's port and the PodMonitor go together."""
+    docs = render(sets)
+    container = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    monitors = [d for d in docs if d["kind"] == "PodMonitor" and "fleets" not in d["metadata"]["name"]]
+    ingress_ports = [p["port"] for p in one(docs, "NetworkPolicy")["spec"]["ingress"][0]["ports"]]
+    if not on:
+        assert not [a for a in container["args"] if a.startswith("--metrics")]
+        assert "metrics" not in [p["name"] for p in container["ports"]]
+        assert monitors == [] and ingress_ports == [8080]
+        return
+    assert "--metrics-port=9090" in container["args"]
+    assert {"name": "metrics", "containerPort": 9090, "protocol": "TCP"} in container["ports"]
+    assert ingress_ports == [8080, 9090]
+    (monitor,) = monitors
+    assert [(e["port"], e["path"]) for e in monitor["spec"]["podMetricsEndpoints"]] == [
+        ("metrics", "/metrics")
+    ]
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"].items()
 
 
 def test_monitoring_is_off_by_default() -> None:

@@ -151,7 +151,14 @@ class TestOperatorDeployment:
         from chatfleet_operator import cli
 
         args = one(
-            render(["replicaCount=2", "operator.verbose=true", "operator.analysisAllowedHosts={10.0.0.0/8}"]),
+            render(
+                [
+                    "replicaCount=2",
+                    "operator.verbose=true",
+                    "operator.analysisAllowedHosts={10.0.0.0/8}",
+                    "monitoring.operatorPodMonitor.enabled=true",
+                ]
+            ),
             "Deployment",
         )
         argv = args["spec"]["template"]["spec"]["containers"][0]["args"]

@@ -72,3 +72,14 @@ app.kubernetes.io/component: operator
 {{- fail "watch.namespaces is set but watch.scope is cluster (which watches every namespace): set watch.scope=namespaces to watch only the listed namespaces, or empty watch.namespaces" }}
 {{- end }}
 {{- end }}
+
+{{/* "true" when the operator serves /metrics and the chart scrapes them: monitoring.operatorPodMonitor.enabled
+when set (true or false), else on with the other Prometheus Operator monitoring (fleetPodMonitor or
+prometheusRule, whose CRDs the PodMonitor needs too). */}}
+{{- define "chatfleet.operatorMetrics" -}}
+{{- $m := .Values.monitoring }}
+{{- if kindIs "bool" $m.operatorPodMonitor.enabled }}
+{{- if $m.operatorPodMonitor.enabled }}true{{ end }}
+{{- else if or $m.fleetPodMonitor.enabled $m.prometheusRule.enabled }}true
+{{- end }}
+{{- end }}

@@ -1,8 +1,9 @@
 """The operator under test as a subprocess, shared by the integration and e2e suites.
 
 It runs `python -m chatfleet_operator.cli run` against the session's local cluster, watching the given
-namespace patterns, logs to a file per start, writes its stats (passes, latencies, writes) on exit, and
-is stopped by its PID (SIGTERM, or SIGKILL to test restarts).
+namespace patterns, logs to a file per start, writes its stats (passes, latencies, writes) on exit,
+serves its /metrics on a loopback port when asked (`scrape()` reads them), and is stopped by its PID
+(SIGTERM, or SIGKILL to test restarts).
 """
 
 from __future__ import annotations
@@ -13,12 +14,18 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 from chatfleet_platform.config import LOCAL_ANALYSIS_ARGS
 from chatfleet_platform.config import REPO_ROOT as REPO
+from chatfleet_platform.procs import free_port
 from chatfleet_platform.services import wait_until
+from prometheus_client.parser import text_string_to_metric_families
+
+#: One scraped sample: (name, sorted label pairs).
+SampleKey = tuple[str, tuple[tuple[str, str], ...]]
 
 
 class OperatorProcess:
@@ -31,10 +38,13 @@ class OperatorProcess:
         scope: tuple[str, ...],
         extra_args: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
+        serve_metrics: bool = False,
     ) -> None:
         self.cluster, self.workdir, self.scope = cluster, workdir, scope
         self.extra_args = extra_args
         self.env = env or {}
+        self.metrics_port = free_port() if serve_metrics else None
+        """The loopback port of the operator's /metrics (the same across restarts); None: not served."""
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
@@ -64,6 +74,7 @@ class OperatorProcess:
                     "--stats-file",
                     str(self.stats_file),
                     *LOCAL_ANALYSIS_ARGS,  # the platform's Prometheus and trafficsim are on 127.0.0.1
+                    *self.metrics_args(),
                     *self.extra_args,
                 ],
                 cwd=REPO,
@@ -98,6 +109,24 @@ class OperatorProcess:
         stats = self.stop(sig)
         self.start(namespaces)
         return stats
+
+    def metrics_args(self) -> list[str]:
+        """The flags that serve /metrics on 127.0.0.1 (none when not asked for)."""
+        if self.metrics_port is None:
+            return []
+        return ["--metrics-address=127.0.0.1", f"--metrics-port={self.metrics_port}"]
+
+    def scrape(self) -> dict[SampleKey, float]:
+        """The operator's /metrics over HTTP, as {(name, labels): value}."""
+        assert self.metrics_port is not None, "this operator was started without serve_metrics"
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            text = response.read().decode()
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        }
 
     def log_text(self) -> str:
         """Current log content."""

@@ -28,8 +28,10 @@ SUITE_ARGS = ("--autoscaler=hpa",)
 
 @pytest.fixture(scope="session")
 def operator(chatfleet_crd, tmp_path_factory) -> Iterator[OperatorProcess]:
-    """One operator process for the session (tests may restart it)."""
-    op = OperatorProcess(chatfleet_crd, tmp_path_factory.mktemp("operator"), SUITE_SCOPE, SUITE_ARGS)
+    """One operator process for the session, serving its /metrics on a loopback port (tests may restart it)."""
+    op = OperatorProcess(
+        chatfleet_crd, tmp_path_factory.mktemp("operator"), SUITE_SCOPE, SUITE_ARGS, serve_metrics=True
+    )
     op.start()
     try:
         yield op

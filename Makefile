@@ -22,7 +22,7 @@ demo: setup ## The main job on the local platform: GPU nodes, the fleet, a chat,
 
 .PHONY: test
 test: setup lint contracts ## Everything: install, lint, layering contracts, unit + integration + e2e tests
-	$(PYTEST) $(TEST_LAYERS)
+	$(PYTEST) --durations=30 $(TEST_LAYERS)
 
 .PHONY: help
 help: ## This list

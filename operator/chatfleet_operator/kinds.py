@@ -19,7 +19,7 @@ from chatfleet_operator.converge import facts
 class Watch(Enum):
     """How a kind is watched."""
 
-    NONE = "none"  # read or written, never watched (Secrets, Events, HTTPRoutes)
+    NONE = "none"  # read or written, never watched (Secrets, Events)
     CHILD = "child"  # owned objects labelled managed-by: indexed by owner, an event triggers the owner
     POD = "pod"  # pods of a ChatbotService: indexed as PodFacts; problem signals trigger the owner
     NODE = "node"  # nodes: indexed as NodeFacts; changes retry ChatbotServices waiting for a GPU node
@@ -84,7 +84,9 @@ KINDS: tuple[Kind, ...] = (
         signature=facts.autoscaler_signature,
     ),
     Kind("PodDisruptionBudget", "policy", "v1", "poddisruptionbudgets", Watch.CHILD, "pdb_index"),
-    Kind("HTTPRoute", "gateway.networking.k8s.io", "v1", "httproutes"),
+    # Written when the cluster serves Gateway API (release/measure.py discovers it); watched only once its
+    # CRD is there, like the ScaledObject. Unwatched, every pass of a release saw it missing and applied it.
+    Kind("HTTPRoute", "gateway.networking.k8s.io", "v1", "httproutes", Watch.CHILD, "httproute_index"),
     Kind("Pod", "", "v1", "pods", Watch.POD, "pod_index", signature=facts.pod_signature),
     Kind("Node", "", "v1", "nodes", Watch.NODE, "node_index", signature=facts.node_signature),
     Kind("Secret", "", "v1", "secrets"),

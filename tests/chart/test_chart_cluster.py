@@ -41,8 +41,10 @@ UNOBSERVED_BY_DESIGN = {
     ("chatfleet.io", "chatbotservices/finalizers", "update"): "admission-time check, not a request",
     # Applied only when the cluster serves Gateway API and a release splits traffic by weight (the release
     # e2e suite installs those CRDs; this test's cluster may not serve them).
-    ("gateway.networking.k8s.io", "httproutes", "create"): "needs Gateway API and a weighted release",
-    ("gateway.networking.k8s.io", "httproutes", "patch"): "needs Gateway API and a weighted release",
+    **{
+        ("gateway.networking.k8s.io", "httproutes", v): "needs Gateway API and a weighted release"
+        for v in ("list", "watch", "create", "patch")
+    },
     # Written instead of the HPA only when the cluster serves KEDA (this test's cluster does not run it;
     # tests/integration/operator/test_operator_keda.py does, under the operator's own credentials).
     **{("keda.sh", "scaledobjects", v): "needs KEDA" for v in ("list", "watch", "create", "patch", "delete")},

@@ -238,3 +238,21 @@ def merge_patch(target, patch):
         else:
             out[key] = value
     return out
+
+
+def test_the_httproute_is_watched_so_a_pass_applies_it_only_when_it_differs():
+    """The HTTPRoute is an owned object like the others: in the watch cache (kopf index) and, right after
+    the operator's own write, in the remembered writes. Before, it was neither, so every pass of a release
+    found it missing and applied it again ("Created HTTPRoute ... (missing)" about once a second)."""
+    route = {
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "HTTPRoute",
+        "metadata": {"name": "bot", "namespace": "ns", "resourceVersion": "7"},
+        "spec": {"rules": []},
+    }
+    written = World()
+    written.remember("HTTPRoute", "ns", "bot", route, 7)
+    assert written.snapshot(("ns", "bot")).children.get(("HTTPRoute", "bot")) == route
+    watched = World()
+    watched.indexes = {"httproute_index": {("ns", "bot"): [route]}}
+    assert watched.snapshot(("ns", "bot")).children.get(("HTTPRoute", "bot")) == route

@@ -22,8 +22,10 @@ class PodSettings:
     gateway to see it gone (the pod contract's CHATFLEET_DRAIN_SETTLE_SECONDS)."""
     drain_margin_seconds: int = 10
     """Seconds of the grace period beyond settle + the longest generation: the drain hook's own start and exit."""
-    startup_failure_threshold: int = 60
-    """Startup probe failures allowed (period 10 s), i.e. up to 10 minutes for weights to load."""
+    startup_failure_threshold: int = int(os.environ.get("CHATFLEET_STARTUP_FAILURE_THRESHOLD", "60"))
+    """Startup probe failures allowed (period 10 s), i.e. up to 10 minutes for weights to load (env
+    CHATFLEET_STARTUP_FAILURE_THRESHOLD). It also bounds a load that hangs: the kubelet restarts Triton
+    once it is spent, so where models are small (the local real node's) it is set much lower."""
     tmp_size: str = "1Gi"
     """Size limit of the writable /tmp emptyDir (root filesystem is read-only), quantity."""
     weights_cache_size: str = "100Gi"

@@ -56,7 +56,6 @@ def _corpus() -> list[str]:
 def build_tokenizer(vocab_size: int = 1024):
     """Train a byte-level BPE tokenizer offline and wrap it as a chat-capable PreTrainedTokenizerFast."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -68,6 +67,13 @@ def build_tokenizer(vocab_size: int = 1024):
         show_progress=False,
     )
     tok.train_from_iterator(_corpus(), trainer=trainer)
+    return wrap_tokenizer(tok)
+
+
+def wrap_tokenizer(tok):
+    """A `tokenizers.Tokenizer` as a PreTrainedTokenizerFast with SPECIAL_TOKENS' roles and CHAT_TEMPLATE."""
+    from transformers import PreTrainedTokenizerFast
+
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token="<|bos|>",

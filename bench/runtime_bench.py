@@ -1,16 +1,30 @@
-"""Runtime benchmark: the chat runtime vs a naive transformers baseline, same model, same machine.
+"""Runtime benchmark: the chat runtime vs what a transformers user gets without a server, same machine.
 
-(a) the runtime: Redis + the real tritonserver (dynamic batching, one generate per batch) + the chat API,
-    driven over HTTP with streaming (server-sent events), like a real client;
-(b) the baseline: ``model.generate()`` per request, one request at a time, in process (a FIFO worker).
+Three systems, same model, same requests:
+(a) the runtime: Redis + the real tritonserver (in-flight batching) + the chat API, driven over HTTP
+    with streaming (server-sent events), like a real client;
+(b) static batching: ``model.generate()`` in process, requests collected into batches of up to the
+    runtime's max batch size (32) within a window (the runtime's queue delay, 10 ms), left-padded, one
+    generate() per batch, run for its longest answer (``generate_baseline.StaticBatcher``);
+(c) one at a time: the same with batches of one (one generate() per request, first come first served).
+
+Two models: the tiny test model (about 140k parameters: batching is nearly free) and a random model with
+Qwen2-0.5B-Instruct's configuration cut to ``SHAPED_LAYERS`` decoder layers
+(``chatfleet_platform.localruntime.shaped``). Answers have mixed lengths (``answer_lengths``: the same
+draw per request for every system) and exactly those lengths: EOS is suppressed everywhere (the runtime
+gets ``logit_bias`` -100 on EOS, which it honours; the baselines ``suppress_tokens``).
 
 At 1, 8 and 32 concurrent conversations (closed loop): tokens per second, time to first token p50/p99
-and whole-response latency p50/p99. Multi-turn: second-turn latency at about 1,000 tokens of history with
-KV-prefix reuse vs recompute (the same request to Triton with ``prefix_cache: false``). Precision: int8
-(dynamic quantisation) vs fp32, weights memory and batched tokens/s, in process (``--precision-only``
-runs just that row).
+and whole-response latency p50/p99, with ratios runtime / static batching. Multi-turn, per model:
+second-turn latency at about 1,000 tokens of history with KV-prefix reuse vs recompute (the same request
+to Triton with ``prefix_cache: false``). Precision, tiny model: int8 (dynamic quantisation) vs fp32,
+weights memory and batched tokens/s, in process (``--precision-only`` runs just that row).
 
-Writes bench-results/runtime.json and bench-results/runtime.png and prints a table with ratios.
+Counts (environment): SHAPED_LAYERS (4), MAX_TOKENS (128: the answer-length cap), REQUESTS_TINY
+("8,4,3": requests per conversation at 1, 8 and 32 concurrent), REQUESTS_SHAPED ("4,3,3"),
+SERIAL_REQUESTS_SHAPED ("4,1,1": the one-at-a-time baseline on the shaped model), MULTITURN_REPS (6).
+
+Writes bench-results/runtime.json and bench-results/runtime.png and prints a table per model.
 CPU only: no GPU machine is lent to this task.
 """
 
@@ -24,17 +38,47 @@ import platform
 import queue
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "runtime"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling modules, also when loaded by path
 
+from answer_lengths import answer_length, describe  # noqa: E402
 from chatfleet_platform.localruntime.testing import local_runtime, model_config, tiny_model  # noqa: E402
+from generate_baseline import StaticBatcher, closed_loop  # noqa: E402
+
+
+def _levels(name: str, default: str) -> tuple[int, ...]:
+    """A comma-separated environment setting of one count per concurrency level, e.g. "8,4,3"."""
+    return tuple(int(x) for x in os.environ.get(name, default).split(","))
+
 
 CONCURRENCY = (1, 8, 32)
-MAX_TOKENS = 128  # a typical chat answer; --max-tokens changes it (both sides)
+#: The runtime's max batch size; the static batcher's too (a batch never holds more).
+MAX_BATCH = 32
+SHAPED_LAYERS = int(os.environ.get("SHAPED_LAYERS", "4"))
+MAX_TOKENS = int(os.environ.get("MAX_TOKENS", "128"))
+MULTITURN_REPS = int(os.environ.get("MULTITURN_REPS", "6"))
+#: Requests per conversation at each level of CONCURRENCY, per model and system.
+REQUESTS = {
+    "tiny": {"runtime": _levels("REQUESTS_TINY", "8,4,3")},
+    "shaped": {
+        "runtime": _levels("REQUESTS_SHAPED", "4,3,3"),
+        "serial": _levels("SERIAL_REQUESTS_SHAPED", "4,1,1"),
+    },
+}
+SYSTEMS = ("runtime", "static", "serial")
+LABELS = {"runtime": "runtime", "static": "static batched", "serial": "one at a time"}
+
+
+def requests_per_conversation(model: str, system: str, concurrency: int, quick: bool) -> int:
+    """How many requests each conversation sends (static batching gets the runtime's count)."""
+    if quick:
+        return {1: 2, 8: 1, 32: 1}.get(concurrency, 1)
+    counts = REQUESTS[model].get(system, REQUESTS[model]["runtime"])
+    return counts[CONCURRENCY.index(concurrency)] if concurrency in CONCURRENCY else counts[-1]
 
 
 def pct(values: list[float], q: float) -> float:
@@ -45,11 +89,11 @@ def pct(values: list[float], q: float) -> float:
 
 
 def summarize(samples: list[dict], wall_s: float) -> dict:
-    """tokens/s over the wall time, TTFT and latency percentiles in milliseconds."""
+    """tokens/s over the wall time, TTFT and latency percentiles in milliseconds (and batch facts)."""
     tokens = sum(s["tokens"] for s in samples)
     ttft = [s["ttft"] * 1000 for s in samples]
     lat = [s["latency"] * 1000 for s in samples]
-    return {
+    out = {
         "requests": len(samples),
         "tokens": tokens,
         "wall_s": round(wall_s, 3),
@@ -59,6 +103,14 @@ def summarize(samples: list[dict], wall_s: float) -> dict:
         "latency_ms_p50": round(pct(lat, 50), 1),
         "latency_ms_p99": round(pct(lat, 99), 1),
     }
+    if samples and "batch_end" in samples[0]:
+        ends = [s["batch_end"] * 1000 for s in samples]
+        out["batch_end_ms_p50"] = round(pct(ends, 50), 1)
+        out["batch_end_ms_p99"] = round(pct(ends, 99), 1)
+        out["batch_mean"] = round(statistics.mean(s["batch"] for s in samples), 1)
+    if samples and "asked" in samples[0]:
+        out["length_mismatches"] = sum(s["tokens"] != s["asked"] for s in samples)
+    return out
 
 
 def prompt_for(conv: int, turn: int) -> list[dict[str, str]]:
@@ -71,21 +123,31 @@ def prompt_for(conv: int, turn: int) -> list[dict[str, str]]:
 # ---- (a) the runtime ------------------------------------------------------------------------------
 
 
-async def runtime_level(api_url: str, concurrency: int, per_conv: int) -> dict:
+async def runtime_level(
+    api_url: str, concurrency: int, per_conv: int, eos_id: int
+) -> tuple[list[dict], float]:
     """Closed loop: `concurrency` conversations, each sending `per_conv` streamed requests in sequence.
 
-    The load generator uses aiohttp (C-accelerated HTTP parsing): it shares the two CPUs with the
-    runtime, so a heavy client would be measured as runtime overhead.
+    Each request asks for its answer_length with EOS biased away (logit_bias -100), so it gets exactly
+    that many tokens (checked: ``length_mismatches``). The load generator uses aiohttp (C-accelerated
+    HTTP parsing): it shares the two CPUs with the runtime, so a heavy client would be measured as
+    runtime overhead.
     """
     import aiohttp
 
     samples: list[dict] = []
     connector = aiohttp.TCPConnector(limit=concurrency + 4)
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as client:
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=900)) as client:
 
         async def conversation(conv: int) -> None:
             for turn in range(per_conv):
-                body = {"messages": prompt_for(conv, turn), "max_tokens": MAX_TOKENS, "stream": True}
+                asked = answer_length(conv, turn, MAX_TOKENS)
+                body = {
+                    "messages": prompt_for(conv, turn),
+                    "max_tokens": asked,
+                    "logit_bias": {str(eos_id): -100},
+                    "stream": True,
+                }
                 t0 = time.perf_counter()
                 first = None
                 tokens = 0
@@ -106,19 +168,22 @@ async def runtime_level(api_url: str, concurrency: int, per_conv: int) -> dict:
                                 )
                             tokens = event["usage"]["completion_tokens"]
                 end = time.perf_counter()
-                samples.append({"ttft": (first or end) - t0, "latency": end - t0, "tokens": tokens})
+                samples.append(
+                    {"ttft": (first or end) - t0, "latency": end - t0, "tokens": tokens, "asked": asked}
+                )
 
         t0 = time.perf_counter()
         await asyncio.gather(*(conversation(c) for c in range(concurrency)))
         wall = time.perf_counter() - t0
-    return summarize(samples, wall)
+    return samples, wall
 
 
 def multiturn(triton_grpc: str, tokenizer, reps: int, max_tokens: int = 16) -> dict:
     """Second turn at ~1,000 tokens of history, streamed: prefix reuse (session) vs recompute.
 
     Both variants send the same messages to Triton's chat_stream model; "recompute" only adds
-    ``prefix_cache: false``. Reports time to first token and whole-response latency (p50).
+    ``prefix_cache: false``. Every answer is `max_tokens` long (EOS biased away). Reports time to first
+    token and whole-response latency (p50).
     """
     import numpy as np
     import tritonclient.grpc as grpcclient
@@ -126,17 +191,18 @@ def multiturn(triton_grpc: str, tokenizer, reps: int, max_tokens: int = 16) -> d
     client = grpcclient.InferenceServerClient(triton_grpc)
     events: queue.Queue = queue.Queue()
     client.start_stream(callback=lambda result, error: events.put((result, error)))
+    no_eos = {"logit_bias": {str(tokenizer.eos_token_id): -100}}
 
     def call(messages, params) -> tuple[float, float, str]:
         a = grpcclient.InferInput("MESSAGES", [1, 1], "BYTES")
         a.set_data_from_numpy(np.array([[json.dumps(messages).encode()]], dtype=np.object_))
         b = grpcclient.InferInput("PARAMETERS", [1, 1], "BYTES")
-        b.set_data_from_numpy(np.array([[json.dumps(params).encode()]], dtype=np.object_))
+        b.set_data_from_numpy(np.array([[json.dumps({**no_eos, **params}).encode()]], dtype=np.object_))
         t0 = time.perf_counter()
         client.async_stream_infer("chat_stream", [a, b])
         first, parts = None, []
         while True:
-            result, error = events.get(timeout=120)
+            result, error = events.get(timeout=300)
             if error is not None:
                 raise RuntimeError(str(error))
             text = result.as_numpy("TEXT")[0].decode("utf-8", "replace")
@@ -192,101 +258,112 @@ def multiturn(triton_grpc: str, tokenizer, reps: int, max_tokens: int = 16) -> d
     }
 
 
-# ---- (b) the naive baseline -------------------------------------------------------------------------
+# ---- one model: the three systems side by side --------------------------------------------------------
 
 
-class Baseline:
-    """transformers generate() per request, one at a time (a FIFO worker thread), clients submit concurrently."""
+def load_baseline_model(model_dir: Path):
+    """The model and tokenizer for the in-process baselines, loaded as the runtime loads them (fp32, CPU)."""
+    from chatfleet_runtime.loading import choose_placement, load_model, load_tokenizer
 
-    def __init__(self, model_dir: Path, threads: int):
-        import torch
-        from chatfleet_runtime.loading import choose_placement, load_model, load_tokenizer
+    tokenizer = load_tokenizer(model_dir)
+    return load_model(model_dir, choose_placement("fp32", "KIND_CPU", cuda_available=False)), tokenizer
 
-        self.torch, self.threads = torch, threads
-        self.tokenizer = load_tokenizer(model_dir)
-        self.model = load_model(model_dir, choose_placement("fp32", "KIND_CPU", cuda_available=False))
-        self.specials = [i for i in self.tokenizer.all_special_ids if i != self.tokenizer.eos_token_id]
-        self.jobs: queue.Queue = queue.Queue()
-        self.thread = threading.Thread(target=self._worker, daemon=True)
-        self.thread.start()
-        self.submit_and_wait(prompt_for(0, 0))  # warm-up
 
-    def _worker(self) -> None:
-        from transformers.generation.streamers import BaseStreamer
+def run_model(name: str, model_dir: Path, args, levels: tuple[int, ...]) -> dict:
+    """Start the runtime on `model_dir` and measure it beside both baselines at each level, then multi-turn.
 
-        torch, tokenizer = self.torch, self.tokenizer
-        torch.set_num_threads(self.threads)  # OpenMP thread counts are per thread: set it where generate runs
+    Levels are interleaved (runtime, static batching, one at a time at one level, then the next level) so
+    machine noise hits all three alike.
+    """
+    model, tokenizer = load_baseline_model(model_dir)
+    eos = tokenizer.eos_token_id
+    cfg = model_config(
+        model_dir,
+        max_batch_size=MAX_BATCH,
+        max_queue_delay_us=args.queue_delay_us,
+        max_new_tokens=max(256, MAX_TOKENS),
+        torch_threads=args.threads,
+    )
+    window_s = args.queue_delay_us / 1e6
+    baselines = {
+        "static": StaticBatcher(
+            model, tokenizer, threads=args.threads, max_batch=MAX_BATCH, window_s=window_s
+        ),
+        "serial": StaticBatcher(model, tokenizer, threads=args.threads, max_batch=1, window_s=0.0),
+    }
+    figures: dict[str, dict[str, dict]] = {system: {} for system in SYSTEMS}
+    counts: dict[str, dict[str, int]] = {system: {} for system in SYSTEMS}
+    # The deadline is the API's; a 128-token answer in a batch of 32 on the shaped model needs more than 30 s.
+    api_env = {"CHATFLEET_REQUEST_TIMEOUT_SECONDS": "900"}
+    try:
+        with local_runtime(
+            Path(args.workdir) / f"rt-{name}", model_dir=model_dir, config=cfg, api_env=api_env
+        ) as rt:
+            asyncio.run(runtime_level(rt.api_url, 4, 1, eos))  # warm-up
+            closed_loop(lambda c, t: baselines["static"].submit_and_wait(prompt_for(c, t), 8), 4, 1)
+            for c in levels:
+                for system in SYSTEMS:
+                    per_conv = requests_per_conversation(name, system, c, args.quick)
+                    if system == "runtime":
+                        samples, wall = asyncio.run(runtime_level(rt.api_url, c, per_conv, eos))
+                    else:
+                        batcher = baselines[system]
 
-        class FirstToken(BaseStreamer):
-            def __init__(self):
-                self.calls = 0
-                self.first: float | None = None
+                        def submit(conv: int, turn: int, batcher=batcher) -> dict:
+                            return batcher.submit_and_wait(
+                                prompt_for(conv, turn), answer_length(conv, turn, MAX_TOKENS)
+                            )
 
-            def put(self, value):
-                self.calls += 1
-                if self.calls == 2 and self.first is None:  # call 1 is the prompt
-                    self.first = time.perf_counter()
+                        samples, wall = closed_loop(submit, c, per_conv)
+                    figures[system][str(c)] = summarize(samples, wall)
+                    counts[system][str(c)] = per_conv
+                    print(f"  {name:<6} c={c:<2} {LABELS[system]:<14} {figures[system][str(c)]}", flush=True)
+            print(f"  {name}: multi-turn, prefix reuse vs recompute ...", flush=True)
+            mt = multiturn(rt.triton.grpc_url, tokenizer, reps=2 if args.quick else MULTITURN_REPS)
+            print(f"  {mt}", flush=True)
+    finally:
+        for batcher in baselines.values():
+            batcher.close()
+    cfg_dict = model.config.to_dict()
+    return {
+        "model": {
+            "name": name,
+            "dir": str(model_dir.relative_to(ROOT)) if model_dir.is_relative_to(ROOT) else str(model_dir),
+            "architecture": cfg_dict.get("model_type"),
+            "parameters": model.num_parameters(),
+            "layers": cfg_dict.get("num_hidden_layers"),
+            "hidden_size": cfg_dict.get("hidden_size"),
+            "intermediate_size": cfg_dict.get("intermediate_size"),
+            "attention_heads": cfg_dict.get("num_attention_heads"),
+            "kv_heads": cfg_dict.get("num_key_value_heads"),
+            "vocab_size": cfg_dict.get("vocab_size"),
+        },
+        "requests_per_conversation": counts,
+        **figures,
+        "multiturn": mt,
+        "goals": goals(figures, mt),
+    }
 
-            def end(self):
-                pass
 
-        while True:
-            job = self.jobs.get()
-            if job is None:
-                return
-            messages, t_submit, done = job
-            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-            ids = torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]])
-            streamer = FirstToken()
-            with torch.inference_mode():
-                out = self.model.generate(
-                    ids,
-                    attention_mask=torch.ones_like(ids),
-                    max_new_tokens=MAX_TOKENS,
-                    do_sample=False,
-                    suppress_tokens=self.specials,
-                    streamer=streamer,
-                    pad_token_id=tokenizer.pad_token_id,
-                )
-            tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
-            end = time.perf_counter()
-            done(
-                {
-                    "ttft": (streamer.first or end) - t_submit,
-                    "latency": end - t_submit,
-                    "tokens": out.shape[1] - ids.shape[1],
-                }
-            )
+def ratio(a: float, b: float) -> float | None:
+    """a / b rounded, None when b is 0."""
+    return round(a / b, 2) if b else None
 
-    def submit_and_wait(self, messages) -> dict:
-        """Queue one request and wait for its measurements."""
-        box: queue.Queue = queue.Queue()
-        self.jobs.put((messages, time.perf_counter(), box.put))
-        return box.get()
 
-    def level(self, concurrency: int, per_conv: int) -> dict:
-        """Closed loop: `concurrency` client threads, each sending `per_conv` requests in sequence."""
-        samples: list[dict] = []
-        lock = threading.Lock()
-
-        def conversation(conv: int) -> None:
-            for turn in range(per_conv):
-                s = self.submit_and_wait(prompt_for(conv, turn))
-                with lock:
-                    samples.append(s)
-
-        t0 = time.perf_counter()
-        clients = [threading.Thread(target=conversation, args=(c,)) for c in range(concurrency)]
-        for c in clients:
-            c.start()
-        for c in clients:
-            c.join()
-        return summarize(samples, time.perf_counter() - t0)
-
-    def close(self) -> None:
-        """Stop the worker."""
-        self.jobs.put(None)
-        self.thread.join(10)
+def goals(figures: dict, mt: dict) -> dict:
+    """At 32 concurrent: tokens/s >= 2x static batching at equal or better p99 latency; prefix reuse <= 0.5x."""
+    rt, st = figures["runtime"].get("32"), figures["static"].get("32")
+    out: dict = {"prefix_ratio": mt["ratio"], "prefix_met": mt["ratio"] <= 0.5}
+    if rt and st:
+        thr = ratio(rt["tokens_per_s"], st["tokens_per_s"])
+        p99 = ratio(rt["latency_ms_p99"], st["latency_ms_p99"])
+        out |= {
+            "throughput_vs_static_32": thr,
+            "p99_latency_vs_static_32": p99,
+            "throughput_met": thr is not None and thr >= 2,
+            "latency_met": p99 is not None and p99 <= 1,
+        }
+    return out
 
 
 # ---- precision: int8 vs fp32 -----------------------------------------------------------------------
@@ -350,215 +427,174 @@ def precision_table(p: dict) -> list[str]:
 # ---- report --------------------------------------------------------------------------------------
 
 
-def table(result: dict) -> str:
-    """The side-by-side table with ratios."""
-    rt, bl = result["runtime"], result["baseline"]
-    lines = [
-        f"chatfleet runtime benchmark - model {result['model']['size']} ({result['model']['parameters']:,} params), "
-        f"{result['machine']['device']}, {result['machine']['cpus']} CPUs, torch threads {result['config']['torch_threads']}",
-        "NOTE: CPU only - no GPU machine is lent to this task.",
-        "",
-        f"{'conc':>4} | {'tok/s runtime':>13} {'baseline':>9} {'ratio':>6} | {'TTFT p50 rt':>11} {'bl':>8} | "
-        f"{'TTFT p99 rt':>11} {'bl':>8} | {'lat p50 rt':>10} {'bl':>8} | {'lat p99 rt':>10} {'bl':>8}",
-    ]
-    for c in CONCURRENCY:
-        r, b = rt[str(c)], bl[str(c)]
-        lines.append(
-            f"{c:>4} | {r['tokens_per_s']:>13.0f} {b['tokens_per_s']:>9.0f} {r['tokens_per_s'] / b['tokens_per_s']:>5.1f}x | "
-            f"{r['ttft_ms_p50']:>9.1f}ms {b['ttft_ms_p50']:>6.1f}ms | {r['ttft_ms_p99']:>9.1f}ms {b['ttft_ms_p99']:>6.1f}ms | "
-            f"{r['latency_ms_p50']:>8.1f}ms {b['latency_ms_p50']:>6.1f}ms | {r['latency_ms_p99']:>8.1f}ms {b['latency_ms_p99']:>6.1f}ms"
-        )
-    g = result["goals"]
-    mt = result["multiturn"]
-    lines += [
-        "",
-        f"goal 1: tokens/s at 32 conversations >= 10x baseline: {g['throughput_ratio_32']:.1f}x "
-        f"(vs the baseline's best level: {g['throughput_ratio_32_vs_best_baseline']:.1f}x) -> {'MET' if g['throughput_met'] else 'NOT MET'}",
-        f"goal 2: p50 latency at 32 <= 1.5x baseline single-request p50: {g['latency_ratio_32_vs_baseline_1']:.2f}x "
-        f"-> {'MET' if g['latency_met'] else 'NOT MET'}",
-        f"goal 3: second turn at {mt['history_tokens']} tokens of history, prefix reuse vs recompute "
-        f"(p50 of {mt['repetitions']}, {mt['max_tokens']} new tokens):",
-    ]
-    for label, m in (("tiny (bench model)", mt), ("small (4x256)", result.get("multiturn_small_model"))):
-        if not m:
-            continue
-        lines.append(
-            f"    {label:<19} latency {m['reuse_ms_p50']:.1f}ms vs {m['recompute_ms_p50']:.1f}ms = {m['ratio']:.2f}x; "
-            f"TTFT {m['reuse_ttft_ms_p50']:.1f}ms vs {m['recompute_ttft_ms_p50']:.1f}ms = {m['ttft_ratio']:.2f}x"
-        )
-    lines.append(
-        f"    -> whole-response latency ratio (goal <= 0.5x): tiny {g['prefix_ratio']:.2f}x "
-        f"{'MET' if g['prefix_met'] else 'NOT MET'}; small "
-        + (
-            f"{g['prefix_ratio_small']:.2f}x {'MET' if g['prefix_met_small'] else 'NOT MET'}"
-            if g.get("prefix_ratio_small")
-            else "n/a"
-        )
+def model_line(m: dict) -> str:
+    """One line naming a model's shape."""
+    return (
+        f"{m['name']} model: {m['architecture']}, {m['parameters']:,} parameters, {m['layers']} layers x hidden "
+        f"{m['hidden_size']}, MLP {m['intermediate_size']}, {m['attention_heads']}/{m['kv_heads']} heads, "
+        f"vocabulary {m['vocab_size']:,}"
     )
+
+
+def table(result: dict) -> str:
+    """Per model: each level, the three systems side by side, tokens/s ratio runtime / that system."""
+    cfg = result["config"]
+    lengths = cfg["answer_lengths"]
+    lines = [
+        f"chatfleet runtime benchmark - {result['machine']['device']}, {result['machine']['cpus']} CPUs, "
+        f"torch threads {cfg['torch_threads']}; NOTE: CPU only - no GPU machine is lent to this task.",
+        f"answers: lognormal, median {lengths['median_tokens']:g} tokens, cap {lengths['cap_tokens']}, "
+        f"EOS suppressed (exact lengths); static batches of up to {cfg['max_batch_size']} "
+        f"within {cfg['static_window_ms']:g} ms",
+    ]
+    for run in result["models"].values():
+        lines += ["", model_line(run["model"])]
+        lines.append(
+            f"{'conc':>4} | {'system':<14} {'req':>4} | {'tok/s':>7} {'rt/this':>7} | {'TTFT p50':>9} {'p99':>9} | "
+            f"{'lat p50':>9} {'p99':>9}"
+        )
+        levels = [c for c in CONCURRENCY if str(c) in run["runtime"]] or sorted(
+            int(c) for c in run["runtime"]
+        )
+        for c in levels:
+            rt = run["runtime"][str(c)]
+            for system in SYSTEMS:
+                f = run[system][str(c)]
+                lines.append(
+                    f"{c if system == 'runtime' else '':>4} | {LABELS[system]:<14} {f['requests']:>4} | "
+                    f"{f['tokens_per_s']:>7.1f} {rt['tokens_per_s'] / f['tokens_per_s']:>6.2f}x | "
+                    f"{f['ttft_ms_p50']:>7.0f}ms {f['ttft_ms_p99']:>7.0f}ms | "
+                    f"{f['latency_ms_p50']:>7.0f}ms {f['latency_ms_p99']:>7.0f}ms"
+                )
+        g, mt = run["goals"], run["multiturn"]
+        if "throughput_vs_static_32" in g:
+            lines.append(
+                f"goal at 32: tokens/s >= 2x static batching ({g['throughput_vs_static_32']:.2f}x: "
+                f"{'MET' if g['throughput_met'] else 'NOT MET'}) at p99 latency <= static's "
+                f"({g['p99_latency_vs_static_32']:.2f}x: {'MET' if g['latency_met'] else 'NOT MET'})"
+            )
+        lines.append(
+            f"second turn at {mt['history_tokens']} tokens of history (p50 of {mt['repetitions']}, "
+            f"{mt['max_tokens']} new tokens): prefix reuse {mt['reuse_ms_p50']:.0f}ms vs recompute "
+            f"{mt['recompute_ms_p50']:.0f}ms = {mt['ratio']:.2f}x (goal <= 0.5x: {'MET' if g['prefix_met'] else 'NOT MET'}); "
+            f"TTFT {mt['reuse_ttft_ms_p50']:.0f}ms vs {mt['recompute_ttft_ms_p50']:.0f}ms = {mt['ttft_ratio']:.2f}x"
+        )
     if result.get("precision"):
         lines += ["", *precision_table(result["precision"])]
     return "\n".join(lines)
 
 
 def plot(result: dict, path: Path) -> None:
-    """PNG with throughput, TTFT and latency curves and the multi-turn bars."""
+    """PNG per model: tokens/s, latency and TTFT against concurrency for each system; multi-turn bars."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 4, figsize=(18, 4.2))
-    xs = list(CONCURRENCY)
-    for label, key, style in (("runtime", "runtime", "o-"), ("baseline", "baseline", "s--")):
-        data = result[key]
-        axes[0].plot(xs, [data[str(c)]["tokens_per_s"] for c in xs], style, label=label)
-        axes[1].plot(xs, [data[str(c)]["ttft_ms_p50"] for c in xs], style, label=f"{label} p50")
-        axes[1].plot(xs, [data[str(c)]["ttft_ms_p99"] for c in xs], style, alpha=0.5, label=f"{label} p99")
-        axes[2].plot(xs, [data[str(c)]["latency_ms_p50"] for c in xs], style, label=f"{label} p50")
-        axes[2].plot(xs, [data[str(c)]["latency_ms_p99"] for c in xs], style, alpha=0.5, label=f"{label} p99")
-    for ax, title, unit in (
-        (axes[0], "throughput", "tokens/s"),
-        (axes[1], "time to first token", "ms"),
-        (axes[2], "whole response latency", "ms"),
-    ):
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(xs, [str(x) for x in xs])
-        ax.set_xlabel("concurrent conversations")
-        ax.set_ylabel(unit)
-        ax.set_title(title)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    axes[0].set_yscale("log")
-    groups = [("tiny", result["multiturn"]), ("small", result.get("multiturn_small_model"))]
-    groups = [(name, m) for name, m in groups if m]
-    xs3 = range(len(groups))
-    axes[3].bar(
-        [x - 0.2 for x in xs3],
-        [m["reuse_ms_p50"] for _, m in groups],
-        0.4,
-        label="prefix reuse",
-        color="tab:green",
-    )
-    axes[3].bar(
-        [x + 0.2 for x in xs3],
-        [m["recompute_ms_p50"] for _, m in groups],
-        0.4,
-        label="recompute",
-        color="tab:gray",
-    )
-    axes[3].set_xticks(list(xs3), [f"{name}\n{m['ratio']:.2f}x" for name, m in groups])
-    axes[3].set_title(f"2nd turn at ~{groups[0][1]['history_tokens']} tokens of history (p50)")
-    axes[3].set_ylabel("ms")
-    axes[3].legend(fontsize=7)
-    fig.suptitle(
-        f"chatfleet runtime vs naive generate() - {result['model']['size']} model, CPU only (no GPU lent)"
-    )
+    runs = result["models"]
+    fig, axes = plt.subplots(len(runs), 4, figsize=(19, 4.3 * len(runs)), squeeze=False)
+    styles = {"runtime": ("o-", "tab:blue"), "static": ("s--", "tab:orange"), "serial": ("^:", "tab:green")}
+    for row, (name, run) in zip(axes, runs.items(), strict=True):
+        xs = sorted(int(c) for c in run["runtime"])
+        for system in SYSTEMS:
+            data, (style, color), label = run[system], styles[system], LABELS[system]
+            row[0].plot(xs, [data[str(c)]["tokens_per_s"] for c in xs], style, color=color, label=label)
+            for col, metric in ((1, "latency"), (2, "ttft")):
+                for q, alpha in (("p99", 1.0), ("p50", 0.4)):
+                    values = [data[str(c)][f"{metric}_ms_{q}"] for c in xs]
+                    row[col].plot(xs, values, style, color=color, alpha=alpha, label=f"{label} {q}")
+        for ax, title, unit in (
+            (row[0], "throughput", "tokens/s"),
+            (row[1], "whole-response latency", "ms"),
+            (row[2], "time to first token", "ms"),
+        ):
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(xs, [str(x) for x in xs])
+            ax.set_xlabel("concurrent conversations")
+            ax.set_ylabel(unit)
+            ax.set_title(f"{name}: {title}")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+        row[1].set_yscale("log")
+        row[2].set_yscale("log")
+        mt = run["multiturn"]
+        row[3].bar([0, 1], [mt["reuse_ms_p50"], mt["recompute_ms_p50"]], color=["tab:green", "tab:gray"])
+        row[3].set_xticks([0, 1], ["prefix reuse", "recompute"])
+        row[3].set_title(
+            f"{name}: 2nd turn, {mt['history_tokens']} tokens of history (p50)\n"
+            f"prefix reuse / recompute = {mt['ratio']:.2f}x"
+        )
+        row[3].set_ylabel("ms")
+    fig.suptitle("chatfleet runtime vs static-batched and one-at-a-time generate() - CPU only (no GPU lent)")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run both sides, write the JSON and PNG, print the table."""
-    global MAX_TOKENS
+    """Run every system on each model, write the JSON and PNG, print the tables."""
+    global MAX_TOKENS, SHAPED_LAYERS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="tiny,shaped", help="comma-separated: tiny, shaped")
     parser.add_argument(
-        "--size",
-        choices=("tiny", "small"),
-        default="tiny",
-        help="model built by chatfleet_platform.localruntime.tiny",
+        "--layers", type=int, default=SHAPED_LAYERS, help="decoder layers of the shaped model"
     )
+    parser.add_argument("--levels", default=",".join(map(str, CONCURRENCY)), help="concurrency levels")
     parser.add_argument("--workdir", default=str(ROOT / ".work" / "bench-runtime"))
     parser.add_argument("--out", default=str(ROOT / "bench-results"))
     parser.add_argument(
-        "--threads", type=int, default=1, help="torch threads, both sides (1 is fastest on a busy 2-core box)"
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads, every system (1 is fastest on a busy 2-core box)",
     )
-    parser.add_argument("--quick", action="store_true", help="fewer requests (smoke run)")
+    parser.add_argument(
+        "--quick", action="store_true", help="one or two requests per conversation (smoke run)"
+    )
     parser.add_argument(
         "--queue-delay-us",
         type=int,
         default=10_000,
-        help="Triton max_queue_delay_microseconds (the CRD default)",
+        help="Triton max_queue_delay_microseconds (the CRD default) and the static batcher's window",
     )
     parser.add_argument(
-        "--no-multiturn-small",
-        dest="multiturn_small",
-        action="store_false",
-        help="skip the small-model multi-turn run",
+        "--max-tokens", type=int, default=MAX_TOKENS, help="the answer-length cap (every system)"
     )
-    parser.add_argument(
-        "--max-tokens", type=int, default=MAX_TOKENS, help="tokens generated per request (both sides)"
-    )
+    parser.add_argument("--no-precision", dest="precision", action="store_false", help="skip the int8 row")
     parser.add_argument(
         "--precision-only", action="store_true", help="only the int8 vs fp32 row (in process, seconds)"
     )
     args = parser.parse_args(argv)
-    MAX_TOKENS = args.max_tokens
+    MAX_TOKENS, SHAPED_LAYERS = args.max_tokens, args.layers
     workdir, out = Path(args.workdir), Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    per_conv = {1: 8, 8: 4, 32: 3} if not args.quick else {1: 3, 8: 2, 32: 1}
-    model_dir = tiny_model(workdir, size=args.size)
+    tiny_dir = tiny_model(workdir, size="tiny")
     if args.precision_only:
-        print("\n".join(precision_table(precision_rows(model_dir, args.threads))))
+        print("\n".join(precision_table(precision_rows(tiny_dir, args.threads))))
         return 0
-
-    from chatfleet_runtime.loading import load_tokenizer
-
-    tokenizer = load_tokenizer(model_dir)
-    cfg = model_config(
-        model_dir,
-        max_batch_size=32,
-        max_queue_delay_us=args.queue_delay_us,
-        max_new_tokens=max(256, MAX_TOKENS),
-        torch_threads=args.threads,
-    )
-    print(f"runtime (Triton + chat API + Redis) and baseline (generate() one at a time), {args.size} model;")
-    print("levels interleaved (runtime then baseline) so machine noise hits both alike ...", flush=True)
-    runtime: dict[str, dict] = {}
-    bl: dict[str, dict] = {}
-    base = Baseline(model_dir, args.threads)
-    try:
-        with local_runtime(workdir / "rt", model_dir=model_dir, config=cfg) as rt:
-            asyncio.run(runtime_level(rt.api_url, 4, 2))  # warm-up
-            for c in CONCURRENCY:
-                runtime[str(c)] = asyncio.run(runtime_level(rt.api_url, c, per_conv[c]))
-                print(f"  runtime  c={c}: {runtime[str(c)]}", flush=True)
-                bl[str(c)] = base.level(c, per_conv[c])
-                print(f"  baseline c={c}: {bl[str(c)]}", flush=True)
-            print("multi-turn: prefix reuse vs recompute ...", flush=True)
-            mt = multiturn(rt.triton.grpc_url, tokenizer, reps=4 if args.quick else 8)
-            print(f"  {mt}", flush=True)
-    finally:
-        base.close()
-    mt_small = None
-    if args.multiturn_small:
-        from chatfleet_runtime.tritonhome import running_triton
-
-        small_dir = tiny_model(workdir, size="small")
-        small_cfg = model_config(small_dir, max_batch_size=8, max_new_tokens=64, torch_threads=args.threads)
-        print("multi-turn on the small model (4 layers, hidden 256: prefill costs more) ...", flush=True)
-        from chatfleet_runtime.tritonhome import local_repository
-
-        repo = local_repository(workdir / "small-repo", small_cfg)
-        with running_triton(
-            repo, home=workdir / "rt" / "triton-home", log_path=workdir / "triton-small.log"
-        ) as srv:
-            mt_small = multiturn(srv.grpc_url, load_tokenizer(small_dir), reps=4 if args.quick else 6)
-        print(f"  {mt_small}", flush=True)
-
-    print("precision: int8 vs fp32 ...", flush=True)
-    precision = precision_rows(model_dir, args.threads)
+    levels = tuple(int(c) for c in args.levels.split(","))
     import torch
-    from transformers import AutoConfig
 
-    n_params = sum(
-        p.numel()
-        for p in __import__("safetensors.torch", fromlist=["load_file"])
-        .load_file(str(model_dir / "model.safetensors"))
-        .values()
-    )
-    thr = runtime["32"]["tokens_per_s"] / bl["32"]["tokens_per_s"]
-    lat = runtime["32"]["latency_ms_p50"] / bl["1"]["latency_ms_p50"]
+    runs: dict[str, dict] = {}
+    for name in args.models.split(","):
+        if name == "tiny":
+            model_dir = tiny_dir
+        elif name == "shaped":
+            from chatfleet_platform.localruntime.shaped import build_shaped_model
+
+            print(
+                f"building the shaped model (Qwen2-0.5B's configuration, {SHAPED_LAYERS} layers) ...",
+                flush=True,
+            )
+            model_dir = build_shaped_model(workdir / f"shaped-{SHAPED_LAYERS}-model", layers=SHAPED_LAYERS)
+        else:
+            parser.error(f"--models: unknown model {name!r} (tiny, shaped)")
+        print(f"{name} model: runtime, static batching, one at a time at {levels} concurrent ...", flush=True)
+        runs[name] = run_model(name, model_dir, args, levels)
+    precision = None
+    if args.precision:
+        print("precision: int8 vs fp32 (tiny model) ...", flush=True)
+        precision = precision_rows(tiny_dir, args.threads)
     result = {
         "machine": {
             "device": "cpu",
@@ -568,38 +604,21 @@ def main(argv: list[str] | None = None) -> int:
             "platform": platform.platform(),
             "torch": torch.__version__,
         },
-        "model": {
-            "size": args.size,
-            "parameters": n_params,
-            "config": AutoConfig.from_pretrained(model_dir).to_dict().get("hidden_size"),
-        },
         "config": {
-            "max_tokens": MAX_TOKENS,
+            "answer_lengths": describe(MAX_TOKENS),
             "torch_threads": args.threads,
-            "max_batch_size": cfg.max_batch_size,
-            "max_queue_delay_us": cfg.max_queue_delay_us,
-            "requests_per_conversation": per_conv,
-            "runtime_path": "HTTP chat API, stream=true (SSE) -> gRPC -> Triton chat_stream",
-            "baseline_path": "in-process model.generate(), one request at a time (FIFO)",
+            "max_batch_size": MAX_BATCH,
+            "max_queue_delay_us": args.queue_delay_us,
+            "static_window_ms": args.queue_delay_us / 1000,
+            "quick": args.quick,
+            "runtime_path": "HTTP chat API, stream=true (SSE) -> gRPC -> Triton chat_stream (in-flight batching)",
+            "static_path": "in-process model.generate() per static batch (left-padded), run for its longest answer",
+            "serial_path": "in-process model.generate(), one request at a time (FIFO)",
+            "latency": "static batching: a row is done at its own last token (as streamed); batch_end_ms is "
+            "the end of its batch",
         },
-        "runtime": runtime,
-        "baseline": bl,
-        "multiturn": mt,
-        "multiturn_small_model": mt_small,
+        "models": runs,
         "precision": precision,
-        "goals": {
-            "throughput_ratio_32": round(thr, 2),
-            "throughput_ratio_32_vs_best_baseline": round(
-                runtime["32"]["tokens_per_s"] / max(v["tokens_per_s"] for v in bl.values()), 2
-            ),
-            "throughput_met": thr >= 10,
-            "latency_ratio_32_vs_baseline_1": round(lat, 2),
-            "latency_met": lat <= 1.5,
-            "prefix_ratio": mt["ratio"],
-            "prefix_met": mt["ratio"] <= 0.5,
-            "prefix_ratio_small": mt_small["ratio"] if mt_small else None,
-            "prefix_met_small": bool(mt_small and mt_small["ratio"] <= 0.5),
-        },
     }
     (out / "runtime.json").write_text(json.dumps(result, indent=2) + "\n")
     plot(result, out / "runtime.png")

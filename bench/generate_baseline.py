@@ -178,32 +178,37 @@ class StaticBatcher:
                 job.report(job.sample)
 
 
-def closed_loop(
-    submit: Callable[[int, int], dict], concurrency: int, per_conversation: int
-) -> tuple[list[dict], float]:
-    """`concurrency` client threads, each sending `per_conversation` requests in sequence: (samples, wall s).
+def closed_loop(submit: Callable[[int], dict], concurrency: int, requests: int) -> tuple[list[dict], float]:
+    """`concurrency` clients (threads) working through `requests` requests: (samples, wall seconds).
 
-    ``submit(conversation, turn)`` sends one request and returns its measurements.
+    Each client sends its next request as soon as its last one is answered, so `concurrency` requests
+    are in flight until the last ones drain. ``submit(k)`` sends request k (0-based, in the order taken)
+    and returns its measurements.
     """
     samples: list[dict] = []
     errors: list[Exception] = []
     lock = threading.Lock()
+    taken = iter(range(requests))
 
-    def conversation(conv: int) -> None:
+    def client() -> None:
         try:
-            for turn in range(per_conversation):
-                sample = submit(conv, turn)
+            while True:
+                with lock:
+                    k = next(taken, None)
+                if k is None or errors:
+                    return
+                sample = submit(k)
                 with lock:
                     samples.append(sample)
         except Exception as exc:  # re-raised below, in the caller's thread
             errors.append(exc)
 
     t0 = time.perf_counter()
-    clients = [threading.Thread(target=conversation, args=(c,)) for c in range(concurrency)]
-    for client in clients:
-        client.start()
-    for client in clients:
-        client.join()
+    clients = [threading.Thread(target=client) for _ in range(concurrency)]
+    for thread in clients:
+        thread.start()
+    for thread in clients:
+        thread.join()
     if errors:
         raise errors[0]
     return samples, time.perf_counter() - t0

@@ -8,21 +8,24 @@ Three systems, same model, same requests:
     generate() per batch, run for its longest answer (``generate_baseline.StaticBatcher``);
 (c) one at a time: the same with batches of one (one generate() per request, first come first served).
 
-Two models: the tiny test model (about 140k parameters: batching is nearly free) and a random model with
-Qwen2-0.5B-Instruct's configuration cut to ``SHAPED_LAYERS`` decoder layers
+Two models: the tiny test model (about 200k parameters: batching is nearly free) and a random model with
+Qwen2-0.5B-Instruct's configuration cut to ``SHAPED_LAYERS`` of its 24 decoder layers
 (``chatfleet_platform.localruntime.shaped``). Answers have mixed lengths (``answer_lengths``: the same
 draw per request for every system) and exactly those lengths: EOS is suppressed everywhere (the runtime
 gets ``logit_bias`` -100 on EOS, which it honours; the baselines ``suppress_tokens``).
 
-At 1, 8 and 32 concurrent conversations (closed loop): tokens per second, time to first token p50/p99
-and whole-response latency p50/p99, with ratios runtime / static batching. Multi-turn, per model:
+At 1, 8 and 32 concurrent clients (closed loop: each client sends the next request of a shared list as
+soon as its last one is answered, so that many are in flight until the list drains): tokens per second
+over the level's wall time (the drain included), time to first token p50/p99 and whole-response latency
+p50/p99, with ratios runtime / each baseline. Multi-turn, per model:
 second-turn latency at about 1,000 tokens of history with KV-prefix reuse vs recompute (the same request
 to Triton with ``prefix_cache: false``). Precision, tiny model: int8 (dynamic quantisation) vs fp32,
 weights memory and batched tokens/s, in process (``--precision-only`` runs just that row).
 
-Counts (environment): SHAPED_LAYERS (4), MAX_TOKENS (128: the answer-length cap), REQUESTS_TINY
-("8,4,3": requests per conversation at 1, 8 and 32 concurrent), REQUESTS_SHAPED ("4,3,3"),
-SERIAL_REQUESTS_SHAPED ("4,1,1": the one-at-a-time baseline on the shaped model), MULTITURN_REPS (6).
+Counts (environment): SHAPED_LAYERS (8), MAX_TOKENS (128: the answer-length cap), REQUESTS_TINY
+("8,4,3": requests per client at 1, 8 and 32 concurrent, so 8, 32 and 96 requests), REQUESTS_SHAPED
+("4,3,3"), SERIAL_REQUESTS_SHAPED ("4,1,1": the one-at-a-time baseline on the shaped model, whose
+throughput does not depend on the count), MULTITURN_REPS (6, tiny) and MULTITURN_REPS_SHAPED (4).
 
 Writes bench-results/runtime.json and bench-results/runtime.png and prints a table per model.
 CPU only: no GPU machine is lent to this task.
@@ -58,10 +61,14 @@ def _levels(name: str, default: str) -> tuple[int, ...]:
 CONCURRENCY = (1, 8, 32)
 #: The runtime's max batch size; the static batcher's too (a batch never holds more).
 MAX_BATCH = 32
-SHAPED_LAYERS = int(os.environ.get("SHAPED_LAYERS", "4"))
+#: Decoder layers of the shaped model: 8 of 24 fit the 20-minute budget on 2 cores (docs/benchmarks.md).
+SHAPED_LAYERS = int(os.environ.get("SHAPED_LAYERS", "8"))
 MAX_TOKENS = int(os.environ.get("MAX_TOKENS", "128"))
-MULTITURN_REPS = int(os.environ.get("MULTITURN_REPS", "6"))
-#: Requests per conversation at each level of CONCURRENCY, per model and system.
+MULTITURN_REPS = {
+    "tiny": int(os.environ.get("MULTITURN_REPS", "6")),
+    "shaped": int(os.environ.get("MULTITURN_REPS_SHAPED", "4")),
+}
+#: Requests per concurrent client at each level of CONCURRENCY, per model and system.
 REQUESTS = {
     "tiny": {"runtime": _levels("REQUESTS_TINY", "8,4,3")},
     "shaped": {
@@ -73,12 +80,13 @@ SYSTEMS = ("runtime", "static", "serial")
 LABELS = {"runtime": "runtime", "static": "static batched", "serial": "one at a time"}
 
 
-def requests_per_conversation(model: str, system: str, concurrency: int, quick: bool) -> int:
-    """How many requests each conversation sends (static batching gets the runtime's count)."""
+def requests_at(model: str, system: str, concurrency: int, quick: bool) -> int:
+    """Requests at one level: per client x clients, e.g. 3 x 32 = 96 (static batching gets the runtime's)."""
     if quick:
-        return {1: 2, 8: 1, 32: 1}.get(concurrency, 1)
+        return 2 if concurrency == 1 else concurrency
     counts = REQUESTS[model].get(system, REQUESTS[model]["runtime"])
-    return counts[CONCURRENCY.index(concurrency)] if concurrency in CONCURRENCY else counts[-1]
+    per_client = counts[CONCURRENCY.index(concurrency)] if concurrency in CONCURRENCY else counts[-1]
+    return per_client * concurrency
 
 
 def pct(values: list[float], q: float) -> float:
@@ -113,20 +121,18 @@ def summarize(samples: list[dict], wall_s: float) -> dict:
     return out
 
 
-def prompt_for(conv: int, turn: int) -> list[dict[str, str]]:
-    """A distinct short user message per conversation and turn."""
-    return [
-        {"role": "user", "content": f"Conversation {conv}, question {turn}: how do pods scale on Kubernetes?"}
-    ]
+def prompt_for(request: int) -> list[dict[str, str]]:
+    """A distinct short user message per request."""
+    return [{"role": "user", "content": f"Question {request}: how do pods scale on Kubernetes?"}]
 
 
 # ---- (a) the runtime ------------------------------------------------------------------------------
 
 
 async def runtime_level(
-    api_url: str, concurrency: int, per_conv: int, eos_id: int
+    api_url: str, concurrency: int, requests: int, eos_id: int
 ) -> tuple[list[dict], float]:
-    """Closed loop: `concurrency` conversations, each sending `per_conv` streamed requests in sequence.
+    """Closed loop: `concurrency` clients working through `requests` streamed requests (as closed_loop).
 
     Each request asks for its answer_length with EOS biased away (logit_bias -100), so it gets exactly
     that many tokens (checked: ``length_mismatches``). The load generator uses aiohttp (C-accelerated
@@ -138,12 +144,13 @@ async def runtime_level(
     samples: list[dict] = []
     connector = aiohttp.TCPConnector(limit=concurrency + 4)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=900)) as client:
+        taken = iter(range(requests))
 
-        async def conversation(conv: int) -> None:
-            for turn in range(per_conv):
-                asked = answer_length(conv, turn, MAX_TOKENS)
+        async def user() -> None:
+            for k in taken:  # shared by every client: each takes the next request when its last is answered
+                asked = answer_length(k, MAX_TOKENS)
                 body = {
-                    "messages": prompt_for(conv, turn),
+                    "messages": prompt_for(k),
                     "max_tokens": asked,
                     "logit_bias": {str(eos_id): -100},
                     "stream": True,
@@ -173,7 +180,7 @@ async def runtime_level(
                 )
 
         t0 = time.perf_counter()
-        await asyncio.gather(*(conversation(c) for c in range(concurrency)))
+        await asyncio.gather(*(user() for _ in range(concurrency)))
         wall = time.perf_counter() - t0
     return samples, wall
 
@@ -300,26 +307,24 @@ def run_model(name: str, model_dir: Path, args, levels: tuple[int, ...]) -> dict
             Path(args.workdir) / f"rt-{name}", model_dir=model_dir, config=cfg, api_env=api_env
         ) as rt:
             asyncio.run(runtime_level(rt.api_url, 4, 1, eos))  # warm-up
-            closed_loop(lambda c, t: baselines["static"].submit_and_wait(prompt_for(c, t), 8), 4, 1)
+            closed_loop(lambda k: baselines["static"].submit_and_wait(prompt_for(k), 8), 4, 4)
             for c in levels:
                 for system in SYSTEMS:
-                    per_conv = requests_per_conversation(name, system, c, args.quick)
+                    n = requests_at(name, system, c, args.quick)
                     if system == "runtime":
-                        samples, wall = asyncio.run(runtime_level(rt.api_url, c, per_conv, eos))
+                        samples, wall = asyncio.run(runtime_level(rt.api_url, c, n, eos))
                     else:
                         batcher = baselines[system]
 
-                        def submit(conv: int, turn: int, batcher=batcher) -> dict:
-                            return batcher.submit_and_wait(
-                                prompt_for(conv, turn), answer_length(conv, turn, MAX_TOKENS)
-                            )
+                        def submit(k: int, batcher=batcher) -> dict:
+                            return batcher.submit_and_wait(prompt_for(k), answer_length(k, MAX_TOKENS))
 
-                        samples, wall = closed_loop(submit, c, per_conv)
+                        samples, wall = closed_loop(submit, c, n)
                     figures[system][str(c)] = summarize(samples, wall)
-                    counts[system][str(c)] = per_conv
+                    counts[system][str(c)] = n
                     print(f"  {name:<6} c={c:<2} {LABELS[system]:<14} {figures[system][str(c)]}", flush=True)
             print(f"  {name}: multi-turn, prefix reuse vs recompute ...", flush=True)
-            mt = multiturn(rt.triton.grpc_url, tokenizer, reps=2 if args.quick else MULTITURN_REPS)
+            mt = multiturn(rt.triton.grpc_url, tokenizer, reps=2 if args.quick else MULTITURN_REPS[name])
             print(f"  {mt}", flush=True)
     finally:
         for batcher in baselines.values():
@@ -338,7 +343,7 @@ def run_model(name: str, model_dir: Path, args, levels: tuple[int, ...]) -> dict
             "kv_heads": cfg_dict.get("num_key_value_heads"),
             "vocab_size": cfg_dict.get("vocab_size"),
         },
-        "requests_per_conversation": counts,
+        "requests": counts,
         **figures,
         "multiturn": mt,
         "goals": goals(figures, mt),
@@ -385,7 +390,7 @@ def precision_rows(
     torch.set_num_threads(threads)
     tokenizer = load_tokenizer(model_dir)
     prompts = [
-        render_prompt(tokenizer, prompt_for(i, 0), max_context_tokens=2048, max_new_tokens=max_tokens).ids
+        render_prompt(tokenizer, prompt_for(i), max_context_tokens=2048, max_new_tokens=max_tokens).ids
         for i in range(batch)
     ]
     out: dict[str, dict] = {}
@@ -510,7 +515,7 @@ def plot(result: dict, path: Path) -> None:
         ):
             ax.set_xscale("log", base=2)
             ax.set_xticks(xs, [str(x) for x in xs])
-            ax.set_xlabel("concurrent conversations")
+            ax.set_xlabel("concurrent clients")
             ax.set_ylabel(unit)
             ax.set_title(f"{name}: {title}")
             ax.grid(alpha=0.3)
@@ -548,9 +553,7 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="torch threads, every system (1 is fastest on a busy 2-core box)",
     )
-    parser.add_argument(
-        "--quick", action="store_true", help="one or two requests per conversation (smoke run)"
-    )
+    parser.add_argument("--quick", action="store_true", help="one request per client, two at 1 (smoke run)")
     parser.add_argument(
         "--queue-delay-us",
         type=int,

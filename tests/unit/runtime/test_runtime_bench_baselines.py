@@ -22,12 +22,12 @@ from generate_baseline import StaticBatcher, closed_loop, collect_batch, row_sam
 
 
 def test_answer_lengths_are_fixed_per_request_and_mixed():
-    draws = [answer_length(c, t, 128) for c in range(100) for t in range(10)]
-    assert draws == [answer_length(c, t, 128) for c in range(100) for t in range(10)]
+    draws = [answer_length(k, 128) for k in range(1000)]
+    assert draws == [answer_length(k, 128) for k in range(1000)]
     assert all(MIN_TOKENS <= n <= 128 for n in draws)
     assert 28 <= statistics.median(draws) <= 36  # median cap / 4
     assert min(draws) < 12 and draws.count(128) > 10  # short answers and a tail at the cap
-    assert [answer_length(c, 0, 128, seed=1) for c in range(20)] != draws[::10][:20]  # another seed
+    assert [answer_length(k, 128, seed=1) for k in range(20)] != draws[:20]  # another seed
 
 
 class FakeClock:
@@ -67,6 +67,22 @@ def test_collect_batch_waits_out_the_window_for_late_jobs():
     assert collect_batch(jobs, 8, 2.0) == ["a", "b"]  # real clock: b arrives within the window
 
 
+def test_closed_loop_keeps_every_client_busy_until_the_list_drains():
+    in_flight, peak, lock = [0], [0], threading.Lock()
+
+    def submit(k: int) -> dict:
+        with lock:
+            in_flight[0] += 1
+            peak[0] = max(peak[0], in_flight[0])
+        threading.Event().wait(0.01 * (k % 3))
+        with lock:
+            in_flight[0] -= 1
+        return {"k": k}
+
+    samples, _ = closed_loop(submit, concurrency=4, requests=10)
+    assert sorted(s["k"] for s in samples) == list(range(10)) and peak[0] <= 4
+
+
 def test_row_sample_worked_example():
     sample = row_sample(1.0, 2, [1.5, 1.6, 1.7], 1.8, 3)
     assert sample == pytest.approx({"ttft": 0.5, "latency": 0.6, "batch_end": 0.8, "tokens": 2, "batch": 3})
@@ -77,20 +93,20 @@ def test_static_batches_give_exact_lengths_and_deliver_short_rows_early(tiny_mod
 
     tokenizer = load_tokenizer(tiny_model_dir)
     model = load_model(tiny_model_dir, choose_placement("fp32", "KIND_CPU", cuda_available=False))
-    lengths = [2, 5, 9]
+    lengths = [2, 5, 9, 9, 2, 5]
     batcher = StaticBatcher(model, tokenizer, threads=1, max_batch=3, window_s=1.0)
     try:
         samples, wall = closed_loop(
-            lambda conv, turn: batcher.submit_and_wait(
-                [{"role": "user", "content": f"question {conv} {turn} " * (conv + 1)}], lengths[conv]
+            lambda k: batcher.submit_and_wait(
+                [{"role": "user", "content": f"question {k} " * (k % 3 + 1)}], lengths[k]
             ),
             concurrency=3,
-            per_conversation=2,
+            requests=6,
         )
     finally:
         batcher.close()
-    assert sorted(s["tokens"] for s in samples) == sorted(lengths * 2)
-    assert all(s["batch"] == 3 for s in samples)  # three conversations, batches of three
+    assert sorted(s["tokens"] for s in samples) == sorted(lengths)
+    assert all(s["batch"] == 3 for s in samples)  # three clients, batches of three
     for s in samples:
         assert 0 < s["ttft"] <= s["latency"] <= s["batch_end"] <= wall
     short = [s for s in samples if s["tokens"] == 2]

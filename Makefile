@@ -166,7 +166,7 @@ bench-operator: setup ## Operator: 200 and 1,000 ChatbotServices to Ready, recon
 	$(PY) bench/operator_bench.py
 
 .PHONY: bench-runtime
-bench-runtime: setup ## Runtime vs naive transformers generate: tokens/s and latency at 1/8/32 conversations
+bench-runtime: setup ## Runtime vs static-batched and one-at-a-time generate(), tiny and Qwen2-0.5B-shaped models: tokens/s, TTFT, p50/p99 at 1/8/32 clients; prefix reuse (~11 min, estimated)
 	$(PY) bench/runtime_bench.py
 
 .PHONY: bench-rollout

@@ -46,6 +46,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "runtime"))
+sys.path.insert(0, str(ROOT / "hack"))  # this checkout's platform helpers (the shaped model)
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling modules, also when loaded by path
 
 from answer_lengths import answer_length, describe  # noqa: E402

@@ -256,6 +256,8 @@ def serve(app: FastAPI, host: str, port: int, log_level: str = "warning") -> Non
         port=port,
         log_level=log_level,
         timeout_graceful_shutdown=max(1, round(pipeline.settings.grace_s)),
+        # idle connections outlive the proxy's (it closes first; see ApiSettings.keep_alive_s)
+        timeout_keep_alive=max(1, round(pipeline.settings.keep_alive_s)),
     )
     DrainingServer(config, pipeline).run()
 

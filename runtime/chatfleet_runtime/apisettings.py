@@ -41,6 +41,11 @@ class ApiSettings:
     """The pod's termination grace period; None: request timeout + settle + 10 (what the operator sets)."""
     dialogue_idle_s: float | None = None
     """A dialogue without a turn for this long is no longer open; None: the session TTL."""
+    keep_alive_s: float = 620.0
+    """How long an idle keep-alive connection stays open. Longer than any proxy in front keeps its idle
+    upstream connections (Traefik 90 s, nginx 60 s, cloud load balancers up to 600 s), so the proxy, never
+    this server, closes an idle one: a server that closes first (uvicorn's default is 5 s) races the
+    proxy's next request on that connection, and through Traefik that cut about one stream in 16,000."""
 
     @property
     def grace_s(self) -> float:
@@ -76,6 +81,7 @@ class ApiSettings:
             "drain_settle_s": ("CHATFLEET_DRAIN_SETTLE_SECONDS", float),
             "drain_grace_s": ("CHATFLEET_DRAIN_GRACE_SECONDS", float),
             "dialogue_idle_s": ("CHATFLEET_DIALOGUE_IDLE_SECONDS", float),
+            "keep_alive_s": ("CHATFLEET_KEEP_ALIVE_SECONDS", float),
         }
         values: dict[str, Any] = {}
         for field_name, (var, kind) in pick.items():

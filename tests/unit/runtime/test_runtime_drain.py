@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.client
 import json
 import os
 import signal
@@ -520,4 +521,34 @@ def test_sigterm_without_a_prestop_hook_drains_and_lets_the_stream_finish(tmp_pa
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(10)
+        log.close()
+
+
+def test_an_idle_keep_alive_connection_outlives_a_proxys_pause(tmp_path):
+    """A proxy (Traefik) keeps idle upstream connections 90 s and sends the next request on one: the
+    server must not close it first. With uvicorn's default (5 s) the second request below, 6 s after the
+    first on the same connection, finds it closed (the race that cut a stream through Traefik)."""
+    script = tmp_path / "api.py"
+    script.write_text(SERVER)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = open(tmp_path / "api.log", "wb")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen([sys.executable, str(script), str(port)], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        with httpx.Client(timeout=30) as probe:
+            wait_until(lambda: probe.get(f"{url}/readyz").status_code == 200, 60, "the API to be ready")
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        body = json.dumps({"messages": U})
+        for pause in (6, 0):
+            conn.request(
+                "POST", "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"}
+            )
+            resp = conn.getresponse()
+            assert resp.status == 200 and resp.getheader("connection") != "close"
+            resp.read()
+            time.sleep(pause)
+        conn.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
         log.close()

@@ -104,20 +104,15 @@ def build_model(tokenizer, layers: int, seed: int = 0):
 
 def build_shaped_model(outdir: str | Path, layers: int = 2, seed: int = 0) -> Path:
     """Build tokenizer + model into OUTDIR (idempotent: a complete OUTDIR is reused) and return it."""
-    from chatfleet_platform.localruntime.tiny import build_tokenizer
+    from chatfleet_platform.localruntime.tiny import build_tokenizer, save_once
 
     out = Path(outdir)
-    marker = out / ".chatfleet-shaped"
-    tag = f"qwen2-0.5b:{layers}:{seed}"
-    if marker.exists() and marker.read_text() == tag:
-        return out
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer = pad_vocabulary(build_tokenizer(), QWEN2_0_5B["vocab_size"])
-    model = build_model(tokenizer, layers, seed)
-    tokenizer.save_pretrained(out)
-    model.save_pretrained(out)
-    marker.write_text(tag)
-    return out
+
+    def build():
+        tokenizer = pad_vocabulary(build_tokenizer(), QWEN2_0_5B["vocab_size"])
+        return tokenizer, build_model(tokenizer, layers, seed)
+
+    return save_once(out, ".chatfleet-shaped", f"qwen2-0.5b:{layers}:{seed}", build)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,7 +14,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 SPECIAL_TOKENS = ("<|bos|>", "<|eos|>", "<|pad|>", "<|user|>", "<|assistant|>", "<|system|>")
 
@@ -114,14 +116,25 @@ def build_tiny_model(
     outdir: str | Path, size: str = "tiny", seed: int = 0, *, tie_word_embeddings: bool = False
 ) -> Path:
     """Build tokenizer + model into OUTDIR (idempotent: a complete OUTDIR is reused) and return it."""
-    out = Path(outdir)
-    marker = out / ".chatfleet-tiny"
     tag = f"{size}:{seed}" + (":tied" if tie_word_embeddings else "")
+
+    def build() -> tuple[Any, Any]:
+        tokenizer = build_tokenizer()
+        return tokenizer, build_model(
+            tokenizer, size=size, seed=seed, tie_word_embeddings=tie_word_embeddings
+        )
+
+    return save_once(Path(outdir), ".chatfleet-tiny", tag, build)
+
+
+def save_once(out: Path, marker_name: str, tag: str, build: Callable[[], tuple[Any, Any]]) -> Path:
+    """OUTDIR with the (tokenizer, model) `build` makes, saved once: a folder whose marker file holds
+    `tag` is complete and reused; the marker is written last, so a half-saved folder is built again."""
+    marker = out / marker_name
     if marker.exists() and marker.read_text() == tag:
         return out
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer()
-    model = build_model(tokenizer, size=size, seed=seed, tie_word_embeddings=tie_word_embeddings)
+    tokenizer, model = build()
     tokenizer.save_pretrained(out)
     model.save_pretrained(out)
     marker.write_text(tag)

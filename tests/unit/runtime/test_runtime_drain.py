@@ -492,16 +492,33 @@ def wait_until(predicate, timeout: float, what: str):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def test_sigterm_without_a_prestop_hook_drains_and_lets_the_stream_finish(tmp_path):
+@contextlib.contextmanager
+def real_server(tmp_path):
+    """The SERVER script as a process on a free port, ready; (process, port). Killed at the end."""
     script = tmp_path / "slow_api.py"
     script.write_text(SERVER)
     port = free_port()
-    url = f"http://127.0.0.1:{port}"
     log = open(tmp_path / "api.log", "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen([sys.executable, str(script), str(port)], stdout=log, stderr=subprocess.STDOUT)
     try:
+        with httpx.Client(timeout=30) as probe:
+            wait_until(
+                lambda: probe.get(f"http://127.0.0.1:{port}/readyz").status_code == 200,
+                60,
+                "the API to be ready",
+            )
+        yield proc, port
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        log.close()
+
+
+def test_sigterm_without_a_prestop_hook_drains_and_lets_the_stream_finish(tmp_path):
+    with real_server(tmp_path) as (proc, port):
+        url = f"http://127.0.0.1:{port}"
         with httpx.Client(timeout=30) as client:
-            wait_until(lambda: client.get(f"{url}/readyz").status_code == 200, 60, "the API to be ready")
             body = {"messages": U, "stream": True}
             with client.stream("POST", f"{url}/v1/chat/completions", json=body) as resp:
                 lines = resp.iter_lines()
@@ -517,26 +534,13 @@ def test_sigterm_without_a_prestop_hook_drains_and_lets_the_stream_finish(tmp_pa
         text = "".join(json.loads(x[6:])["choices"][0]["delta"].get("content", "") for x in rest if "{" in x)
         assert text.endswith("w19 ")
         assert proc.wait(timeout=60) == 0
-    finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-        log.close()
 
 
 def test_an_idle_keep_alive_connection_outlives_a_proxys_pause(tmp_path):
     """A proxy (Traefik) keeps idle upstream connections 90 s and sends the next request on one: the
     server must not close it first. With uvicorn's default (5 s) the second request below, 6 s after the
     first on the same connection, finds it closed (the race that cut a stream through Traefik)."""
-    script = tmp_path / "api.py"
-    script.write_text(SERVER)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = open(tmp_path / "api.log", "wb")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen([sys.executable, str(script), str(port)], stdout=log, stderr=subprocess.STDOUT)
-    try:
-        with httpx.Client(timeout=30) as probe:
-            wait_until(lambda: probe.get(f"{url}/readyz").status_code == 200, 60, "the API to be ready")
+    with real_server(tmp_path) as (_, port):
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
         body = json.dumps({"messages": U})
         for pause in (6, 0):
@@ -548,7 +552,3 @@ def test_an_idle_keep_alive_connection_outlives_a_proxys_pause(tmp_path):
             resp.read()
             time.sleep(pause)
         conn.close()
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
-        log.close()

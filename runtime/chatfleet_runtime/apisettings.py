@@ -45,7 +45,7 @@ class ApiSettings:
     """How long an idle keep-alive connection stays open. Longer than any proxy in front keeps its idle
     upstream connections (Traefik 90 s, nginx 60 s, cloud load balancers up to 600 s), so the proxy, never
     this server, closes an idle one: a server that closes first (uvicorn's default is 5 s) races the
-    proxy's next request on that connection, and through Traefik that cut about one stream in 16,000."""
+    proxy's next request on that connection."""
 
     @property
     def grace_s(self) -> float:

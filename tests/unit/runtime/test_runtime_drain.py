@@ -539,7 +539,7 @@ def test_sigterm_without_a_prestop_hook_drains_and_lets_the_stream_finish(tmp_pa
 def test_an_idle_keep_alive_connection_outlives_a_proxys_pause(tmp_path):
     """A proxy (Traefik) keeps idle upstream connections 90 s and sends the next request on one: the
     server must not close it first. With uvicorn's default (5 s) the second request below, 6 s after the
-    first on the same connection, finds it closed (the race that cut a stream through Traefik)."""
+    first on the same connection, finds it closed."""
     with real_server(tmp_path) as (_, port):
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
         body = json.dumps({"messages": U})

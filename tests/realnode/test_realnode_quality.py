@@ -7,8 +7,8 @@ thresholds the HTTP metrics always meet.
 - A broken chat template: the new revision's template drops the roles (the model reads the bare text:
   fluent, 200, fast, and not what stable answers). Every HTTP metric passes; the release must be rolled
   back on the golden prompts alone, at the second failed interval (failureLimit 2), never on an error rate.
-- A release that changes only what cannot change answers (maxBatchSize): promoted, the gate's agreement
-  100 % in every interval.
+- A release that changes only what cannot change answers (maxBatchSize), its golden prompts read from a
+  ConfigMap (spec.analysis.quality.promptsFrom): promoted, the gate's agreement 100 % in every interval.
 """
 
 from __future__ import annotations
@@ -48,8 +48,32 @@ def bot_spec(prometheus: str) -> dict[str, Any]:
     return spec
 
 
-def started(bot: Bot, pod_prometheus, runtime_image, host_model_dir) -> ChatLoad:
-    bot.apply(on_real_node(bot_spec(pod_prometheus.url), image=runtime_image, model_dir=host_model_dir))
+PROMPTS_YAML = """
+- name: refund
+  prompt: How long do refunds take?
+- name: hello
+  prompt: Hello! Who are you?
+  expect: {maxLength: 2000}
+"""
+
+
+def started(bot: Bot, pod_prometheus, runtime_image, host_model_dir, from_config_map=False) -> ChatLoad:
+    spec = bot_spec(pod_prometheus.url)
+    if from_config_map:
+        bot.cluster.apply(
+            [
+                {
+                    "apiVersion": "v1",
+                    "kind": "ConfigMap",
+                    "metadata": {"name": "golden", "namespace": bot.ns},
+                    "data": {"prompts.yaml": PROMPTS_YAML},
+                }
+            ]
+        )
+        quality = spec["analysis"]["quality"]
+        del quality["prompts"]
+        quality["promptsFrom"] = {"configMapName": "golden"}
+    bot.apply(on_real_node(spec, image=runtime_image, model_dir=host_model_dir))
     bot.wait(lambda: bot.cond("Ready").get("status") == "True", 600, "stable Ready")
     return ChatLoad(service_url(bot.cluster, bot.ns, bot.name), workers=2, max_seconds=900).start()
 
@@ -80,7 +104,7 @@ def test_a_release_that_cannot_change_answers_passes_the_gate(
     cluster, real_operator, real_ns, pod_prometheus, runtime_image, host_model_dir
 ):
     bot = Bot(cluster, real_ns)
-    load = started(bot, pod_prometheus, runtime_image, host_model_dir)
+    load = started(bot, pod_prometheus, runtime_image, host_model_dir, from_config_map=True)
     seen: list[dict[str, Any]] = []
     try:
         before = bot.status().get("stableRevision")
@@ -101,3 +125,10 @@ def test_a_release_that_cannot_change_answers_passes_the_gate(
         f.get("canary") for a in seen for f in a.get("figures") or [] if f.get("metric") == "answer agreement"
     ]
     assert agreement and set(agreement) == {100.0}, seen[-1:]
+    expectations = [
+        f.get("canary")
+        for a in seen
+        for f in a.get("figures") or []
+        if f.get("metric") == "expectations passed"
+    ]
+    assert expectations and set(expectations) == {100.0}, seen[-1:]  # the ConfigMap's maxLength was read

@@ -286,13 +286,15 @@ def reconcile_pass(
             ready["status"],
             ready["reason"],
         )
+    if (
+        patch and written is not None
+    ):  # counted as soon as written (a transition not written is planned again)
+        count_release_transitions(plan)
     for event in pass_events(ctx.old_status, new_status, plan.events):
         client.post_event(body, event.type, event.reason, event.message, now)
         log.info(
             "Posted %s event %s on ChatbotService %s/%s", event.type, event.reason, ref.namespace, ref.name
         )
-    if patch and written is not None:  # a transition not written is planned again by the next pass
-        count_release_transitions(plan)
     return Outcome(
         problems=problems,
         writes=writes,

@@ -56,6 +56,15 @@ def test_a_release_moves_the_operators_own_metrics(kube, operator):
     # release 1: promoted at once
     kube.apply(chatbot("bot", runtime={"maxNewTokens": 200}, rollout=AT_ONCE, **base))
     assert wait_until(lambda: last_result(kube, "bot") == "Promoted", 60), kube.diagnose("bot")
+    api = "chatfleet_operator_api_requests_total"
+
+    def counted(now) -> bool:  # the status is visible before the pass that wrote it counts and posts events
+        return (
+            moved(before, now, "chatfleet_operator_releases_promoted_total", strategy="canary") >= 1
+            and moved(before, now, api, verb="POST", kind="Event", code="201") >= 1
+        )
+
+    assert wait_until(lambda: counted(operator.scrape()), 10)
     promoted = operator.scrape()
     assert moved(before, promoted, "chatfleet_operator_releases_started_total", strategy="canary") >= 1
     assert moved(before, promoted, "chatfleet_operator_releases_promoted_total", strategy="canary") >= 1
@@ -66,7 +75,6 @@ def test_a_release_moves_the_operators_own_metrics(kube, operator):
         >= 1
     )
     assert moved(before, promoted, "chatfleet_operator_reconcile_duration_seconds_count") >= 1
-    api = "chatfleet_operator_api_requests_total"
     assert moved(before, promoted, api, verb="APPLY", kind="Deployment", code="200") >= 1
     assert moved(before, promoted, api, verb="PATCH", kind="ChatbotService/status", code="200") >= 1
     assert moved(before, promoted, api, verb="POST", kind="Event", code="201") >= 1  # ReleasePromoted
@@ -79,9 +87,11 @@ def test_a_release_moves_the_operators_own_metrics(kube, operator):
     )
     kube.apply(chatbot("bot", runtime={"maxNewTokens": 256}, rollout={**HELD, "abort": "*"}, **base))
     assert wait_until(lambda: release_phase(kube, "bot") == "RolledBack", 60), kube.diagnose("bot")
+    rolled = "chatfleet_operator_releases_rolled_back_total"
+    # the status is visible to the API before the pass that wrote it counts the transition
+    assert wait_until(lambda: moved(promoted, operator.scrape(), rolled, strategy="canary") >= 1, 10)
     after = operator.scrape()
     assert moved(promoted, after, "chatfleet_operator_releases_started_total", strategy="canary") >= 1
-    assert moved(promoted, after, "chatfleet_operator_releases_rolled_back_total", strategy="canary") >= 1
     # no release is going on in this operator at the scrape's moment, or it is younger than a minute
     assert sample(after, "chatfleet_operator_oldest_pass_seconds") < 60
     assert sample(after, "process_resident_memory_bytes") > 0

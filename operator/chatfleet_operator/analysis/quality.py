@@ -286,7 +286,7 @@ def _regex_errors(prompts: Sequence[GoldenPromptSpec], where: str) -> list[str]:
 #: checks the inline ones; these are checked here, at each measurement, with the same limits).
 MAX_PROMPTS = 20
 _PROMPT_KEYS = {"name", "prompt", "expect"}
-_EXPECT_TYPES: dict[str, type | tuple[type, ...]] = {
+_EXPECT_TYPES: dict[str, type] = {
     "contains": list,
     "regex": str,
     "mustNotRefuse": bool,
@@ -296,14 +296,12 @@ _EXPECT_TYPES: dict[str, type | tuple[type, ...]] = {
 
 
 def prompts_from_text(
-    text: str | None, where: str, inline: Sequence[GoldenPromptSpec] = ()
+    text: str, where: str, inline: Sequence[GoldenPromptSpec] = ()
 ) -> tuple[tuple[GoldenPromptSpec, ...], list[str]]:
     """The golden prompts a ConfigMap key holds (a YAML or JSON list in the shape of
     spec.analysis.quality.prompts), and what is wrong with them, each message starting with `where`
     (e.g. "spec.analysis.quality.promptsFrom (ConfigMap 'golden', key 'prompts.yaml')[2].prompt is
     missing"). Any error: no prompts (a half-read set would judge the release on other prompts)."""
-    if text is None:
-        return (), [f"{where} does not exist"]
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -351,6 +349,6 @@ def _item_errors(item: object, at: str, names: set[str]) -> list[str]:
     return out
 
 
-def _type_name(t: type | tuple[type, ...]) -> str:
+def _type_name(t: type) -> str:
     """'list', 'str', ... as a user reads it."""
-    return {list: "list", str: "string", bool: "boolean", int: "integer"}.get(t, str(t))  # type: ignore[call-overload]
+    return {list: "list", str: "string", bool: "boolean", int: "integer"}.get(t, t.__name__)

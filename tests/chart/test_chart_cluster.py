@@ -50,6 +50,9 @@ UNOBSERVED_BY_DESIGN = {
     **{("keda.sh", "scaledobjects", v): "needs KEDA" for v in ("list", "watch", "create", "patch", "delete")},
     # Pod labels are patched only with spec.scaling.autoscale.warmPool (test_operator_keda.py).
     ("", "pods", "patch"): "needs a warm pool",
+    # A ConfigMap is read by name only at a quality measurement with spec.analysis.quality.promptsFrom,
+    # which needs real pods and Prometheus (tests/realnode/test_realnode_quality.py).
+    ("", "configmaps", "get"): "needs an analysed release with golden prompts from a ConfigMap",
 }
 
 

@@ -55,6 +55,7 @@ def operator_permissions(*, scope: str, peering: bool) -> set[Perm]:
             used |= {(group, plural, "patch"), (group, plural, "create")}  # kube.apply (server-side apply)
     for kind in kinds.DELETABLE:
         used.add((group_of[kind], kube.KINDS[kind][1], "delete"))
+    used.add(("", "configmaps", "get"))  # kube.config_map_data: spec.analysis.quality.promptsFrom
     used.add(("", "pods", "patch"))  # kube.label_pod: the warm pool's serving label and deletion cost
     if owner_reference(ObjectRef("ns", "name", "uid")).get("blockOwnerDeletion"):
         used.add((api.GROUP, f"{api.PLURAL}/finalizers", "update"))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from chatfleet_platform import services
@@ -66,3 +67,19 @@ def prometheus(make_prometheus, traffic) -> services.Prometheus:
 def bot(release_operator, e2e_namespace, cluster) -> Release:
     """The ChatbotService `bot` in the test's namespace (not created yet)."""
     return Release(cluster, e2e_namespace, "bot")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Iterator[Any]:
+    """A failed e2e test's report carries the shared operator's log lines about its namespace."""
+    report = yield
+    op = getattr(item, "funcargs", {}).get("release_operator")
+    ns = getattr(item, "funcargs", {}).get("e2e_namespace")
+    if report.failed and isinstance(op, OperatorProcess) and ns and op.log.exists():
+        lines = op.log.read_text(errors="replace").splitlines()
+        mine = [line for line in lines if ns in line] or lines
+        alive = op.proc is not None and op.proc.poll() is None
+        report.sections.append(
+            (f"operator log ({'running' if alive else 'exited'}), lines naming {ns}", "\n".join(mine[-80:]))
+        )
+    return report

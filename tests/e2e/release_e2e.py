@@ -137,9 +137,12 @@ class Release:
     def wait(self, predicate: Callable[[Release], Any], timeout: float, what: str) -> Any:
         """Wait for a predicate on this release; fails with the status when it never holds."""
         value = wait_until(lambda: predicate(self), timeout)
-        assert value, (
-            f"{what} did not happen within {timeout}s; status:\n{json.dumps(self.status(), indent=1)[-4000:]}"
-        )
+        if not value:
+            res = self.kubectl("get", "chatbotservice", self.name, "-o", "json", check=False)
+            now = (json.loads(res.stdout).get("status") or {}) if res.returncode == 0 else res.stderr
+            raise AssertionError(
+                f"{what} did not happen within {timeout}s; status:\n{json.dumps(now, indent=1)[-4000:]}"
+            )
         return value
 
     def plugin(self, *args: str) -> str:

@@ -89,7 +89,8 @@ def test_real_triton_canary_turning_bad_rolls_back(
             rollout={"strategy": "canary", "canary": {"steps": [{"weight": 50, "pauseSeconds": 600}]}},
         )
         bot.apply(spec)
-        bot.wait(lambda r: r.cond("Ready").get("status") == "True", 60, "Ready")
+        # 120 s: on a 2-core machine this test shares the CPUs with two tritonservers, Prometheus and the load
+        bot.wait(lambda r: r.cond("Ready").get("status") == "True", 120, "Ready")
         bot.patch({"model": {"revision": "v2"}})
         # a measurement passes on the real runtimes' figures
         bot.wait(

@@ -1,7 +1,10 @@
 """The per-object controller: serializes passes per ChatbotService, coalesces watch events, retries.
 
-kopf's own retry (`kopf.TemporaryError(delay=...)`) backs off the handler passes; passes triggered by
-child events retry here with the same backoff (`backoff_delay`), since kopf does not retry them.
+Every pass comes from a watch event (kopf's event handlers, which keep no bookkeeping in the object):
+a ChatbotService listed at start-up or with a generation no pass has run yet ("spec" lane, the larger
+worker pool), an owned object, pod or node whose change matters, or a timer ("triggered" lane). A pass
+that raises or reports a problem is retried here with a growing delay (`backoff_delay`), one retry
+timer per object.
 """
 
 from __future__ import annotations
@@ -14,8 +17,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
-
-import kopf
 
 from chatfleet_operator import api, metrics
 from chatfleet_operator.autoscale.measure import Autoscaling
@@ -35,6 +36,14 @@ PLACEMENT_REASONS = frozenset({api.Reason.NO_MATCHING_GPU_NODES, api.Reason.INSU
 def backoff_delay(retry: int, base: float, ceiling: float) -> float:
     """Growing retry delay: base * 2**retry, capped; e.g. base 5: 5, 10, 20, 40, ... 300."""
     return float(min(ceiling, base * (2 ** min(retry, 16))))
+
+
+@dataclass(frozen=True)
+class Retry:
+    """A pass to run again: after `delay` seconds, because of `why`."""
+
+    delay: float
+    why: str
 
 
 @dataclass
@@ -81,8 +90,13 @@ class Controller:
             max_workers=max(4, settings.runtime.workers // 2), thread_name_prefix="triggered"
         )
         self._locks: dict[Key, asyncio.Lock] = {}
-        self._pending: set[Key] = set()
+        self._pending: dict[Key, str] = {}
+        """Keys with a pass coming (debounced), and the lane it runs in."""
         self._failures: dict[Key, int] = {}
+        self._retries: dict[Key, asyncio.TimerHandle] = {}
+        """The one retry timer of each object that failed or has a problem."""
+        self._generations: dict[Key, int] = {}
+        """The generation the last pass of each object started on (its spec changes trigger once)."""
         self._waiting_for_nodes: set[Key] = set()
         self.passes = 0
         self.latencies: list[float] = []
@@ -127,6 +141,7 @@ class Controller:
             body = self.world.body(key, body)
             if body is None or body.get("metadata", {}).get("deletionTimestamp"):
                 return None
+            self._generations[key] = body.get("metadata", {}).get("generation")
             snap = self.world.snapshot(key)
             loop = asyncio.get_running_loop()
             outcome = await loop.run_in_executor(
@@ -179,50 +194,78 @@ class Controller:
         if key is not None and self.world.changed(kind, body, deleted=event_type == "DELETED"):
             self.trigger(key)
 
-    async def handle(self, body: Mapping[str, Any], retry: int) -> None:
-        """kopf handler body: one pass; unsatisfiable or raised -> kopf.TemporaryError with a growing delay."""
-        meta = body["metadata"]
-        key = (meta["namespace"], meta["name"])
-        delay = backoff_delay(retry, self.settings.retry.base_delay, self.settings.retry.max_delay)
-        try:
-            outcome = await self.run_pass(key, body)
-        except PassFailed as exc:
-            raise kopf.TemporaryError(
-                f"Reconcile failed: {exc}; retrying in {delay:.0f}s", delay=delay
-            ) from exc
-        if outcome is not None and outcome.problems:
-            reasons = ", ".join(sorted({p.reason for p in outcome.problems}))
-            raise kopf.TemporaryError(
-                f"Waiting for {reasons} to be resolved; retrying in {delay:.0f}s", delay=delay
-            )
+    async def attempt(
+        self,
+        key: Key,
+        body: Mapping[str, Any] | None = None,
+        executor: ThreadPoolExecutor | None = None,
+        trigger: str = metrics.HANDLER,
+    ) -> Retry | None:
+        """One pass and the retry it calls for: None when it converged (or there was nothing to do).
 
-    def trigger(self, key: Key | None) -> None:
-        """Ask for a pass soon (debounced); repeated asks before it runs are merged."""
-        if key is None or key in self._pending:
+        A pass that raised or found a problem is retried after `base_delay * 2**n` (n: its failures in a
+        row, capped at `max_delay`); an apply the API server may accept on a second try (5xx, 429, 409)
+        after `1 s * 2**n`.
+        """
+        failures = self._failures.get(key, 0)
+        try:
+            outcome = await self.run_pass(key, body, executor, trigger)
+        except PassFailed as exc:
+            why, base = f"Reconcile failed: {exc}", self.settings.retry.base_delay
+        else:
+            if outcome is None or not (outcome.problems or outcome.retry):
+                self._failures.pop(key, None)
+                return None
+            reasons = ", ".join(sorted({p.reason for p in outcome.problems})) or api.Reason.APPLY_FAILED
+            why = f"Waiting for {reasons} to be resolved"
+            base = 1.0 if outcome.retry else self.settings.retry.base_delay
+        self._failures[key] = failures + 1
+        return Retry(backoff_delay(failures, base, self.settings.retry.max_delay), why)
+
+    def cbs_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        """A ChatbotService watch event: a pass when it is listed (start-up) or its spec is new to us."""
+        meta = body.get("metadata", {})
+        key = (meta.get("namespace", ""), meta.get("name", ""))
+        if event_type == "DELETED":
+            self.forget(key)
             return
-        self._pending.add(key)
+        if meta.get("deletionTimestamp"):
+            return
+        generation = meta.get("generation")
+        observed = (body.get("status") or {}).get("observedGeneration")
+        new_spec = observed != generation and self._generations.get(key) != generation
+        if event_type is None or new_spec:
+            self.trigger(key, metrics.HANDLER)
+
+    def trigger(self, key: Key | None, lane: str = metrics.TRIGGERED) -> None:
+        """Ask for a pass soon (debounced); repeated asks before it runs are merged (a spec lane wins)."""
+        if key is None:
+            return
+        if key in self._pending:
+            if lane == metrics.HANDLER:
+                self._pending[key] = lane
+            return
+        self._pending[key] = lane
         metrics.trigger_queued()
         loop = asyncio.get_running_loop()
         loop.call_later(self.settings.retry.trigger_debounce, lambda: loop.create_task(self._triggered(key)))
 
     async def _triggered(self, key: Key) -> None:
-        """A triggered pass; API failures retry with backoff (kopf handlers retry their own)."""
-        self._pending.discard(key)
+        """A debounced pass in its lane; a failure or problem schedules the object's one retry."""
+        lane = self._pending.pop(key, metrics.TRIGGERED)
         metrics.trigger_due()
+        executor = self.executor if lane == metrics.HANDLER else self.trigger_executor
         try:
-            outcome = await self.run_pass(key, executor=self.trigger_executor, trigger=metrics.TRIGGERED)
-        except Exception as exc:
-            outcome, error = None, exc
-        else:
-            error = None
-            if outcome is None or not outcome.retry:
-                self._failures.pop(key, None)
-                return
-        failures = self._failures[key] = self._failures.get(key, 0) + 1
-        delay = backoff_delay(failures - 1, 1.0, self.settings.retry.max_delay)
-        why = error or "; ".join(p.message for p in outcome.problems if p.reason == api.Reason.APPLY_FAILED)
-        log.warning("Failed to reconcile ChatbotService %s/%s (retry in %.0fs): %s", *key, delay, why)
-        asyncio.get_running_loop().call_later(delay, self.trigger, key)
+            retry = await self.attempt(key, executor=executor, trigger=lane)
+        except Exception as exc:  # not a pass failure (those are PassFailed): e.g. the loop shutting down
+            log.exception("Failed to run a pass of ChatbotService %s/%s", *key)
+            retry = Retry(self.settings.retry.base_delay, str(exc))
+        old = self._retries.pop(key, None)
+        if old is not None:
+            old.cancel()
+        if retry is not None:
+            log.warning("%s: ChatbotService %s/%s, retry in %.0fs", retry.why, *key, retry.delay)
+            self._retries[key] = asyncio.get_running_loop().call_later(retry.delay, self.trigger, key)
 
     def node_event(self, event_type: str, body: Mapping[str, Any]) -> None:
         """A node appeared, changed labels or GPUs: retry at once the ChatbotServices waiting for one."""
@@ -235,4 +278,8 @@ class Controller:
         self._waiting_for_nodes.discard(key)
         self._locks.pop(key, None)
         self._failures.pop(key, None)
+        self._generations.pop(key, None)
+        retry = self._retries.pop(key, None)
+        if retry is not None:
+            retry.cancel()
         self.world.forget(*key)

@@ -19,7 +19,6 @@ from chatfleet_operator.cache import owner_key, slim
 from chatfleet_operator.controller import Controller
 from chatfleet_operator.converge.facts import node_facts, pod_facts
 from chatfleet_operator.kinds import BY_NAME, KINDS, Kind, Watch
-from chatfleet_operator.kopfext import LeanDiffBaseStorage
 
 MANAGED = {api.LABEL_MANAGED_BY: api.MANAGED_BY_VALUE}
 OWNED = {api.LABEL_SERVICE: kopf.PRESENT}
@@ -43,12 +42,8 @@ def controller_for(kwargs: dict[str, Any]) -> Controller:
 
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-    """Tune kopf so that steady state writes nothing: no log events, annotation-only bookkeeping."""
+    """Tune kopf: no log events posted (only the operator's own Warnings), long watches, short backoffs."""
     settings.posting.enabled = False
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="operator.chatfleet.io")
-    settings.persistence.diffbase_storage = LeanDiffBaseStorage(
-        prefix="operator.chatfleet.io", key="last-handled-configuration"
-    )
     settings.watching.server_timeout = 600
     settings.networking.error_backoffs = (1, 2, 4, 8, 16, 30)
 
@@ -98,19 +93,11 @@ def cbs_index(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[Any,
     return {(namespace, name): slim(body)}
 
 
-@kopf.on.resume(*CBS)
-@kopf.on.create(*CBS)
-@kopf.on.update(*CBS)
-async def reconcile(body: kopf.Body, retry: int, **kwargs: Any) -> None:
-    """Reconcile a ChatbotService; unsatisfiable specs retry with a growing delay."""
-    await controller_for(kwargs).handle(body, retry)
-
-
 @kopf.on.event(*CBS)
-async def chatbotservice_event(type: str, body: kopf.Body, namespace: str, name: str, **kwargs: Any) -> None:
-    """Trigger a pass on a spec change not yet observed (also while kopf's retry is backing off)."""
-    observed = (body.get("status") or {}).get("observedGeneration")
-    if type == "DELETED":
-        controller_for(kwargs).forget((namespace, name))
-    elif observed is not None and body.get("metadata", {}).get("generation") != observed:
-        controller_for(kwargs).trigger((namespace, name))
+async def chatbotservice_event(type: str | None, body: kopf.Body, **kwargs: Any) -> None:
+    """A pass when a ChatbotService is listed (start-up) or its spec is new; forget a deleted one.
+
+    Event handlers only: kopf keeps no bookkeeping in the object (no annotation patches, no finalizer);
+    `status.observedGeneration`, written by the pass, is the record of what was reconciled.
+    """
+    controller_for(kwargs).cbs_event(type, body)

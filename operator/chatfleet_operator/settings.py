@@ -54,7 +54,7 @@ class HpaMetricSettings:
 
 @dataclass(frozen=True)
 class RetrySettings:
-    """Backoff for unsatisfiable specs and API failures (kopf.TemporaryError delays)."""
+    """Backoff for unsatisfiable specs and failed passes (controller.py's retry timer)."""
 
     base_delay: float = 5.0
     """First retry delay in seconds; doubles on every retry."""

@@ -1,11 +1,11 @@
 """The chart's RBAC grants exactly what the operator uses: nothing more, nothing less, no wildcards.
 
 Test design: `operator_permissions()` derives the permissions from the operator's code, not from a copy
-of the chart: kopf's registry (every watched or indexed kind: list + watch; kinds with change handlers:
-patch for kopf's annotations), kube.KINDS (owned kinds are server-side applied: patch, plus create when
-an apply creates; Secrets are only read by name; Events only posted), kinds.DELETABLE (delete),
-kube.patch_status (status patch), owner references with blockOwnerDeletion (finalizers update) and
-kopf's own needs (CRD discovery; namespaces with scope namespaces; peering with replicas > 1).
+of the chart: kopf's registry (every watched or indexed kind: list + watch; kinds with change handlers,
+if any: patch for kopf's annotations), kube.seed_replicas (patch of a ChatbotService), kube.KINDS (owned
+kinds are server-side applied: patch, plus create when an apply creates; Secrets are only read by name;
+Events only posted), kinds.DELETABLE (delete), kube.patch_status (status patch), owner references with
+blockOwnerDeletion (finalizers update) and kopf's own needs (CRD discovery; namespaces with scope namespaces; peering with replicas > 1).
 Each rendered rule set must equal that set, per scope. The cluster test in test_chart_cluster.py proves
 the same against the API server: the operator runs under the chart's ServiceAccount, every request it
 sends is recorded, and none is refused.
@@ -38,6 +38,7 @@ def operator_permissions(*, scope: str, peering: bool) -> set[Perm]:
     for handler in registry._changing.get_all_handlers():
         # kopf keeps handler progress and the last-handled configuration in annotations of the object.
         used.add((handler.selector.group, handler.selector.plural or handler.selector.any_name, "patch"))
+    used.add((api.GROUP, api.PLURAL, "patch"))  # kube.seed_replicas: an autoscaled one's first scale
 
     group_of = {
         kind: (prefix.split("/")[2] if prefix.startswith("/apis/") else "")

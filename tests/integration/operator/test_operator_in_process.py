@@ -1,6 +1,6 @@
 """The reconciler in-process against the real local cluster, for what an operator process cannot show.
 
-Test design: these tests drive `Controller.handle` (the kopf handler body) with the real API module
+Test design: these tests drive `Controller.attempt` (one pass and its retry) with the real API module
 `kube.py`, in a solo-* namespace no operator process watches. A failing pass is injected by a client
 whose Secret check raises; everything else (status writes, events, Secret reads) is the real API server.
 """
@@ -11,10 +11,9 @@ import asyncio
 import json
 from typing import Any
 
-import kopf
 import pytest
 from chatfleet_operator import kube
-from chatfleet_operator.controller import Controller
+from chatfleet_operator.controller import Controller, Retry
 from chatfleet_operator.settings import Settings
 from operator_it import Kube, chatbot
 
@@ -38,14 +37,10 @@ class InjectedFailure:
         raise RuntimeError("injected failure\nsecond line")
 
 
-def handle(controller: Controller, api: Kube, retry: int) -> kopf.TemporaryError | None:
-    """One kopf handler call on the object as the API server has it; the TemporaryError it raised."""
+def attempt(controller: Controller, api: Kube) -> Retry | None:
+    """One pass on the object as the API server has it; the retry it calls for."""
     body = api.get("chatbotservice", "bot")
-    try:
-        asyncio.run(controller.handle(body, retry))
-    except kopf.TemporaryError as exc:
-        return exc
-    return None
+    return asyncio.run(controller.attempt((body["metadata"]["namespace"], "bot"), body))
 
 
 def test_a_pass_that_raises_shows_in_status_and_one_event(api):
@@ -60,10 +55,10 @@ def test_a_pass_that_raises_shows_in_status_and_one_event(api):
     )
     failing = Controller(Settings(), InjectedFailure())
     delays = []
-    for retry in range(3):
-        error = handle(failing, api, retry)
-        assert error is not None and "injected failure" in str(error)
-        delays.append(error.delay)
+    for _ in range(3):
+        retry = attempt(failing, api)
+        assert retry is not None and "injected failure" in retry.why
+        delays.append(retry.delay)
     assert delays == [5, 10, 20]  # backoff, never a hot loop
     status = api.get("chatbotservice", "bot")["status"]
     conds = {c["type"]: c for c in status["conditions"]}
@@ -75,7 +70,7 @@ def test_a_pass_that_raises_shows_in_status_and_one_event(api):
     assert [e["type"] for e in warnings] == ["Warning"], warnings  # one event for three failed passes
 
     # The bug is gone: the next pass reconciles generation 1 and clears the condition.
-    handle(Controller(Settings(), kube), api, 0)
+    attempt(Controller(Settings(), kube), api)
     status = api.get("chatbotservice", "bot")["status"]
     assert status["observedGeneration"] == 1
     assert {c["type"]: c["reason"] for c in status["conditions"]}["Stalled"] != "ReconcileError"

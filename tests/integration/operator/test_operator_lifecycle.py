@@ -55,6 +55,10 @@ def test_create_becomes_ready_on_the_right_gpu_nodes(kube):
     table = kube.cluster.kubectl("get", "chatbotservices", namespace=kube.ns).stdout
     assert "READY" in table and "True" in table and "Ready" in table
     assert kube.events("bot") == [], "no event when all is well"
+    # The operator writes only the status: no bookkeeping annotations (kopf's change handlers kept the last
+    # handled spec there, one more write per creation and per spec change).
+    meta = kube.get("chatbotservice", "bot")["metadata"]
+    assert not [k for k in meta.get("annotations") or {} if "operator.chatfleet.io" in k or "kopf" in k], meta
 
 
 def test_spec_change_rolls_the_deployment(kube):

@@ -16,7 +16,6 @@ import urllib.request
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import kopf
 import pytest
 from chatfleet_operator import api, kube, metrics
 from chatfleet_operator.analysis.assess import Sample
@@ -300,13 +299,13 @@ def test_passes_are_counted_by_trigger_and_result_and_timed():
         ("chatfleet_operator_reconcile_passes_total", {"trigger": "handler", "result": "error"}),
         ("chatfleet_operator_reconcile_duration_seconds_count", {}),
     )
-    asyncio.run(controller.handle(cbs_body(SECRET_SPEC), 0))
+    assert asyncio.run(controller.attempt(("ns", "bot"), cbs_body(SECRET_SPEC))) is None
     no_such_gpu = {"model": {"uri": "hf://org/model"}, "resources": {"gpuProduct": "NVIDIA-B200"}}
-    with pytest.raises(kopf.TemporaryError, match="NoMatchingGPUNodes"):
-        asyncio.run(controller.handle(cbs_body(no_such_gpu, name="b200"), 0))
+    retry = asyncio.run(controller.attempt(("ns", "b200"), cbs_body(no_such_gpu, name="b200")))
+    assert retry is not None and "NoMatchingGPUNodes" in retry.why
     client.failing = True
-    with pytest.raises(kopf.TemporaryError, match="injected failure"):
-        asyncio.run(controller.handle(cbs_body(SECRET_SPEC, name="failing"), 0))
+    retry = asyncio.run(controller.attempt(("ns", "failing"), cbs_body(SECRET_SPEC, name="failing")))
+    assert retry is not None and "injected failure" in retry.why
     assert series.moved() == [1, 1, 1, 3]
     assert value("chatfleet_operator_queue_depth") == 0 and value("chatfleet_operator_reconcile_running") == 0
 

@@ -11,7 +11,6 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-import kopf
 import pytest
 from chatfleet_operator.api import ApiError, Reason
 from chatfleet_operator.cache import Snapshot, World
@@ -191,19 +190,20 @@ class TestPassThatRaises:
 
     SPEC = {"model": {"uri": "hf://a/b"}, "runtime": {"sessions": {"redis": {"secretName": "r"}}}}
 
-    def handle(self, controller, body, retry):
-        """Run the kopf handler body once; return the TemporaryError it raised."""
-        with pytest.raises(kopf.TemporaryError) as raised:
-            asyncio.run(controller.handle(body, retry))
-        return raised.value
+    def attempt(self, controller, body):
+        """One pass; the retry it calls for (it must call for one)."""
+        meta = body["metadata"]
+        retry = asyncio.run(controller.attempt((meta["namespace"], meta["name"]), body))
+        assert retry is not None
+        return retry
 
     def test_status_event_and_backoff(self):
         client = FailingClient()
         controller = Controller(Settings(), client)
         body = cbs_body(self.SPEC, generation=3)
         body["status"] = {"observedGeneration": 2}
-        error = self.handle(controller, body, 0)
-        assert error.delay == 5 and "injected failure" in str(error)
+        retry = self.attempt(controller, body)
+        assert retry.delay == 5 and "injected failure" in retry.why
         patches = [w[1] for w in client.writes if w[0] == "status"]
         assert len(patches) == 1
         ready = next(c for c in patches[0]["conditions"] if c["type"] == "Ready")
@@ -217,9 +217,9 @@ class TestPassThatRaises:
         controller = Controller(Settings(), client)
         body = cbs_body(self.SPEC)
         delays, events = [], []
-        for retry in range(3):
+        for _ in range(3):
             client.writes.clear()
-            delays.append(self.handle(controller, body, retry).delay)
+            delays.append(self.attempt(controller, body).delay)
             events += [w[1] for w in client.writes if w[0] == "event"]
             for patch in (w[1] for w in client.writes if w[0] == "status"):  # what the watch would show next
                 body["status"] = merge_patch(body.get("status") or {}, patch)

@@ -1,0 +1,159 @@
+"""ChatbotService watch events -> passes, and retries: no kopf bookkeeping, no hot loop, one retry timer.
+
+Test design: a Controller whose pass (`_timed_pass`, run in its worker thread) is replaced by a recorder
+that returns a chosen Outcome; the ChatbotService bodies sit in the watch cache (kopf's index is a plain
+mapping here). The events are what kopf hands the handler: type None for the start-up listing, then
+ADDED / MODIFIED / DELETED.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from chatfleet_operator import api
+from chatfleet_operator.controller import Controller
+from chatfleet_operator.converge.diagnose import Problem
+from chatfleet_operator.kinds import BY_NAME
+from chatfleet_operator.reconcile import Outcome
+from chatfleet_operator.settings import RetrySettings, Settings
+from operator_helpers import cbs_body
+
+KEY = ("ns", "bot")
+DEBOUNCE = 0.05
+
+
+class Recorder(Controller):
+    """A Controller whose passes only record the generation they ran on (see the `passes` fixture)."""
+
+    def __init__(self, outcome: Outcome) -> None:
+        settings = Settings(retry=RetrySettings(base_delay=30.0, trigger_debounce=DEBOUNCE))
+        super().__init__(settings, None)  # type: ignore[arg-type]
+        self.client = self  # reconcile_pass's first argument: the recorder itself
+        self.outcome = outcome
+        self.ran: list[int] = []
+        self.cache: dict[Any, list[dict[str, Any]]] = {}
+        self.world.indexes = {BY_NAME[api.KIND].index: self.cache}
+
+    def see(self, event_type: str | None, body: dict[str, Any]) -> None:
+        """The watch delivers an event: the cache holds the body, then the handler runs."""
+        self.cache[KEY] = [body]
+        self.cbs_event(event_type, body)
+
+
+@pytest.fixture(autouse=True)
+def passes(monkeypatch):
+    """reconcile_pass (run by the real _timed_pass in a worker thread) records and returns the outcome."""
+
+    def recorded(controller: Recorder, body: dict[str, Any], *_: Any) -> Outcome:
+        controller.ran.append(body["metadata"]["generation"])
+        return controller.outcome
+
+    monkeypatch.setattr("chatfleet_operator.controller.reconcile_pass", recorded)
+
+
+def body(generation: int, observed: int | None = None, rv: int = 1) -> dict[str, Any]:
+    out = cbs_body(generation=generation)
+    out["metadata"]["resourceVersion"] = str(rv)
+    if observed is not None:
+        out["status"] = {"observedGeneration": observed}
+    return out
+
+
+CONVERGED = Outcome(problems=[], writes=0, status={})
+STALLED = Outcome(
+    problems=[Problem(api.Reason.SECRET_NOT_FOUND, "spec.runtime.sessions.redis.secretName: no Secret r")],
+    writes=0,
+    status={},
+)
+
+
+async def settle() -> None:
+    await asyncio.sleep(DEBOUNCE * 4)
+
+
+def test_listing_at_start_up_runs_one_pass_even_when_reconciled():
+    controller = Recorder(CONVERGED)
+
+    async def scenario() -> None:
+        controller.see(None, body(3, observed=3))  # a restarted operator checks every object once
+        await settle()
+
+    asyncio.run(scenario())
+    assert controller.ran == [3]
+
+
+def test_a_new_generation_runs_one_pass_and_the_status_echo_none():
+    controller = Recorder(CONVERGED)
+
+    async def scenario() -> None:
+        controller.see("ADDED", body(1, rv=1))
+        await settle()
+        controller.see("MODIFIED", body(1, observed=1, rv=2))  # the watch echo of the pass's status write
+        await settle()
+        controller.see("MODIFIED", body(2, observed=1, rv=3))  # a spec change
+        controller.see("MODIFIED", body(2, observed=1, rv=4))  # ... and a label edit right after: merged
+        await settle()
+
+    asyncio.run(scenario())
+    assert controller.ran == [1, 2]
+
+
+def test_a_failing_generation_is_retried_by_the_timer_not_by_its_own_status_writes():
+    """Each failed pass writes a status that is not observedGeneration (ReconcileError); the echo of that
+    write must not start another pass (a hot loop), only the backoff timer does."""
+    controller = Recorder(STALLED)
+
+    async def scenario() -> int:
+        controller.see("ADDED", body(1, rv=1))
+        await settle()
+        controller.see("MODIFIED", body(1, rv=2))  # status written, observedGeneration still absent
+        controller.see("MODIFIED", body(1, rv=3))
+        await settle()
+        return len(controller._retries)
+
+    timers = asyncio.run(scenario())
+    assert controller.ran == [1]
+    assert timers == 1
+
+
+def test_passes_with_a_problem_keep_one_retry_timer_whose_delay_grows():
+    controller = Recorder(STALLED)
+
+    async def scenario() -> tuple[int, list[float]]:
+        controller.see("ADDED", body(1, rv=1))
+        delays = []
+        for _ in range(3):  # child events trigger more passes while the retry waits
+            await settle()
+            delays.append(controller._retries[KEY].when() - asyncio.get_running_loop().time())
+            controller.trigger(KEY)
+        await settle()
+        return len(controller._retries), delays
+
+    timers, delays = asyncio.run(scenario())
+    assert controller.ran == [1, 1, 1, 1]
+    assert timers == 1
+    assert 25 < delays[0] <= 30 and 55 < delays[1] <= 60 and 115 < delays[2] <= 120
+
+
+def test_a_converged_pass_cancels_the_retry_and_a_deletion_forgets_the_object():
+    controller = Recorder(STALLED)
+
+    async def scenario() -> tuple[int, int, int]:
+        controller.see("ADDED", body(1, rv=1))
+        await settle()
+        stalled = len(controller._retries)
+        controller.outcome = CONVERGED
+        controller.see("MODIFIED", body(2, observed=1, rv=2))  # the user fixed the spec
+        await settle()
+        converged = len(controller._retries) + len(controller._failures)
+        controller.outcome = STALLED
+        controller.see("MODIFIED", body(3, observed=2, rv=3))
+        await settle()
+        controller.see("DELETED", body(3, observed=2, rv=4))
+        return stalled, converged, len(controller._retries) + len(controller._failures)
+
+    stalled, converged, deleted = asyncio.run(scenario())
+    assert (stalled, converged, deleted) == (1, 0, 0)
+    assert controller.ran == [1, 2, 3]

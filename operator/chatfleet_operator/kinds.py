@@ -83,7 +83,8 @@ KINDS: tuple[Kind, ...] = (
         True,
         signature=facts.autoscaler_signature,
     ),
-    Kind("PodDisruptionBudget", "policy", "v1", "poddisruptionbudgets", Watch.CHILD, "pdb_index"),
+    # Deleted when the spec comes down to one pod (builders/pdb.py).
+    Kind("PodDisruptionBudget", "policy", "v1", "poddisruptionbudgets", Watch.CHILD, "pdb_index", True),
     # Written when the cluster serves Gateway API (release/measure.py discovers it); watched only once its
     # CRD is there, like the ScaledObject. Unwatched, every pass of a release saw it missing and applied it.
     Kind("HTTPRoute", "gateway.networking.k8s.io", "v1", "httproutes", Watch.CHILD, "httproute_index"),

@@ -6,7 +6,8 @@
   alone;
 - the Deployment of the new revision (the strategy's track: canary, preview): from the spec with its own
   ConfigMap; kept on its observed template at 0 replicas when idle;
-- the traffic objects the strategy names (Services, the HTTPRoute), then the PDB and the HPA.
+- the traffic objects the strategy names (Services, the HTTPRoute), then the PDB (more than one pod
+  possible) and the HPA.
 Manifests are returned in the rollback order: traffic objects first, then the stable Deployment, then
 the canary -- so traffic is on stable before the canary shrinks.
 """
@@ -27,6 +28,7 @@ from chatfleet_operator.builders import (
     build_triton_configmap,
 )
 from chatfleet_operator.builders.common import deployment_name, with_desired_hash
+from chatfleet_operator.builders.pdb import pdb_wanted
 from chatfleet_operator.builders.tritonconfig import config_hash
 from chatfleet_operator.context import PassContext
 from chatfleet_operator.converge.facts import PodFacts, deployment_facts
@@ -154,7 +156,7 @@ def desired_children(ctx: PassContext, plan: ReleasePlan) -> list[dict[str, Any]
         serving_only(m) if spec.scaling.warm_pool > 0 else m
         for m in strategy.traffic_objects(ctx, plan, stable.revision)
     ]
-    rest = [build_pdb(ref)]
+    rest = [build_pdb(ref)] if pdb_wanted(spec) else []
     rest += autoscaler_objects(ctx)
 
     # Rollback order: traffic first (existing Services and routes), then stable grows back, then the

@@ -150,8 +150,17 @@ def test_autoscale_owns_an_hpa_and_turning_it_off_removes_it(kube):
     assert wait_until(lambda: kube.get("horizontalpodautoscaler", "bot") is None, 30)
 
 
+def test_a_pdb_only_while_more_than_one_pod_can_run(kube):
+    kube.apply(chatbot("bot", scaling={"replicas": 2}))
+    kube.wait_ready("bot")
+    assert kube.get("poddisruptionbudget", "bot")["spec"]["maxUnavailable"] == 1
+    kube.apply(chatbot("bot", scaling={"replicas": 1}))  # one pod: maxUnavailable 1 would allow any eviction
+    assert wait_until(lambda: kube.get("poddisruptionbudget", "bot") is None, 30)
+    kube.wait_ready("bot")
+
+
 def test_delete_collects_the_children(kube):
-    kube.apply(chatbot("bot"))
+    kube.apply(chatbot("bot", scaling={"replicas": 2}))
     kube.wait_ready("bot")
     kube.cluster.kubectl("delete", "chatbotservice", "bot", "--wait=true", "--timeout=30s", namespace=kube.ns)
     for kind in ("deployment", "service", "configmap", "poddisruptionbudget"):

@@ -26,10 +26,11 @@ def test_kill_mid_reconcile_then_restart_converges(kube, operator):
         kube.wait_ready(n, timeout=90)
     deployments = kube.get("deployment", selector="app.kubernetes.io/managed-by=chatfleet-operator")
     assert sorted(d["metadata"]["name"] for d in deployments) == sorted(names)
-    for kind in ("service", "configmap", "poddisruptionbudget"):
+    for kind in ("service", "configmap"):
         assert len(kube.get(kind, selector="app.kubernetes.io/managed-by=chatfleet-operator")) == len(
             names
         ), kind
+    assert kube.get("poddisruptionbudget", selector="app.kubernetes.io/managed-by=chatfleet-operator") == []
     assert len(kube.get("pods", selector="app.kubernetes.io/name=chatbotservice")) == len(names)
 
 

@@ -67,9 +67,23 @@ class TestReconcilePass:
         client = FakeClient()
         outcome = run(cbs_body(), client)
         kinds = [w[1][0] for w in client.writes if w[0] == "apply"]
-        assert kinds == ["ConfigMap", "Deployment", "PodDisruptionBudget", "Service"]
+        assert kinds == ["ConfigMap", "Deployment", "Service"]  # one pod: no PDB
         assert [w[0] for w in client.writes].count("status") == 1
         assert outcome.problems == [] and outcome.status["phase"] == "Progressing"
+
+    @pytest.mark.parametrize(
+        "scaling, pdb",
+        [
+            ({"replicas": 1}, False),
+            ({"replicas": 2}, True),
+            ({"autoscale": {"minReplicas": 1, "maxReplicas": 3}}, True),
+        ],
+    )
+    def test_a_pdb_only_where_more_than_one_pod_can_run(self, scaling, pdb):
+        client = FakeClient()
+        run(cbs_body({"model": {"uri": "hf://org/model"}, "scaling": scaling}), client)
+        kinds = [w[1][0] for w in client.writes if w[0] == "apply"]
+        assert ("PodDisruptionBudget" in kinds) == pdb
 
     def test_second_pass_writes_nothing(self):
         client = FakeClient()

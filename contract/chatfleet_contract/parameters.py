@@ -1,6 +1,6 @@
 """The chat models' `parameters` in config.pbtxt: one schema, one set of defaults, writer and reader.
 
-The operator writes these string parameters into the ConfigMap (``ChatModelConfig.parameters``); the
+The operator writes these string parameters into config.pbtxt (``ChatModelConfig.parameters``); the
 Triton model reads them back (``ModelParameters.from_parameters``) from the same fields, so a key, a
 type or a default is spelled once. Triton hands the model its config as JSON: ``read_model_config``
 turns that into the parameters, the instance kind and the batch limit.
@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 #: Where the pod's weights are (the operator mounts or the launcher fetches them there).
 WEIGHTS_DIR = "/models/weights"
 
-#: Field metadata: the parameter is written even at its default (the operator's ConfigMap always holds it).
+#: Field metadata: the parameter is written even at its default (the operator's config always holds it).
 ALWAYS = {"always": True}
 
 P = TypeVar("P", bound="ModelParameters")

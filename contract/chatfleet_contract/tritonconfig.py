@@ -1,8 +1,8 @@
 """Triton model configuration (config.pbtxt) writer and reader, shared by the operator and the runtime.
 
-Standard library only: the operator imports it to render the ConfigMap it mounts into every pod, the
-runtime's launcher reads that ConfigMap back with it, and local runs build their model repository with
-it. The parameters' schema and defaults are ``chatfleet_contract.parameters``.
+Standard library only: the operator imports it to render the config files it puts in every pod template
+(annotations a downward API volume writes into the pod), the runtime's launcher reads those files back
+with it, and local runs build their model repository with it. The parameters' schema and defaults are ``chatfleet_contract.parameters``.
 
 Example::
 
@@ -160,8 +160,8 @@ def on_cpu(pbtxt: str) -> str:
     return _GPUS_RE.sub("", _KIND_RE.sub("kind: KIND_CPU", pbtxt))
 
 
-def configmap_key(model_name: str) -> str:
-    """ConfigMap key under which a model's config.pbtxt is stored (keys cannot hold '/')."""
+def config_file_name(model_name: str) -> str:
+    """File name of a model's config.pbtxt in the pod's config folder (no '/': one flat folder)."""
     return f"{model_name}.config.pbtxt"
 
 

@@ -126,7 +126,7 @@ class Demo:
         self.kubectl_show("get", "chatbotservices", "-n", "default", "-o", "wide")
         self.kubectl_show(
             "get",
-            "deploy,svc,configmap,pdb,hpa",
+            "deploy,svc,pdb,hpa",
             "-n",
             "default",
             "-l",
@@ -144,24 +144,17 @@ class Demo:
             ].get("nvidia.com/gpu.product", "?")
             gpus = pod["spec"]["containers"][0]["resources"]["limits"].get("nvidia.com/gpu")
             self.say(f"pod {pod['metadata']['name']} on {node} ({product}), {gpus} GPU", ok=True)
-        cm = json.loads(
-            self.cluster.kubectl(
-                "get",
-                "configmap",
-                "-n",
-                "default",
-                "-l",
-                f"chatfleet.io/service={DEMO_SERVICE}",
-                "-o",
-                "json",
-            ).stdout
-        )["items"]
-        for item in cm:
-            for key, value in sorted(item.get("data", {}).items()):
-                if key.endswith("config.pbtxt"):
-                    self.say(f"generated Triton config {item['metadata']['name']}/{key}:")
-                    self.show("\n".join(value.splitlines()[:14]) + "\n...")
-                    return
+        dep = json.loads(
+            self.cluster.kubectl("get", "deployment", DEMO_SERVICE, "-n", "default", "-o", "json").stdout
+        )
+        annotations = dep["spec"]["template"]["metadata"].get("annotations") or {}
+        for key, value in sorted(annotations.items()):
+            if key.startswith("triton.chatfleet.io/") and key.endswith("config.pbtxt"):
+                self.say(
+                    f"generated Triton config, in the pod template of deployment/{DEMO_SERVICE} ({key}):"
+                )
+                self.show("\n".join(value.splitlines()[:14]) + "\n...")
+                return
 
     def chat(self) -> None:
         """Step 4: a ChatbotService on real pods answers a chat through its Service."""
@@ -221,7 +214,7 @@ class Demo:
         self.step("A chat answered by the real runtime (tritonserver + chat API + Redis, tiny model)")
         self.say(
             "REAL_NODES=0: kwok's simulated nodes run no containers, so the runtime the pods run starts here "
-            "on 127.0.0.1, with a config made by the same generator as the ConfigMap above"
+            "on 127.0.0.1, with a config made by the same generator as the one above"
         )
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")

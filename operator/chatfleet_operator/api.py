@@ -36,8 +36,8 @@ TRACK_PREVIEW = "preview"
 # Annotations.
 #: Hash of the desired manifest last applied to an owned object (drift and no-op detection).
 ANNOTATION_DESIRED_HASH = f"{GROUP}/desired-hash"
-#: Hash of the Triton ConfigMap content on the pod template, so a config change rolls the pods.
-ANNOTATION_CONFIG_HASH = f"{GROUP}/config-hash"
+#: Prefix of the pod template annotations holding the Triton config.pbtxt files (builders/tritonconfig.py).
+TRITON_CONFIG_PREFIX = "triton.chatfleet.io/"
 
 #: The ReplicaSet removes pods with the lowest cost first on scale-down (standby and drained pods).
 ANNOTATION_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"

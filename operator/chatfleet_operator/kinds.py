@@ -50,7 +50,6 @@ class Kind:
 
 
 KINDS: tuple[Kind, ...] = (
-    Kind("ConfigMap", "", "v1", "configmaps", Watch.CHILD, "configmap_index"),
     Kind(
         "Deployment",
         "apps",
@@ -91,6 +90,9 @@ KINDS: tuple[Kind, ...] = (
     Kind("Pod", "", "v1", "pods", Watch.POD, "pod_index", signature=facts.pod_signature),
     Kind("Node", "", "v1", "nodes", Watch.NODE, "node_index", signature=facts.node_signature),
     Kind("Secret", "", "v1", "secrets"),
+    # Read by name only: the golden prompts of spec.analysis.quality.promptsFrom (the operator owns none;
+    # the Triton config rides in the pod template).
+    Kind("ConfigMap", "", "v1", "configmaps"),
     Kind("Event", "", "v1", "events"),
     Kind(api.KIND, api.GROUP, api.VERSION, api.PLURAL, Watch.OWNER, "cbs_index"),
 )

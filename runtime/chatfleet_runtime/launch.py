@@ -3,7 +3,8 @@
 ``python3 -m chatfleet_runtime.launch --config-dir=/etc/chatfleet/triton --repository=/tmp/model-repository
 --http-port=8000 --grpc-port=8001 --metrics-port=8002``
 
-1. Read one ``<model>.config.pbtxt`` per model from the ConfigMap folder (``tritonconfig.configmap_key``).
+1. Read one ``<model>.config.pbtxt`` per model from the config folder (``tritonconfig.config_file_name``),
+   which the pod's downward API volume fills from its template's annotations.
 2. Place the instances: a pod on a simulated GPU (the local platform's device plugin hands it
    ``CHATFLEET_SIMULATED_GPU=1``) serves with ``KIND_CPU``; a ``KIND_GPU`` config with no CUDA device visible
    and no such marker stops here with a message, never silently serving from the CPU (``place_instances``).
@@ -26,7 +27,7 @@ from pathlib import Path
 from chatfleet_contract.parameters import ModelParameters
 from chatfleet_contract.tritonconfig import (
     MODEL_NAME,
-    configmap_key,
+    config_file_name,
     instance_kinds,
     on_cpu,
     parse_parameters,
@@ -35,7 +36,7 @@ from chatfleet_contract.tritonconfig import (
 from chatfleet_runtime.model_sources import ModelSourceError, fetch
 from chatfleet_runtime.tritonhome import Ports, command, environment, find_installation, write_repository
 
-SUFFIX = configmap_key("")  # ".config.pbtxt"
+SUFFIX = config_file_name("")  # ".config.pbtxt"
 #: Set by the local platform's fake GPU device plugin on every container it allocates a GPU to.
 SIMULATED_GPU_ENV = "CHATFLEET_SIMULATED_GPU"
 
@@ -76,13 +77,13 @@ def cuda_device_count() -> int:
 
 
 def read_configs(config_dir: Path) -> dict[str, str]:
-    """{model name: config.pbtxt text} from the mounted ConfigMap folder."""
+    """{model name: config.pbtxt text} from the mounted config folder."""
     configs = {
         p.name[: -len(SUFFIX)]: p.read_text() for p in sorted(config_dir.glob(f"*{SUFFIX}")) if p.is_file()
     }
     if MODEL_NAME not in configs:
         raise SystemExit(
-            f"launch: {config_dir / configmap_key(MODEL_NAME)} is missing (ConfigMap not mounted?)"
+            f"launch: {config_dir / config_file_name(MODEL_NAME)} is missing (the triton-config volume not mounted?)"
         )
     return configs
 

@@ -113,7 +113,7 @@ def write_repository(repo: Path, configs: Mapping[str, str], model_code: Path = 
 
 
 def local_repository(repo: Path, cfg: ChatModelConfig) -> Path:
-    """A model repository for local runs from a ChatModelConfig (the pod builds it from the ConfigMap)."""
+    """A model repository for local runs from a ChatModelConfig (the pod builds it from its config files)."""
     return write_repository(repo, model_repository_configs(cfg))
 
 

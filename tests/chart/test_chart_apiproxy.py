@@ -60,7 +60,7 @@ def test_permission_of_a_request(method: str, path: str, expected: tuple | None)
 
 
 def test_server_side_apply_that_creates_also_needs_create() -> None:
-    path = "/api/v1/namespaces/team-a/configmaps/bot-triton?fieldManager=chatfleet-operator&force=true"
+    path = "/api/v1/namespaces/team-a/services/bot?fieldManager=chatfleet-operator&force=true"
     assert Record("PATCH", path, "application/apply-patch+yaml", 201).creates_by_apply()
     assert not Record("PATCH", path, "application/apply-patch+yaml", 200).creates_by_apply()
     assert not Record("PATCH", path, "application/merge-patch+json", 201).creates_by_apply()

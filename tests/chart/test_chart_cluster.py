@@ -461,7 +461,7 @@ def test_operator_runs_under_the_chart_serviceaccount_with_no_permission_missing
             lambda: (
                 cluster.kubectl(
                     "get",
-                    "deployment,service,configmap,pdb",
+                    "deployment,service,pdb",
                     "-l",
                     "chatfleet.io/service=rbac-bot",
                     "-o",
@@ -495,7 +495,6 @@ def test_operator_runs_under_the_chart_serviceaccount_with_no_permission_missing
     assert "forbidden" not in text.lower(), text[-3000:]
     created = {r.permission()[1] for r in records if r.creates_by_apply()}
     assert {
-        "configmaps",
         "deployments",
         "services",
         "poddisruptionbudgets",

@@ -3,7 +3,7 @@
 Test design: `operator_permissions()` derives the permissions from the operator's code, not from a copy
 of the chart: kopf's registry (every watched or indexed kind: list + watch; kinds with change handlers,
 if any: patch for kopf's annotations), kube.seed_replicas (patch of a ChatbotService), kube.KINDS (owned
-kinds are server-side applied: patch, plus create when an apply creates; Secrets are only read by name;
+kinds are server-side applied: patch, plus create when an apply creates; Secrets and ConfigMaps are only read by name;
 Events only posted), kinds.DELETABLE (delete), kube.patch_status (status patch), owner references with
 blockOwnerDeletion (finalizers update) and kopf's own needs (CRD discovery; namespaces with scope namespaces; peering with replicas > 1).
 Each rendered rule set must equal that set, per scope. The cluster test in test_chart_cluster.py proves
@@ -48,6 +48,8 @@ def operator_permissions(*, scope: str, peering: bool) -> set[Perm]:
         group = group_of[kind]
         if kind == "Secret":
             used.add((group, plural, "get"))  # kube.secret_exists: existence check by name
+        elif kind == "ConfigMap":
+            used.add((group, plural, "get"))  # kube.config_map_data: spec.analysis.quality.promptsFrom
         elif kind == "Event":
             used.add((group, plural, "create"))  # kube.post_event
         elif kind == api.KIND:
@@ -56,7 +58,6 @@ def operator_permissions(*, scope: str, peering: bool) -> set[Perm]:
             used |= {(group, plural, "patch"), (group, plural, "create")}  # kube.apply (server-side apply)
     for kind in kinds.DELETABLE:
         used.add((group_of[kind], kube.KINDS[kind][1], "delete"))
-    used.add(("", "configmaps", "get"))  # kube.config_map_data: spec.analysis.quality.promptsFrom
     used.add(("", "pods", "patch"))  # kube.label_pod: the warm pool's serving label and deletion cost
     if owner_reference(ObjectRef("ns", "name", "uid")).get("blockOwnerDeletion"):
         used.add((api.GROUP, f"{api.PLURAL}/finalizers", "update"))

@@ -1,7 +1,6 @@
 """Pure builders: typed spec + settings -> Kubernetes manifest dicts. No API calls, no kopf."""
 
 from chatfleet_operator.builders.common import (
-    configmap_name,
     deployment_name,
     desired_hash,
     endpoint,
@@ -15,7 +14,7 @@ from chatfleet_operator.builders.hpa import build_hpa
 from chatfleet_operator.builders.pdb import build_pdb
 from chatfleet_operator.builders.scaledobject import build_scaledobject
 from chatfleet_operator.builders.service import build_service, track_service_name
-from chatfleet_operator.builders.tritonconfig import build_triton_configmap, chat_model_config
+from chatfleet_operator.builders.tritonconfig import chat_model_config, triton_config_annotations
 
 __all__ = [
     "build_deployment",
@@ -23,9 +22,7 @@ __all__ = [
     "build_pdb",
     "build_scaledobject",
     "build_service",
-    "build_triton_configmap",
     "chat_model_config",
-    "configmap_name",
     "deployment_name",
     "desired_hash",
     "endpoint",
@@ -34,4 +31,5 @@ __all__ = [
     "selector_labels",
     "service_name",
     "track_service_name",
+    "triton_config_annotations",
 ]

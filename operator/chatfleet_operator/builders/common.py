@@ -54,11 +54,6 @@ def service_name(ref: ObjectRef) -> str:
     return ref.name
 
 
-def configmap_name(ref: ObjectRef, track: str = api.TRACK_STABLE) -> str:
-    """Triton config ConfigMap of one track (docs/pod-contract.md): `<name>-triton`, `<name>-canary-triton`."""
-    return f"{ref.name}-triton" if track == api.TRACK_STABLE else f"{ref.name}-{track}-triton"
-
-
 def endpoint(ref: ObjectRef, cluster_domain: str = "cluster.local") -> str:
     """OpenAI-compatible chat endpoint inside the cluster."""
     return f"http://{service_name(ref)}.{ref.namespace}.svc.{cluster_domain}:8080"

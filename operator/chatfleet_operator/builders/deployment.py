@@ -9,13 +9,16 @@ from typing import Any
 from chatfleet_operator import api
 from chatfleet_operator.builders.common import (
     common_labels,
-    configmap_name,
     deployment_name,
     object_meta,
     selector_labels,
     with_desired_hash,
 )
-from chatfleet_operator.builders.tritonconfig import WEIGHTS_DIR
+from chatfleet_operator.builders.tritonconfig import (
+    WEIGHTS_DIR,
+    triton_config_annotations,
+    triton_config_volume,
+)
 from chatfleet_operator.settings import PodSettings
 from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
 
@@ -205,10 +208,12 @@ def build_pod_template(
     *,
     track: str,
     revision: str,
-    config_hash: str,
     serving: str | None = None,
 ) -> dict[str, Any]:
     """Pod template: podMetadata first, then our labels and annotations (ours win on conflicts).
+
+    The Triton config rides in the template's annotations, written into the pod by the `triton-config`
+    downward API volume (builders/tritonconfig.py).
 
     `serving` (with a warm pool): the chatfleet.io/serving label new pods start with -- "false" on the
     stable track (the operator lets them join), "true" on a canary or preview track (never pooled).
@@ -229,7 +234,7 @@ def build_pod_template(
         "prometheus.io/scrape": "true",
         "prometheus.io/port": str(SCRAPE_PORT),
         "prometheus.io/path": SCRAPE_PATH,
-        api.ANNOTATION_CONFIG_HASH: config_hash,
+        **triton_config_annotations(spec),
     }
     if serving == "false":  # a new stable pod stands by until the operator lets it join
         annotations[api.ANNOTATION_DELETION_COST] = api.STANDBY_DELETION_COST
@@ -258,7 +263,7 @@ def build_pod_template(
             }
         ],
         "volumes": [
-            {"name": "triton-config", "configMap": {"name": configmap_name(ref, track)}},
+            triton_config_volume(annotations),
             weights_volume,
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": res.shm_size}},
             {"name": "tmp", "emptyDir": {"sizeLimit": pod.tmp_size}},
@@ -289,7 +294,6 @@ def build_deployment(
     pod: PodSettings,
     *,
     revision: str,
-    config_hash: str,
     track: str = api.TRACK_STABLE,
     replicas: int | None = None,
     in_place: bool = False,
@@ -298,14 +302,12 @@ def build_deployment(
 ) -> dict[str, Any]:
     """Deployment of one track at `revision`; `replicas=None` leaves the count unset; `in_place`: see rolling_update.
 
-    The pod template is built from the spec (reading the track's own ConfigMap), or -- `template` given --
-    an observed one kept as it is: a stable Deployment goes on running the old revision while a release
-    runs (`revision` is then that template's, `config_hash` unused).
+    The pod template is built from the spec (with its Triton config), or -- `template` given -- an
+    observed one kept as it is, its config included: a stable Deployment goes on running the old
+    revision while a release runs (`revision` is then that template's).
     """
     if template is None:
-        template = build_pod_template(
-            ref, spec, pod, track=track, revision=revision, config_hash=config_hash, serving=serving
-        )
+        template = build_pod_template(ref, spec, pod, track=track, revision=revision, serving=serving)
     deployment_spec: dict[str, Any] = {
         "selector": {"matchLabels": selector_labels(ref, track)},
         "revisionHistoryLimit": pod.revision_history_limit,

@@ -1,14 +1,20 @@
-"""The Triton model configuration ConfigMap, made by the pod contract's writer (chatfleet_contract)."""
+"""The Triton model configuration, made by the pod contract's writer (chatfleet_contract).
+
+It travels in the pod template: one annotation per model's config.pbtxt, written into the pod by a
+downward API volume. No ConfigMap: one object and one write fewer per track, and a pod can never read
+another revision's config (a ConfigMap updated in place reaches running pods' volumes).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from chatfleet_contract.parameters import WEIGHTS_DIR
-from chatfleet_contract.tritonconfig import ChatModelConfig, configmap_key, model_repository_configs
+from chatfleet_contract.tritonconfig import ChatModelConfig, config_file_name, model_repository_configs
 
-from chatfleet_operator.builders.common import configmap_name, object_meta, short_hash, with_desired_hash
-from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
+from chatfleet_operator import api
+from chatfleet_operator.spec import ChatbotServiceSpec
 
 
 def chat_model_config(spec: ChatbotServiceSpec) -> ChatModelConfig:
@@ -38,25 +44,28 @@ def chat_model_config(spec: ChatbotServiceSpec) -> ChatModelConfig:
 
 
 def triton_config_data(spec: ChatbotServiceSpec) -> dict[str, str]:
-    """ConfigMap data: one config.pbtxt per model, keyed by the runtime's configmap_key()."""
+    """One config.pbtxt per model, keyed by its file name in the pod (the runtime's config_file_name())."""
     files = model_repository_configs(chat_model_config(spec))
-    return {configmap_key(model): text for model, text in sorted(files.items())}
+    return {config_file_name(model): text for model, text in sorted(files.items())}
 
 
-def config_hash(data: dict[str, str]) -> str:
-    """Hash of the ConfigMap data; stamped on the pod template so a config change rolls the pods."""
-    return short_hash(data)
+def triton_config_annotations(spec: ChatbotServiceSpec) -> dict[str, str]:
+    """Pod template annotations carrying the generated config.pbtxt files, one per model.
+
+    e.g. {"triton.chatfleet.io/chat.config.pbtxt": 'name: "chat" ...'}. In the template, a config change
+    is a template change (the pods roll), and every ReplicaSet keeps the config its pods were made with.
+    """
+    return {f"{api.TRITON_CONFIG_PREFIX}{key}": text for key, text in triton_config_data(spec).items()}
 
 
-def build_triton_configmap(ref: ObjectRef, spec: ChatbotServiceSpec, track: str = "stable") -> dict[str, Any]:
-    """ConfigMap of one track (`<name>-triton`, `<name>-canary-triton`) holding the generated config.pbtxt files."""
-    return with_desired_hash(
+def triton_config_volume(annotations: Mapping[str, str]) -> dict[str, Any]:
+    """The pod's `triton-config` volume: the downward API writes each config annotation to its file."""
+    items = [
         {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": object_meta(
-                ref, configmap_name(ref, track), {"app.kubernetes.io/component": "triton-config"}
-            ),
-            "data": triton_config_data(spec),
+            "path": key[len(api.TRITON_CONFIG_PREFIX) :],
+            "fieldRef": {"fieldPath": f"metadata.annotations['{key}']"},
         }
-    )
+        for key in sorted(annotations)
+        if key.startswith(api.TRITON_CONFIG_PREFIX)
+    ]
+    return {"name": "triton-config", "downwardAPI": {"items": items}}

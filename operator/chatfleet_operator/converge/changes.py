@@ -150,8 +150,8 @@ def diff_children(
 ) -> list[Change]:
     """Applies for missing or drifted objects, deletes for observed owned objects not desired.
 
-    Example: desired [ConfigMap a], observed {} -> [apply ConfigMap a (created)];
-    observed {(ConfigMap, a): same} -> []; observed {(HorizontalPodAutoscaler, x): ...} with
+    Example: desired [Service a], observed {} -> [apply Service a (created)];
+    observed {(Service, a): same} -> []; observed {(HorizontalPodAutoscaler, x): ...} with
     owned_kinds=['HorizontalPodAutoscaler'] and no desired HPA -> [delete HorizontalPodAutoscaler x].
     """
     changes: list[Change] = []

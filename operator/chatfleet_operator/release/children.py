@@ -1,11 +1,11 @@
 """The children of one pass, each built once for its track from the release plan. Pure.
 
 `plan_pass` plans the release from the pass's context; `desired_children` then builds every child once:
-- the stable Deployment: from the spec (with its ConfigMap), or -- while a release runs or after a
-  rollback -- its observed template kept (the old revision) at the plan's replicas, its ConfigMap left
-  alone;
-- the Deployment of the new revision (the strategy's track: canary, preview): from the spec with its own
-  ConfigMap; kept on its observed template at 0 replicas when idle;
+- the stable Deployment: from the spec (its Triton config in the pod template), or -- while a release
+  runs or after a rollback -- its observed template kept (the old revision and its config) at the plan's
+  replicas;
+- the Deployment of the new revision (the strategy's track: canary, preview): from the spec; kept on its
+  observed template at 0 replicas when idle;
 - the traffic objects the strategy names (Services, the HTTPRoute), then the PDB (more than one pod
   possible) and the HPA.
 Manifests are returned in the rollback order: traffic objects first, then the stable Deployment, then
@@ -25,11 +25,9 @@ from chatfleet_operator.builders import (
     build_hpa,
     build_pdb,
     build_scaledobject,
-    build_triton_configmap,
 )
 from chatfleet_operator.builders.common import deployment_name, with_desired_hash
 from chatfleet_operator.builders.pdb import pdb_wanted
-from chatfleet_operator.builders.tritonconfig import config_hash
 from chatfleet_operator.context import PassContext
 from chatfleet_operator.converge.facts import PodFacts, deployment_facts
 from chatfleet_operator.release.planner import ReleaseInput, ReleasePlan, plan_release, strategy_of
@@ -70,7 +68,7 @@ class TrackBuild:
     revision: str
     replicas: int
     template: Mapping[str, Any] | None = None
-    """The observed pod template to keep; None: built from the spec, with the track's own ConfigMap."""
+    """The observed pod template to keep (with the config it carries); None: built from the spec."""
 
 
 def _observed_template(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -121,10 +119,8 @@ def serving_revision(ctx: PassContext, plan: ReleasePlan) -> str:
     return stable_build(ctx, plan).revision
 
 
-def _track_objects(
-    ctx: PassContext, build: TrackBuild, in_place: bool
-) -> tuple[dict[str, Any] | None, dict[str, Any]]:
-    """(ConfigMap or None, Deployment) of one track; an observed template keeps its own ConfigMap."""
+def _track_deployment(ctx: PassContext, build: TrackBuild, in_place: bool) -> dict[str, Any]:
+    """The Deployment of one track: from the spec, or on its observed template (its config included)."""
     ref, spec, pod = ctx.ref, ctx.spec, ctx.settings.pod
     common: dict[str, Any] = {
         "track": build.track,
@@ -132,13 +128,11 @@ def _track_objects(
         "replicas": build.replicas,
         "in_place": in_place,
     }
-    if spec.scaling.warm_pool > 0:  # stable pods join when the operator says; release pods always serve
+    if spec.scaling.warm_pool > 0 and build.template is None:
+        # stable pods join when the operator says; release pods always serve; an observed template keeps
+        # its labels
         common["serving"] = "false" if build.track == api.TRACK_STABLE else "true"
-    if build.template is not None:
-        common.pop("serving", None)  # an observed template keeps its labels
-        return None, build_deployment(ref, spec, pod, config_hash="", template=build.template, **common)
-    configmap = build_triton_configmap(ref, spec, build.track)
-    return configmap, build_deployment(ref, spec, pod, config_hash=config_hash(configmap["data"]), **common)
+    return build_deployment(ref, spec, pod, template=build.template, **common)
 
 
 def desired_children(ctx: PassContext, plan: ReleasePlan) -> list[dict[str, Any]]:
@@ -149,9 +143,9 @@ def desired_children(ctx: PassContext, plan: ReleasePlan) -> list[dict[str, Any]
         spec.rollout.gpu_capacity, ctx.observed("Deployment", deployment_name(ref)), ctx.pods
     )
     stable = stable_build(ctx, plan)
-    stable_cm, stable_dep = _track_objects(ctx, stable, in_place)
+    stable_dep = _track_deployment(ctx, stable, in_place)
     new = new_revision_build(ctx, plan, strategy.track)
-    new_objs = [m for m in _track_objects(ctx, new, in_place) if m is not None] if new else []
+    new_objs = [_track_deployment(ctx, new, in_place)] if new else []
     traffic = [
         serving_only(m) if spec.scaling.warm_pool > 0 else m
         for m in strategy.traffic_objects(ctx, plan, stable.revision)
@@ -163,8 +157,7 @@ def desired_children(ctx: PassContext, plan: ReleasePlan) -> list[dict[str, Any]
     # canary shrinks. Traffic objects that do not exist yet come last, as in the steady state: the API
     # server allocates ClusterIPs one at a time (about 30/s), and pods should not wait behind them.
     exists = [ctx.observed(m["kind"], m["metadata"]["name"]) is not None for m in traffic]
-    desired = [stable_cm] if stable_cm is not None else []
-    desired += [m for m, e in zip(traffic, exists, strict=True) if e]
+    desired = [m for m, e in zip(traffic, exists, strict=True) if e]
     desired.append(stable_dep)
     desired += new_objs
     desired += rest

@@ -118,7 +118,7 @@ class ReleaseStrategy(Protocol):
     """
 
     track: str
-    """Track of the new revision: its Deployment `<name>-<track>`, ConfigMap and Service (canary, preview)."""
+    """Track of the new revision: its Deployment `<name>-<track>` and Service (canary, preview)."""
 
     def traffic_objects(self, ctx: PassContext, plan: ReleasePlan, serving: str) -> list[dict[str, Any]]:
         """The Services (and route) that carry this pass's traffic; `serving`: the stable Deployment's revision."""

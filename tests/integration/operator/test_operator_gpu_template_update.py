@@ -28,7 +28,6 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 L4 = {"gpuProduct": "NVIDIA-L4", "gpusPerReplica": 2, "cpu": "1", "memory": "4Gi"}
 KINDS = {
-    "configmap": "ConfigMap",
     "deployment": "Deployment",
     "service": "Service",
     "poddisruptionbudget": "PodDisruptionBudget",

@@ -6,6 +6,7 @@ Each test runs in its own namespace against the session's operator process.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -17,7 +18,13 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 EXAMPLES = sorted((Path(__file__).resolve().parents[3] / "examples").glob("*.yaml"))
-CHILD_KINDS = ("deployment", "service", "configmap", "poddisruptionbudget", "horizontalpodautoscaler")
+CHILD_KINDS = ("deployment", "service", "poddisruptionbudget", "horizontalpodautoscaler")
+CONFIG = "triton.chatfleet.io/chat.config.pbtxt"
+
+
+def triton_config(kube, deployment: str = "bot") -> str:
+    """The chat model's config.pbtxt as the Deployment's pods get it (their template's annotation)."""
+    return kube.get("deployment", deployment)["spec"]["template"]["metadata"]["annotations"][CONFIG]
 
 
 def node_product(kube, node: str) -> str:
@@ -49,7 +56,8 @@ def test_create_becomes_ready_on_the_right_gpu_nodes(kube):
     assert {node_product(kube, p["spec"]["nodeName"]) for p in pods} == {H100}
     assert len({p["spec"]["nodeName"] for p in pods}) == 2, "pods should spread across nodes"
     uid = body["metadata"]["uid"]
-    for kind in ("deployment", "service", "configmap", "poddisruptionbudget"):
+    assert kube.get("configmap", selector="chatfleet.io/service=bot") == []  # the config is in the template
+    for kind in ("deployment", "service", "poddisruptionbudget"):
         (obj,) = kube.get(kind, selector="chatfleet.io/service=bot")
         assert obj["metadata"]["ownerReferences"][0]["uid"] == uid
     table = kube.cluster.kubectl("get", "chatbotservices", namespace=kube.ns).stdout
@@ -74,8 +82,7 @@ def test_spec_change_rolls_the_deployment(kube):
         lambda: kube.get("chatbotservice", "bot")["status"].get("stableRevision") != first["stableRevision"],
         30,
     )
-    cm = kube.get("configmap", "bot-triton")
-    assert '"200"' in cm["data"]["chat.config.pbtxt"]
+    assert '"200"' in triton_config(kube)
     revision = body["status"]["updateRevision"]
     assert wait_until(
         lambda: (
@@ -115,13 +122,14 @@ def test_owned_objects_edited_or_deleted_by_hand_are_put_back(kube):
     image = kube.get("deployment", "bot")["spec"]["template"]["spec"]["containers"][0]["image"]
     kube.cluster.kubectl("set", "image", "deployment/bot", "triton=evil:1", namespace=kube.ns)
     kube.cluster.kubectl("delete", "service", "bot", namespace=kube.ns)
+    good = triton_config(kube)
     kube.cluster.kubectl(
         "patch",
-        "configmap",
-        "bot-triton",
+        "deployment",
+        "bot",
         "--type=merge",
         "-p",
-        '{"data":{"chat.config.pbtxt":"broken"}}',
+        json.dumps({"spec": {"template": {"metadata": {"annotations": {CONFIG: "broken"}}}}}),
         namespace=kube.ns,
     )
     assert wait_until(
@@ -129,9 +137,7 @@ def test_owned_objects_edited_or_deleted_by_hand_are_put_back(kube):
         30,
     )
     assert wait_until(lambda: kube.get("service", "bot") is not None, 30)
-    assert wait_until(
-        lambda: kube.get("configmap", "bot-triton")["data"]["chat.config.pbtxt"] != "broken", 30
-    )
+    assert wait_until(lambda: triton_config(kube) == good, 30)
 
 
 def test_autoscale_owns_an_hpa_and_turning_it_off_removes_it(kube):
@@ -163,7 +169,7 @@ def test_delete_collects_the_children(kube):
     kube.apply(chatbot("bot", scaling={"replicas": 2}))
     kube.wait_ready("bot")
     kube.cluster.kubectl("delete", "chatbotservice", "bot", "--wait=true", "--timeout=30s", namespace=kube.ns)
-    for kind in ("deployment", "service", "configmap", "poddisruptionbudget"):
+    for kind in ("deployment", "service", "poddisruptionbudget"):
         assert wait_until(lambda kind=kind: kube.get(kind, selector="chatfleet.io/service=bot") == [], 60), (
             kind
         )

@@ -26,7 +26,7 @@ def test_kill_mid_reconcile_then_restart_converges(kube, operator):
         kube.wait_ready(n, timeout=90)
     deployments = kube.get("deployment", selector="app.kubernetes.io/managed-by=chatfleet-operator")
     assert sorted(d["metadata"]["name"] for d in deployments) == sorted(names)
-    for kind in ("service", "configmap"):
+    for kind in ("service",):
         assert len(kube.get(kind, selector="app.kubernetes.io/managed-by=chatfleet-operator")) == len(
             names
         ), kind
@@ -67,8 +67,9 @@ def test_restart_while_namespaces_are_deleted_still_reconciles(kube, operator):
     for ns in doomed:
         kube.cluster.kubectl("create", "namespace", ns)
     manifests = "".join(
-        f"---\napiVersion: v1\nkind: ConfigMap\nmetadata: {{name: c{i}, namespace: {ns},"
+        f"---\napiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata: {{name: c{i}, namespace: {ns},"
         f" labels: {{app.kubernetes.io/managed-by: chatfleet-operator, chatfleet.io/service: x}}}}\n"
+        "spec: {maxUnavailable: 1}\n"
         for ns in doomed
         for i in range(10)
     )

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from chatfleet_contract.tritonconfig import ChatModelConfig, configmap_key, model_repository_configs
+from chatfleet_contract.tritonconfig import ChatModelConfig, config_file_name, model_repository_configs
 from chatfleet_platform import procs
 from chatfleet_platform.objectstores import GcsEmulator, HttpsFileServer, ModelHub, OciRegistry, S3Server
 from chatfleet_runtime import launch, loading, model_sources
@@ -210,7 +210,7 @@ def test_launcher_fills_the_weights_folder(scheme, request, monkeypatch, tmp_pat
     for model, text in model_repository_configs(
         ChatModelConfig(model_dir=str(weights), kind="KIND_CPU")
     ).items():
-        (config_dir / configmap_key(model)).write_text(text)
+        (config_dir / config_file_name(model)).write_text(text)
 
     rc = launch.main(
         [

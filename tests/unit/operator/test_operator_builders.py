@@ -9,12 +9,12 @@ from chatfleet_operator.builders import (
     build_hpa,
     build_pdb,
     build_service,
-    build_triton_configmap,
     chat_model_config,
     revision_hash,
     selector_labels,
+    triton_config_annotations,
 )
-from chatfleet_operator.builders.common import desired_hash, owner_reference, seconds_quantity
+from chatfleet_operator.builders.common import seconds_quantity
 from chatfleet_operator.settings import HpaMetricSettings, PodSettings
 from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
 
@@ -30,7 +30,7 @@ def deployment(**parts):
     """Deployment built from spec parts."""
     spec = spec_of(**parts)
     replicas = None if spec.scaling.autoscale else spec.scaling.replicas
-    return build_deployment(REF, spec, PodSettings(), revision="abc", config_hash="cfg", replicas=replicas)
+    return build_deployment(REF, spec, PodSettings(), revision="abc", replicas=replicas)
 
 
 def containers(dep):
@@ -38,11 +38,27 @@ def containers(dep):
     return {c["name"]: c for c in dep["spec"]["template"]["spec"]["containers"]}
 
 
-class TestTritonConfigMap:
-    def test_keys_come_from_the_runtime_generator(self):
-        cm = build_triton_configmap(REF, spec_of())
-        assert cm["metadata"]["name"] == "bot-triton"
-        assert sorted(cm["data"]) == ["chat.config.pbtxt", "chat_stream.config.pbtxt"]
+CONFIG = "triton.chatfleet.io/chat.config.pbtxt"
+
+
+def config_of(spec: ChatbotServiceSpec) -> dict[str, str]:
+    """{file name: config.pbtxt} as the pod gets it: the template's annotations, through its volume."""
+    template = build_deployment(REF, spec, PodSettings(), revision="abc")["spec"]["template"]
+    annotations = template["metadata"]["annotations"]
+    (volume,) = [v for v in template["spec"]["volumes"] if v["name"] == "triton-config"]
+    return {
+        item["path"]: annotations[item["fieldRef"]["fieldPath"].split("'")[1]]
+        for item in volume["downwardAPI"]["items"]
+    }
+
+
+class TestTritonConfig:
+    def test_files_come_from_the_runtime_generator_through_the_pod_template(self):
+        assert sorted(config_of(spec_of())) == ["chat.config.pbtxt", "chat_stream.config.pbtxt"]
+        assert sorted(triton_config_annotations(spec_of())) == [
+            CONFIG,
+            "triton.chatfleet.io/chat_stream.config.pbtxt",
+        ]
 
     @pytest.mark.parametrize(
         ("runtime", "expected"),
@@ -64,12 +80,10 @@ class TestTritonConfigMap:
         ],
     )
     def test_spec_reaches_config_pbtxt(self, runtime, expected):
-        cm = build_triton_configmap(REF, spec_of(runtime=runtime))
-        assert expected in cm["data"]["chat.config.pbtxt"]
+        assert expected in config_of(spec_of(runtime=runtime))["chat.config.pbtxt"]
 
     def test_streaming_off_drops_the_stream_model(self):
-        cm = build_triton_configmap(REF, spec_of(runtime={"streaming": False}))
-        assert list(cm["data"]) == ["chat.config.pbtxt"]
+        assert list(config_of(spec_of(runtime={"streaming": False}))) == ["chat.config.pbtxt"]
 
     def test_tokenizer_uri_and_path(self):
         assert (
@@ -79,10 +93,14 @@ class TestTritonConfigMap:
         assert cfg.tokenizer_dir is None and cfg.tokenizer_uri == "hf://a/tok"
         assert cfg.parameters()["tokenizer_uri"] == "hf://a/tok"
 
-    def test_owned_and_hashed(self):
-        cm = build_triton_configmap(REF, spec_of())
-        assert cm["metadata"]["ownerReferences"] == [owner_reference(REF)]
-        assert cm["metadata"]["annotations"][api.ANNOTATION_DESIRED_HASH] == desired_hash(cm)
+    def test_a_config_change_is_a_template_change_and_pod_metadata_cannot_override_it(self):
+        base = build_deployment(REF, spec_of(), PodSettings(), revision="abc")["spec"]["template"]
+        bigger = spec_of(runtime={"maxNewTokens": 99})
+        changed = build_deployment(REF, bigger, PodSettings(), revision="abc")["spec"]["template"]
+        assert base != changed and '"99"' in changed["metadata"]["annotations"][CONFIG]
+        sneaky = spec_of(podMetadata={"annotations": {CONFIG: 'name: "other"'}})
+        ours = build_deployment(REF, sneaky, PodSettings(), revision="abc")["spec"]["template"]
+        assert ours["metadata"]["annotations"][CONFIG] == base["metadata"]["annotations"][CONFIG]
 
 
 class TestDeployment:
@@ -159,7 +177,10 @@ class TestDeployment:
             for v in deployment(resources={"shmSize": "8Gi"})["spec"]["template"]["spec"]["volumes"]
         }
         assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "8Gi"}
-        assert volumes["triton-config"]["configMap"]["name"] == "bot-triton"
+        assert volumes["triton-config"]["downwardAPI"]["items"][0] == {
+            "path": "chat.config.pbtxt",
+            "fieldRef": {"fieldPath": f"metadata.annotations['{CONFIG}']"},
+        }
 
     @pytest.mark.parametrize(
         ("model", "volume_key", "read_only"),
@@ -173,7 +194,7 @@ class TestDeployment:
     )
     def test_weights_source(self, model, volume_key, read_only):
         dep = build_deployment(
-            REF, ChatbotServiceSpec.from_dict({"model": model}), PodSettings(), revision="r", config_hash="c"
+            REF, ChatbotServiceSpec.from_dict({"model": model}), PodSettings(), revision="r"
         )
         volumes = {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}
         assert volume_key in volumes["weights"]
@@ -233,7 +254,7 @@ class TestDeployment:
     @pytest.mark.parametrize("track", [api.TRACK_STABLE, api.TRACK_CANARY, api.TRACK_PREVIEW])
     def test_chat_api_knows_its_track_and_revision_from_the_pod_labels(self, track):
         spec = spec_of()
-        dep = build_deployment(REF, spec, PodSettings(), revision="rev9", config_hash="cfg", track=track)
+        dep = build_deployment(REF, spec, PodSettings(), revision="rev9", track=track)
         env = {e["name"]: e for e in containers(dep)["chat-api"]["env"]}
         labels = dep["spec"]["template"]["metadata"]["labels"]
         for var, label in (("CHATFLEET_TRACK", api.LABEL_TRACK), ("CHATFLEET_REVISION", api.LABEL_REVISION)):

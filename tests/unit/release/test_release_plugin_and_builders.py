@@ -147,16 +147,24 @@ def test_selector_service_affinity():
     assert svc["spec"]["sessionAffinityConfig"]["clientIP"]["timeoutSeconds"] == 3600
 
 
-def test_deployment_keeps_an_observed_template_and_reads_its_track_configmap():
-    """Built once per track: the stable one on its observed template (old revision), the canary's own config."""
+def test_deployment_keeps_an_observed_template_and_builds_the_tracks_config():
+    """Built once per track: the stable one on its observed template (old revision and its config kept),
+    the canary's from the spec, its config in its own template."""
     spec = ChatbotServiceSpec.from_dict({"model": {"uri": "hf://org/m"}})
-    observed = {"spec": {"template": {"metadata": {"labels": {"chatfleet.io/revision": "old"}}, "spec": {}}}}
+    old_config = {"triton.chatfleet.io/chat.config.pbtxt": "old config"}
+    observed = {
+        "spec": {
+            "template": {
+                "metadata": {"labels": {"chatfleet.io/revision": "old"}, "annotations": old_config},
+                "spec": {},
+            }
+        }
+    }
     template = observed["spec"]["template"]
-    kept = build_deployment(
-        REF, spec, PodSettings(), revision="old", config_hash="", replicas=3, template=template
-    )
+    kept = build_deployment(REF, spec, PodSettings(), revision="old", replicas=3, template=template)
     assert kept["spec"]["replicas"] == 3 and kept["metadata"]["labels"]["chatfleet.io/revision"] == "old"
     assert kept["spec"]["template"]["metadata"]["labels"]["chatfleet.io/revision"] == "old"
-    moved = build_deployment(REF, spec, PodSettings(), revision="new", config_hash="c", track="canary")
-    volumes = {v["name"]: v for v in moved["spec"]["template"]["spec"]["volumes"]}
-    assert volumes["triton-config"]["configMap"]["name"] == "bot-canary-triton"
+    assert kept["spec"]["template"]["metadata"]["annotations"] == old_config
+    moved = build_deployment(REF, spec, PodSettings(), revision="new", track="canary")
+    config = moved["spec"]["template"]["metadata"]["annotations"]["triton.chatfleet.io/chat.config.pbtxt"]
+    assert config.startswith('name: "chat"')

@@ -108,7 +108,7 @@ def test_builder_takes_the_rolling_update():
     from chatfleet_operator.builders import build_deployment
 
     spec = ChatbotServiceSpec.from_dict({"model": {"uri": "hf://org/m"}})
-    dep = build_deployment(REF, spec, PodSettings(), revision="r", config_hash="c", replicas=1, in_place=True)
+    dep = build_deployment(REF, spec, PodSettings(), revision="r", replicas=1, in_place=True)
     assert dep["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": IN_PLACE}
-    dep = build_deployment(REF, spec, PodSettings(), revision="r", config_hash="c", replicas=1)
+    dep = build_deployment(REF, spec, PodSettings(), revision="r", replicas=1)
     assert dep["spec"]["strategy"]["rollingUpdate"] == SURGE

@@ -50,14 +50,17 @@ def test_release_keeps_stable_template_and_adds_the_canary():
     d = by_key(out.desired)
     stable = d[("Deployment", "bot")]
     assert stable["spec"]["template"]["metadata"]["labels"]["chatfleet.io/revision"] == old_rev
-    assert ("ConfigMap", "bot-triton") not in d  # stable's config left alone
+    assert not [k for k in d if k[0] == "ConfigMap"]  # the configs ride in the templates
     canary = d[("Deployment", "bot-canary")]
     assert canary["spec"]["replicas"] == 1
     assert canary["spec"]["selector"]["matchLabels"]["chatfleet.io/track"] == "canary"
     assert canary["spec"]["template"]["metadata"]["labels"]["chatfleet.io/revision"] == new_rev
-    vols = {v["name"]: v for v in canary["spec"]["template"]["spec"]["volumes"]}
-    assert vols["triton-config"]["configMap"]["name"] == "bot-canary-triton"
-    assert ("ConfigMap", "bot-canary-triton") in d
+    config = "triton.chatfleet.io/chat.config.pbtxt"
+    assert config in canary["spec"]["template"]["metadata"]["annotations"]
+    assert (
+        stable["spec"]["template"]["metadata"]["annotations"][config]
+        == (children[("Deployment", "bot")]["spec"]["template"]["metadata"]["annotations"][config])
+    )  # stable keeps the old revision's config
     kinds = [m["kind"] for m in out.desired]
     assert kinds.index("Service") < kinds.index("Deployment")  # traffic objects first
     obs = Observation(2, out.serving_revision, 2, 1, "http://bot", "sel", None)

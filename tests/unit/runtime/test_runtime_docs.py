@@ -43,7 +43,7 @@ def test_defaults_sentence_claims_history_only_with_redis():
     assert "kept in the pod" not in text
     # and indeed: a spec without sessions.redis gives the chat API no Redis, hence no history
     spec = ChatbotServiceSpec.from_dict({"model": {"uri": "hf://org/m"}})
-    dep = build_deployment(ObjectRef("ns", "bot", "u", 1), spec, PodSettings(), revision="r", config_hash="c")
+    dep = build_deployment(ObjectRef("ns", "bot", "u", 1), spec, PodSettings(), revision="r")
     chat = next(c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == "chat-api")
     assert "CHATFLEET_REDIS_URL" not in {e["name"] for e in chat["env"]}
     assert "without it each turn stands alone" in text

@@ -7,7 +7,7 @@ import sys
 import pytest
 from chatfleet_contract.tritonconfig import (
     ChatModelConfig,
-    configmap_key,
+    config_file_name,
     model_repository_configs,
     parse_parameters,
 )
@@ -45,7 +45,7 @@ def test_launch_dry_run_builds_repository_and_fetches_weights(tmp_path, tiny_mod
     for model, text in model_repository_configs(
         ChatModelConfig(model_dir=str(weights), kind="KIND_CPU")
     ).items():
-        (config_dir / configmap_key(model)).write_text(text)
+        (config_dir / config_file_name(model)).write_text(text)
     monkeypatch.setenv("CHATFLEET_MODEL_URI", f"file://{tiny_model_dir}")
     rc = launch.main(
         [
@@ -66,7 +66,7 @@ def test_launch_with_a_bad_uri_exits_naming_the_field(tmp_path, monkeypatch):
     for model, text in model_repository_configs(
         ChatModelConfig(model_dir=str(tmp_path / "weights"), kind="KIND_CPU")
     ).items():
-        (config_dir / configmap_key(model)).write_text(text)
+        (config_dir / config_file_name(model)).write_text(text)
     monkeypatch.setenv("CHATFLEET_MODEL_URI", "s3:///no-bucket")
     with pytest.raises(
         SystemExit, match=r"^launch: spec\.model\.uri 's3:///no-bucket': the bucket is missing"
@@ -205,7 +205,7 @@ def test_launch_on_simulated_gpu_writes_kind_cpu(tmp_path, tiny_model_dir, monke
     cfg = ChatModelConfig(kind="KIND_GPU", model_dir=str(tiny_model_dir))
     (tmp_path / "cm").mkdir()
     for name, text in model_repository_configs(cfg).items():
-        (tmp_path / "cm" / configmap_key(name)).write_text(text)
+        (tmp_path / "cm" / config_file_name(name)).write_text(text)
     monkeypatch.setenv(launch.SIMULATED_GPU_ENV, "1")
     argv = [f"--config-dir={tmp_path / 'cm'}", f"--repository={tmp_path / 'repo'}"]
     assert launch.main([*argv, f"--triton-home={tmp_path / 'home'}", "--dry-run"]) == 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from chatfleet_operator import api
@@ -21,7 +22,7 @@ Key = tuple[str, str]  # (namespace, ChatbotService name)
 
 def child_names(owner: str) -> tuple[str, ...]:
     """Names our writes to an owner's children may carry (the remembered writes looked up per pass)."""
-    return (owner, f"{owner}-triton", f"{owner}-{api.TRACK_CANARY}", f"{owner}-{api.TRACK_PREVIEW}")
+    return (owner, f"{owner}-{api.TRACK_CANARY}", f"{owner}-{api.TRACK_PREVIEW}")
 
 
 def slim(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -61,6 +62,7 @@ class World:
         self.indexes: Mapping[str, Any] = {}
         self._recent: dict[tuple[str, str, str], tuple[int, Mapping[str, Any] | None]] = {}
         self._signatures: dict[tuple[str, str, str], tuple[Any, ...]] = {}
+        self._status_written: dict[Key, datetime] = {}
         self._lock = threading.Lock()
 
     def changed(self, kind: str, body: Mapping[str, Any], deleted: bool = False) -> bool:
@@ -81,10 +83,21 @@ class World:
         with self._lock:
             self._recent[(kind, namespace, name)] = (rv, body)
 
+    def status_written(self, key: Key, at: datetime) -> None:
+        """Record when this process last wrote a ChatbotService's status."""
+        with self._lock:
+            self._status_written[key] = at
+
+    def status_written_at(self, key: Key) -> datetime | None:
+        """When this process last wrote the status (None: not since it started)."""
+        with self._lock:
+            return self._status_written.get(key)
+
     def forget(self, namespace: str, owner: str) -> None:
         """Drop remembered writes of one owner (when it is deleted)."""
         names = child_names(owner)
         with self._lock:
+            self._status_written.pop((namespace, owner), None)
             for kind in (*(k.name for k in CHILDREN), api.KIND):
                 for name in names:
                     self._recent.pop((kind, namespace, name), None)

@@ -31,6 +31,7 @@ from chatfleet_operator.converge.status import (
     error_message,
     error_status,
     pass_events,
+    progress_only,
     status_patch,
 )
 from chatfleet_operator.release.children import (
@@ -203,6 +204,24 @@ def _label_pods(client: Client, ref: ObjectRef, labels: list[PodLabel]) -> tuple
     return None
 
 
+def progress_hold(
+    old: Mapping[str, Any],
+    new: Mapping[str, Any],
+    last_write: datetime | None,
+    now: datetime,
+    settings: Settings,
+) -> float:
+    """Seconds the status write of `new` waits (0: write now): a progress-only change within
+    progress_status_seconds of this process's last status write of the object.
+
+    e.g. written 2 s ago, RollingOut -> WaitingForPods, interval 5 -> 3.0; Ready flipped -> 0.0.
+    """
+    interval = settings.retry.progress_status_seconds
+    if last_write is None or interval <= 0 or not progress_only(old, new):
+        return 0.0
+    return max(0.0, interval - (now - last_write).total_seconds())
+
+
 def reconcile_pass(
     client: Client,
     body: Mapping[str, Any],
@@ -269,12 +288,20 @@ def reconcile_pass(
     )
     new_status = compute_status(ctx.old_status, obs, now, plan.status_fields(ctx.update_revision))
 
-    # 5. One status write, only when something changed; then events from the difference.
+    # 5. One status write, only when something changed; then events from the difference. Progress alone
+    #    (counts on the way to Ready) is written at most every progress_status_seconds; meanwhile the pass
+    #    asks to run again when the wait is over, and the difference stays for the next one.
     patch = status_patch(ctx.old_status, new_status)
+    hold = progress_hold(
+        ctx.old_status, new_status, world.status_written_at((ref.namespace, ref.name)), now, settings
+    )
+    if patch and hold:
+        patch, new_status = {}, dict(ctx.old_status)
     writes = len(changes) + int(seed)
     written = client.patch_status(ref.namespace, ref.name, patch) if patch else None
     if written:
         world.remember(api.KIND, ref.namespace, ref.name, slim(written), resource_version(written))
+        world.status_written((ref.namespace, ref.name), now)
     if patch and written is not None:
         writes += 1
         ready = next(c for c in new_status["conditions"] if c["type"] == api.COND_READY)
@@ -300,7 +327,7 @@ def reconcile_pass(
         writes=writes,
         status=new_status,
         retry=any(t for _, t in refused),
-        requeue_after=min((t for t in (plan.requeue_after, ctx.forecast_in) if t), default=None),
+        requeue_after=min((t for t in (plan.requeue_after, ctx.forecast_in, hold) if t), default=None),
     )
 
 

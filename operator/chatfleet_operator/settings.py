@@ -62,6 +62,10 @@ class RetrySettings:
     """Retry delay ceiling in seconds (5 minutes): slow enough to never hot-loop."""
     trigger_debounce: float = 0.2
     """Seconds to coalesce bursts of child events before a triggered reconcile runs."""
+    progress_status_seconds: float = float(os.environ.get("CHATFLEET_PROGRESS_STATUS_SECONDS", "5"))
+    """Least seconds between two status writes of one ChatbotService that differ only by progress (counts,
+    RollingOut -> WaitingForPods); the later one waits and is coalesced. Ready flipping, a problem, a new
+    generation or a release step is written at once (env CHATFLEET_PROGRESS_STATUS_SECONDS; 0: no wait)."""
 
 
 @dataclass(frozen=True)

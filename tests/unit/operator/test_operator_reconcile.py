@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -17,7 +17,7 @@ from chatfleet_operator.cache import Snapshot, World
 from chatfleet_operator.controller import Controller, backoff_delay
 from chatfleet_operator.converge.facts import NodeFacts
 from chatfleet_operator.reconcile import Gone, reconcile_pass
-from chatfleet_operator.settings import Settings
+from chatfleet_operator.settings import RetrySettings, Settings
 from operator_helpers import as_observed, cbs_body
 
 NOW = datetime(2026, 11, 21, 10, 0, tzinfo=UTC)
@@ -67,7 +67,7 @@ class TestReconcilePass:
         client = FakeClient()
         outcome = run(cbs_body(), client)
         kinds = [w[1][0] for w in client.writes if w[0] == "apply"]
-        assert kinds == ["ConfigMap", "Deployment", "Service"]  # one pod: no PDB
+        assert kinds == ["Deployment", "Service"]  # one pod: no PDB; the Triton config is in the template
         assert [w[0] for w in client.writes].count("status") == 1
         assert outcome.problems == [] and outcome.status["phase"] == "Progressing"
 
@@ -109,12 +109,13 @@ class TestReconcilePass:
         snap = Snapshot(nodes=NODES)
         body = cbs_body()
         body["status"] = reconcile_pass(client, body, snap, World(), Settings(), NOW).status
-        snap.children[("ConfigMap", "bot-triton")]["data"]["chat.config.pbtxt"] = "edited by hand"
+        template = snap.children[("Deployment", "bot")]["spec"]["template"]
+        template["metadata"]["annotations"]["triton.chatfleet.io/chat.config.pbtxt"] = "edited by hand"
         del snap.children[("Service", "bot")]
         client.writes.clear()
         reconcile_pass(client, body, snap, World(), Settings(), NOW)
         assert sorted(w[1] for w in client.writes if w[0] == "apply") == [
-            ("ConfigMap", "bot-triton"),
+            ("Deployment", "bot"),
             ("Service", "bot"),
         ]
 
@@ -176,6 +177,53 @@ class TestReconcilePass:
         outcome = run(cbs_body(), client)
         assert outcome.retry and {p.reason for p in outcome.problems} == {Reason.APPLY_FAILED}
         assert "range is full" in outcome.problems[0].message
+
+
+class StatusEchoClient(FakeClient):
+    """patch_status answers with the object, as the API server does."""
+
+    def patch_status(self, namespace, name, patch):
+        self.writes.append(("status", patch))
+        return {"metadata": {"namespace": namespace, "name": name, "resourceVersion": "1"}}
+
+
+class TestProgressWrites:
+    """Progress on the way to Ready (counts, RollingOut -> WaitingForPods) is written at most every
+    progress_status_seconds (5); Ready flipping is written at once."""
+
+    def passes(self, *steps, settings: Settings | None = None):
+        """Run passes at NOW + seconds, each after setting the Deployment's status; the status writes."""
+        client, snap, world, body = StatusEchoClient(), Snapshot(nodes=NODES), World(), cbs_body()
+        seen = []
+        for seconds, dep_status in steps:
+            if dep_status is not None:
+                snap.children[("Deployment", "bot")]["status"] = dep_status
+            client.writes.clear()
+            now = NOW + timedelta(seconds=seconds)
+            outcome = reconcile_pass(client, body, snap, world, settings or Settings(), now)
+            body["status"] = outcome.status
+            seen.append(([w[1] for w in client.writes if w[0] == "status"], outcome.requeue_after))
+        return seen
+
+    WAITING = {"observedGeneration": 1, "replicas": 1, "updatedReplicas": 1, "unavailableReplicas": 1}
+    READY = {**WAITING, "readyReplicas": 1, "availableReplicas": 1, "unavailableReplicas": 0}
+
+    def test_progress_soon_after_a_write_waits_and_ready_does_not(self):
+        (created, _), (progress, wait), (ready, _) = self.passes((0, None), (1, self.WAITING), (2, self.READY))
+        assert len(created) == 1 and created[0]["phase"] == "Progressing"
+        assert progress == [] and wait == pytest.approx(4.0)
+        assert len(ready) == 1 and ready[0]["phase"] == "Ready"
+
+    def test_progress_is_written_once_the_wait_is_over(self):
+        _, (held, _), (later, wait) = self.passes((0, None), (1, self.WAITING), (5.5, None))
+        assert held == [] and wait is None
+        reasons = {c["type"]: c["reason"] for c in later[0]["conditions"]}
+        assert reasons["Ready"] == "WaitingForPods" and later[0]["updatedReplicas"] == 1
+
+    def test_no_wait_with_the_interval_at_zero(self):
+        settings = Settings(retry=RetrySettings(progress_status_seconds=0))
+        _, (progress, _), _ = self.passes((0, None), (1, self.WAITING), (2, self.READY), settings=settings)
+        assert len(progress) == 1
 
 
 class TestBackoff:

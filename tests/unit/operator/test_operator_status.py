@@ -17,6 +17,7 @@ from chatfleet_operator.converge.status import (
     error_status,
     get_condition,
     merge_conditions,
+    progress_only,
     status_events,
     status_patch,
 )
@@ -195,3 +196,38 @@ class TestErrorStatus:
 def first_msg(status):
     """The Stalled condition's message."""
     return get_condition(status, "Stalled")["message"]
+
+
+class TestProgressOnly:
+    """Which status changes are only progress on the way to Ready (written at most every few seconds)."""
+
+    FRESH = dep(available=0, updated=0, replicas=0, observed=0)
+    WAITING = dep(available=0, updated=1, replicas=1)
+
+    def status(self, deployment, **kw):
+        return compute_status({}, obs(deployment, **kw), NOW)
+
+    def test_counts_and_a_progress_reason_are_progress(self):
+        before, after = self.status(self.FRESH), self.status(self.WAITING)
+        assert get_condition(before, "Ready")["reason"] == Reason.ROLLING_OUT
+        assert get_condition(after, "Ready")["reason"] == Reason.WAITING_FOR_PODS
+        assert progress_only(before, after)
+
+    @pytest.mark.parametrize(
+        "after",
+        [
+            pytest.param({"deployment": dep()}, id="ready-flips"),
+            pytest.param({"deployment": WAITING, "generation": 2}, id="new-generation"),
+            pytest.param(
+                {"deployment": WAITING, "problems": [Problem(Reason.SECRET_NOT_FOUND, "no Secret r")]},
+                id="a-problem",
+            ),
+            pytest.param({"deployment": WAITING, "revision": "r2"}, id="another-revision"),
+        ],
+    )
+    def test_anything_else_is_not(self, after):
+        before = self.status(self.FRESH)
+        assert not progress_only(before, self.status(**after))
+
+    def test_the_first_status_is_not(self):
+        assert not progress_only({}, self.status(self.WAITING))

@@ -4,6 +4,8 @@
 # traefik) from the Go module proxy, once, into a cache
 # outside the repository keyed by version:  $CHATFLEET_CACHE/bin/<name>-<version>/<name>
 # A second run finds every binary and builds nothing.
+# `argo-rollouts` (the Argo Rollouts controller and its CRDs, for `make bench-rollout`) is built only when
+# named: `bash hack/build-platform.sh argo-rollouts`; the default list leaves it out.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=versions.env
@@ -186,6 +188,40 @@ build_traefik() {
   record "traefik-$v" $(( $(date +%s) - t0 ))
 }
 
+# The Argo Rollouts controller, for `make bench-rollout` only (not in the default list). Like KEDA, built
+# inside a copy of the module's source; its go.mod asks for go $ARGO_ROLLOUTS_GO, which an older local Go
+# fetches from the module proxy (GOTOOLCHAIN=go<version>; `local` refuses the module). The CRDs come from the same
+# download (manifests/crds), for `kubectl apply --server-side`.
+build_argo_rollouts() {
+  local v=$ARGO_ROLLOUTS_VERSION out d src tc=local
+  out="$BIN/argo-rollouts-$v" d="$WORK/argo-rollouts-$v"
+  have_argo_rollouts && { say "argo-rollouts v$v cached"; return; }
+  local have_go; have_go=$(go env GOVERSION | sed 's/^go//')
+  [ "$(printf '%s\n%s\n' "$ARGO_ROLLOUTS_GO" "$have_go" | sort -V | head -1)" = "$ARGO_ROLLOUTS_GO" ] \
+    || tc="go$ARGO_ROLLOUTS_GO"
+  export GOTOOLCHAIN=$tc
+  say "building argo-rollouts v$v (controller, for make bench-rollout; toolchain $tc); cold: ~4 min on 2 cores"
+  local t0; t0=$(date +%s)
+  src=$(module_dir "github.com/argoproj/argo-rollouts@v$v")
+  rm -rf "$d" && mkdir -p "$(dirname "$d")" "$out.tmp" && cp -r "$src" "$d" && chmod -R u+w "$d" && cd "$d"
+  # its metrics and healthz servers listen on 0.0.0.0 (a constant, no flag): on 127.0.0.1 here, like every
+  # server of the local platform; nothing else is changed
+  sed -i -E 's/^([[:space:]]*listenAddr[[:space:]]*= )"0\.0\.0\.0:%d"/\1"127.0.0.1:%d"/' controller/controller.go
+  grep -qE '^[[:space:]]*listenAddr[[:space:]]*= "127\.0\.0\.1:%d"' controller/controller.go \
+    || die "argo-rollouts v$v: controller/controller.go has no listenAddr \"0.0.0.0:%d\" to bind to 127.0.0.1"
+  # the version without its leading v: the binary adds one (v1.10.2, not vv1.10.2)
+  go build -trimpath -ldflags "-s -w -X github.com/argoproj/argo-rollouts/utils/version.version=$v" \
+    -o "$out.tmp/rollouts-controller" ./cmd/rollouts-controller
+  mkdir -p "$out.tmp/crds" && cp manifests/crds/*-crd.yaml "$out.tmp/crds/"
+  rm -rf "$out" && mv "$out.tmp" "$out" && rm -rf "$d"
+  # no build-seconds file: `make bench-platform` sums those as the platform's build, which this is not part of
+  say "argo-rollouts v$v built in $(( $(date +%s) - t0 ))s"
+}
+have_argo_rollouts() {
+  [ -x "$BIN/argo-rollouts-$ARGO_ROLLOUTS_VERSION/rollouts-controller" ] \
+    && [ -f "$BIN/argo-rollouts-$ARGO_ROLLOUTS_VERSION/crds/rollout-crd.yaml" ]
+}
+
 targets=${*:-etcd kwok helm kubernetes prometheus keda traefik}
 start=$(date +%s)
 cached() {
@@ -194,6 +230,7 @@ cached() {
     prometheus) have prometheus "$PROMETHEUS_VERSION" ;; traefik) have traefik "$TRAEFIK_VERSION" ;;
     keda) [ -x "$BIN/keda-$KEDA_VERSION/keda-operator" ] && [ -x "$BIN/keda-$KEDA_VERSION/keda-adapter" ] ;;
     kubernetes) local c; for c in $K8S_COMPONENTS; do [ -x "$BIN/kubernetes-$K8S_VERSION/$c" ] || return 1; done ;;
+    argo-rollouts) have_argo_rollouts ;;
     *) return 1 ;;
   esac
 }
@@ -206,10 +243,10 @@ KMOD_JSON=$(probe_proxy)
 # its module cache.
 for t in $targets; do
   case $t in
-    etcd|kwok|helm|kubernetes|prometheus|keda|traefik) ;;
-    *) die "unknown component '$t' (etcd, kwok, helm, kubernetes, prometheus, keda, traefik)" ;;
+    etcd|kwok|helm|kubernetes|prometheus|keda|traefik|argo-rollouts) ;;
+    *) die "unknown component '$t' (etcd, kwok, helm, kubernetes, prometheus, keda, traefik, argo-rollouts)" ;;
   esac
-  [ "$t" = kubernetes ] && fn=build_k8s || fn="build_$t"
+  case $t in kubernetes) fn=build_k8s ;; argo-rollouts) fn=build_argo_rollouts ;; *) fn="build_$t" ;; esac
   # no `|| die` here: it would switch set -e off inside the build, and a failed go build would go on
   ( cd "$here"; "$fn" )
 done

@@ -170,7 +170,8 @@ bench-runtime: setup ## Runtime vs static-batched and one-at-a-time generate(), 
 	$(PY) bench/runtime_bench.py
 
 .PHONY: bench-rollout
-bench-rollout: setup ## Rollback time vs Flagger's and Argo Rollouts' rules; 5-step canary; false rollbacks
+bench-rollout: setup ## Chatfleet vs the real Argo Rollouts v1.10.2 (built on first use): bad canary (errors, latency, never Ready) to rollback, 5-step promotion, false rollbacks (~15 min)
+	@bash hack/build-platform.sh argo-rollouts
 	$(PY) bench/rollout_bench.py
 
 .PHONY: bench-autoscale

@@ -2,9 +2,11 @@
 
 Figures: time for 200 and for 1,000 ChatbotServices applied at once to all be Ready (goal: 1,000 in
 <= 60 s on 2 cores); reconcile pass latency p50/p99; API write requests per ChatbotService at creation
-and per minute at steady state (goal: 0); operator memory. Side by side: the platform's bare figure,
-the same number of single-GPU Deployments (what the operator creates) becoming available with no
-operator running.
+(goal <= 4) and per minute at steady state (goal: 0); operator memory; where the time went (CPU seconds
+of each platform process and of the operator, and the API server's requests by verb and resource, from
+the creation to all Ready). Side by side, in the same run, with no operator running: the same number of
+single-GPU Deployments becoming available, and of Deployments plus a Service each (what the operator
+creates).
 
 Writes are counted two ways and added: the operator's own counter (every apply, delete, status patch,
 event; read through SIGUSR1 -> --stats-file) plus kopf's bookkeeping patches on ChatbotServices (from
@@ -78,6 +80,16 @@ def bare_deployment(name: str) -> dict:
     }
 
 
+def bare_service(name: str) -> dict:
+    """The chat Service the operator makes for each ChatbotService, without the operator."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name},
+        "spec": {"selector": {"app": name}, "ports": [{"name": "chat", "port": 8080, "targetPort": 8080}]},
+    }
+
+
 def create_all(cluster: Cluster, namespace: str, docs: list[dict], tmp: Path) -> float:
     """POST every document at once from 16 client threads (like a GitOps sync); seconds the client took."""
     api = kubernetes.config.new_client_from_config(config_file=str(cluster.kubeconfig))
@@ -86,7 +98,9 @@ def create_all(cluster: Cluster, namespace: str, docs: list[dict], tmp: Path) ->
     def create(doc: dict) -> None:
         group_version = doc["apiVersion"]
         prefix = f"/apis/{group_version}" if "/" in group_version else f"/api/{group_version}"
-        plural = {"ChatbotService": "chatbotservices", "Deployment": "deployments"}[doc["kind"]]
+        plural = {"ChatbotService": "chatbotservices", "Deployment": "deployments", "Service": "services"}[
+            doc["kind"]
+        ]
         _, url, headers, body, _ = api.param_serialize(
             "POST",
             f"{prefix}/namespaces/{namespace}/{plural}",
@@ -130,6 +144,88 @@ def wait_all_ready(
             return time.monotonic() - t0
         time.sleep(2.0)
     return None
+
+
+def api_requests(cluster: Cluster) -> dict[str, int]:
+    """The API server's request counts by "VERB resource[/subresource]" (apiserver_request_total)."""
+    counts: dict[str, int] = {}
+    for line in cluster.kubectl("get", "--raw", "/metrics").stdout.splitlines():
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        labels = dict(
+            part.split("=", 1)
+            for part in line[line.index("{") + 1 : line.rindex("}")].split(",")
+            if "=" in part
+        )
+        verb, resource = labels.get("verb", "").strip('"'), labels.get("resource", "").strip('"')
+        sub = labels.get("subresource", "").strip('"')
+        if verb in ("WATCH", "CONNECT") or not resource:
+            continue
+        key = f"{verb} {resource}{'/' + sub if sub else ''}"
+        counts[key] = counts.get(key, 0) + int(float(line.rsplit(" ", 1)[1]))
+    return counts
+
+
+#: The platform's processes whose CPU time the benchmark reports (matched in /proc/PID/cmdline).
+COMPONENTS = (
+    "kube-apiserver",
+    "etcd",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kwok",
+    "chatfleet_operator.cli",
+)
+
+
+def cpu_seconds(marker: str) -> dict[str, float]:
+    """CPU seconds (user + system) used so far by each platform component and the operator of this
+    benchmark (processes whose command line holds `marker`, the benchmark's own folder)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = dict.fromkeys(COMPONENTS, 0.0)
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        name = next((c for c in COMPONENTS if c in cmd), None)
+        if name is not None and marker in cmd and "operator_bench" not in cmd:
+            out[name] += (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def delta(after: dict, before: dict, top: int | None = None) -> dict:
+    """after - before per key, largest first (the first `top`), zeros dropped."""
+    diff = {k: round(v - before.get(k, 0), 1) for k, v in after.items() if v - before.get(k, 0)}
+    return dict(sorted(diff.items(), key=lambda kv: -kv[1])[:top])
+
+
+def stage_seconds(cluster: Cluster, namespace: str) -> dict[str, dict[str, float]]:
+    """Per ChatbotService, from the objects' own timestamps (1 s resolution): created -> its Deployment
+    created (the operator's first pass), Deployment created -> Ready; p50 / p90 / max of each."""
+    from datetime import datetime
+
+    def when(text: str) -> float:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+    def items(kind: str) -> list[dict]:
+        return json.loads(cluster.kubectl("get", kind, "-o", "json", namespace=namespace).stdout)["items"]
+
+    deployed = {d["metadata"]["name"]: when(d["metadata"]["creationTimestamp"]) for d in items("deployments")}
+    first, ready = [], []
+    for cbs in items("chatbotservices"):
+        name = cbs["metadata"]["name"]
+        cond = next((c for c in cbs["status"].get("conditions", []) if c["type"] == "Ready"), {})
+        if name in deployed and cond.get("status") == "True":
+            first.append(deployed[name] - when(cbs["metadata"]["creationTimestamp"]))
+            ready.append(when(cond["lastTransitionTime"]) - deployed[name])
+
+    def spread(values: list[float]) -> dict[str, float]:
+        values = sorted(values) or [0.0]
+        pick = lambda q: values[min(len(values) - 1, int(q * len(values)))]  # noqa: E731
+        return {"p50": pick(0.5), "p90": pick(0.9), "max": values[-1]}
+
+    return {"created_to_deployment": spread(first), "deployment_to_ready": spread(ready)}
 
 
 def cbs_kopf_patches(cluster: Cluster) -> int:
@@ -204,9 +300,12 @@ def run_fleet(cluster: Cluster, op: Operator, n: int, tmp: Path, steady_s: float
     ns = f"bench-{n}"
     cluster.kubectl("create", "namespace", ns)
     s0, k0 = op.stats(), cbs_kopf_patches(cluster)
+    r0, c0 = api_requests(cluster), cpu_seconds(str(tmp))
     t0 = time.monotonic()
     apply_s = create_all(cluster, ns, [chatbot(f"bot-{i}") for i in range(n)], tmp)
     ready_s = wait_all_ready(cluster, ns, "chatbotservices", n, t0, timeout)
+    r1, c1 = api_requests(cluster), cpu_seconds(str(tmp))
+    stages = stage_seconds(cluster, ns)
     time.sleep(5)  # late status writes belong to creation
     s1, k1 = op.stats(), cbs_kopf_patches(cluster)
     log(f"{ns}: steady state for {steady_s:.0f}s")
@@ -224,20 +323,33 @@ def run_fleet(cluster: Cluster, op: Operator, n: int, tmp: Path, steady_s: float
         "steady_writes_per_min": round(steady * 60 / steady_s, 2),
         "operator_rss_mib": round(s2["rss_mib"], 1),
         "passes": s2["passes"] - s0["passes"],
+        # where the time went, from the creation to all Ready: CPU seconds per process, API requests
+        "cpu_seconds_to_ready": delta(c1, c0),
+        "api_requests_to_ready": delta(r1, r0, top=15),
+        "stage_seconds": stages,
     }
 
 
-def baseline(cluster: Cluster, n: int, tmp: Path, timeout: float) -> dict:
-    """n single-GPU Deployments, no operator: seconds until all available."""
-    ns = f"baseline-{n}"
+def baseline(cluster: Cluster, n: int, tmp: Path, timeout: float, services: bool = False) -> dict:
+    """n single-GPU Deployments (and, with `services`, a Service each), no operator: seconds until all
+    Deployments are available."""
+    ns = f"baseline-{n}{'-svc' if services else ''}"
     cluster.kubectl("create", "namespace", ns)
+    r0, c0 = api_requests(cluster), cpu_seconds(str(tmp))
     t0 = time.monotonic()
-    apply_s = create_all(cluster, ns, [bare_deployment(f"bare-{i}") for i in range(n)], tmp)
+    docs = [bare_deployment(f"bare-{i}") for i in range(n)]
+    if services:  # interleaved, as a GitOps sync of n (Deployment, Service) pairs would send them
+        docs = [d for i, dep in enumerate(docs) for d in (dep, bare_service(f"bare-{i}"))]
+    apply_s = create_all(cluster, ns, docs, tmp)
     ready_s = wait_all_ready(cluster, ns, "deployments", n, t0, timeout)
+    r1, c1 = api_requests(cluster), cpu_seconds(str(tmp))
     return {
         "deployments": n,
+        "services": n if services else 0,
         "client_create_s": round(apply_s, 1),
         "all_ready_s": round(ready_s, 1) if ready_s else None,
+        "cpu_seconds_to_ready": delta(c1, c0),
+        "api_requests_to_ready": delta(r1, r0, top=15),
     }
 
 
@@ -263,6 +375,20 @@ def table(result: dict) -> str:
     row("writes per CBS at creation", "writes_per_cbs_at_creation")
     row("writes per minute, steady", "steady_writes_per_min")
     row("reconcile passes", "passes")
+    for stage, label in (
+        ("created_to_deployment", "created -> Deployment"),
+        ("deployment_to_ready", "Deployment -> Ready"),
+    ):
+        rows.append(
+            (
+                f"{label} p50 / p90 / max (s)",
+                *[" / ".join(f"{v:.0f}" for v in r["stage_seconds"][stage].values()) for r in fleets],
+            )
+        )
+    for comp in COMPONENTS:
+        rows.append(
+            (f"CPU s to all Ready: {comp}", *[str(r["cpu_seconds_to_ready"].get(comp, 0.0)) for r in fleets])
+        )
     row("operator RSS (MiB)", "operator_rss_mib")
     lat = result["latency"]
     rows.append(("reconcile pass p50 / p99 (ms)", f"{lat['p50_ms']} / {lat['p99_ms']}", ""))
@@ -271,6 +397,19 @@ def table(result: dict) -> str:
         rows.append(
             (f"no operator: {base['deployments']} Deployments available (s)", str(base["all_ready_s"]), "")
         )
+        cpu = base["cpu_seconds_to_ready"]
+        rows.append(("  its CPU s (all components)", str(round(sum(cpu.values()), 1)), ""))
+    base = result.get("baseline_with_services")
+    if base:
+        rows.append(
+            (
+                f"no operator: {base['deployments']} Deployments + Services, available (s)",
+                str(base["all_ready_s"]),
+                "",
+            )
+        )
+        cpu = base["cpu_seconds_to_ready"]
+        rows.append(("  its CPU s (all components)", str(round(sum(cpu.values()), 1)), ""))
     rows.append(
         (
             "host load average at start / end",
@@ -314,17 +453,19 @@ def main(argv: list[str] | None = None) -> int:
                 "fleets": [],
             }
             if not args.no_baseline:
-                log(f"baseline: {max(sizes)} Deployments without the operator")
-                result["baseline"] = baseline(cluster, max(sizes), tmp, args.timeout)
-                cluster.kubectl(
-                    "delete",
-                    "namespace",
-                    f"baseline-{max(sizes)}",
-                    "--wait=true",
-                    "--timeout=300s",
-                    check=False,
-                    timeout=320,
-                )
+                for services, key in ((False, "baseline"), (True, "baseline_with_services")):
+                    what = "Deployments and Services" if services else "Deployments"
+                    log(f"baseline: {max(sizes)} {what} without the operator")
+                    result[key] = baseline(cluster, max(sizes), tmp, args.timeout, services=services)
+                    cluster.kubectl(
+                        "delete",
+                        "namespace",
+                        f"baseline-{max(sizes)}{'-svc' if services else ''}",
+                        "--wait=true",
+                        "--timeout=300s",
+                        check=False,
+                        timeout=320,
+                    )
             op = Operator(cluster, tmp)
             try:
                 for n in sizes:

@@ -422,7 +422,8 @@ class Cluster:
             "--requestheader-extra-headers-prefix=X-Remote-Extra-",
             f"--proxy-client-cert-file={k / 'front-proxy-client.crt'}",
             f"--proxy-client-key-file={k / 'front-proxy-client.key'}",
-            "--profiling=false",
+            # CHATFLEET_APISERVER_PROFILING=1: /debug/pprof for a CPU profile (docs/benchmarks.md)
+            f"--profiling={'true' if os.environ.get('CHATFLEET_APISERVER_PROFILING') == '1' else 'false'}",
             "--max-requests-inflight=800",
             "--max-mutating-requests-inflight=400",
             "--v=0",

@@ -19,6 +19,7 @@ from chatfleet_operator.cache import owner_key, slim
 from chatfleet_operator.controller import Controller
 from chatfleet_operator.converge.facts import node_facts, pod_facts
 from chatfleet_operator.kinds import BY_NAME, KINDS, Kind, Watch
+from chatfleet_operator.kopfext import NoDiffBase
 
 MANAGED = {api.LABEL_MANAGED_BY: api.MANAGED_BY_VALUE}
 OWNED = {api.LABEL_SERVICE: kopf.PRESENT}
@@ -42,8 +43,10 @@ def controller_for(kwargs: dict[str, Any]) -> Controller:
 
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-    """Tune kopf: no log events posted (only the operator's own Warnings), long watches, short backoffs."""
+    """Tune kopf: no log events posted (only the operator's own Warnings), no per-event diff base (no
+    change handlers), long watches, short backoffs."""
     settings.posting.enabled = False
+    settings.persistence.diffbase_storage = NoDiffBase()
     settings.watching.server_timeout = 600
     settings.networking.error_backoffs = (1, 2, 4, 8, 16, 30)
 

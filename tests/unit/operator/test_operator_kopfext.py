@@ -1,6 +1,8 @@
-"""kopf's start-up gate: a watcher that stops releases its gates."""
+"""kopf tuning: no change handlers hence no diff base; the start-up gate: a watcher that stops releases its gates."""
 
 from __future__ import annotations
+
+import kopf
 
 
 class TestIndexReadinessSurvivesStoppedWatchers:
@@ -77,3 +79,17 @@ class TestIndexReadinessSurvivesStoppedWatchers:
             assert orchestration.queueing.watcher is kopfext.watcher_that_releases_its_gates
         finally:
             queueing.watcher = original
+
+
+def test_no_change_handlers_so_no_diff_base_is_needed():
+    """kopf's diff base (a deep copy of every event's body) is dropped (NoDiffBase): only change handlers
+    read it, and the operator registers none -- a change handler added later fails here."""
+    from chatfleet_operator import main
+    from chatfleet_operator.kopfext import NoDiffBase
+
+    registry = kopf.get_default_registry()
+    assert list(registry._changing.get_all_handlers()) == []
+    assert NoDiffBase().build(body=kopf.Body({"metadata": {"name": "a"}, "spec": {}})) is None
+    settings = kopf.OperatorSettings()
+    main.configure(settings=settings)
+    assert isinstance(settings.persistence.diffbase_storage, NoDiffBase)

@@ -209,7 +209,9 @@ class TestProgressWrites:
     READY = {**WAITING, "readyReplicas": 1, "availableReplicas": 1, "unavailableReplicas": 0}
 
     def test_progress_soon_after_a_write_waits_and_ready_does_not(self):
-        (created, _), (progress, wait), (ready, _) = self.passes((0, None), (1, self.WAITING), (2, self.READY))
+        (created, _), (progress, wait), (ready, _) = self.passes(
+            (0, None), (1, self.WAITING), (2, self.READY)
+        )
         assert len(created) == 1 and created[0]["phase"] == "Progressing"
         assert progress == [] and wait == pytest.approx(4.0)
         assert len(ready) == 1 and ready[0]["phase"] == "Ready"

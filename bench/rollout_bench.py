@@ -96,13 +96,10 @@ def say(msg: str) -> None:
 
 def wait_for(pred: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
     """Wait for pred() to return something true; return it (RuntimeError naming `what` on time-out)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(interval)
-    raise RuntimeError(f"{what} did not happen within {timeout:.0f}s")
+    got = services.wait_until(pred, timeout, interval)
+    if not got:
+        raise RuntimeError(f"{what} did not happen within {timeout:.0f}s")
+    return got
 
 
 def argo_binaries() -> Path:

@@ -39,7 +39,6 @@ def pod():
         spec,
         PodSettings(),
         revision="rev1",
-        config_hash="cfg",
         track=TRACK,
     )
     return dep["spec"]["template"]

@@ -1,4 +1,5 @@
-"""`kubectl chatbot`: release status as a readable tree, promote, abort, pause, resume, history.
+"""`kubectl chatbot`: release status as a readable tree, promote, abort, pause, resume, history, and the
+generated Triton config each track's pods run (`config`: it rides in the Deployments' pod templates).
 
 Manual control writes the same spec fields a GitOps commit would (docs/releases.md), so Git and kubectl
 are one mechanism and the operator has one place to read intents from:
@@ -202,11 +203,33 @@ def render_history(body: dict[str, Any]) -> str:
     return "\n".join("  ".join(str(r[i]).ljust(widths[i]) for i in range(3)) + "  " + str(r[3]) for r in rows)
 
 
+def render_config(deployments: list[dict[str, Any]]) -> str:
+    """The config.pbtxt files each Deployment's pods get (pod template annotations), stable first.
+
+    e.g. "# deployment/bot (track stable, revision 5f2c...): chat.config.pbtxt" then the file's text.
+    """
+    order = {api.TRACK_STABLE: 0, api.TRACK_CANARY: 1, api.TRACK_PREVIEW: 2}
+    out = []
+    for dep in sorted(
+        deployments, key=lambda d: order.get((d["metadata"].get("labels") or {}).get(api.LABEL_TRACK, ""), 9)
+    ):
+        labels = dep["metadata"].get("labels") or {}
+        template = dep.get("spec", {}).get("template", {}).get("metadata", {})
+        annotations = template.get("annotations") or {}
+        for key in sorted(k for k in annotations if k.startswith(api.TRITON_CONFIG_PREFIX)):
+            out.append(
+                f"# deployment/{dep['metadata']['name']} (track {labels.get(api.LABEL_TRACK, '?')}, revision "
+                f"{labels.get(api.LABEL_REVISION, '?')}): {key[len(api.TRITON_CONFIG_PREFIX) :]}"
+            )
+            out.append(annotations[key].rstrip("\n"))
+    return "\n".join(out) if out else "no Triton config found (no Deployment yet?)"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `kubectl chatbot` (installed as kubectl-chatbot)."""
     parser = argparse.ArgumentParser(prog="kubectl chatbot", description="Chatfleet releases from kubectl")
     parser.add_argument(
-        "command", choices=["status", "promote", "abort", "pause", "resume", "history", "get"]
+        "command", choices=["status", "promote", "abort", "pause", "resume", "history", "get", "config"]
     )
     parser.add_argument("name", nargs="?")
     parser.add_argument("-n", "--namespace", default=None)
@@ -241,6 +264,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "history":
         print(render_history(body))
+        return 0
+    if args.command == "config":
+        selector = f"{api.LABEL_SERVICE}={args.name}"
+        deployments = kube.request(
+            "GET",
+            f"/apis/apps/v1/namespaces/{ns}/deployments",
+            query={"labelSelector": selector},
+            kind="Deployment",
+        )
+        print(render_config(deployments.get("items", [])))
         return 0
     if args.command in ("promote", "abort"):
         if not revision:

@@ -172,6 +172,9 @@ def test_manual_promote_and_pause_from_the_plugin(bot, prometheus, traffic):
     bot.wait(lambda r: r.cond("Reconciling").get("reason") == "ReleasePaused", 30, "paused")
     tree = bot.plugin("status", "bot")
     assert "Release: Progressing, step 1" in tree and "Analysis:" in tree
+    config = bot.plugin("config", "bot")  # the generated Triton config of both tracks, from their templates
+    assert "# deployment/bot (track stable" in config and "# deployment/bot-canary (track canary" in config
+    assert config.count('name: "chat"') == 2
     bot.plugin("resume", "bot")
     bot.plugin("promote", "bot")  # skip the 10-minute pauses
     bot.wait(promoted_to(new), 60, "manual promotion")

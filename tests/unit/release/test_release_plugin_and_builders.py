@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 from chatfleet_operator.builders import build_deployment, build_service
 from chatfleet_operator.builders.httproute import REVISION_HEADER, build_httproute
-from chatfleet_operator.plugin import render_history, render_tree
+from chatfleet_operator.plugin import render_config, render_history, render_tree
 from chatfleet_operator.settings import PodSettings
 from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
 
@@ -168,3 +168,18 @@ def test_deployment_keeps_an_observed_template_and_builds_the_tracks_config():
     moved = build_deployment(REF, spec, PodSettings(), revision="new", track="canary")
     config = moved["spec"]["template"]["metadata"]["annotations"]["triton.chatfleet.io/chat.config.pbtxt"]
     assert config.startswith('name: "chat"')
+
+
+def test_config_shows_each_tracks_triton_config_from_its_pod_template():
+    """`kubectl chatbot config NAME`: the config.pbtxt files the pods get, stable first, then the canary."""
+    spec = ChatbotServiceSpec.from_dict({"model": {"uri": "hf://org/m"}, "runtime": {"maxNewTokens": 77}})
+    canary = build_deployment(REF, spec, PodSettings(), revision="new", track="canary")
+    stable = build_deployment(
+        REF, ChatbotServiceSpec.from_dict({"model": {"uri": "hf://org/m"}}), PodSettings(), revision="old"
+    )
+    text = render_config([canary, stable])
+    stable_at = text.index("# deployment/bot (track stable, revision old): chat.config.pbtxt")
+    canary_at = text.index("# deployment/bot-canary (track canary, revision new): chat.config.pbtxt")
+    assert stable_at < canary_at and '"77"' in text[canary_at:] and '"77"' not in text[:canary_at]
+    assert text.count("chat_stream.config.pbtxt") == 2
+    assert render_config([]) == "no Triton config found (no Deployment yet?)"

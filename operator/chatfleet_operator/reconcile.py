@@ -292,10 +292,9 @@ def reconcile_pass(
     #    (counts on the way to Ready) is written at most every progress_status_seconds; meanwhile the pass
     #    asks to run again when the wait is over, and the difference stays for the next one.
     patch = status_patch(ctx.old_status, new_status)
-    hold = progress_hold(
-        ctx.old_status, new_status, world.status_written_at((ref.namespace, ref.name)), now, settings
-    )
-    if patch and hold:
+    last_write = world.status_written_at((ref.namespace, ref.name))
+    hold = progress_hold(ctx.old_status, new_status, last_write, now, settings) if patch else 0.0
+    if hold:
         patch, new_status = {}, dict(ctx.old_status)
     writes = len(changes) + int(seed)
     written = client.patch_status(ref.namespace, ref.name, patch) if patch else None
@@ -313,10 +312,7 @@ def reconcile_pass(
             ready["status"],
             ready["reason"],
         )
-    if (
-        patch and written is not None
-    ):  # counted as soon as written (a transition not written is planned again)
-        count_release_transitions(plan)
+        count_release_transitions(plan)  # counted once written (a transition not written is planned again)
     for event in pass_events(ctx.old_status, new_status, plan.events):
         client.post_event(body, event.type, event.reason, event.message, now)
         log.info(

@@ -222,6 +222,10 @@ class TestProgressWrites:
         reasons = {c["type"]: c["reason"] for c in later[0]["conditions"]}
         assert reasons["Ready"] == "WaitingForPods" and later[0]["updatedReplicas"] == 1
 
+    def test_a_pass_with_nothing_to_write_asks_for_no_rerun(self):
+        _, (same, wait) = self.passes((0, None), (1, None))
+        assert same == [] and wait is None
+
     def test_no_wait_with_the_interval_at_zero(self):
         settings = Settings(retry=RetrySettings(progress_status_seconds=0))
         _, (progress, _), _ = self.passes((0, None), (1, self.WAITING), (2, self.READY), settings=settings)

@@ -227,6 +227,7 @@ def build_pod_template(
     }
     if serving is not None:
         labels[api.LABEL_SERVING] = serving
+    config = triton_config_annotations(spec)
     annotations = {
         **spec.pod_metadata.annotations,
         # The scrape contract (docs/metrics.md): the chat API's port carries every metric the
@@ -234,7 +235,7 @@ def build_pod_template(
         "prometheus.io/scrape": "true",
         "prometheus.io/port": str(SCRAPE_PORT),
         "prometheus.io/path": SCRAPE_PATH,
-        **triton_config_annotations(spec),
+        **config,
     }
     if serving == "false":  # a new stable pod stands by until the operator lets it join
         annotations[api.ANNOTATION_DELETION_COST] = api.STANDBY_DELETION_COST
@@ -263,7 +264,7 @@ def build_pod_template(
             }
         ],
         "volumes": [
-            triton_config_volume(annotations),
+            triton_config_volume(config),
             weights_volume,
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": res.shm_size}},
             {"name": "tmp", "emptyDir": {"sizeLimit": pod.tmp_size}},

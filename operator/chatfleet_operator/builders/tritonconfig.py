@@ -58,14 +58,14 @@ def triton_config_annotations(spec: ChatbotServiceSpec) -> dict[str, str]:
     return {f"{api.TRITON_CONFIG_PREFIX}{key}": text for key, text in triton_config_data(spec).items()}
 
 
-def triton_config_volume(annotations: Mapping[str, str]) -> dict[str, Any]:
-    """The pod's `triton-config` volume: the downward API writes each config annotation to its file."""
+def triton_config_volume(config: Mapping[str, str]) -> dict[str, Any]:
+    """The pod's `triton-config` volume: the downward API writes each of our config annotations (those of
+    `triton_config_annotations`, never one a user's podMetadata adds) to its file."""
     items = [
         {
             "path": key[len(api.TRITON_CONFIG_PREFIX) :],
             "fieldRef": {"fieldPath": f"metadata.annotations['{key}']"},
         }
-        for key in sorted(annotations)
-        if key.startswith(api.TRITON_CONFIG_PREFIX)
+        for key in sorted(config)
     ]
     return {"name": "triton-config", "downwardAPI": {"items": items}}

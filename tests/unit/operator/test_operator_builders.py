@@ -102,6 +102,11 @@ class TestTritonConfig:
         ours = build_deployment(REF, sneaky, PodSettings(), revision="abc")["spec"]["template"]
         assert ours["metadata"]["annotations"][CONFIG] == base["metadata"]["annotations"][CONFIG]
 
+    def test_only_our_config_annotations_become_files(self):
+        extra = "triton.chatfleet.io/rogue.config.pbtxt"
+        spec = spec_of(podMetadata={"annotations": {extra: 'name: "rogue"'}})
+        assert sorted(config_of(spec)) == ["chat.config.pbtxt", "chat_stream.config.pbtxt"]
+
 
 class TestDeployment:
     def test_pod_contract_containers(self):

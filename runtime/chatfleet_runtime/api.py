@@ -20,6 +20,12 @@ answers 503, every response carries ``Connection: close``, chat requests are ser
 finish before the pod must exit and refused with a 503 after that; running streams are never cut.
 ``GET /drain`` says whether it is drained. On SIGTERM the server exits once drained (at once when the
 preStop hook already drained it).
+
+Shadow port (docs/runtime.md "Shadow traffic"): with ``--shadow-port=PORT`` the same server listens on a
+second socket, and a request that arrived there (the ASGI scope's ``server`` port) gets only
+``POST /v1/chat/completions`` (a mirrored request: ``ChatPipeline.shadow_chat``) and
+``POST /shadow/records`` (take the records); anything else there is a 404, and the chat port has no
+``/shadow/records``.
 """
 
 from __future__ import annotations
@@ -30,12 +36,13 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from chatfleet_runtime.apisettings import ApiSettings
@@ -48,8 +55,15 @@ __all__ = ["ApiSettings", "create_app", "main", "serve"]
 
 log = logging.getLogger("chatfleet.api")
 
-#: The chat requests the drain counts (in flight, arrivals); probes, scrapes and /drain are not work.
+#: The chat requests the drain counts (in flight, arrivals); probes, scrapes and /drain are not work, and
+#: neither is anything on the shadow port (mirrors are refused once draining and never hold a drain).
 WORK_PATHS = frozenset({"/v1/chat/completions"})
+
+
+def on_port(scope, port: int) -> bool:
+    """Whether an HTTP request arrived on this listening port (the ASGI scope's ``server``); 0 never does."""
+    server = scope.get("server")
+    return bool(port) and server is not None and server[1] == port
 
 
 class TrackHeaders:
@@ -81,9 +95,10 @@ class DrainGate:
     included, a client that left included) and adds ``Connection: close`` to every response while
     draining, so keep-alive clients take their next request elsewhere."""
 
-    def __init__(self, app, drain: Drain):
+    def __init__(self, app, drain: Drain, shadow_port: int = 0):
         self.app = app
         self.drain = drain
+        self.shadow_port = shadow_port
 
     async def __call__(self, scope, receive, send):
         """Pass through; count work requests, close connections while draining."""
@@ -97,13 +112,38 @@ class DrainGate:
                     message = {**message, "headers": [*headers, (b"connection", b"close")]}
             await send(message)
 
-        if scope["path"] not in WORK_PATHS:
+        if scope["path"] not in WORK_PATHS or on_port(scope, self.shadow_port):
             return await self.app(scope, receive, send_closing)
         self.drain.enter()
         try:
             return await self.app(scope, receive, send_closing)
         finally:
             self.drain.leave()
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+class ShadowPort:
+    """ASGI middleware: a request that arrived on the shadow port gets the shadow routes and nothing else
+    (404, whatever the method); a request on any other port passes on to the chat API's routes."""
+
+    def __init__(self, app, port: int, routes: Mapping[tuple[str, str], Handler]):
+        self.app = app
+        self.port = port
+        self.routes = routes
+        """(method, path) -> handler."""
+
+    async def __call__(self, scope, receive, send):
+        """Route shadow-port requests here; pass everything else through."""
+        if scope["type"] != "http" or not on_port(scope, self.port):
+            return await self.app(scope, receive, send)
+        route = self.routes.get((scope["method"], scope["path"]))
+        if route is None:
+            response: Response = JSONResponse({"detail": "Not Found"}, status_code=404)
+        else:
+            response = await route(Request(scope, receive))
+        await response(scope, receive, send)
 
 
 #: Redis time-outs (seconds): a refused connection fails at once; a reply may take this long. Not less:
@@ -154,10 +194,21 @@ def create_app(settings: ApiSettings, backend=None, redis_client=None, clock=tim
         task.cancel()
         await pipeline.close()
 
+    async def shadow_chat(request: Request) -> Response:
+        """A mirrored chat request (greedy, never streamed, never saved, recorded)."""
+        return send(await pipeline.shadow_chat(await request.body(), request.headers))
+
+    async def shadow_records(_request: Request) -> Response:
+        """Take the records: ``{"records": [...], "overflowed": n}``, both gone from the pod afterwards."""
+        return JSONResponse(pipeline.shadow.take())
+
     app = FastAPI(title="chatfleet chat API", lifespan=lifespan)
+    if settings.shadow_port:  # innermost: the track headers and the drain's Connection: close apply too
+        routes = {("POST", "/v1/chat/completions"): shadow_chat, ("POST", "/shadow/records"): shadow_records}
+        app.add_middleware(ShadowPort, port=settings.shadow_port, routes=routes)
     echo = {"x-chatfleet-track": settings.track, "x-chatfleet-revision": settings.revision}
     app.add_middleware(TrackHeaders, headers={k: v for k, v in echo.items() if v})
-    app.add_middleware(DrainGate, drain=pipeline.drain)
+    app.add_middleware(DrainGate, drain=pipeline.drain, shadow_port=settings.shadow_port)
     app.state.pipeline, app.state.settings, app.state.metrics = pipeline, settings, pipeline.metrics
     app.state.drain = pipeline.drain
     app.state.breaker, app.state.backend = pipeline.breaker, backend
@@ -254,9 +305,19 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
+def _listen(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on host:port (IPv6 when the host has a colon, as uvicorn decides)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, port), family=family)
+
+
 def serve(app: FastAPI, host: str, port: int, log_level: str = "warning") -> None:
-    """Serve the app with uvicorn, draining on SIGTERM (DrainingServer)."""
+    """Serve the app with uvicorn, draining on SIGTERM (DrainingServer); with a shadow port, one server on
+    two sockets, so the drain and the SIGTERM handling cover both."""
     pipeline: ChatPipeline = app.state.pipeline
+    shadow_port = pipeline.settings.shadow_port
+    if shadow_port and shadow_port == port:
+        raise ValueError(f"the shadow port must differ from the chat port ({port})")
     config = uvicorn.Config(
         app,
         host=host,
@@ -266,7 +327,12 @@ def serve(app: FastAPI, host: str, port: int, log_level: str = "warning") -> Non
         # idle connections outlive the proxy's (it closes first; see ApiSettings.keep_alive_s)
         timeout_keep_alive=max(1, round(pipeline.settings.keep_alive_s)),
     )
-    DrainingServer(config, pipeline).run()
+    server = DrainingServer(config, pipeline)
+    if not shadow_port:
+        server.run()
+        return
+    # Requests are told apart by the port they arrived on (ShadowPort, DrainGate): scope["server"].
+    server.run(sockets=[_listen(host, port), _listen(host, shadow_port)])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -278,10 +344,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model-name", default=None)
     parser.add_argument("--redis-url", default=None)
     parser.add_argument("--log-level", default="warning")
+    defaults = ApiSettings()
+    parser.add_argument(
+        "--shadow-port",
+        type=int,
+        default=defaults.shadow_port,
+        help="serve mirrored chat requests and /shadow/records on this port too (0: off)",
+    )
+    parser.add_argument(
+        "--shadow-max-tokens",
+        type=int,
+        default=defaults.shadow_max_tokens,
+        help="a mirrored request's max_tokens is at most this",
+    )
+    parser.add_argument(
+        "--shadow-concurrency",
+        type=int,
+        default=defaults.shadow_concurrency,
+        help="mirrored generations in flight at most; one more is refused with 429",
+    )
     args = parser.parse_args(argv)
+    if args.shadow_port and args.shadow_port == args.port:
+        parser.error(f"--shadow-port: must differ from --port ({args.port})")
+    if args.shadow_max_tokens < 1 or args.shadow_concurrency < 1:
+        parser.error("--shadow-max-tokens and --shadow-concurrency: must be at least 1")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = ApiSettings.from_env(
-        triton_grpc=args.triton_grpc, model_name=args.model_name, redis_url=args.redis_url
+        triton_grpc=args.triton_grpc,
+        model_name=args.model_name,
+        redis_url=args.redis_url,
+        shadow_port=args.shadow_port,
+        shadow_max_tokens=args.shadow_max_tokens,
+        shadow_concurrency=args.shadow_concurrency,
     )
     serve(create_app(settings), args.host, args.port, args.log_level)
     return 0

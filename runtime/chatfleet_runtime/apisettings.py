@@ -46,6 +46,13 @@ class ApiSettings:
     upstream connections (Traefik 90 s, nginx 60 s, cloud load balancers up to 600 s), so the proxy, never
     this server, closes an idle one: a server that closes first (uvicorn's default is 5 s) races the
     proxy's next request on that connection."""
+    shadow_port: int = 0
+    """The shadow port (``--shadow-port``): mirrored chat requests of a canary's shadow phase and the
+    records endpoint; 0 serves none (docs/runtime.md "Shadow traffic")."""
+    shadow_max_tokens: int = 64
+    """A mirrored request's max_tokens is at most this (``--shadow-max-tokens``)."""
+    shadow_concurrency: int = 2
+    """Mirrored generations in flight per pod (``--shadow-concurrency``); one more is refused with 429."""
 
     @property
     def grace_s(self) -> float:

@@ -109,6 +109,14 @@ class ApiMetrics:
             ["model"],
             registry=r,
         )
+        self.shadow_requests = Counter(
+            "chatfleet_shadow_requests",
+            "Mirrored chat requests on the shadow port, by outcome: answered (by the model), error (no "
+            "answer from the model: a failure, a 4xx or a fallback), dropped (over the shadow concurrency "
+            "or draining: not attempted)",
+            ["model", "outcome"],
+            registry=r,
+        )
         self.disconnects = Counter(
             "chatfleet_client_disconnects",
             "Streams whose client went away before the end",

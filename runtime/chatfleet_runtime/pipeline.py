@@ -13,6 +13,13 @@
 Before step 1 the drain (``chatfleet_runtime.drain.Drain``) is asked whether a new request can still
 finish before the pod must exit; when it cannot, the request is refused with a 503 at once.
 
+``ChatPipeline.shadow_chat`` runs a mirrored request of a canary's shadow phase (the shadow port) through
+the same steps, with these differences: it is refused at once (503) while draining, and with a 429 when
+``--shadow-concurrency`` mirrored ones are in flight; only its messages and max_tokens matter (greedy,
+seed 0, max_tokens capped at ``--shadow-max-tokens``, never streamed); the history is read but nothing is
+saved and the active-session gauges are not touched; and every one the model was asked about leaves a
+record (``chatfleet_runtime.shadow.Shadow``), a fallback answer recorded as an error.
+
 It returns a ``Reply`` (``chatfleet_runtime.responses``); ``chatfleet_runtime.api`` sends it.
 """
 
@@ -47,6 +54,7 @@ from chatfleet_runtime.prompting import (
 )
 from chatfleet_runtime.responses import Reply
 from chatfleet_runtime.sessions import ActiveSessions, History, SessionStore, compose
+from chatfleet_runtime.shadow import Shadow
 
 log = logging.getLogger("chatfleet.api")
 
@@ -69,6 +77,8 @@ class Turn:
     """When the request arrived (time.monotonic)."""
     previous_revision: str | None = None
     """The revision that answered the conversation's last stored turn, when known."""
+    store: bool = True
+    """Whether the answered turn is saved to the history (False for a mirrored request: read, never written)."""
 
     @property
     def new_messages(self) -> list[dict[str, str]]:
@@ -114,6 +124,10 @@ class ChatPipeline:
             settings.breaker_failures, settings.breaker_reset_s, on_change=self._breaker_changed
         )
         metrics.breaker_state.labels(name).set(0)
+        self.shadow = Shadow(max_tokens=settings.shadow_max_tokens, concurrency=settings.shadow_concurrency)
+        """Mirrored requests of a canary's shadow phase: the bound and the records (the shadow port)."""
+        for outcome in ("answered", "error", "dropped"):
+            metrics.shadow_requests.labels(name, outcome)
         self.fallback = Fallback.from_config(settings.fallback_text, settings.faq)
         self.inflight = 0
         """Requests being served (the in-flight limit counts these)."""
@@ -200,6 +214,63 @@ class ChatPipeline:
         t0 = time.monotonic()
         if not self.drain.admit():
             return self._refused()
+        turn = await self._prepare(raw, headers, t0)
+        if isinstance(turn, Reply):
+            return turn
+        return await self._answer(turn)
+
+    async def shadow_chat(self, raw: bytes, headers: Mapping[str, str]) -> Reply:
+        """One mirrored request on the shadow port: refused while draining or over the bound, else steps
+        1 to 5 greedily without saving, and recorded (see the module docstring); every reply carries
+        ``x-chatfleet-shadow: true``."""
+        t0 = time.monotonic()
+        reply = await self._shadow_reply(raw, headers, t0)
+        reply.headers["x-chatfleet-shadow"] = "true"
+        return reply
+
+    async def _shadow_reply(self, raw: bytes, headers: Mapping[str, str], t0: float) -> Reply:
+        """The mirrored request's reply; counted by outcome, recorded when the model was asked."""
+        count = self.metrics.shadow_requests
+        if self.drain.draining:  # a mirror never holds up a going-away pod: refused from the start
+            count.labels(self.name, "dropped").inc()
+            return responses.draining()
+        if not self.shadow.enter():
+            count.labels(self.name, "dropped").inc()
+            reply = responses.error(
+                429,
+                f"shadow: {self.shadow.concurrency} mirrored requests are in flight on this pod, the "
+                "limit (--shadow-concurrency); this one is dropped",
+            )
+            reply.body["error"]["code"] = "shadow_dropped"
+            return reply
+        turn: Turn | Reply | None = None
+        try:
+            turn = await self._prepare(raw, headers, t0, shadow=True)
+            if isinstance(turn, Reply):  # refused before the model was asked: nothing to replay
+                count.labels(self.name, "error").inc()
+                return turn
+            reply = await self._answer(turn)
+            answer, error = _answer_or_error(reply)
+        except Exception as exc:  # recorded and answered here: a mirror's failure is the canary's
+            log.exception("shadow request failed")
+            self.breaker.release()
+            self._count("error", 500, False)
+            answer, error = None, f"{type(exc).__name__}: {exc}"
+            reply = responses.error(500, f"shadow: {error}")
+        finally:
+            self.shadow.leave()
+        if isinstance(turn, Turn):
+            seconds = time.monotonic() - t0
+            self.shadow.record(turn.prompt_messages, turn.params["max_tokens"], answer, error, seconds)
+        count.labels(self.name, "answered" if error is None else "error").inc()
+        return reply
+
+    async def _prepare(
+        self, raw: bytes, headers: Mapping[str, str], t0: float, shadow: bool = False
+    ) -> Turn | Reply:
+        """Steps 1 and 2: the turn, or the 4xx reply of a body that fails validation. A mirrored request
+        (``shadow``) keeps only its messages and max_tokens (capped): greedy, seed 0, not streamed; its
+        history is read, the active sessions are not touched, and the turn is not to be saved."""
         # 1. parse
         stream = False
         try:
@@ -209,12 +280,18 @@ class ChatPipeline:
                 raise RequestError("stream: must be true or false")
             messages, sampling, sid, ignored = self._parse(body, headers)
         except RequestError as exc:
-            self._count("client_error", exc.status, stream)
+            self._count("client_error", exc.status, stream and not shadow)
             return responses.error(exc.status, str(exc))
+        if shadow:
+            stream = False
+            sampling = SamplingParams(
+                max_new_tokens=min(sampling.max_new_tokens, self.shadow.max_tokens), temperature=0.0, seed=0
+            )
         # 2. history
         history_state, prompt_messages, history = "none", messages, History()
         if sid is not None:
-            self.active.touch(sid)
+            if not shadow:
+                self.active.touch(sid)
             history = await self.store.history(sid)
             history_state = "ok" if history.ok else "unavailable"
             prompt_messages = compose(messages, history.messages)
@@ -223,7 +300,7 @@ class ChatPipeline:
         info: dict[str, Any] = {"history": history_state, "history_turns": history.turns}
         if history.revision is not None:
             info["previous_revision"] = history.revision
-        turn = Turn(
+        return Turn(
             messages,
             prompt_messages,
             triton_params(sampling, sid),
@@ -232,7 +309,11 @@ class ChatPipeline:
             {**info, "ignored_fields": ignored},
             t0,
             history.revision,
+            store=not shadow,
         )
+
+    async def _answer(self, turn: Turn) -> Reply:
+        """Steps 3 to 5: admit (breaker, in-flight limit), generate, answer and save."""
         # 3. admit
         if not self.breaker.allow():
             return self._fallback(turn, turn.messages, "circuit_open")
@@ -240,7 +321,7 @@ class ChatPipeline:
             self.breaker.release()
             return self._fallback(turn, turn.messages, "overloaded")
         # 4. and 5.
-        return await (self._stream(turn) if stream else self._complete(turn))
+        return await (self._stream(turn) if turn.stream else self._complete(turn))
 
     def _body(self, raw: bytes) -> dict[str, Any]:
         """The request body as a JSON object, within the size limit."""
@@ -280,16 +361,11 @@ class ChatPipeline:
     def _refused(self) -> Reply:
         """A 503 for a chat request that could not finish before the draining pod must exit."""
         self.metrics.drain_refused.labels(self.name).inc()
-        reply = responses.error(
-            503, "this replica is draining (shutting down) and takes no new requests; retry the request"
-        )
-        reply.body["error"]["code"] = "replica_draining"
-        reply.headers.update({"Retry-After": "1", "Connection": "close"})
-        return reply
+        return responses.draining()
 
     async def _remember(self, turn: Turn, reply: str) -> None:
         """Store the answered turn with this pod's revision; count a revision switch once it is stored."""
-        if turn.session_id is None:
+        if turn.session_id is None or not turn.store:
             return
         revision = self.settings.revision
         saved = await self.store.append(turn.session_id, turn.new_messages, reply, revision)
@@ -458,6 +534,21 @@ class _Slot:
             self.held = False
             self.pipeline.inflight -= 1
             self.pipeline.metrics.inflight.labels(self.pipeline.name).dec()
+
+
+def _answer_or_error(reply: Reply) -> tuple[str | None, str | None]:
+    """(the model's answer, None), or (None, why there is none) for an error reply or a fallback answer.
+
+    >>> _answer_or_error(responses.error(400, "messages: the prompt is too long"))
+    (None, 'HTTP 400: messages: the prompt is too long')
+    """
+    body = reply.body or {}
+    if reply.status != 200 or "error" in body:
+        return None, f"HTTP {reply.status}: {body.get('error', {}).get('message', '')}"
+    meta = body.get("chatfleet", {})
+    if meta.get("fallback"):
+        return None, f"fallback ({meta.get('reason')})"
+    return body["choices"][0]["message"]["content"], None
 
 
 async def _close(it) -> None:

@@ -35,6 +35,17 @@ def error(status: int, message: str) -> Reply:
     return Reply({"error": {"message": message, "type": kind, "param": param, "code": code}}, status=status)
 
 
+def draining() -> Reply:
+    """The 503 of a draining replica: OpenAI's error with code ``replica_draining``, ``Retry-After: 1`` and
+    ``Connection: close`` (docs/runtime.md "Draining")."""
+    reply = error(
+        503, "this replica is draining (shutting down) and takes no new requests; retry the request"
+    )
+    reply.body["error"]["code"] = "replica_draining"
+    reply.headers.update({"Retry-After": "1", "Connection": "close"})
+    return reply
+
+
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     """OpenAI's usage object."""
     return {

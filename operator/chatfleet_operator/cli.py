@@ -82,6 +82,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="namespace of that Gateway (default env CHATFLEET_GATEWAY_NAMESPACE, else each route's own)",
     )
     run.add_argument(
+        "--gateway-mirror",
+        choices=("RequestMirror", "TraefikService"),
+        default=None,
+        help="how the Gateway mirrors requests in a release's shadow phase: RequestMirror (Gateway API's "
+        "filter; default, env CHATFLEET_GATEWAY_MIRROR) or TraefikService (Traefik 3.6, with its CRD provider)",
+    )
+    run.add_argument(
         "--autoscaler",
         choices=("auto", "keda", "hpa"),
         default=None,
@@ -104,6 +111,12 @@ def build_settings(args: argparse.Namespace) -> Settings:
         release = replace(release, gateway_name=args.gateway)
     if args.gateway_namespace:
         release = replace(release, gateway_namespace=args.gateway_namespace)
+    if args.gateway_mirror:
+        release = replace(release, gateway_mirror=args.gateway_mirror)
+    if release.gateway_mirror not in ("RequestMirror", "TraefikService"):
+        raise SystemExit(
+            f"CHATFLEET_GATEWAY_MIRROR must be RequestMirror or TraefikService, not {release.gateway_mirror!r}"
+        )
     autoscale = AutoscaleSettings()
     if args.autoscaler:
         autoscale = replace(autoscale, metrics_source=args.autoscaler)

@@ -87,6 +87,17 @@ KINDS: tuple[Kind, ...] = (
     # Written when the cluster serves Gateway API (release/measure.py discovers it); watched only once its
     # CRD is there, like the ScaledObject. Unwatched, every pass of a release saw it missing and applied it.
     Kind("HTTPRoute", "gateway.networking.k8s.io", "v1", "httproutes", Watch.CHILD, "httproute_index"),
+    # Traefik's mirror of a release's shadow phase (--gateway-mirror TraefikService): written only then, and
+    # deleted after; watched once Traefik's CRDs are there.
+    Kind(
+        "TraefikService",
+        "traefik.io",
+        "v1alpha1",
+        "traefikservices",
+        Watch.CHILD,
+        "traefikservice_index",
+        True,
+    ),
     Kind("Pod", "", "v1", "pods", Watch.POD, "pod_index", signature=facts.pod_signature),
     Kind("Node", "", "v1", "nodes", Watch.NODE, "node_index", signature=facts.node_signature),
     Kind("Secret", "", "v1", "secrets"),

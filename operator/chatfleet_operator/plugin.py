@@ -111,10 +111,22 @@ def render_tree(body: dict[str, Any], pods: list[dict[str, Any]], now: datetime 
         idx = int(rel.get("stepIndex") or 0)
         sub = []
         if rel.get("strategy") != Strategy.BLUE_GREEN and steps:
-            marks = []
             phase = rel.get("phase")
+            shadow = rel.get("shadowPassedAt") or phase == ReleasePhase.SHADOWING
+            # rolled back while shadowing: no step ever took a weight
+            shadow_failed = (
+                phase == ReleasePhase.ROLLED_BACK
+                and rel.get("shadowStartedAt")
+                and not rel.get("shadowPassedAt")
+            )
+            marks = []
+            if shadow or shadow_failed:
+                now_or_done = "now" if phase == ReleasePhase.SHADOWING else "done"
+                marks.append(f"shadow {'rolled back' if shadow_failed else now_or_done}")
             for i, s in enumerate(steps):
-                if phase == ReleasePhase.ROLLED_BACK:
+                if shadow_failed or phase == ReleasePhase.SHADOWING:
+                    mark = "-" if shadow_failed else "next"
+                elif phase == ReleasePhase.ROLLED_BACK:
                     mark = "done" if i < idx else "rolled back" if i == idx else "-"
                 elif phase != ReleasePhase.STEPPING:
                     mark = "done"

@@ -471,6 +471,29 @@ def golden_prompt_of(p: Any) -> GoldenPromptSpec | None:
 
 
 @dataclass(frozen=True)
+class ShadowSpec:
+    """spec.analysis.quality.shadow: live requests mirrored to the canary before it takes any traffic."""
+
+    enabled: bool = False
+    percent: int = 10
+    """Share of the requests the gateway mirrors to the canary's shadow port."""
+    min_requests: int = 20
+    """Mirrored requests compared with stable's answers before the shadow phase can pass."""
+    comparisons_per_interval: int = 8
+    """At most this many mirrored requests are asked of stable per analysis interval (the rest are left)."""
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ShadowSpec:
+        """Parse spec.analysis.quality.shadow."""
+        return cls(
+            enabled=bool(d.get("enabled")),
+            percent=int(_v(d, "percent", 10)),
+            min_requests=int(_v(d, "minRequests", 20)),
+            comparisons_per_interval=int(_v(d, "comparisonsPerInterval", 8)),
+        )
+
+
+@dataclass(frozen=True)
 class QualitySpec:
     """spec.analysis.quality: golden prompts sent to the canary and to stable every analysis interval."""
 
@@ -488,6 +511,7 @@ class QualitySpec:
     max_refusal_increase_percent: float = 0.0
     max_garbled_increase_percent: float = 0.0
     max_length_drift_percent: float | None = 50.0
+    shadow: ShadowSpec = field(default_factory=ShadowSpec)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> QualitySpec:
@@ -512,6 +536,7 @@ class QualitySpec:
             max_length_drift_percent=_opt_float(t, "maxLengthDriftPercent")
             if "maxLengthDriftPercent" in t
             else 50.0,
+            shadow=ShadowSpec.from_dict(_m(d, "shadow")),
         )
 
 

@@ -25,6 +25,8 @@ from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
 CONFIG_DIR = "/etc/chatfleet/triton"
 REPOSITORY_DIR = "/tmp/model-repository"
 HTTP_PORT, GRPC_PORT, METRICS_PORT, CHAT_PORT = 8000, 8001, 8002, 8080
+#: The chat API's shadow port: mirrored requests, answered greedily and recorded, never a user's answer.
+SHADOW_PORT = 8081
 #: Where Prometheus scrapes a pod: the chat API (port name `chat`), which re-exports Triton's metrics.
 SCRAPE_PORT, SCRAPE_PORT_NAME, SCRAPE_PATH = CHAT_PORT, "chat", "/metrics"
 
@@ -185,9 +187,13 @@ def _chat_api_container(ref: ObjectRef, spec: ChatbotServiceSpec, pod: PodSettin
             "chatfleet_runtime.api",
             "--host=0.0.0.0",
             f"--port={CHAT_PORT}",
+            f"--shadow-port={SHADOW_PORT}",
             f"--triton-grpc=127.0.0.1:{GRPC_PORT}",
         ],
-        "ports": [{"name": "chat", "containerPort": CHAT_PORT, "protocol": "TCP"}],
+        "ports": [
+            {"name": "chat", "containerPort": CHAT_PORT, "protocol": "TCP"},
+            {"name": "shadow", "containerPort": SHADOW_PORT, "protocol": "TCP"},
+        ],
         "env": env,
         "resources": {
             "requests": {"cpu": pod.chat_api_cpu, "memory": pod.chat_api_memory},

@@ -11,6 +11,8 @@ from chatfleet_operator.spec import ObjectRef
 
 #: (name, port, appProtocol) of every port a Triton pod serves (docs/pod-contract.md).
 PORTS = (("http", 8000, "http"), ("grpc", 8001, "grpc"), ("metrics", 8002, "http"), ("chat", 8080, "http"))
+#: The canary's Service adds the chat API's shadow port: where a gateway mirrors live requests to it.
+SHADOW = ("shadow", 8081, "http")
 
 
 def track_service_name(ref: ObjectRef, track: str) -> str:
@@ -25,18 +27,20 @@ def build_service(
     *,
     affinity_seconds: int | None = None,
     component: str = "server",
+    shadow_port: bool = False,
 ) -> dict[str, Any]:
     """ClusterIP Service `name` with an explicit selector (and ClientIP affinity when asked).
 
     e.g. build_service(ref, "bot", {"chatfleet.io/service": "bot"}, affinity_seconds=3600): both tracks,
-    a client's turns kept on one pod for an hour.
+    a client's turns kept on one pod for an hour. `shadow_port`: the shadow port too (the canary's).
     """
     spec: dict[str, Any] = {
         "type": "ClusterIP",
         "selector": dict(selector),
         "ports": [
             {"name": n, "port": port, "targetPort": n, "protocol": "TCP", "appProtocol": proto}
-            for n, port, proto in PORTS
+            for n, port, proto in (*PORTS, SHADOW)
+            if shadow_port or n != SHADOW[0]
         ],
     }
     if affinity_seconds:

@@ -10,6 +10,12 @@ promotion: every new dialogue goes to the canary, while the dialogues pinned to 
 request for idleSeconds, or after maxDrainSeconds (the dialogues still open then move, and are counted).
 Only then does the stable Deployment take the new template -- re-templating it earlier would move every
 pinned dialogue to the new revision mid-conversation.
+
+With spec.analysis.quality.shadow, a shadow phase comes before the first step: the canary runs the pods
+its mirrored share needs, takes weight 0, and the gateway mirrors that share of the live requests to its
+shadow port (builders/httproute.py); the analysis compares its answers with stable's on the same
+messages (release/measure.py). A passing analysis moves the release to step 1; a failing one rolls it
+back like any other -- before the canary ever answered a user.
 """
 
 from __future__ import annotations
@@ -19,7 +25,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from chatfleet_operator import api
-from chatfleet_operator.builders.httproute import build_httproute
+from chatfleet_operator.builders.httproute import (
+    TRAEFIK_SERVICE,
+    Mirror,
+    build_httproute,
+    build_traefik_mirror,
+)
 from chatfleet_operator.builders.service import build_service
 from chatfleet_operator.context import PassContext
 from chatfleet_operator.converge.status import EventIntent, Gate, GateKind, rfc3339
@@ -42,7 +53,7 @@ from chatfleet_operator.release.traffic import HTTPROUTE, REPLACE_IN_PLACE, SURG
 from chatfleet_operator.spec import CanaryStep, ChatbotServiceSpec, ObjectRef, Strategy
 
 #: Phases in which the canary's pods are watched for health (and can roll the release back without metrics).
-HEALTH_WATCHED = frozenset({ReleasePhase.STEPPING, ReleasePhase.DRAINING})
+HEALTH_WATCHED = frozenset({ReleasePhase.SHADOWING, ReleasePhase.STEPPING, ReleasePhase.DRAINING})
 
 
 class Canary:
@@ -59,6 +70,7 @@ class Canary:
             return [build_service(ref, ref.name, service_selector(ref), affinity_seconds=affinity)]
         w = plan.routed_weight if plan.in_release and plan.canary_replicas > 0 else 0
         release = ctx.settings.release
+        mirror = shadow_mirror(ctx, plan)
         route = build_httproute(
             ref,
             stable_weight=100 - w,
@@ -67,9 +79,14 @@ class Canary:
             gateway_namespace=release.gateway_namespace,
             pins=pins(ctx.spec, plan),
             hostnames=ctx.spec.rollout.hostnames,
+            mirror=mirror,
+        )
+        extra = (
+            [build_traefik_mirror(ref, mirror.percent)] if mirror and mirror.method == TRAEFIK_SERVICE else []
         )
         return [
             route,
+            *extra,
             build_service(ref, ref.name, service_selector(ref, **{api.LABEL_TRACK: api.TRACK_STABLE})),
             track_service(ref, self.track),
         ]
@@ -119,6 +136,11 @@ class Canary:
         gate: Gate | None = None
         weight = steps[idx].weight
         pause_left: float | None = None
+
+        if rel.phase == ReleasePhase.SHADOWING:
+            plan = _shadow(inp, rel, stable_rev, history, capacity, events, verdict)
+            if plan is not None:
+                return plan
 
         if rel.phase == ReleasePhase.STEPPING:
             step = steps[idx]
@@ -234,6 +256,96 @@ class Canary:
         return plan
 
 
+def _shadow(
+    inp: ReleaseInput,
+    rel: ReleaseState,
+    stable_rev: str,
+    history: list[HistoryEntry],
+    capacity: str,
+    events: list[EventIntent],
+    verdict: Verdict,
+) -> ReleasePlan | None:
+    """One pass of the shadow phase: the plan that holds it, or None once it passed (rel.phase is Stepping).
+
+    e.g. percent 10, total 4: one canary pod at weight 0 with 10 % of the requests mirrored to it; a
+    passing analysis since that pod turned Ready -> step 1. Without Gateway API there is nothing to mirror
+    on: the release waits with no canary pod, and says so.
+    """
+    shadow = inp.spec.analysis.quality.shadow
+    steps = inp.spec.rollout.canary_steps
+    now = rfc3339(inp.now)
+    routed = inp.traffic == HTTPROUTE
+    s = (
+        split(inp.total, shadow.percent, inp.traffic, capacity)
+        if routed
+        else split(inp.total, 0, inp.traffic, capacity)
+    )
+    canary_ready = routed and inp.canary.ready >= s.canary and inp.canary.revision == rel.revision
+    if not canary_ready:
+        rel.canary_ready_at = None
+    elif not rel.canary_ready_at:
+        rel.canary_ready_at = now
+        mark_analysis_start(inp, rel)
+    hold = analysis_hold(rel, verdict)
+    if not routed:
+        gate = Gate(
+            GateKind.PAUSED,
+            ReleaseReason.SHADOW_NEEDS_GATEWAY,
+            "Release waits: spec.analysis.quality.shadow mirrors requests through an HTTPRoute, and this "
+            "cluster serves no Gateway API; install Gateway API or set spec.analysis.quality.shadow.enabled false",
+        )
+        rel.ready_deadline_from = now  # waiting for a gateway does not count against the deadline
+    elif inp.spec.rollout.paused:
+        gate = Gate(
+            GateKind.PAUSED, ReleaseReason.PAUSED, "Release paused by spec.rollout.paused in the shadow phase"
+        )
+    elif inp.canary.waiting_for_gpus:
+        gate = Gate(
+            GateKind.PAUSED,
+            ReleaseReason.WAITING_FOR_GPUS,
+            f"Waiting for GPUs: canary pods cannot be scheduled (gpuCapacity {capacity}); "
+            "free GPUs or set spec.rollout.gpuCapacity: ReplaceInPlace",
+        )
+        rel.ready_deadline_from = now
+    elif not canary_ready:
+        gate = Gate(
+            GateKind.ADVANCING,
+            ReleaseReason.RELEASING,
+            f"Shadow: waiting for canary pods ({inp.canary.ready}/{s.canary} Ready)",
+        )
+    elif passed_since(rel, rel.canary_ready_at):
+        first = steps[0].weight
+        message = (
+            f"Shadow phase of revision {rel.revision} passed ({rel.analysis.get('lastMessage') or 'analysis passed'}); "
+            f"step 1/{len(steps)} takes weight {first}%"
+        )
+        events.append(EventIntent("Normal", ReleaseReason.SHADOW_PASSED, message))
+        rel.shadow_passed_at = rel.step_started_at = rel.ready_deadline_from = now
+        rel.phase, rel.step_index, rel.canary_ready_at = ReleasePhase.STEPPING, 0, None
+        return None
+    elif hold is not None:
+        gate = hold
+    else:
+        gate = Gate(
+            GateKind.ADVANCING,
+            ReleaseReason.RELEASING,
+            f"Shadow: {shadow.percent}% of requests mirrored to the canary (weight 0); waiting for a passing "
+            f"analysis with at least {shadow.min_requests} compared",
+        )
+    rel.weight = rel.effective_weight = 0
+    plan = _plan(inp, rel, stable_rev, history, 0, s.stable, s.canary, False, gate, events, requeue(inp, rel))
+    plan.route_weight = 0
+    return plan
+
+
+def shadow_mirror(ctx: PassContext, plan: ReleasePlan) -> Mirror | None:
+    """The mirror of a release in its shadow phase with canary pods to mirror to; None otherwise."""
+    rel = plan.release
+    if rel is None or rel.phase != ReleasePhase.SHADOWING or plan.canary_replicas < 1:
+        return None
+    return Mirror(ctx.spec.analysis.quality.shadow.percent, ctx.settings.release.gateway_mirror)
+
+
 def covered_weight(
     inp: ReleaseInput, steps: Sequence[CanaryStep], idx: int, revision: str, capacity: str
 ) -> int:
@@ -266,7 +378,9 @@ def pins(spec: ChatbotServiceSpec, plan: ReleasePlan) -> dict[str, str]:
     if not plan.stable_from_spec and plan.active_revision:
         out[plan.active_revision] = api.TRACK_STABLE
     rel = plan.release
-    if rel is not None and rel.phase != ReleasePhase.ROLLED_BACK and plan.canary_replicas > 0:
+    # a canary in its shadow phase answers no user: no rule may reach it
+    unpinned = (ReleasePhase.ROLLED_BACK, ReleasePhase.SHADOWING)
+    if rel is not None and rel.phase not in unpinned and plan.canary_replicas > 0:
         out[rel.revision] = api.TRACK_CANARY
     return out
 

@@ -15,8 +15,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from chatfleet_operator import api, metrics
-from chatfleet_operator.analysis import quality, queries
-from chatfleet_operator.analysis.answers import ask_all
+from chatfleet_operator.analysis import quality, queries, shadow
+from chatfleet_operator.analysis.answers import ask_all, ask_records, take_records
 from chatfleet_operator.analysis.assess import INCONCLUSIVE, Measurement, Sample, assess, combine
 from chatfleet_operator.analysis.probe import send_probe
 from chatfleet_operator.analysis.provider import (
@@ -26,12 +26,12 @@ from chatfleet_operator.analysis.provider import (
     short_error,
 )
 from chatfleet_operator.analysis.targets import analysis_target_errors, fill_template
-from chatfleet_operator.builders.deployment import CHAT_PORT
+from chatfleet_operator.builders.deployment import CHAT_PORT, SHADOW_PORT
 from chatfleet_operator.context import DialogueCheck, PassContext
 from chatfleet_operator.converge.facts import PodFacts, Track
 from chatfleet_operator.discovery import ServedGroup
 from chatfleet_operator.release.planner import analysis_due, dialogue_check_due, strategy_of
-from chatfleet_operator.release.state import last_verdict
+from chatfleet_operator.release.state import ReleasePhase, ReleaseStatus, last_verdict
 from chatfleet_operator.release.traffic import HTTPROUTE, REPLICA_RATIO
 from chatfleet_operator.settings import ReleaseSettings
 from chatfleet_operator.spec import ChatbotServiceSpec, GoldenPromptSpec, ObjectRef, QualitySpec
@@ -39,6 +39,8 @@ from chatfleet_operator.spec import ChatbotServiceSpec, GoldenPromptSpec, Object
 log = logging.getLogger("chatfleet")
 
 Prompts = tuple[GoldenPromptSpec, ...]
+#: The seed a canary's shadow port answers with (greedy: it changes nothing, and stable gets the same).
+SHADOW_SEED = 0
 
 
 class Releases:
@@ -66,6 +68,11 @@ class Releases:
         #: restart.
         self._stable_answers: dict[
             tuple[str, str], tuple[str, tuple[QualitySpec, Prompts], list[quality.Answer]]
+        ] = {}
+        #: Per ChatbotService in a shadow phase: (the canary revision, the records taken and not yet
+        #: asked of stable, the pairs compared). Lost on restart: the phase then gathers its evidence anew.
+        self._shadow: dict[
+            tuple[str, str], tuple[str, list[shadow.Record], list[tuple[shadow.Record, quality.Answer]]]
         ] = {}
 
     def traffic_mode(self) -> str:
@@ -107,6 +114,10 @@ class Releases:
         m = assess(sample, [q.check for q in plan.metrics])
         if spec.analysis.quality.enabled:
             m = combine(m, self.measure_answers(ctx))
+        if shadowing(ctx):
+            m = combine(m, self.measure_shadow(ctx))
+        else:  # the phase is over (or never was): its evidence goes
+            self._shadow.pop((ref.namespace, ref.name), None)
         log.info(
             "Measured release of ChatbotService %s/%s: %s %s", ref.namespace, ref.name, m.verdict, m.message
         )
@@ -153,6 +164,53 @@ class Releases:
         if result.misses and m.verdict != INCONCLUSIVE:
             shown = "; ".join(result.misses[:5]) + (" ..." if len(result.misses) > 5 else "")
             m = replace(m, message=f"{m.message} (golden prompts: {shown})")
+        return m
+
+    def measure_shadow(self, ctx: PassContext) -> Measurement:
+        """The shadow phase's measurement: the records taken from every Ready canary pod, up to
+        comparisonsPerInterval of them asked of one stable pod, all pairs since the phase began scored.
+        Never raises."""
+        q = ctx.spec.analysis.quality
+        key = (ctx.ref.namespace, ctx.ref.name)
+        revision = ctx.canary.revision
+        kept = self._shadow.get(key)
+        pending, pairs = (kept[1], kept[2]) if kept is not None and kept[0] == revision else ([], [])
+        problems = []
+        for pod in serving_pods(ctx.canary):
+            records, overflowed, error = take_records(f"http://{pod.ip}:{SHADOW_PORT}/shadow/records")
+            pending += records
+            if error:
+                problems.append(error)
+            if overflowed:
+                log.info("Canary pod %s lost %d shadow records to its bound", pod.name, overflowed)
+        stable = answering_pod(ctx.stable)
+        batch = pending[: q.shadow.comparisons_per_interval] if stable is not None else []
+        if batch:
+            budget = min(60.0, max(5.0, ctx.spec.analysis.interval_seconds / 2))
+            url = f"http://{stable.ip}:{CHAT_PORT}/v1/chat/completions"
+            answers = ask_records(
+                url,
+                ctx.ref.name,
+                batch,
+                seed=SHADOW_SEED,
+                timeout_seconds=q.timeout_seconds,
+                budget_seconds=budget,
+            )
+            pairs += list(zip(batch, answers, strict=True))
+            del pending[: len(batch)]
+        pending, pairs = pending[-shadow.KEEP :], pairs[-shadow.KEEP :]
+        self._shadow = {k: v for k, v in self._shadow.items() if k != key} | {key: (revision, pending, pairs)}
+        short = shadow.too_few(ctx.now, pairs, q.shadow.min_requests, len(pending))
+        if short is not None:
+            why = f" (no records from {'; '.join(problems)})" if problems else ""
+            return replace(short, message=short.message + why)
+        counted = [(r, a) for r, a in pairs if a.text is not None]
+        result = shadow.score(counted)
+        m = assess(shadow.to_sample(result, ctx.now, len(counted)), shadow.checks_of(q))
+        m = replace(m, message=f"{m.message} (shadow: {len(counted)} mirrored requests compared)")
+        if result.misses and m.verdict != INCONCLUSIVE:
+            shown = "; ".join(result.misses[:3]) + (" ..." if len(result.misses) > 3 else "")
+            m = replace(m, message=f"{m.message} ({shown})")
         return m
 
     def golden_prompts(self, namespace: str, q: QualitySpec) -> tuple[Prompts, list[str]]:
@@ -203,12 +261,26 @@ class Releases:
         return ctx
 
 
-def answering_pod(track: Track) -> PodFacts | None:
-    """The pod of a track the golden prompts go to: the first by name that is Ready, serving, of the
-    track's revision and has an address (the same pod each interval while it lives)."""
+def shadowing(ctx: PassContext) -> bool:
+    """Whether this pass's release is in its shadow phase (the old status says; the plan comes after)."""
+    rel = ReleaseStatus.from_status(ctx.old_status).release
+    return (
+        ctx.spec.analysis.quality.shadow.enabled and rel is not None and rel.phase == ReleasePhase.SHADOWING
+    )
+
+
+def serving_pods(track: Track) -> list[PodFacts]:
+    """The pods of a track that are Ready, serving, of its revision and have an address, by name."""
     ready = [
         p
         for p in track.pods
         if p.ready and p.ip and not p.deleting and p.serving != "false" and p.revision == track.revision
     ]
-    return min(ready, key=lambda p: p.name) if ready else None
+    return sorted(ready, key=lambda p: p.name)
+
+
+def answering_pod(track: Track) -> PodFacts | None:
+    """The pod of a track the golden prompts go to: the first by name that is Ready, serving, of the
+    track's revision and has an address (the same pod each interval while it lives)."""
+    ready = serving_pods(track)
+    return ready[0] if ready else None

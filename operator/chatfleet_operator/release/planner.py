@@ -73,7 +73,7 @@ def analysis_due(
     canary rolled back moments ago.
     """
     rel = ReleaseStatus.from_status(old_status).release
-    analysing = (ReleasePhase.STEPPING, ReleasePhase.DRAINING, ReleasePhase.SWITCHED)
+    analysing = (ReleasePhase.SHADOWING, ReleasePhase.STEPPING, ReleasePhase.DRAINING, ReleasePhase.SWITCHED)
     if rel is None or rel.phase not in analysing or canary.ready < 1:
         return False
     start = parse_time(rel.analysis_from)
@@ -162,14 +162,16 @@ def _new_release(inp: ReleaseInput, stable_rev: str) -> ReleaseState:
     """status.release of a release that starts now."""
     now = rfc3339(inp.now)
     capacity = inp.spec.rollout.gpu_capacity
+    shadow = inp.spec.rollout.strategy == Strategy.CANARY and inp.spec.analysis.quality.shadow.enabled
     return ReleaseState(
         revision=inp.update_revision,
         from_revision=stable_rev,
         strategy=inp.spec.rollout.strategy,
-        phase=ReleasePhase.STEPPING,
+        phase=ReleasePhase.SHADOWING if shadow else ReleasePhase.STEPPING,
         traffic=inp.traffic,
         capacity=SURGE if capacity == AUTO else capacity,
         started_at=now,
+        shadow_started_at=now if shadow else None,
         step_index=0,
         step_started_at=now,
         ready_deadline_from=now,
@@ -201,8 +203,10 @@ def _rolled_back_plan(
     inp: ReleaseInput, rel: ReleaseState, history: list[HistoryEntry], stable_rev: str
 ) -> ReleasePlan:
     """After a rollback: stable at full size on its old template, the canary gone once stable covers it
-    (covering_canary), Stalled until the spec changes."""
-    covering = covering_canary(inp)
+    (covering_canary), Stalled until the spec changes. A canary rolled back in its shadow phase never
+    answered a user, and covers nothing: it goes at once, whatever stable has Ready."""
+    shadow_only = rel.shadow_started_at is not None and rel.shadow_passed_at is None
+    covering = 0 if shadow_only else covering_canary(inp)
     kept, left = settling_canary(inp, rel.rolled_back_at)
     return ReleasePlan(
         in_release=True,

@@ -25,6 +25,9 @@ E = TypeVar("E", bound=StrEnum)
 class ReleasePhase(StrEnum):
     """status.release.phase: where one release stands (not status.phase, which is derived from conditions)."""
 
+    SHADOWING = (
+        "Shadowing"  # canary: live requests mirrored to it, no weight yet (spec.analysis.quality.shadow)
+    )
     STEPPING = "Progressing"  # canary steps / blue-green preview + pre-promotion analysis
     DRAINING = (
         "DrainingDialogues"  # canary: new dialogues all on the new revision, pinned ones finish on stable
@@ -37,6 +40,7 @@ class ReleasePhase(StrEnum):
 
 ACTIVE_PHASES = frozenset(
     {
+        ReleasePhase.SHADOWING,
         ReleasePhase.STEPPING,
         ReleasePhase.DRAINING,
         ReleasePhase.PROMOTING,
@@ -134,6 +138,8 @@ _FIELDS = (
     ("capacity", "capacity", str),
     ("capacityNote", "capacity_note", str),
     ("startedAt", "started_at", str),
+    ("shadowStartedAt", "shadow_started_at", str),
+    ("shadowPassedAt", "shadow_passed_at", str),
     ("stepIndex", "step_index", int),
     ("stepStartedAt", "step_started_at", str),
     ("readyDeadlineFrom", "ready_deadline_from", str),
@@ -176,6 +182,10 @@ class ReleaseState:
     capacity: str | None = None
     capacity_note: str | None = None
     started_at: str | None = None
+    shadow_started_at: str | None = None
+    """When the shadow phase began (spec.analysis.quality.shadow): live requests mirrored, no weight."""
+    shadow_passed_at: str | None = None
+    """When it passed and the first step took its weight (None: no shadow phase, or not passed)."""
     step_index: int = 0
     step_started_at: str | None = None
     ready_deadline_from: str | None = None

@@ -49,6 +49,8 @@ class ReleaseReason:
     ROLLED_BACK = "RolledBack"
     PROMOTED = "ReleasePromoted"
     STARTED = "ReleaseStarted"
+    SHADOW_PASSED = "ShadowPassed"
+    SHADOW_NEEDS_GATEWAY = "ShadowNeedsGatewayAPI"
 
 
 @dataclass(frozen=True)
@@ -155,9 +157,11 @@ def service_selector(ref: ObjectRef, **labels: str) -> dict[str, str]:
 
 
 def track_service(ref: ObjectRef, track: str) -> dict[str, Any]:
-    """The Service of the new revision's track, `<name>-<track>`, selecting only that track's pods."""
+    """The Service of the new revision's track, `<name>-<track>`, selecting only that track's pods; the
+    canary's carries the shadow port (where a gateway mirrors requests in the shadow phase)."""
     selector = service_selector(ref, **{api.LABEL_TRACK: track})
-    return build_service(ref, track_service_name(ref, track), selector, component=track)
+    name = track_service_name(ref, track)
+    return build_service(ref, name, selector, component=track, shadow_port=track == api.TRACK_CANARY)
 
 
 def selector_text(selector: dict[str, str]) -> str:

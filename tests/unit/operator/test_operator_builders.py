@@ -115,7 +115,11 @@ class TestDeployment:
         assert "--config-dir=/etc/chatfleet/triton" in c["triton"]["command"]
         assert [p["containerPort"] for p in c["triton"]["ports"]] == [8000, 8001, 8002]
         assert c["chat-api"]["command"][:3] == ["python3", "-m", "chatfleet_runtime.api"]
-        assert c["chat-api"]["ports"] == [{"name": "chat", "containerPort": 8080, "protocol": "TCP"}]
+        assert c["chat-api"]["ports"] == [
+            {"name": "chat", "containerPort": 8080, "protocol": "TCP"},
+            {"name": "shadow", "containerPort": 8081, "protocol": "TCP"},
+        ]
+        assert "--shadow-port=8081" in c["chat-api"]["command"]
 
     @pytest.mark.parametrize(
         ("resources", "gpus", "selector"),

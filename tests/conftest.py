@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from chatfleet_platform import gatewayapi, services
+from chatfleet_platform import gatewayapi, services, traefikcrd
 from chatfleet_platform.cluster import Cluster
 from chatfleet_platform.config import BUILD_SCRIPT, GATEWAY_BINARIES, REPO_ROOT, PlatformError, binaries
 from chatfleet_platform.gateway import Gateway
@@ -95,6 +95,7 @@ def gateway(cluster: Cluster) -> Iterator[Gateway]:
     finally:
         g.down()
         gatewayapi.uninstall(cluster)
+        traefikcrd.uninstall(cluster)
 
 
 @pytest.fixture(scope="session")

@@ -285,16 +285,26 @@ class Cluster:
 
     def install_crd(self, path: Path, name: str, timeout: float = 60) -> None:
         """Apply a CRD file (server-side) and wait until the API serves it (Established)."""
+        self.install_crds(path, (name,), timeout)
+
+    def install_crds(self, path: Path, names: Sequence[str], timeout: float = 60) -> None:
+        """Apply CRDs (a file or a folder, server-side) and wait until the API serves all of `names`."""
         self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
         deadline = time.monotonic() + timeout
-        while True:  # right after the apply the CRD may have no status yet, and `kubectl wait` errors
+        while True:  # right after the apply a CRD may have no status yet, and `kubectl wait` errors
             res = self.kubectl(
-                "wait", "--for=condition=Established", f"crd/{name}", f"--timeout={timeout:.0f}s", check=False
+                "wait",
+                "--for=condition=Established",
+                f"--timeout={timeout:.0f}s",
+                *[f"crd/{n}" for n in names],
+                check=False,
             )
             if res.returncode == 0:
                 return
             if time.monotonic() > deadline:
-                raise PlatformError(f"CRD {name} not Established after {timeout:.0f}s: {res.stderr.strip()}")
+                raise PlatformError(
+                    f"CRDs {', '.join(names)} not Established after {timeout:.0f}s: {res.stderr.strip()}"
+                )
             time.sleep(0.5)
 
     def add_nodes(self, manifests: Sequence[dict]) -> None:

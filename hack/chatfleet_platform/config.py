@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -138,3 +140,28 @@ def write_json(path: Path, data: dict) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     tmp.replace(path)
+
+
+def go_module_dir(module: str, version: str) -> Path:
+    """The module's source folder in the Go module cache (outside the repository), fetched once.
+
+    `go mod download -json MODULE@VERSION` answers from the cache when it has the module, else downloads it
+    through the Go module proxy; its JSON names the folder (`Dir`). A PlatformError says why it failed.
+    """
+    go = require_tool("go", "install Go >= 1.26 (the platform builds its binaries from Go modules)")
+    with tempfile.TemporaryDirectory() as tmp:  # outside any go.mod, so no module's requirements apply
+        res = subprocess.run(
+            [go, "mod", "download", "-json", f"{module}@{version}"],
+            cwd=tmp,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    try:
+        info = json.loads(res.stdout)
+    except ValueError:
+        info = {}
+    if res.returncode != 0 or not info.get("Dir") or not Path(info["Dir"]).is_dir():
+        detail = info.get("Error") or res.stderr.strip() or res.stdout.strip()
+        raise PlatformError(f"cannot fetch {module}@{version} from the Go module proxy: {detail}")
+    return Path(info["Dir"])

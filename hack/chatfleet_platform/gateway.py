@@ -1,8 +1,8 @@
 """Traefik on the local platform: the Gateway API data plane that serves the operator's HTTPRoutes.
 
-Traefik runs as a host process (one of the cluster's extras) with its Kubernetes Gateway provider, reading
-the API through the cluster's admin kubeconfig ($KUBECONFIG). It is built from the Go module proxy by
-`hack/build-platform.sh traefik` and cached by version.
+Traefik runs as a host process (one of the cluster's extras) with its Kubernetes Gateway provider and its
+kubernetescrd provider, reading the API through the cluster's admin kubeconfig ($KUBECONFIG). It is built
+from the Go module proxy by `hack/build-platform.sh traefik` and cached by version.
 
 What it needs out of a cluster:
 - the Gateway API CRDs of v1.4.0 or newer (chatfleet_platform.gatewayapi): Traefik 3.6 lists
@@ -10,7 +10,10 @@ What it needs out of a cluster:
 - one entryPoint per listener port: Traefik maps a Gateway listener to the entryPoint whose address ends
   in `:<listener port>`. The entryPoint listens on 127.0.0.1 on a port picked free, and every Gateway here
   has one HTTP listener on that same port;
-- the Gateway's status address given (`statusaddress.ip`): without it no Gateway turns Programmed.
+- the Gateway's status address given (`statusaddress.ip`): without it no Gateway turns Programmed;
+- Traefik's own CRDs (chatfleet_platform.traefikcrd), for the kubernetescrd provider: an HTTPRoute
+  backendRef may name a TraefikService, and a TraefikService mirrors (`spec.mirroring`), which the Gateway
+  provider's HTTPRoute `RequestMirror` filter does not do in Traefik 3.6 (the rule answers 500).
 
 The backends are the pods themselves: Traefik sends to the Ready addresses of a Service's EndpointSlices
 (the real node's pods, on its bridge, reachable from this host), not to the ClusterIP.
@@ -23,7 +26,7 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import gatewayapi, procs
+from . import gatewayapi, procs, traefikcrd
 from .config import GATEWAY_BINARIES, read_json, require_binaries, write_json
 
 if TYPE_CHECKING:
@@ -73,10 +76,14 @@ def gateway_manifest(namespace: str, port: int, *, routes_from: str = "All") -> 
 
 
 def traefik_args(binary: str, port: int, access_log: str = "") -> list[str]:
-    """Traefik's flags: one entryPoint on 127.0.0.1:port, the Gateway provider, nothing else. Pure.
+    """Traefik's flags: one entryPoint on 127.0.0.1:port, the Gateway and CRD providers, nothing else. Pure.
 
     No dashboard, API, ping or metrics (any of them would open a second entryPoint, on all addresses);
-    no version check and no usage statistics (nothing leaves the machine).
+    no version check and no usage statistics (nothing leaves the machine). The kubernetescrd provider
+    serves TraefikServices (an HTTPRoute's backendRef may name one); it opens no port, and it does not
+    watch Nodes (only NodePort load balancing would read them). Cross-namespace references and
+    ExternalName Services stay refused (its defaults); a Service without endpoints is allowed, so a
+    mirror with no Ready pod leaves the main Service answering.
     """
     return [
         binary,
@@ -87,6 +94,11 @@ def traefik_args(binary: str, port: int, access_log: str = "") -> list[str]:
         "--entryPoints.web.transport.lifeCycle.graceTimeOut=2s",
         "--providers.kubernetesgateway=true",
         "--providers.kubernetesgateway.statusaddress.ip=127.0.0.1",
+        "--providers.kubernetescrd=true",
+        "--providers.kubernetescrd.disableClusterScopeResources=true",
+        # a mirror Service without a Ready endpoint (a shadow-phase canary pod lost or not Ready yet) must
+        # cost nothing; with Traefik's default the whole TraefikService is not built and the rule answers 404
+        "--providers.kubernetescrd.allowEmptyServices=true",
         "--log.level=INFO",
         "--log.noColor=true",
         # one JSON line per request with the router, the backend service and the status: who answered a 5xx
@@ -141,21 +153,35 @@ class Gateway:
         return procs.is_ours(self._proc())
 
     def up(self, timeout: float = 120) -> Gateway:
-        """CRDs, GatewayClass, Traefik, the shared Gateway Programmed; harmless when already running."""
+        """CRDs, GatewayClass, Traefik, the shared Gateway Programmed; harmless when already running.
+
+        Traefik's own CRDs go in before Traefik starts: its kubernetescrd provider lists all of them and
+        serves nothing until it can. A Traefik that runs with other flags than these (started by an older
+        checkout) is restarted on the same port, so the Gateways' listeners stay valid.
+        """
         binary = str(require_binaries(GATEWAY_BINARIES).traefik)
         c = self.cluster
         gatewayapi.install(c)
+        traefikcrd.install(c)
         c.apply([gateway_class()])
         state = read_json(self._state_file)
-        if self.running() and state.get("port"):
-            self.port = int(state["port"])
+        port = int(state.get("port") or 0)
+        args = traefik_args(binary, port, str(self.access_log)) if port else []
+        if self.running() and port and state.get("args") == args:
+            self.port = port
             c.progress(f"traefik already running on {self.url}")
         else:
-            self.port = procs.free_port()
-            # the Gateway provider takes $KUBECONFIG unless it finds an in-cluster environment
+            if self.running():
+                c.progress("traefik runs with other flags: restarting it")
+                c.stop_extra(PROCESS)
+            self.port = port if port and not procs.port_in_use(port) else procs.free_port()
+            args = traefik_args(binary, self.port, str(self.access_log))
+            # the providers take $KUBECONFIG unless they find an in-cluster environment
             env = {k: v for k, v in c.env.items() if not k.startswith("KUBERNETES_SERVICE_")}
-            c.start_extra(PROCESS, traefik_args(binary, self.port, str(self.access_log)), env=env)
-            write_json(self._state_file, {"port": self.port, "gateways": []})
+            c.start_extra(PROCESS, args, env=env)
+            write_json(
+                self._state_file, {"port": self.port, "gateways": state.get("gateways", []), "args": args}
+            )
             procs.wait_for(
                 f"traefik on 127.0.0.1:{self.port}",
                 lambda: procs.port_in_use(self.port),

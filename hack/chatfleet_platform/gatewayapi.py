@@ -7,14 +7,10 @@ config/crd/standard/ folder and never committed. Install/uninstall go through th
 
 from __future__ import annotations
 
-import json
-import subprocess
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-from .config import PlatformError
+from .config import PlatformError, go_module_dir
 
 #: Pinned Gateway API release (standard channel: HTTPRoute v1 with weighted backendRefs). v1.4.0 at least:
 #: Traefik 3.6 (chatfleet_platform.gateway) lists BackendTLSPolicy v1, which v1.3.0 does not serve; there
@@ -34,23 +30,7 @@ CRD_NAMES = (
 
 def crd_dir(version: str = GATEWAY_API_VERSION) -> Path:
     """config/crd/standard of the module, downloaded through the Go module proxy on first use."""
-    with tempfile.TemporaryDirectory() as tmp:
-        res = subprocess.run(
-            ["go", "mod", "download", "-json", f"{MODULE}@{version}"],
-            cwd=tmp,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env=None,
-        )
-    try:
-        info = json.loads(res.stdout)
-    except ValueError:
-        info = {}
-    if res.returncode != 0 or not info.get("Dir"):
-        detail = info.get("Error") or res.stderr.strip() or res.stdout.strip()
-        raise PlatformError(f"cannot fetch {MODULE}@{version} from the Go module proxy: {detail}")
-    path = Path(info["Dir"]) / "config" / "crd" / "standard"
+    path = go_module_dir(MODULE, version) / "config" / "crd" / "standard"
     if not path.is_dir():
         raise PlatformError(f"{MODULE}@{version} has no config/crd/standard folder")
     return path
@@ -58,23 +38,7 @@ def crd_dir(version: str = GATEWAY_API_VERSION) -> Path:
 
 def install(cluster: Any, version: str = GATEWAY_API_VERSION, timeout: float = 60) -> None:
     """Apply the standard-channel CRDs and wait until they are Established."""
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd_dir(version)))
-    deadline = time.monotonic() + timeout
-    while True:  # right after the apply a CRD may have no status yet, and `kubectl wait` errors
-        res = cluster.kubectl(
-            "wait",
-            "--for=condition=Established",
-            f"--timeout={timeout:.0f}s",
-            *[f"crd/{n}" for n in CRD_NAMES],
-            check=False,
-        )
-        if res.returncode == 0:
-            return
-        if time.monotonic() > deadline:
-            raise PlatformError(
-                f"Gateway API CRDs not Established after {timeout:.0f}s: {res.stderr.strip()}"
-            )
-        time.sleep(0.5)
+    cluster.install_crds(crd_dir(version), CRD_NAMES, timeout)
 
 
 def uninstall(cluster: Any) -> None:

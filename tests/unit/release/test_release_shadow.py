@@ -127,12 +127,15 @@ def broken(i):  # a broken chat template: fluent, 200, wrong
 
 
 def test_the_release_starts_in_a_shadow_phase_at_weight_0_with_a_mirror(monkeypatch):
-    passes, _ = release(monkeypatch, good, ticks=())
+    passes, _ = release(monkeypatch, good, ticks=(1,))
     out = passes[0]
     rel = out.plan.release
     assert rel.phase == "Shadowing" and rel.shadow_started_at == "2026-11-21T10:00:00Z"
     assert out.plan.canary_replicas == 1 and out.plan.stable_replicas == 4  # 25 % of 4 pods, surge
     assert canary_weight(out.desired) == 0
+    # no mirror before a canary pod is Ready (a mirror without endpoints can fail the users' rule)
+    assert "filters" not in weighted_rule(out.desired)
+    out = passes[1]
     assert weighted_rule(out.desired)["filters"] == [
         {
             "type": "RequestMirror",

@@ -14,6 +14,14 @@ Rows, one bot, in this order:
 3. The same bad release, gate off: the baseline, what HTTP-metric gates give (Argo Rollouts, Flagger and
    KServe judge the same error rate and latency): promoted or rolled back, and when.
 
+Then through the real gateway (Traefik serving the operator's HTTPRoute; the users move to it), shadow
+traffic (spec.analysis.quality.shadow, 50 % mirrored, golden prompts off) against the golden-prompt gate:
+4. a resource-only release with shadow on: promoted (the shadow phase passes, agreement 100 %);
+5. the bad release with shadow on: rolled back in the shadow phase -- users answered by it: goal 0;
+6. the bad release with the golden-prompt gate and no shadow: rolled back at its first weight (50 %) --
+   the users it answered meanwhile are the baseline.
+Every row counts the user turns the release's revision answered (each answer names its revision).
+
 Writes bench-results/quality.json and prints the table.
 """
 
@@ -71,17 +79,25 @@ def analysis(bot: Bot) -> dict[str, Any]:
     return (bot.status().get("release") or {}).get("analysis") or {}
 
 
-def release(bot: Bot, patch: dict[str, Any], what: str, timeout: float = 900) -> dict[str, Any]:
+SHADOW = {"enabled": True, "percent": 50, "minRequests": 10, "comparisonsPerInterval": 5}
+
+
+def release(
+    bot: Bot, patch: dict[str, Any], what: str, load: DialogueLoad, timeout: float = 900
+) -> dict[str, Any]:
     """Apply a spec change and follow its release to the end: promoted or rolled back, with the times
-    from the change and from the first Ready canary pod, and the analysis intervals judged."""
+    from the change and from the first Ready canary pod, the analysis intervals judged, and the user
+    turns the new revision answered until then."""
     before = bot.status().get("stableRevision")
     t0 = time.monotonic()
     bot.patch(patch)
+    revision = ""
     canary_at: float | None = None
     verdicts: list[str] = []
     last_seen = None
     outcome = ""
     while time.monotonic() - t0 < timeout:
+        revision = revision or str((bot.status().get("release") or {}).get("revision") or "")
         if canary_at is None and ready_pods(bot, "canary") >= 1:
             canary_at = time.monotonic()
         a = analysis(bot)
@@ -106,6 +122,9 @@ def release(bot: Bot, patch: dict[str, Any], what: str, timeout: float = 900) ->
         "intervals_judged": len(verdicts),
         "verdicts": verdicts,
         "message": bot.cond("Stalled").get("message", "") if outcome == "rolled back" else "",
+        "revision": revision,
+        # until the end (a promoted revision answers everyone from then on)
+        "user_turns_answered": load.revisions.get(revision, 0) if revision else None,
     }
     say(
         f"{what}: {row['outcome']} after {row['seconds']} s ({row['from_canary_ready_s']} s from a Ready canary)"
@@ -133,16 +152,33 @@ def main() -> int:
         bot.wait(lambda: load.summary()["ok"] >= 20, 300, "dialogues under way")
         for i in range(RELEASES):
             change = RESOURCE_CHANGES[i % len(RESOURCE_CHANGES)]
-            rows.append(release(bot, {"resources": change}, f"resources {i + 1}: {change}"))
+            rows.append(release(bot, {"resources": change}, f"resources {i + 1}: {change}", load))
             if rows[-1]["outcome"] != "promoted":
                 settle(bot, {"resources": RESOURCE_CHANGES[(i - 1) % len(RESOURCE_CHANGES)]})
         bad = {"model": {"chatTemplate": ROLELESS_TEMPLATE}}
-        rows.append(release(bot, bad, "broken chat template, quality gate on"))
+        rows.append(release(bot, bad, "broken chat template, quality gate on", load))
         if rows[-1]["outcome"] == "rolled back":
             settle(bot, {"model": {"chatTemplate": None}})
         bot.patch({"analysis": {"quality": {"enabled": False}}})
-        rows.append(release(bot, bad, "broken chat template, quality gate off (HTTP metrics only)"))
+        rows.append(release(bot, bad, "broken chat template, quality gate off (HTTP metrics only)", load))
+        # the template back (a release, HTTP metrics only), then the users move to the gateway
+        release(bot, {"model": {"chatTemplate": None}}, "template restored", load)
         summary = load.stop()
+        gateway = platform.gateway_up()
+        bot.wait(
+            lambda: bot.kubectl("get", "httproute", bot.name, check=False).returncode == 0, 60, "HTTPRoute"
+        )
+        load = DialogueLoad(gateway.url, concurrency=USERS, pin=False, max_seconds=7200)
+        load.start()
+        bot.wait(lambda: load.summary()["ok"] >= 20, 300, "dialogues through the gateway")
+        bot.patch({"analysis": {"quality": {"enabled": False, "shadow": SHADOW}}})
+        rows.append(release(bot, {"resources": RESOURCE_CHANGES[0]}, "gateway: resources, shadow on", load))
+        rows.append(release(bot, bad, "gateway: broken chat template, shadow on", load))
+        if rows[-1]["outcome"] == "rolled back":
+            settle(bot, {"model": {"chatTemplate": None}})
+        bot.patch({"analysis": {"quality": {**QUALITY, "shadow": {"enabled": False}}}})
+        rows.append(release(bot, bad, "gateway: broken chat template, golden prompts, no shadow", load))
+        gateway_summary = load.stop()
     finally:
         platform.down()
     healthy = [r for r in rows if r["release"].startswith("resources")]
@@ -154,6 +190,7 @@ def main() -> int:
         "false_rollbacks": sum(r["outcome"] != "promoted" for r in healthy),
         "healthy_releases": len(healthy),
         "load": summary,
+        "gateway_load": gateway_summary,
     }
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(result, indent=1, default=str))
@@ -167,12 +204,14 @@ def main() -> int:
                 ("seconds", "seconds"),
                 ("from_canary_ready_s", "from Ready canary (s)"),
                 ("intervals_judged", "intervals judged"),
+                ("user_turns_answered", "user turns it answered"),
             ],
         )
     )
     print(
         f"\nfalse rollbacks: {result['false_rollbacks']} of {len(healthy)} resource-only releases; "
-        f"users: {summary['turns']} turns, {summary['ok']} ok"
+        f"users: {summary['turns']} turns, {summary['ok']} ok; through the gateway "
+        f"{gateway_summary['turns']} turns, {gateway_summary['ok']} ok"
     )
     print(f"written: {OUT.relative_to(REPO)}")
     return 0

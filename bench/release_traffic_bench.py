@@ -104,6 +104,7 @@ class Platform:
                 "run",
                 *LOCAL_ANALYSIS_ARGS,
                 f"--gateway-namespace={SHARED_NAMESPACE}",
+                "--gateway-mirror=TraefikService",  # Traefik 3.6 lacks Gateway API's RequestMirror
             ],
             env={**self.cluster.env, **REAL_NODE_OPERATOR_ENV},
         )

@@ -62,7 +62,12 @@ def real_operator(chatfleet_crd, real_node, tmp_path_factory) -> Iterator[Operat
 
     Its HTTPRoutes attach to the `gateway` fixture's shared Gateway whenever a module has one up.
     """
-    gateway_args = (f"--gateway={GATEWAY_NAME}", f"--gateway-namespace={SHARED_NAMESPACE}")
+    # Traefik 3.6 mirrors a release's shadow traffic by TraefikService (it lacks Gateway API's RequestMirror)
+    gateway_args = (
+        f"--gateway={GATEWAY_NAME}",
+        f"--gateway-namespace={SHARED_NAMESPACE}",
+        "--gateway-mirror=TraefikService",
+    )
     op = OperatorProcess(
         chatfleet_crd,
         tmp_path_factory.mktemp("real-operator"),

@@ -96,7 +96,9 @@ class ReleaseSettings:
     gateway_namespace: str | None = os.environ.get("CHATFLEET_GATEWAY_NAMESPACE") or None
     """Namespace of that Gateway; None: each ChatbotService's own namespace (flag --gateway-namespace, env
     CHATFLEET_GATEWAY_NAMESPACE). A shared Gateway must admit the routes (listeners' allowedRoutes)."""
-    gateway_mirror: str = os.environ.get("CHATFLEET_GATEWAY_MIRROR", "RequestMirror")
+    gateway_mirror: str = field(
+        default_factory=lambda: os.environ.get("CHATFLEET_GATEWAY_MIRROR", "RequestMirror")
+    )
     """How the Gateway mirrors requests in a release's shadow phase: RequestMirror (Gateway API's filter) or
     TraefikService (Traefik 3.6, which lacks that filter; needs Traefik's CRD provider). Flag
     --gateway-mirror, env CHATFLEET_GATEWAY_MIRROR."""

@@ -84,6 +84,20 @@ def test_tree_shows_step_weights_and_figures():
     assert "canary bbb: 1/2 Ready" in text and "stable aaa: 1/1 Ready" in text
 
 
+def test_tree_shows_the_shadow_phase_before_the_steps():
+    shadowing = body()
+    rel = shadowing["status"]["release"]
+    rel.update(phase="Shadowing", stepIndex=0, shadowStartedAt="2026-11-21T10:00:00Z")
+    assert "Steps: shadow now, 20% next, 50% next, 100% next" in render_tree(shadowing, [], NOW)
+    rel.update(phase="Progressing", stepIndex=1, shadowPassedAt="2026-11-21T10:00:20Z")
+    assert "Steps: shadow done, 20% done, 50% now, 100% next" in render_tree(shadowing, [], NOW)
+    rel.update(phase="RolledBack", stepIndex=0, shadowPassedAt=None)
+    del rel["shadowPassedAt"]
+    assert "Steps: shadow rolled back, 20% -, 50% -, 100% -" in render_tree(shadowing, [], NOW)
+    # a release without a shadow phase shows none
+    assert "shadow" not in render_tree(body(), [], NOW).split("Steps:")[1].splitlines()[0]
+
+
 def test_history_table():
     text = render_history(body())
     assert text.splitlines()[1].split()[:2] == ["zzz", "RolledBack"]

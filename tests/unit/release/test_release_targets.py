@@ -236,6 +236,19 @@ class TestSetting:
         flags = ["run", "--analysis-allowed-host", "127.0.0.1", "--analysis-allowed-host", "::1"]
         assert build_settings(parse_args(flags)).release.analysis_allowed_hosts == ("127.0.0.1", "::1")
 
+    def test_gateway_mirror_flag_env_and_a_clear_refusal(self, monkeypatch):
+        monkeypatch.delenv("CHATFLEET_GATEWAY_MIRROR", raising=False)
+        assert build_settings(parse_args(["run"])).release.gateway_mirror == "RequestMirror"
+        monkeypatch.setenv("CHATFLEET_GATEWAY_MIRROR", "TraefikService")
+        assert build_settings(parse_args(["run"])).release.gateway_mirror == "TraefikService"
+        flags = ["run", "--gateway-mirror", "RequestMirror"]
+        assert build_settings(parse_args(flags)).release.gateway_mirror == "RequestMirror"
+        monkeypatch.setenv("CHATFLEET_GATEWAY_MIRROR", "Mirror")
+        with pytest.raises(
+            SystemExit, match="CHATFLEET_GATEWAY_MIRROR must be RequestMirror or TraefikService"
+        ):
+            build_settings(parse_args(["run"]))
+
     def test_default_allows_nothing_outside_the_cluster(self, monkeypatch):
         monkeypatch.delenv("CHATFLEET_ANALYSIS_ALLOWED_HOSTS", raising=False)
         assert build_settings(parse_args(["run"])).release.analysis_allowed_hosts == ()

@@ -12,22 +12,17 @@ thresholds the HTTP metrics always meet.
 - Shadow traffic, through the real gateway (Traefik, the operator mirroring by TraefikService): the same
   broken template with spec.analysis.quality.shadow on and no golden prompts. Users chat through the
   gateway the whole time; the canary must be rolled back on the mirrored requests' answers alone, in its
-  shadow phase, and no user response may come from it (every response names its track). Last in the
+  shadow phase, and no user response may come from it (every response names its revision). Last in the
   module: its `gateway` fixture switches the operator to HTTPRoutes for the tests after it.
 """
 
 from __future__ import annotations
 
-import http.client
-import json
-import threading
-import time
-import urllib.parse
-from collections import Counter
 from typing import Any
 
 import pytest
-from chatfleet_platform.realpods import ChatLoad, chat_body, on_real_node, service_url
+from chatfleet_platform.dialogues import DialogueLoad
+from chatfleet_platform.realpods import ChatLoad, on_real_node, service_url
 from chatfleet_platform.releasetraffic import Bot, rolled_back
 from test_realnode_release import bot_spec as release_bot_spec
 
@@ -155,47 +150,6 @@ def shadow_spec(prometheus: str) -> dict[str, Any]:
     return spec
 
 
-class TrackCounter:
-    """Users chatting through the gateway from `workers` threads, counting the tracks that answered."""
-
-    def __init__(self, url: str, workers: int = 2) -> None:
-        self.url, self.tracks, self._stop = urllib.parse.urlsplit(url), Counter(), threading.Event()
-        self._threads = [threading.Thread(target=self._work, args=(i,), daemon=True) for i in range(workers)]
-
-    def _work(self, i: int) -> None:
-        n = 0
-        while not self._stop.is_set():
-            stream = (n + i) % 2 == 1
-            conn = http.client.HTTPConnection(self.url.hostname, self.url.port, timeout=60)
-            try:
-                conn.request(
-                    "POST",
-                    "/v1/chat/completions",
-                    body=json.dumps(chat_body(f"Where is my order {n}?", stream=stream)),
-                    headers={"Content-Type": "application/json"},
-                )
-                resp = conn.getresponse()
-                resp.read()
-                self.tracks[(resp.status, resp.getheader("x-chatfleet-track") or "-")] += 1
-            except (OSError, http.client.HTTPException):
-                self.tracks[("conn", "-")] += 1
-            finally:
-                conn.close()
-            n += 1
-            time.sleep(0.2)
-
-    def start(self) -> TrackCounter:
-        for t in self._threads:
-            t.start()
-        return self
-
-    def stop(self) -> Counter:
-        self._stop.set()
-        for t in self._threads:
-            t.join(90)
-        return self.tracks
-
-
 def test_shadow_traffic_rolls_back_a_broken_template_before_any_user_sees_it(
     cluster, real_operator, real_ns, pod_prometheus, runtime_image, host_model_dir, gateway
 ):
@@ -203,22 +157,23 @@ def test_shadow_traffic_rolls_back_a_broken_template_before_any_user_sees_it(
     bot.apply(on_real_node(shadow_spec(pod_prometheus.url), image=runtime_image, model_dir=host_model_dir))
     bot.wait(lambda: bot.cond("Ready").get("status") == "True", 600, "stable Ready")
     bot.wait(lambda: bot.kubectl("get", "httproute", bot.name, check=False).returncode == 0, 60, "HTTPRoute")
-    users = TrackCounter(gateway.url).start()
+    users = DialogueLoad(gateway.url, concurrency=2, pin=False, max_seconds=900).start()
     try:
-        bot.wait(
-            lambda: sum(v for (code, _), v in users.tracks.items() if code == 200) >= 4, 120, "users answered"
-        )
+        bot.wait(lambda: users.summary()["ok"] >= 4, 120, "users answered")
+        stable_revision = bot.status().get("stableRevision")
         bot.patch({"model": {"chatTemplate": ROLELESS_TEMPLATE}})
         bot.wait(lambda: (bot.status().get("release") or {}).get("phase") == "Shadowing", 60, "shadow phase")
         bot.wait(lambda: rolled_back(bot), 480, "rollback in the shadow phase")
     finally:
-        tracks = users.stop()
+        summary = users.stop()
     release = bot.status().get("release") or {}
     message = bot.cond("Stalled").get("message", "")
     assert "shadow" in message and "failureLimit (2)" in message, message
     assert release.get("shadowStartedAt") and not release.get("shadowPassedAt"), release
     compared = [f for f in analysis(bot).get("figures") or [] if f.get("metric", "").startswith("shadow ")]
     assert compared and not all(f.get("ok") for f in compared), analysis(bot)
-    assert tracks[(200, "stable")] > 0, tracks
-    answered_by_canary = {k: v for k, v in tracks.items() if k[1] == "canary"}
-    assert not answered_by_canary, f"users were answered by the canary: {tracks}"
+    # every answer names its revision: users were answered by stable's alone, never the canary's
+    assert summary["revisions"].get(stable_revision, 0) > 0, summary
+    assert release.get("revision") not in summary["revisions"], (
+        f"users were answered by the canary: {summary}"
+    )

@@ -93,6 +93,11 @@ class World:
         with self._lock:
             return self._status_written.get(key)
 
+    def owners(self) -> list[Key]:
+        """Every ChatbotService the watch knows, as (namespace, name)."""
+        idx = self.indexes.get(BY_NAME[api.KIND].index)
+        return sorted(idx) if idx is not None else []
+
     def forget(self, namespace: str, owner: str) -> None:
         """Drop remembered writes of one owner (when it is deleted)."""
         names = child_names(owner)

@@ -54,6 +54,12 @@ class _Timing:
     seconds: float | None = None
 
 
+#: API groups whose CRDs appearing or going change what a pass writes.
+REDISCOVER_GROUPS = frozenset({GATEWAY_GROUP, KEDA_GROUP})
+#: Seconds between such a CRD event and the passes it asks for (its Established status follows it).
+REDISCOVER_DELAY = 2.0
+
+
 class Controller:
     """Serializes passes per ChatbotService and coalesces bursts of watch events into one pass."""
 
@@ -272,6 +278,29 @@ class Controller:
         if self.world.changed("Node", body, deleted=event_type == "DELETED"):
             for key in list(self._waiting_for_nodes):
                 self.trigger(key)
+
+    def crd_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        """A CRD of an API group that changes what a pass writes appeared, changed or went (Gateway API:
+        HTTPRoutes or the replica ratio; KEDA: a ScaledObject or an HPA): forget the cached discovery and
+        run every ChatbotService once more, a moment later (the API serves a group once its CRD is
+        Established). Without this a steady ChatbotService would keep its traffic mode until its next
+        change. Not at start-up's listing (every object gets a pass then anyway)."""
+        group = (body.get("spec") or {}).get("group")
+        if event_type is None or group not in REDISCOVER_GROUPS:
+            return
+        self.releases.rediscover()
+        self.autoscaling.rediscover()
+        keys = self.world.owners()
+        log.info(
+            "API group %s changed (%s CRD %s): %d ChatbotServices to pass again",
+            group,
+            event_type,
+            body.get("metadata", {}).get("name"),
+            len(keys),
+        )
+        loop = asyncio.get_running_loop()
+        for key in keys:
+            loop.call_later(REDISCOVER_DELAY, self.trigger, key)
 
     def forget(self, key: Key) -> None:
         """Drop per-object state once a ChatbotService is deleted."""

@@ -22,6 +22,10 @@ class ServedGroup:
         self.cache_seconds = cache_seconds
         self._cached: tuple[float, bool] | None = None
 
+    def forget(self) -> None:
+        """Ask again at the next `served()` (the group's CRDs appeared or went)."""
+        self._cached = None
+
     def served(self) -> bool:
         now = time.monotonic()
         if self._cached is None or now - self._cached[0] > self.cache_seconds:

@@ -87,6 +87,13 @@ async def node_event(type: str, body: kopf.Body, **kwargs: Any) -> None:
     controller_for(kwargs).node_event(type, body)
 
 
+@kopf.on.event("apiextensions.k8s.io", "v1", "customresourcedefinitions")
+async def crd_event(type: str | None, body: kopf.Body, **kwargs: Any) -> None:
+    """Gateway API's or KEDA's CRDs appearing or going: every ChatbotService passes again (its traffic mode
+    or autoscaler changes). kopf already watches CRDs for its resource discovery (the same RBAC)."""
+    controller_for(kwargs).crd_event(type, body)
+
+
 # The ChatbotService itself.
 
 

@@ -54,6 +54,10 @@ class Autoscaling:
         self.settings = settings or ReleaseSettings()
         self.cluster_domain = cluster_domain
 
+    def rediscover(self) -> None:
+        """Forget the cached answer about KEDA (its CRDs appeared or went)."""
+        self._keda.forget()
+
     def metrics_source(self) -> str:
         """KEDA when the cluster serves keda.sh/v1alpha1 (discovery, cached a few seconds), else HPA."""
         return api.METRICS_KEDA if self._keda.served() else api.METRICS_HPA

@@ -75,6 +75,10 @@ class Releases:
             tuple[str, str], tuple[str, list[shadow.Record], list[tuple[shadow.Record, quality.Answer]]]
         ] = {}
 
+    def rediscover(self) -> None:
+        """Forget the cached answer about Gateway API (its CRDs appeared or went)."""
+        self._gateway_api.forget()
+
     def traffic_mode(self) -> str:
         """HTTPRoute when the cluster serves Gateway API (discovery, cached a few seconds), else ReplicaRatio."""
         return HTTPROUTE if self._gateway_api.served() else REPLICA_RATIO

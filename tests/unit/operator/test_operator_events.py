@@ -157,3 +157,41 @@ def test_a_converged_pass_cancels_the_retry_and_a_deletion_forgets_the_object():
     stalled, converged, deleted = asyncio.run(scenario())
     assert (stalled, converged, deleted) == (1, 0, 0)
     assert controller.ran == [1, 2, 3]
+
+
+def crd(group: str, plural: str) -> dict[str, Any]:
+    return {"metadata": {"name": f"{plural}.{group}"}, "spec": {"group": group}}
+
+
+def test_gateway_api_or_keda_crds_appearing_run_every_chatbotservice_again(monkeypatch):
+    """A steady ChatbotService must learn that the cluster now serves Gateway API (an HTTPRoute) or KEDA
+    (a ScaledObject) without a change of its own; other CRDs and start-up's listing change nothing."""
+    monkeypatch.setattr("chatfleet_operator.controller.REDISCOVER_DELAY", DEBOUNCE)
+    controller = Recorder(CONVERGED)
+    forgotten = []
+    monkeypatch.setattr(controller.releases, "rediscover", lambda: forgotten.append("gateway"))
+    monkeypatch.setattr(controller.autoscaling, "rediscover", lambda: forgotten.append("keda"))
+
+    async def scenario() -> list[list[int]]:
+        controller.see("ADDED", body(1, rv=1))
+        await settle()
+        controller.see("MODIFIED", body(1, observed=1, rv=2))  # steady: no pass
+        await settle()
+        seen = [list(controller.ran)]
+        controller.crd_event(None, crd("gateway.networking.k8s.io", "httproutes"))  # start-up listing
+        controller.crd_event("ADDED", crd("example.com", "widgets"))
+        await settle()
+        seen.append(list(controller.ran))
+        controller.crd_event("ADDED", crd("gateway.networking.k8s.io", "httproutes"))
+        await settle()
+        await settle()
+        seen.append(list(controller.ran))
+        controller.crd_event("DELETED", crd("keda.sh", "scaledobjects"))
+        await settle()
+        await settle()
+        seen.append(list(controller.ran))
+        return seen
+
+    seen = asyncio.run(scenario())
+    assert seen == [[1], [1], [1, 1], [1, 1, 1]]
+    assert forgotten == ["gateway", "keda", "gateway", "keda"]

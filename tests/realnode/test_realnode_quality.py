@@ -14,10 +14,13 @@ thresholds the HTTP metrics always meet.
   gateway the whole time; the canary must be rolled back on the mirrored requests' answers alone, in its
   shadow phase, and no user response may come from it (every response names its revision). Last in the
   module: its `gateway` fixture switches the operator to HTTPRoutes for the tests after it.
+- Both mirror objects the operator can write (the RequestMirror filter, TraefikService) pass the real
+  CRDs' schemas (a server-side dry run): the RequestMirror way is never served by the local Traefik.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -177,3 +180,28 @@ def test_shadow_traffic_rolls_back_a_broken_template_before_any_user_sees_it(
     assert release.get("revision") not in summary["revisions"], (
         f"users were answered by the canary: {summary}"
     )
+
+
+def test_the_operators_mirror_objects_pass_the_api_servers_schemas(cluster, gateway, real_ns):
+    """Both ways to mirror, as the operator builds them, against the real CRDs (Gateway API v1.4.0's
+    standard channel, Traefik's): the RequestMirror filter with `percent`, and TraefikService <name>-mirror."""
+    from chatfleet_operator.builders.httproute import Mirror, build_httproute, build_traefik_mirror
+    from chatfleet_operator.spec import ObjectRef
+
+    ref = ObjectRef(real_ns, "bot", "00000000-0000-0000-0000-000000000000")
+    for manifest in (
+        build_httproute(
+            ref, stable_weight=100, canary_weight=0, gateway_name=gateway.name, mirror=Mirror(10)
+        ),
+        build_httproute(
+            ref,
+            stable_weight=100,
+            canary_weight=0,
+            gateway_name=gateway.name,
+            mirror=Mirror(10, "TraefikService"),
+        ),
+        build_traefik_mirror(ref, 10),
+    ):
+        manifest["metadata"].pop("ownerReferences", None)  # no such owner here: only the schema is asked
+        res = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(manifest), check=False)
+        assert res.returncode == 0, f"{manifest['kind']}: {res.stderr}"

@@ -91,13 +91,16 @@ def release(
     before = bot.status().get("stableRevision")
     t0 = time.monotonic()
     bot.patch(patch)
-    revision = ""
+    revision, already = "", 0
     canary_at: float | None = None
     verdicts: list[str] = []
     last_seen = None
     outcome = ""
     while time.monotonic() - t0 < timeout:
-        revision = revision or str((bot.status().get("release") or {}).get("revision") or "")
+        if not revision:
+            revision = str((bot.status().get("release") or {}).get("revision") or "")
+            # a revision can come back (the same spec again): count only this release's turns
+            already = load.revisions.get(revision, 0) if revision else 0
         if canary_at is None and ready_pods(bot, "canary") >= 1:
             canary_at = time.monotonic()
         a = analysis(bot)
@@ -124,7 +127,7 @@ def release(
         "message": bot.cond("Stalled").get("message", "") if outcome == "rolled back" else "",
         "revision": revision,
         # until the end (a promoted revision answers everyone from then on)
-        "user_turns_answered": load.revisions.get(revision, 0) if revision else None,
+        "user_turns_answered": load.revisions.get(revision, 0) - already if revision else None,
     }
     say(
         f"{what}: {row['outcome']} after {row['seconds']} s ({row['from_canary_ready_s']} s from a Ready canary)"

@@ -307,6 +307,28 @@ class Cluster:
                 )
             time.sleep(0.5)
 
+    def uninstall_crds(self, group: str, names: Sequence[str], timeout: float = 60) -> None:
+        """Delete CRDs of one API group, wait until the API no longer serves the group, then create and
+        delete a placeholder CRD of that group.
+
+        The placeholder is for watchers that rescan a group on its CRD events, as kopf does: the last
+        deletion's event can reach them before API discovery has dropped the group, and they keep the
+        deleted resources. kopf 1.45 then starts a watch of such a resource for the next namespace that
+        appears, gets 404 and stops the whole operator (its orchestrator fails). A CRD event of the group
+        once discovery has settled makes them rescan and see the group gone.
+        """
+        self.kubectl("delete", "crd", "--ignore-not-found", "--wait=true", *names, check=False)
+        deadline = time.monotonic() + timeout
+        while self.kubectl("get", "--raw", f"/apis/{group}", check=False).returncode == 0:
+            if time.monotonic() > deadline:
+                raise PlatformError(
+                    f"the API still serves {group} {timeout:.0f}s after its CRDs were deleted"
+                )
+            time.sleep(0.5)
+        placeholder = placeholder_crd(group)
+        self.apply([placeholder])
+        self.kubectl("delete", "crd", placeholder["metadata"]["name"], "--wait=true", check=False)
+
     def add_nodes(self, manifests: Sequence[dict]) -> None:
         """Create Node objects with their status (kwok keeps capacity and marks them Ready)."""
         text = yaml.safe_dump_all(list(manifests), sort_keys=False)
@@ -493,3 +515,36 @@ def _rmtree(path: Path) -> None:
     import shutil
 
     shutil.rmtree(path, ignore_errors=True)
+
+
+def placeholder_crd(group: str) -> dict:
+    """A CRD of `group` that nothing watches (see Cluster.uninstall_crds). Pure.
+
+    Groups under k8s.io need the api-approved annotation; "unapproved, ..." is accepted.
+    e.g. placeholder_crd("traefik.io")["metadata"]["name"] == "chatfleetplaceholders.traefik.io".
+    """
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": f"chatfleetplaceholders.{group}",
+            "annotations": {"api-approved.kubernetes.io": "unapproved, a local test platform placeholder"},
+        },
+        "spec": {
+            "group": group,
+            "scope": "Namespaced",
+            "names": {
+                "plural": "chatfleetplaceholders",
+                "singular": "chatfleetplaceholder",
+                "kind": "ChatfleetPlaceholder",
+            },
+            "versions": [
+                {
+                    "name": "v1alpha1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": {"type": "object"}},
+                }
+            ],
+        },
+    }

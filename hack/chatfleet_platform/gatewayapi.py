@@ -17,6 +17,7 @@ from .config import PlatformError, go_module_dir
 #: it keeps retrying that list and never writes a route's status nor serves it.
 GATEWAY_API_VERSION = "v1.4.0"
 MODULE = "sigs.k8s.io/gateway-api"
+GROUP_NAME = "gateway.networking.k8s.io"
 #: Every CRD of that release's standard channel (config/crd/standard/).
 CRD_NAMES = (
     "backendtlspolicies.gateway.networking.k8s.io",
@@ -43,7 +44,7 @@ def install(cluster: Any, version: str = GATEWAY_API_VERSION, timeout: float = 6
 
 def uninstall(cluster: Any) -> None:
     """Delete the CRDs again (the cluster is shared by the whole test session)."""
-    cluster.kubectl("delete", "crd", "--ignore-not-found", "--wait=true", *CRD_NAMES, check=False)
+    cluster.uninstall_crds(GROUP_NAME, CRD_NAMES)
 
 
 if __name__ == "__main__":

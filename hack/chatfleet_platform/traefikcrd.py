@@ -60,7 +60,7 @@ def install(cluster: Any, version: str | None = None, timeout: float = 60) -> No
 
 def uninstall(cluster: Any) -> None:
     """Delete Traefik's CRDs (and with them every traefik.io object)."""
-    cluster.kubectl("delete", "crd", "--ignore-not-found", "--wait=true", *CRD_NAMES, check=False)
+    cluster.uninstall_crds(GROUP, CRD_NAMES)
 
 
 def traefik_service_ref(name: str, weight: int = 100) -> dict:

@@ -104,6 +104,8 @@ class Controller:
         self._generations: dict[Key, int] = {}
         """The generation the last pass of each object started on (its spec changes trigger once)."""
         self._waiting_for_nodes: set[Key] = set()
+        self._rediscovery: asyncio.TimerHandle | None = None
+        """The one round of passes a burst of CRD events asks for (crd_event)."""
         self.passes = 0
         self.latencies: list[float] = []
 
@@ -290,17 +292,23 @@ class Controller:
             return
         self.releases.rediscover()
         self.autoscaling.rediscover()
-        keys = self.world.owners()
         log.info(
-            "API group %s changed (%s CRD %s): %d ChatbotServices to pass again",
+            "API group %s changed (%s CRD %s): every ChatbotService passes again in %.0fs",
             group,
             event_type,
             body.get("metadata", {}).get("name"),
-            len(keys),
+            REDISCOVER_DELAY,
         )
-        loop = asyncio.get_running_loop()
-        for key in keys:
-            loop.call_later(REDISCOVER_DELAY, self.trigger, key)
+        # a group's CRDs come and go in bursts: one round of passes, REDISCOVER_DELAY after the last event
+        if self._rediscovery is not None:
+            self._rediscovery.cancel()
+        self._rediscovery = asyncio.get_running_loop().call_later(REDISCOVER_DELAY, self._pass_everyone)
+
+    def _pass_everyone(self) -> None:
+        """Ask for a pass of every ChatbotService the watch knows."""
+        self._rediscovery = None
+        for key in self.world.owners():
+            self.trigger(key)
 
     def forget(self, key: Key) -> None:
         """Drop per-object state once a ChatbotService is deleted."""

@@ -48,6 +48,12 @@ UNOBSERVED_BY_DESIGN = {
     # Written instead of the HPA only when the cluster serves KEDA (this test's cluster does not run it;
     # tests/integration/operator/test_operator_keda.py does, under the operator's own credentials).
     **{("keda.sh", "scaledobjects", v): "needs KEDA" for v in ("list", "watch", "create", "patch", "delete")},
+    # Traefik's mirror of a release's shadow phase, only with --gateway-mirror TraefikService, Traefik's
+    # CRDs and a shadow phase (tests/realnode/test_realnode_quality.py, under the operator's credentials).
+    **{
+        ("traefik.io", "traefikservices", v): "needs Traefik's CRDs and a shadow phase"
+        for v in ("list", "watch", "create", "patch", "delete")
+    },
     # Pod labels are patched only with spec.scaling.autoscale.warmPool (test_operator_keda.py).
     ("", "pods", "patch"): "needs a warm pool",
     # A ConfigMap is read by name only at a quality measurement with spec.analysis.quality.promptsFrom,

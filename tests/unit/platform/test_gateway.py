@@ -138,3 +138,12 @@ class TestHostBackends:
         taken = ["10.96.0.0/16", "10.244.0.0/16", "10.245.0.0/16", "127.0.0.0/8", "169.254.0.0/16"]
         for net in taken:
             assert not hostbackends.HOST_ADDRESS_RANGE.overlaps(ipaddress.ip_network(net)), net
+
+
+def test_the_placeholder_crd_is_of_the_group_and_approved_for_k8s_io_groups():
+    from chatfleet_platform.cluster import placeholder_crd
+
+    crd = placeholder_crd("gateway.networking.k8s.io")
+    assert crd["metadata"]["name"] == "chatfleetplaceholders.gateway.networking.k8s.io"
+    assert crd["spec"]["group"] == "gateway.networking.k8s.io"
+    assert crd["metadata"]["annotations"]["api-approved.kubernetes.io"].startswith("unapproved")

@@ -20,7 +20,7 @@ from datetime import datetime
 from typing import Any
 
 from chatfleet_operator.analysis import quality
-from chatfleet_operator.analysis.assess import INCONCLUSIVE, Check, Measurement, Sample
+from chatfleet_operator.analysis.assess import INCONCLUSIVE, Check, Measurement
 from chatfleet_operator.spec import GoldenPromptSpec, QualitySpec
 
 PREFIX = "shadow "
@@ -145,8 +145,3 @@ def too_few(
         f"shadow: {n} of the {min_requests} mirrored requests needed compared with stable "
         f"({waiting} waiting); no traffic to mirror yet, or too little",
     )
-
-
-def to_sample(result: quality.Score, at: datetime, pairs: int) -> Sample:
-    """The score as an analysis Sample (the compared requests are the canary's traffic for these checks)."""
-    return quality.to_sample(result, at, pairs)

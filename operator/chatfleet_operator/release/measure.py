@@ -203,15 +203,15 @@ class Releases:
             pairs += list(zip(batch, answers, strict=True))
             del pending[: len(batch)]
         pending, pairs = pending[-shadow.KEEP :], pairs[-shadow.KEEP :]
-        self._shadow = {k: v for k, v in self._shadow.items() if k != key} | {key: (revision, pending, pairs)}
+        self._shadow[key] = (revision, pending, pairs)
         short = shadow.too_few(ctx.now, pairs, q.shadow.min_requests, len(pending))
         if short is not None:
             why = f" (no records from {'; '.join(problems)})" if problems else ""
             return replace(short, message=short.message + why)
-        counted = [(r, a) for r, a in pairs if a.text is not None]
-        result = shadow.score(counted)
-        m = assess(shadow.to_sample(result, ctx.now, len(counted)), shadow.checks_of(q))
-        m = replace(m, message=f"{m.message} (shadow: {len(counted)} mirrored requests compared)")
+        counted = shadow.compared(pairs)
+        result = shadow.score(pairs)  # the scorer leaves out the requests stable did not answer
+        m = assess(quality.to_sample(result, ctx.now, counted), shadow.checks_of(q))
+        m = replace(m, message=f"{m.message} (shadow: {counted} mirrored requests compared)")
         if result.misses and m.verdict != INCONCLUSIVE:
             shown = "; ".join(result.misses[:3]) + (" ..." if len(result.misses) > 3 else "")
             m = replace(m, message=f"{m.message} ({shown})")

@@ -13,6 +13,7 @@ import signal
 import sys
 from dataclasses import replace
 
+from chatfleet_operator.builders.httproute import MIRROR_METHODS
 from chatfleet_operator.settings import AutoscaleSettings, ReleaseSettings, RuntimeSettings, Settings
 
 
@@ -83,7 +84,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     run.add_argument(
         "--gateway-mirror",
-        choices=("RequestMirror", "TraefikService"),
+        choices=MIRROR_METHODS,
         default=None,
         help="how the Gateway mirrors requests in a release's shadow phase: RequestMirror (Gateway API's "
         "filter; default, env CHATFLEET_GATEWAY_MIRROR) or TraefikService (Traefik 3.6, with its CRD provider)",
@@ -113,9 +114,9 @@ def build_settings(args: argparse.Namespace) -> Settings:
         release = replace(release, gateway_namespace=args.gateway_namespace)
     if args.gateway_mirror:
         release = replace(release, gateway_mirror=args.gateway_mirror)
-    if release.gateway_mirror not in ("RequestMirror", "TraefikService"):
+    if release.gateway_mirror not in MIRROR_METHODS:
         raise SystemExit(
-            f"CHATFLEET_GATEWAY_MIRROR must be RequestMirror or TraefikService, not {release.gateway_mirror!r}"
+            f"CHATFLEET_GATEWAY_MIRROR must be {' or '.join(MIRROR_METHODS)}, not {release.gateway_mirror!r}"
         )
     autoscale = AutoscaleSettings()
     if args.autoscaler:

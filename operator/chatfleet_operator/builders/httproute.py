@@ -25,14 +25,13 @@ from typing import Any
 
 from chatfleet_operator import api
 from chatfleet_operator.builders.common import object_meta, with_desired_hash
+from chatfleet_operator.builders.deployment import CHAT_PORT, SHADOW_PORT
 from chatfleet_operator.builders.service import track_service_name
 from chatfleet_operator.spec import ObjectRef
 
 GATEWAY_GROUP = "gateway.networking.k8s.io"
 GATEWAY_VERSION = "v1"
 REVISION_HEADER = "x-chatfleet-revision"
-CHAT_PORT = 8080
-SHADOW_PORT = 8081
 #: How the gateway mirrors (settings.ReleaseSettings.gateway_mirror).
 REQUEST_MIRROR, TRAEFIK_SERVICE = "RequestMirror", "TraefikService"
 MIRROR_METHODS = (REQUEST_MIRROR, TRAEFIK_SERVICE)

@@ -7,12 +7,13 @@ from typing import Any
 
 from chatfleet_operator import api
 from chatfleet_operator.builders.common import object_meta, with_desired_hash
+from chatfleet_operator.builders.deployment import SHADOW_PORT
 from chatfleet_operator.spec import ObjectRef
 
 #: (name, port, appProtocol) of every port a Triton pod serves (docs/pod-contract.md).
 PORTS = (("http", 8000, "http"), ("grpc", 8001, "grpc"), ("metrics", 8002, "http"), ("chat", 8080, "http"))
 #: The canary's Service adds the chat API's shadow port: where a gateway mirrors live requests to it.
-SHADOW = ("shadow", 8081, "http")
+SHADOW = ("shadow", SHADOW_PORT, "http")
 
 
 def track_service_name(ref: ObjectRef, track: str) -> str:

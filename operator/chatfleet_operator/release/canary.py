@@ -162,13 +162,7 @@ class Canary:
                     f"Release paused by spec.rollout.paused at step {idx + 1}",
                 )
             elif inp.canary.waiting_for_gpus:
-                gate = Gate(
-                    GateKind.PAUSED,
-                    ReleaseReason.WAITING_FOR_GPUS,
-                    f"Waiting for GPUs: canary pods cannot be scheduled (gpuCapacity {capacity}); "
-                    "free GPUs or set spec.rollout.gpuCapacity: ReplaceInPlace",
-                )
-                rel.ready_deadline_from = rfc3339(inp.now)  # waiting for GPUs does not count
+                gate = waiting_for_gpus(inp, rel, capacity)
             elif not canary_ready:
                 gate = Gate(
                     GateKind.ADVANCING,
@@ -256,6 +250,18 @@ class Canary:
         return plan
 
 
+def waiting_for_gpus(inp: ReleaseInput, rel: ReleaseState, capacity: str) -> Gate:
+    """The gate while canary pods cannot be scheduled for lack of GPUs; the wait does not count against
+    progressDeadlineSeconds (its clock restarts now)."""
+    rel.ready_deadline_from = rfc3339(inp.now)
+    return Gate(
+        GateKind.PAUSED,
+        ReleaseReason.WAITING_FOR_GPUS,
+        f"Waiting for GPUs: canary pods cannot be scheduled (gpuCapacity {capacity}); "
+        "free GPUs or set spec.rollout.gpuCapacity: ReplaceInPlace",
+    )
+
+
 def _shadow(
     inp: ReleaseInput,
     rel: ReleaseState,
@@ -275,11 +281,7 @@ def _shadow(
     steps = inp.spec.rollout.canary_steps
     now = rfc3339(inp.now)
     routed = inp.traffic == HTTPROUTE
-    s = (
-        split(inp.total, shadow.percent, inp.traffic, capacity)
-        if routed
-        else split(inp.total, 0, inp.traffic, capacity)
-    )
+    s = split(inp.total, shadow.percent if routed else 0, inp.traffic, capacity)
     canary_ready = routed and inp.canary.ready >= s.canary and inp.canary.revision == rel.revision
     if not canary_ready:
         rel.canary_ready_at = None
@@ -300,13 +302,7 @@ def _shadow(
             GateKind.PAUSED, ReleaseReason.PAUSED, "Release paused by spec.rollout.paused in the shadow phase"
         )
     elif inp.canary.waiting_for_gpus:
-        gate = Gate(
-            GateKind.PAUSED,
-            ReleaseReason.WAITING_FOR_GPUS,
-            f"Waiting for GPUs: canary pods cannot be scheduled (gpuCapacity {capacity}); "
-            "free GPUs or set spec.rollout.gpuCapacity: ReplaceInPlace",
-        )
-        rel.ready_deadline_from = now
+        gate = waiting_for_gpus(inp, rel, capacity)
     elif not canary_ready:
         gate = Gate(
             GateKind.ADVANCING,

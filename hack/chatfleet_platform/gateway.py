@@ -17,6 +17,18 @@ What it needs out of a cluster:
 
 The backends are the pods themselves: Traefik sends to the Ready addresses of a Service's EndpointSlices
 (the real node's pods, on its bridge, reachable from this host), not to the ClusterIP.
+
+Traefik forwards with its fast proxy (`experimental.fastProxy`), not its default one (Go's
+net/http/httputil ReverseProxy). The default one cuts an answer now and then (Go issue 40747): for a
+request with a Content-Length body, Go's transport sends the body, then reads the inbound body once more
+to check that it is not longer than declared; an upstream that answers at once (a chat stream does) gets
+its response headers written to the client first, writing them makes Go's HTTP/1 server drain and close
+the inbound body, the late read fails, and the transport closes the upstream connection mid-answer
+("ReverseProxy read error during body copy: use of closed network connection"; the client sees the stream
+end without its last event). It needs the transport's goroutine to be late, so it shows under CPU load:
+71 of 12,000 streamed chats in the platform's stream test on a 2-core machine, and 4 in 43,780 turns
+through releases (bunched at Traefik's configuration reloads, which load the CPU). The fast proxy writes the whole
+request before it reads the answer, and streams a chunked answer flushing each write.
 """
 
 from __future__ import annotations
@@ -75,7 +87,7 @@ def gateway_manifest(namespace: str, port: int, *, routes_from: str = "All") -> 
     }
 
 
-def traefik_args(binary: str, port: int, access_log: str = "") -> list[str]:
+def traefik_args(binary: str, port: int, access_log: str = "", *, fast_proxy: bool = True) -> list[str]:
     """Traefik's flags: one entryPoint on 127.0.0.1:port, the Gateway and CRD providers, nothing else. Pure.
 
     No dashboard, API, ping or metrics (any of them would open a second entryPoint, on all addresses);
@@ -83,7 +95,8 @@ def traefik_args(binary: str, port: int, access_log: str = "") -> list[str]:
     serves TraefikServices (an HTTPRoute's backendRef may name one); it opens no port, and it does not
     watch Nodes (only NodePort load balancing would read them). Cross-namespace references and
     ExternalName Services stay refused (its defaults); a Service without endpoints is allowed, so a
-    mirror with no Ready pod leaves the main Service answering.
+    mirror with no Ready pod leaves the main Service answering. `fast_proxy=False` leaves Traefik's default
+    proxy (only `make bench-release-traffic` does, for its baseline row).
     """
     return [
         binary,
@@ -99,6 +112,8 @@ def traefik_args(binary: str, port: int, access_log: str = "") -> list[str]:
         # a mirror Service without a Ready endpoint (a shadow-phase canary pod lost or not Ready yet) must
         # cost nothing; with Traefik's default the whole TraefikService is not built and the rule answers 404
         "--providers.kubernetescrd.allowEmptyServices=true",
+        # the fast proxy: Go's ReverseProxy cuts a streamed answer to a POST now and then (module docstring)
+        *(["--experimental.fastProxy=true"] if fast_proxy else []),
         "--log.level=INFO",
         "--log.noColor=true",
         # one JSON line per request with the router, the backend service and the status: who answered a 5xx
@@ -118,9 +133,13 @@ class Gateway:
     Gateway `chatfleet` in `ns` (its own routes only) on the same Traefik. `url` is where to send requests.
     """
 
-    def __init__(self, cluster: Cluster, namespace: str = SHARED_NAMESPACE) -> None:
+    def __init__(
+        self, cluster: Cluster, namespace: str = SHARED_NAMESPACE, *, fast_proxy: bool = True
+    ) -> None:
         self.cluster = cluster
         self.namespace = namespace
+        #: Traefik's fast proxy (module docstring); False only for a benchmark's baseline
+        self.fast_proxy = fast_proxy
         self.name = GATEWAY_NAME
         self.folder = cluster.workdir / "gateway"
         #: Traefik's entryPoint port (the one recorded by an earlier `up`, until `up` runs)
@@ -166,7 +185,7 @@ class Gateway:
         c.apply([gateway_class()])
         state = read_json(self._state_file)
         port = int(state.get("port") or 0)
-        args = traefik_args(binary, port, str(self.access_log)) if port else []
+        args = traefik_args(binary, port, str(self.access_log), fast_proxy=self.fast_proxy) if port else []
         if self.running() and port and state.get("args") == args:
             self.port = port
             c.progress(f"traefik already running on {self.url}")
@@ -175,7 +194,7 @@ class Gateway:
                 c.progress("traefik runs with other flags: restarting it")
                 c.stop_extra(PROCESS)
             self.port = port if port and not procs.port_in_use(port) else procs.free_port()
-            args = traefik_args(binary, self.port, str(self.access_log))
+            args = traefik_args(binary, self.port, str(self.access_log), fast_proxy=self.fast_proxy)
             # the providers take $KUBECONFIG unless they find an in-cluster environment
             env = {k: v for k, v in c.env.items() if not k.startswith("KUBERNETES_SERVICE_")}
             c.start_extra(PROCESS, args, env=env)

@@ -34,6 +34,11 @@ def test_traefik_runs_the_crd_provider_beside_the_gateway_provider_allowing_empt
     assert [a for a in args if "allow" in a.lower()] == ["--providers.kubernetescrd.allowEmptyServices=true"]
 
 
+def test_traefik_forwards_with_its_fast_proxy():
+    # Go's ReverseProxy (Traefik's default) cuts a streamed answer to a POST now and then (Go issue 40747)
+    assert "--experimental.fastProxy=true" in traefik_args("traefik", 18080)
+
+
 def test_the_gateway_listener_port_is_the_entrypoint_port():
     gw = gateway_manifest("ns", 18080)
     (listener,) = gw["spec"]["listeners"]

@@ -8,8 +8,10 @@ process (`chatfleet_platform.dialogues.DialogueLoad`): five-turn streamed dialog
 Table 1, zero drop: USERS (32) users chat continuously while the scenario runs PROMOTIONS (5)
 promotions, ROLLBACKS (5) rollbacks (spec.rollout.abort once the canary serves) and SCALE_DOWNS (5)
 scale-downs, interleaved, first through the Service (replica ratio; no Gateway API in the cluster yet),
-then through the gateway (HTTPRoute with sticky dialogues). Counted: streams cut, non-2xx answers, turns
-with no answer, lost histories. Goal 0, 0, 0, 0.
+then through the gateway (HTTPRoute with sticky dialogues), Traefik with its fast proxy as the platform
+runs it, then the same through Traefik's default proxy (the baseline: Go's ReverseProxy, which cuts a
+streamed answer now and then; see chatfleet_platform.gateway). Counted: streams cut, non-2xx answers,
+turns with no answer, lost histories. Goal 0, 0, 0, 0.
 
 Table 2, sticky dialogues: DIALOGUES (1,000) five-turn dialogues through the gateway while a release
 goes 10 -> 50 -> 100 % and is promoted, once with spec.rollout.stickyDialogues and the client echoing
@@ -109,10 +111,13 @@ class Platform:
             env={**self.cluster.env, **REAL_NODE_OPERATOR_ENV},
         )
 
-    def gateway_up(self) -> Gateway:
-        """Traefik and the Gateway API CRDs (from now on releases use HTTPRoutes)."""
-        self.gateway = Gateway(self.cluster).up()
-        time.sleep(12)  # the operator's Gateway API discovery is cached 10 s
+    def gateway_up(self, fast_proxy: bool = True) -> Gateway:
+        """Traefik and the Gateway API CRDs (from now on releases use HTTPRoutes); once up, Traefik is
+        restarted on the same port when asked for the other proxy."""
+        first = self.gateway is None
+        self.gateway = Gateway(self.cluster, fast_proxy=fast_proxy).up()
+        if first:
+            time.sleep(12)  # the operator's Gateway API discovery is cached 10 s
         return self.gateway
 
     def bot(self, **spec_kw: Any) -> Bot:
@@ -157,8 +162,8 @@ class Platform:
         self.cluster.down()
 
 
-def zero_drop(platform: Platform, path: str) -> dict[str, Any]:
-    """Table 1's row for one path: the interleaved operations under USERS users."""
+def zero_drop(platform: Platform, path: str, label: str = "") -> dict[str, Any]:
+    """Table 1's row for one path ("service" or "gateway"): the interleaved operations under USERS users."""
     bot = platform.bot()
     try:
         if path == "gateway":
@@ -182,7 +187,7 @@ def zero_drop(platform: Platform, path: str) -> dict[str, Any]:
             say(f"{path}: round {i + 1} done: {scenario.log[-3:]}; so far {load.summary()}")
         summary = load.stop()
         summary.update(
-            path=path,
+            path=label or path,
             operations=scenario.log,
             seconds=round(time.monotonic() - t0),
             bad_turns=placed(load, scenario, t0),
@@ -318,13 +323,17 @@ def main() -> int:
         )
         service = zero_drop(platform, "service")
         platform.gateway_up()
-        say("table 1 through the gateway (Traefik, HTTPRoute, sticky dialogues)")
-        gateway = zero_drop(platform, "gateway")
+        say("table 1 through the gateway (Traefik's fast proxy, HTTPRoute, sticky dialogues)")
+        gateway = zero_drop(platform, "gateway", "gateway (Traefik fast proxy)")
+        platform.gateway_up(fast_proxy=False)
+        say("table 1 through the gateway with Traefik's default proxy (baseline)")
+        baseline = zero_drop(platform, "gateway", "gateway (Traefik default proxy, baseline)")
+        platform.gateway_up()
         say(f"table 2: {DIALOGUES} dialogues through a 10/50/100 release, pinned")
         pinned = pinning(platform, True)
         say(f"table 2: {DIALOGUES} dialogues through a 10/50/100 release, not pinned (baseline)")
         unpinned = pinning(platform, False)
-        results.update(zero_drop=[service, gateway], pinning=[pinned, unpinned])
+        results.update(zero_drop=[service, gateway, baseline], pinning=[pinned, unpinned])
     finally:
         OUT.parent.mkdir(parents=True, exist_ok=True)
         OUT.write_text(json.dumps(results, indent=1, default=str))

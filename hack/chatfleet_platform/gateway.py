@@ -145,6 +145,19 @@ class Gateway:
         #: Traefik's entryPoint port (the one recorded by an earlier `up`, until `up` runs)
         self.port = int(read_json(self._state_file).get("port", 0))
 
+    def route(self, name: str, namespace: str, hostname: str, rules: list[dict]) -> dict:
+        """HTTPRoute `name` in `namespace` on the shared Gateway, for `hostname` only, with `rules`. Pure."""
+        return {
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "HTTPRoute",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "parentRefs": [{"name": self.name, "namespace": self.namespace}],
+                "hostnames": [hostname],
+                "rules": rules,
+            },
+        }
+
     @property
     def url(self) -> str:
         """http://127.0.0.1:<port>: Traefik's entryPoint, where every Gateway here listens."""

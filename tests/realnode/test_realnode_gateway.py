@@ -62,28 +62,18 @@ def bot_doc(name: str, image: str, model_dir) -> dict[str, Any]:
 
 def route(ns: str, gateway, weights: tuple[int, int]) -> dict[str, Any]:
     """HTTPRoute `split`: the header rule to beta, then alpha/beta by `weights`, for HOST only."""
-    return {
-        "apiVersion": "gateway.networking.k8s.io/v1",
-        "kind": "HTTPRoute",
-        "metadata": {"name": "split", "namespace": ns},
-        "spec": {
-            "parentRefs": [{"name": gateway.name, "namespace": gateway.namespace}],
-            "hostnames": [HOST],
-            "rules": [
-                {
-                    "matches": [{"headers": [{"name": HEADER, "value": "beta"}]}],
-                    "backendRefs": [{"name": "beta", "port": 8080}],
-                },
-                {
-                    "matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
-                    "backendRefs": [
-                        {"name": "alpha", "port": 8080, "weight": weights[0]},
-                        {"name": "beta", "port": 8080, "weight": weights[1]},
-                    ],
-                },
-            ],
-        },
+    header_rule = {
+        "matches": [{"headers": [{"name": HEADER, "value": "beta"}]}],
+        "backendRefs": [{"name": "beta", "port": 8080}],
     }
+    weighted = {
+        "matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
+        "backendRefs": [
+            {"name": "alpha", "port": 8080, "weight": weights[0]},
+            {"name": "beta", "port": 8080, "weight": weights[1]},
+        ],
+    }
+    return gateway.route("split", ns, HOST, [header_rule, weighted])
 
 
 def ask(url: str, headers: dict[str, str] | None = None, host: str = HOST) -> tuple[int, str]:

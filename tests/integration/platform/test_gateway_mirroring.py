@@ -190,22 +190,11 @@ def route(ns: str, gateway, host: str, *, weighted: dict | None = None) -> dict:
         "matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
         "backendRefs": [traefikcrd.traefik_service_ref(f"{BOT}-mirror")],
     }
-    return {
-        "apiVersion": "gateway.networking.k8s.io/v1",
-        "kind": "HTTPRoute",
-        "metadata": {"name": BOT, "namespace": ns},
-        "spec": {
-            "parentRefs": [{"name": gateway.name, "namespace": gateway.namespace}],
-            "hostnames": [host],
-            "rules": [
-                {
-                    "matches": [{"headers": [{"name": HEADER, "value": "canary"}]}],
-                    "backendRefs": [{"name": f"{BOT}-canary", "port": 8080}],
-                },
-                weighted,
-            ],
-        },
+    header_rule = {
+        "matches": [{"headers": [{"name": HEADER, "value": "canary"}]}],
+        "backendRefs": [{"name": f"{BOT}-canary", "port": 8080}],
     }
+    return gateway.route(BOT, ns, host, [header_rule, weighted])
 
 
 def ask(gateway, host: str, rid: str, headers: dict[str, str] | None = None) -> tuple[int, str]:

@@ -128,16 +128,7 @@ def test_streamed_chats_through_traefik_are_never_cut(cluster, gateway, backend,
         [
             hostbackends.selectorless_service(BOT, ns, 8080),
             hostbackends.endpoint_slice(BOT, ns, address, port),
-            {
-                "apiVersion": "gateway.networking.k8s.io/v1",
-                "kind": "HTTPRoute",
-                "metadata": {"name": BOT, "namespace": ns},
-                "spec": {
-                    "parentRefs": [{"name": gateway.name, "namespace": gateway.namespace}],
-                    "hostnames": [host],
-                    "rules": [{"backendRefs": [{"name": BOT, "port": 8080}]}],
-                },
-            },
+            gateway.route(BOT, ns, host, [{"backendRefs": [{"name": BOT, "port": 8080}]}]),
         ]
     )
     assert wait_until(lambda: chat(gateway.port, host, -1) == "ok", 60, 0.5), chat(gateway.port, host, -1)

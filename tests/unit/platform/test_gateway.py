@@ -6,7 +6,14 @@ import pytest
 import yaml
 from chatfleet_platform import gatewayapi, hostbackends, traefikcrd
 from chatfleet_platform.config import PlatformError, go_module_dir, read_versions
-from chatfleet_platform.gateway import CONTROLLER_NAME, gateway_class, gateway_manifest, traefik_args
+from chatfleet_platform.gateway import (
+    CONTROLLER_NAME,
+    SHARED_NAMESPACE,
+    Gateway,
+    gateway_class,
+    gateway_manifest,
+    traefik_args,
+)
 
 pytestmark = pytest.mark.harness
 
@@ -152,3 +159,17 @@ def test_the_placeholder_crd_is_of_the_group_and_approved_for_k8s_io_groups():
     assert crd["metadata"]["name"] == "chatfleetplaceholders.gateway.networking.k8s.io"
     assert crd["spec"]["group"] == "gateway.networking.k8s.io"
     assert crd["metadata"]["annotations"]["api-approved.kubernetes.io"].startswith("unapproved")
+
+
+def test_a_route_attaches_to_the_shared_gateway_for_one_hostname(tmp_path):
+    class FakeCluster:
+        workdir = tmp_path
+
+    rules = [{"backendRefs": [{"name": "bot", "port": 8080}]}]
+    route = Gateway(FakeCluster()).route("bot", "ns", "bot.example", rules)
+    assert route["metadata"] == {"name": "bot", "namespace": "ns"}
+    assert route["spec"] == {
+        "parentRefs": [{"name": "chatfleet", "namespace": SHARED_NAMESPACE}],
+        "hostnames": ["bot.example"],
+        "rules": rules,
+    }

@@ -212,7 +212,7 @@ def placed(load: DialogueLoad, scenario: Scenario, t0: float) -> list[dict[str, 
         out.append(
             {
                 "at_s": round(r.at - t0, 1),
-                "outcome": r.outcome,
+                "outcome": "lost history" if r.lost else r.outcome,
                 "revision": r.revision,
                 "error": r.error,
                 "during": during[0] if during else "between operations",

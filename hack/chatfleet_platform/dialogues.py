@@ -41,7 +41,11 @@ class TurnResult:
     history_turns: int | None = None
     at: float = 0.0
     error: str = ""
-    """Why a turn failed or was cut: the exception's class and first words."""
+    """Why a turn failed or was cut: the exception's class and first words; for a lost history, the counts."""
+    fallback: str = ""
+    """The reason the chat API gave when it answered with its fallback text instead of the model."""
+    lost: bool = False
+    """The answer loaded fewer stored turns than the dialogue had saved."""
 
 
 def _first_event(body: str) -> dict[str, Any] | None:
@@ -104,7 +108,8 @@ def chat_turn(
     first = _first_event(text_body) or {}
     info = first.get("chatfleet") or {}
     turns = info.get("history_turns")
-    return TurnResult("ok", revision, turns if isinstance(turns, int) else None, at=now)
+    fallback = str(info.get("reason") or "?") if info.get("fallback") else ""
+    return TurnResult("ok", revision, turns if isinstance(turns, int) else None, at=now, fallback=fallback)
 
 
 @dataclass(frozen=True)
@@ -182,6 +187,7 @@ class DialogueLoad:
         """One whole dialogue: `turns` turns, pinned to the first answer's revision when `pin`."""
         sid = uuid.uuid4().hex
         first_revision, saved, switched, lost = "", 0, False, 0
+        previous = "first turn"
         started, seen = time.monotonic(), []
         for k in range(self.turns):
             if self._stop.is_set():
@@ -203,7 +209,12 @@ class DialogueLoad:
                 expected = min(saved, self.history_window)
                 if r.history_turns is not None and r.history_turns < expected:
                     lost += 1
+                    r.lost = True
+                    r.error = f"history: {r.history_turns} of {expected} saved turns loaded ({previous})"
                 saved += 1
+            previous = f"previous turn {r.outcome} from {r.revision or '?'}" + (
+                f", a fallback answer ({r.fallback})" if r.fallback else ""
+            )
             time.sleep(rng.uniform(*self.think_seconds))
         with self._lock:
             self.dialogues += 1
@@ -261,9 +272,9 @@ class DialogueLoad:
         return len(inside), sum(r.switched for r in inside)
 
     def bad_turns(self) -> list[TurnResult]:
-        """Every turn not answered well (cut, non-2xx, no answer), in the order they began."""
+        """Every turn not answered well (cut, non-2xx, no answer, a lost history), in the order they began."""
         with self._lock:
-            return sorted((r for r in self.results if r.outcome != "ok"), key=lambda r: r.at)
+            return sorted((r for r in self.results if r.outcome != "ok" or r.lost), key=lambda r: r.at)
 
     def summary(self) -> dict[str, Any]:
         """The counts: turns, dialogues, cut streams, non-2xx answers, failures, lost histories, switches."""
@@ -281,5 +292,6 @@ class DialogueLoad:
                 "switched": self.switched,
                 "switched_share": round(self.switched / self.dialogues, 4) if self.dialogues else 0.0,
                 "revisions": dict(self.revisions),
-                "errors": dict(Counter(r.error for r in self.results if r.error)),
+                "errors": dict(Counter(r.error for r in self.results if r.error and not r.lost)),
+                "fallbacks": dict(Counter(r.fallback for r in self.results if r.fallback)),
             }

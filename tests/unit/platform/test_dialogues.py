@@ -40,7 +40,10 @@ def serve(script):
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("x-chatfleet-revision", revision)
             self.end_headers()
-            head = {"choices": [{"delta": {"content": "hi"}}], "chatfleet": {"history_turns": turns}}
+            meta = {"history_turns": turns}
+            if kind == "fallback":  # the chat API's fallback text instead of the model (not stored)
+                meta.update(fallback=True, reason="timeout")
+            head = {"choices": [{"delta": {"content": "hi"}}], "chatfleet": meta}
             self.wfile.write(f"data: {json.dumps(head)}\n\n".encode())
             if kind != "cut":
                 self.wfile.write(b"data: [DONE]\n\n")
@@ -88,6 +91,27 @@ def test_cut_streams_non_2xx_and_lost_histories():
     assert (s["cut"], s["non_2xx"], s["codes"]) == (1, 1, {"http-503": 1})
     # turn 3 follows two saved turns? No: the cut turn was not saved, turn 0 was -> 0 < 1 is a lost history
     assert s["lost_history"] == 1
+
+
+def test_a_lost_history_is_listed_with_the_turn_before_it_and_fallback_answers_are_counted():
+    def script(k, pin):
+        return {0: ("ok", "a1", 0), 1: ("fallback", "a1", 1), 2: ("ok", "a1", 1)}[k]
+
+    server = serve(script)
+    try:
+        url = f"http://127.0.0.1:{server.server_port}"
+        load = DialogueLoad(url, think_seconds=(0, 0), concurrency=1, max_dialogues=1, turns=3).start()
+        assert load.wait(30)
+    finally:
+        server.shutdown()
+    s = load.summary()
+    assert (s["ok"], s["lost_history"], s["fallbacks"], s["errors"]) == (3, 1, {"timeout": 1}, {})
+    (lost,) = load.bad_turns()
+    assert lost.lost and lost.outcome == "ok"
+    assert (
+        lost.error
+        == "history: 1 of 2 saved turns loaded (previous turn ok from a1, a fallback answer (timeout))"
+    )
 
 
 def test_a_refused_connection_is_a_failure():

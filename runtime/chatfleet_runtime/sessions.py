@@ -2,23 +2,34 @@
 
 Key ``chatfleet:session:<model>:<id>`` is a Redis list, one JSON turn per element
 (``{"messages": [...], "reply": "...", "at": <unix time>, "revision": "<pod revision>"|null}``), trimmed to the last N turns and expiring TTL seconds after
-the last write. Each read and write is tried twice (a loaded node or a Redis fail-over can miss one
-0.5 s time-out; a dialogue that lost its history is an outage for that user); the second write first
-checks whether the first one landed (its turn, unique by its timestamp, is the list's last element), so
-a turn is never stored twice. Redis trouble never fails a chat turn: reads return no history, writes
-are skipped, and ``on_error(op)`` is called so the API can count it.
+the last write. A read or a write that fails is tried again, every PAUSE_S, until RETRY_S have passed
+since its first try (a dialogue that lost its history is an outage for that user): a loaded node can
+miss a time-out for a second or two -- `make bench-release-traffic` on a 2-core machine saw three
+writes of one pod fail at once with "Timeout connecting to server", and in another run 8 turns lost
+their history when two tries a second apart both failed. A write tried again first checks whether an
+earlier try landed (its turn, unique by its timestamp, is the list's last element), so a turn is never
+stored twice. Redis trouble never fails a chat turn: reads return no history, writes are skipped, and
+``on_error(op)`` is called so the API can count it; once an operation used its whole budget, the ones
+in the next DOWN_S seconds try once only (Redis is down: answer without waiting).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 log = logging.getLogger(__name__)
+
+#: Seconds a read or a write keeps trying after its first try failed (each try is bounded by the client's
+#: own time-outs), and the pause between tries.
+RETRY_S, PAUSE_S = 4.0, 0.2
+#: Seconds after an operation gave up during which the others try once only.
+DOWN_S = 10.0
 
 
 def history_messages(turns: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
@@ -65,12 +76,20 @@ class SessionStore:
         ttl_s: int = 3600,
         turns: int = 5,
         on_error: Callable[[str], None] | None = None,
+        retry_s: float = RETRY_S,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ):
         self.client = client
         self.prefix = f"chatfleet:session:{namespace}:"
         self.ttl_s = ttl_s
         self.turns = turns
         self.on_error = on_error or (lambda op: None)
+        self.retry_s = retry_s
+        self.clock = clock
+        self.sleep = sleep
+        self._down_until = float("-inf")
+        """Until when (clock time) operations try once only: an operation gave up."""
 
     def key(self, session_id: str) -> str:
         """Redis key of a conversation."""
@@ -81,12 +100,12 @@ class SessionStore:
         if self.client is None or self.turns <= 0:
             return History(ok=self.client is not None)
         key = self.key(session_id)
+
+        def read() -> Awaitable[Any]:
+            return self.client.lrange(key, -self.turns, -1)
+
         try:
-            try:
-                raw = await self.client.lrange(key, -self.turns, -1)
-            except Exception as exc:  # once more: a time-out under load is not a lost history
-                log.info("session history read failed, retrying once: %s", exc)
-                raw = await self.client.lrange(key, -self.turns, -1)
+            raw = await self._tried("read", read, read)
         except Exception as exc:  # any Redis failure: answer without history
             log.warning("session history unavailable: %s", exc)
             self.on_error("read")
@@ -115,18 +134,43 @@ class SessionStore:
             {"messages": list(messages), "reply": reply, "at": round(time.time(), 3), "revision": revision}
         )
         key = self.key(session_id)
-        try:
-            try:
+
+        async def again() -> None:  # unless an earlier try landed after all
+            if await self.client.lindex(key, -1) != turn:
                 await self._push(key, turn)
-            except Exception as exc:  # once more, unless the first try landed after all
-                log.info("session history write failed, retrying once: %s", exc)
-                if await self.client.lindex(key, -1) != turn:
-                    await self._push(key, turn)
+
+        try:
+            await self._tried("write", lambda: self._push(key, turn), again)
         except Exception as exc:
             log.warning("session history not saved: %s", exc)
             self.on_error("write")
             return False
         return True
+
+    async def _tried(
+        self, op: str, first: Callable[[], Awaitable[Any]], again: Callable[[], Awaitable[Any]]
+    ) -> Any:
+        """`first()`; when it fails, `again()` every PAUSE_S until one succeeds or `retry_s` have passed
+        since the first try (one try only within DOWN_S of an operation that gave up); the last error."""
+        start = self.clock()
+        once = start < self._down_until
+        try:
+            result = await first()
+        except Exception as exc:
+            error = exc
+            while not once and self.clock() - start < self.retry_s:
+                log.info("session history %s failed, trying again: %s", op, error)
+                await self.sleep(PAUSE_S)
+                try:
+                    result = await again()
+                    break
+                except Exception as exc2:
+                    error = exc2
+            else:
+                self._down_until = self.clock() + DOWN_S
+                raise error from None
+        self._down_until = float("-inf")
+        return result
 
     async def _push(self, key: str, turn: str) -> None:
         """Append, trim to the window and refresh the TTL, in one transaction."""

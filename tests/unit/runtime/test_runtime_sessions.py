@@ -86,13 +86,57 @@ def test_window_and_ttl():
     assert redis.ttl["chatfleet:session:m:s"] == 60 and not errors
 
 
-def test_redis_down_degrades_and_reports():
-    redis, errors = FakeRedis(), []
-    store = SessionStore(redis, on_error=errors.append)
+class Clock:
+    """A fake clock that `sleep` advances; `calls` counts the client's calls."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_redis_down_degrades_and_reports_and_then_stops_waiting():
+    redis, errors, clock = FakeRedis(), [], Clock()
+    store = SessionStore(redis, on_error=errors.append, clock=clock, sleep=clock.sleep)
     redis.down = True
     assert run(store.history("s")) == History(ok=False)
+    assert 4.0 <= clock.now < 4.5  # tried again for RETRY_S
     assert run(store.append("s", [{"role": "user", "content": "q"}], "a")) is False
+    assert clock.now < 4.5  # within DOWN_S of the read that gave up: one try, no wait
     assert errors == ["read", "write"]
+    redis.down = False
+    assert run(store.append("s", [{"role": "user", "content": "q"}], "a")) is True
+    redis.down = True
+    clock.now += 1
+    assert run(store.history("s")) == History(ok=False) and clock.now >= 9.0  # up again: full budget
+
+
+def test_a_stall_of_two_and_a_half_seconds_loses_no_turn():
+    """The pod's Redis calls time out for 2.5 s (a loaded node: "Timeout connecting to server" on three
+    writes at once in make bench-release-traffic). Before: two tries a second apart both failed and the
+    dialogue's next turn was answered without this one."""
+    redis, errors, clock = FakeRedis(), [], Clock()
+    store = SessionStore(redis, namespace="m", on_error=errors.append, clock=clock, sleep=clock.sleep)
+    stall_until = 2.5
+    push = FakePipeline.execute
+
+    async def stalled_execute(self):
+        if clock.now < stall_until:
+            clock.now += 1.0  # the connect time-out
+            raise TimeoutError("Timeout connecting to server")
+        return await push(self)
+
+    FakePipeline.execute = stalled_execute
+    try:
+        assert run(store.append("s", [{"role": "user", "content": "q0"}], "a0"))
+    finally:
+        FakePipeline.execute = push
+    assert len(redis.lists["chatfleet:session:m:s"]) == 1 and errors == []
+    assert run(store.history("s")).turns == 1
 
 
 @pytest.mark.parametrize("when", ["before", "after"])

@@ -318,13 +318,12 @@ class Cluster:
         once discovery has settled makes them rescan and see the group gone.
         """
         self.kubectl("delete", "crd", "--ignore-not-found", "--wait=true", *names, check=False)
-        deadline = time.monotonic() + timeout
-        while self.kubectl("get", "--raw", f"/apis/{group}", check=False).returncode == 0:
-            if time.monotonic() > deadline:
-                raise PlatformError(
-                    f"the API still serves {group} {timeout:.0f}s after its CRDs were deleted"
-                )
-            time.sleep(0.5)
+        procs.wait_for(
+            f"the API to stop serving {group} once its CRDs are deleted",
+            lambda: self.kubectl("get", "--raw", f"/apis/{group}", check=False).returncode != 0,
+            timeout=timeout,
+            interval=0.5,
+        )
         placeholder = placeholder_crd(group)
         self.apply([placeholder])
         self.kubectl("delete", "crd", placeholder["metadata"]["name"], "--wait=true", check=False)

@@ -87,7 +87,7 @@ def test_window_and_ttl():
 
 
 class Clock:
-    """A fake clock that `sleep` advances; `calls` counts the client's calls."""
+    """A fake clock that `sleep` advances."""
 
     def __init__(self):
         self.now = 0.0

@@ -147,9 +147,7 @@ class Platform:
 
     def drop(self, bot: Bot) -> None:
         """Delete the bot's namespace (frees the real node's memory)."""
-        self.cluster.kubectl(
-            "delete", "namespace", bot.ns, "--wait=true", "--timeout=120s", check=False, timeout=150
-        )
+        self.cluster.delete_namespace(bot.ns, first=["chatbotservices.chatfleet.io"], timeout=120)
 
     def down(self) -> None:
         """Stop what this run started."""

@@ -328,6 +328,21 @@ class Cluster:
         self.apply([placeholder])
         self.kubectl("delete", "crd", placeholder["metadata"]["name"], "--wait=true", check=False)
 
+    def delete_namespace(self, name: str, *, first: Sequence[str] = (), timeout: float = 90) -> None:
+        """Delete namespace `name` and wait (up to `timeout` per step) until it is gone.
+
+        Its workloads go first, and their pods are waited for: the namespace controller, finding pods still
+        terminating, retries only after their remaining grace period (its estimate of how long they need),
+        so a namespace whose pods drain in 10 s would otherwise stay for their whole grace period (45-75 s
+        for runtime pods). `first`: kinds to delete before the workloads, such as a custom resource whose
+        operator would otherwise create them again. Best effort: failures leave the namespace deletion to
+        finish it.
+        """
+        wait = ("--wait=true", f"--timeout={int(timeout)}s")
+        for kinds in (*first, "deployments,statefulsets,replicasets,pods"):
+            self.kubectl("delete", kinds, "--all", *wait, namespace=name, check=False, timeout=timeout + 30)
+        self.kubectl("delete", "namespace", name, *wait, check=False, timeout=timeout + 30)
+
     def add_nodes(self, manifests: Sequence[dict]) -> None:
         """Create Node objects with their status (kwok keeps capacity and marks them Ready)."""
         text = yaml.safe_dump_all(list(manifests), sort_keys=False)

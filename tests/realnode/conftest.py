@@ -106,7 +106,7 @@ def real_ns(cluster, real_node) -> Iterator[str]:
     try:
         yield name
     finally:
-        cluster.kubectl("delete", "namespace", name, "--wait=true", "--timeout=90s", check=False, timeout=120)
+        cluster.delete_namespace(name, first=["chatbotservices.chatfleet.io"])
 
 
 @dataclass

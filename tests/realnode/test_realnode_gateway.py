@@ -137,7 +137,7 @@ def bots(cluster, real_operator, runtime_image, host_model_dir) -> Iterator[str]
             assert ok, f"{ns}/{name} never turned Ready on the real node:\n{pods}"
         yield ns
     finally:
-        cluster.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=90s", check=False, timeout=120)
+        cluster.delete_namespace(ns, first=["chatbotservices.chatfleet.io"])
 
 
 def test_an_httproute_splits_and_matches_headers_between_real_pods(cluster, gateway, bots):

@@ -154,8 +154,8 @@ REDIS_TIMEOUT_S, REDIS_CONNECT_TIMEOUT_S = 2.0, 1.0
 
 
 def _redis_client(url: str | None):
-    """An asyncio Redis client with bounded time-outs and no retries of its own (SessionStore tries each
-    operation twice), or None without a URL."""
+    """An asyncio Redis client with bounded time-outs and no retries of its own (SessionStore tries a
+    failed operation again for a few seconds), or None without a URL."""
     if not url:
         return None
     import redis.asyncio as aioredis

@@ -96,7 +96,7 @@ class SessionStore:
         return self.prefix + session_id
 
     async def history(self, session_id: str) -> History:
-        """The last N turns, read at most twice (ok is False when there is no Redis or it could not be read)."""
+        """The last N turns, tried as `_tried` says (ok is False when there is no Redis or it could not be read)."""
         if self.client is None or self.turns <= 0:
             return History(ok=self.client is not None)
         key = self.key(session_id)
@@ -127,7 +127,7 @@ class SessionStore:
         self, session_id: str, messages: Sequence[dict[str, str]], reply: str, revision: str | None = None
     ) -> bool:
         """Add a turn (with the revision that answered it), trim to the window and refresh the TTL in one
-        transaction, tried twice (never stored twice); False on Redis error."""
+        transaction, tried as `_tried` says (never stored twice); False on Redis error."""
         if self.client is None or self.turns <= 0:
             return False
         turn = json.dumps(

@@ -50,7 +50,7 @@ sys.path.insert(0, str(REPO / "hack"))
 import kubernetes  # noqa: E402
 from chatfleet_platform import procs, services  # noqa: E402
 from chatfleet_platform.cluster import STAGES_FILE, Cluster  # noqa: E402
-from chatfleet_platform.config import LOCAL_ANALYSIS_ARGS, PlatformError  # noqa: E402
+from chatfleet_platform.config import CHATBOT_CRD_FILE, CHATBOT_CRD_NAME, LOCAL_ANALYSIS_ARGS, PlatformError  # noqa: E402
 from chatfleet_platform.fleetsim import DayCurve, Replica, Surge, kwok_load_annotation, replicas_for  # noqa: E402
 
 RESULTS = REPO / "bench-results"
@@ -286,7 +286,7 @@ class Run:
         s = self.s
         say(f"starting the local platform ({s.nodes} kwok GPU nodes, HPA sync {s.loop['hpa_sync_seconds']}s)")
         self.cluster.up(nodes=s.nodes, hpa_sync_seconds=s.loop["hpa_sync_seconds"])
-        self.cluster.install_crd(REPO / "crds" / "chatfleet.io_chatbotservices.yaml", f"{PLURAL}.{GROUP}")
+        self.cluster.install_crd(CHATBOT_CRD_FILE, CHATBOT_CRD_NAME)
         try:
             from chatfleet_platform.keda import Keda
 
@@ -319,7 +319,7 @@ class Run:
 
     def available(self) -> dict[str, str]:
         """Configuration -> why it cannot run on this build ('' when it can)."""
-        crd = json.loads(self.cluster.kubectl("get", "crd", f"{PLURAL}.{GROUP}", "-o", "json").stdout)
+        crd = json.loads(self.cluster.kubectl("get", "crd", CHATBOT_CRD_NAME, "-o", "json").stdout)
         admits = crd_admits(crd)
         missing = [f"spec.scaling.autoscale.{k}" for k, ok in admits.items() if not ok]
         why = {k: "" for k in self.s.configs}

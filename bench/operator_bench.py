@@ -28,11 +28,11 @@ from pathlib import Path
 
 import kubernetes
 from chatfleet_platform.cluster import Cluster
+from chatfleet_platform.config import CHATBOT_CRD_FILE, CHATBOT_CRD_NAME
 from percentiles import operator_figures
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench-results"
-CRD = REPO / "crds" / "chatfleet.io_chatbotservices.yaml"
 
 
 def log(msg: str) -> None:
@@ -438,14 +438,7 @@ def main(argv: list[str] | None = None) -> int:
         cluster = Cluster(tmp / "cluster", progress=log)
         try:
             cluster.up(nodes=args.nodes, timeout=300)
-            cluster.kubectl("apply", "--server-side", "-f", str(CRD))
-            for _ in range(60):  # the CRD's status may not exist yet right after the apply
-                established = cluster.kubectl(
-                    "wait", "--for=condition=Established", "crd/chatbotservices.chatfleet.io", check=False
-                )
-                if established.returncode == 0:
-                    break
-                time.sleep(0.5)
+            cluster.install_crd(CHATBOT_CRD_FILE, CHATBOT_CRD_NAME)
             result: dict = {
                 "cpus": os.cpu_count(),
                 "load_average_at_start": os.getloadavg()[0],

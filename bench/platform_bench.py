@@ -28,7 +28,15 @@ import time
 from pathlib import Path
 
 from chatfleet_platform.cluster import Cluster
-from chatfleet_platform.config import BUILD_SCRIPT, REPO_ROOT, binaries, cache_dir, read_versions
+from chatfleet_platform.config import (
+    BUILD_SCRIPT,
+    CHATBOT_CRD_FILE,
+    CHATBOT_CRD_NAME,
+    REPO_ROOT,
+    binaries,
+    cache_dir,
+    read_versions,
+)
 
 RESULTS = REPO_ROOT / "bench-results"
 
@@ -158,9 +166,7 @@ def real_node_figures(chats: int) -> dict:
             t0 = time.monotonic()
             c.add_real_nodes(1, gpus=4)
             node_up = time.monotonic() - t0
-            c.install_crd(
-                REPO_ROOT / "crds" / "chatfleet.io_chatbotservices.yaml", "chatbotservices.chatfleet.io"
-            )
+            c.install_crd(CHATBOT_CRD_FILE, CHATBOT_CRD_NAME)
             c.start_extra(
                 "operator", [sys.executable, "-m", "chatfleet_operator.cli", "run"]
             )  # down() stops it

@@ -38,7 +38,12 @@ sys.path.insert(0, str(REPO / "hack"))
 
 from chatfleet_platform import images, scrape, services  # noqa: E402
 from chatfleet_platform.cluster import Cluster  # noqa: E402
-from chatfleet_platform.config import LOCAL_ANALYSIS_ARGS, REAL_NODE_OPERATOR_ENV  # noqa: E402
+from chatfleet_platform.config import (  # noqa: E402
+    CHATBOT_CRD_FILE,
+    CHATBOT_CRD_NAME,
+    LOCAL_ANALYSIS_ARGS,
+    REAL_NODE_OPERATOR_ENV,
+)
 from chatfleet_platform.dialogues import DialogueLoad  # noqa: E402
 from chatfleet_platform.gateway import SHARED_NAMESPACE, Gateway  # noqa: E402
 from chatfleet_platform.localruntime.tiny import build_tiny_model  # noqa: E402
@@ -80,9 +85,7 @@ class Platform:
         self.cluster.up(nodes=1)
         (node,) = self.cluster.add_real_nodes(1, gpus=8)
         self.node_ip = node.ip
-        self.cluster.install_crd(
-            REPO / "crds" / "chatfleet.io_chatbotservices.yaml", "chatbotservices.chatfleet.io"
-        )
+        self.cluster.install_crd(CHATBOT_CRD_FILE, CHATBOT_CRD_NAME)
         configs = scrape.podmonitor_scrape_configs(
             fleet_podmonitor(),
             api_server=self.cluster.server,
@@ -147,7 +150,7 @@ class Platform:
 
     def drop(self, bot: Bot) -> None:
         """Delete the bot's namespace (frees the real node's memory)."""
-        self.cluster.delete_namespace(bot.ns, first=["chatbotservices.chatfleet.io"], timeout=120)
+        self.cluster.delete_namespace(bot.ns, first=[CHATBOT_CRD_NAME], timeout=120)
 
     def down(self) -> None:
         """Stop what this run started."""

@@ -61,7 +61,13 @@ sys.path.insert(0, str(REPO / "hack"))
 from chatfleet_operator.analysis import queries  # noqa: E402
 from chatfleet_platform import procs, services  # noqa: E402
 from chatfleet_platform.cluster import Cluster  # noqa: E402
-from chatfleet_platform.config import LOCAL_ANALYSIS_ARGS, PlatformError, cache_dir, read_versions  # noqa: E402
+from chatfleet_platform.config import (  # noqa: E402
+    CHATBOT_CRD_NAME,
+    LOCAL_ANALYSIS_ARGS,
+    PlatformError,
+    cache_dir,
+    read_versions,
+)
 from chatfleet_platform.trafficsim import TrafficSim  # noqa: E402
 
 INTERVAL, FAILURE_LIMIT, CONSECUTIVE_ERROR_LIMIT = 10, 2, 4
@@ -477,7 +483,7 @@ class Bench:
         self.cluster.up(nodes=8)
         self.api = config.new_client_from_config(config_file=str(self.cluster.kubeconfig))
         self.custom = client.CustomObjectsApi(self.api)
-        self.cluster.install_crd(REPO / "crds", "chatbotservices.chatfleet.io")
+        self.cluster.install_crd(REPO / "crds", CHATBOT_CRD_NAME)
         for crd in (
             "rollout",
             "analysis-template",

@@ -17,7 +17,15 @@ from pathlib import Path
 import pytest
 from chatfleet_platform import gatewayapi, services, traefikcrd
 from chatfleet_platform.cluster import Cluster
-from chatfleet_platform.config import BUILD_SCRIPT, GATEWAY_BINARIES, REPO_ROOT, PlatformError, binaries
+from chatfleet_platform.config import (
+    BUILD_SCRIPT,
+    CHATBOT_CRD_FILE,
+    CHATBOT_CRD_NAME,
+    GATEWAY_BINARIES,
+    REPO_ROOT,
+    PlatformError,
+    binaries,
+)
 from chatfleet_platform.gateway import Gateway
 from chatfleet_platform.keda import Keda, keda_binaries
 from needs import pytest_runtest_makereport  # noqa: F401 - any skip is reported as a failure
@@ -101,9 +109,7 @@ def gateway(cluster: Cluster) -> Iterator[Gateway]:
 @pytest.fixture(scope="session")
 def chatfleet_crd(cluster: Cluster) -> Cluster:
     """The cluster with the ChatbotService CRD applied and Established."""
-    cluster.install_crd(
-        REPO_ROOT / "crds" / "chatfleet.io_chatbotservices.yaml", "chatbotservices.chatfleet.io"
-    )
+    cluster.install_crd(CHATBOT_CRD_FILE, CHATBOT_CRD_NAME)
     return cluster
 
 

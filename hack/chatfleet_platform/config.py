@@ -13,6 +13,9 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VERSIONS_FILE = REPO_ROOT / "hack" / "versions.env"
 BUILD_SCRIPT = REPO_ROOT / "hack" / "build-platform.sh"
+#: The ChatbotService CRD: its file and its name (what `Cluster.install_crd` waits for).
+CHATBOT_CRD_FILE = REPO_ROOT / "crds" / "chatfleet.io_chatbotservices.yaml"
+CHATBOT_CRD_NAME = "chatbotservices.chatfleet.io"
 #: Operator flags for the local platform: its Prometheus and trafficsim listen on 127.0.0.1, which the
 #: release analysis may call only when allowed (by default only cluster-internal *.svc hosts).
 LOCAL_ANALYSIS_ARGS = ("--analysis-allowed-host=127.0.0.1",)

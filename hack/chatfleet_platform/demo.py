@@ -24,14 +24,13 @@ import time
 from pathlib import Path
 
 from .cluster import Cluster, default_workdir
-from .config import LOCAL_ANALYSIS_ARGS, REPO_ROOT, PlatformError
+from .config import CHATBOT_CRD_FILE, CHATBOT_CRD_NAME, LOCAL_ANALYSIS_ARGS, REPO_ROOT, PlatformError
 
 BOLD, DIM, GREEN, RED, CYAN, RESET = (
     ("\033[1m", "\033[2m", "\033[32m", "\033[31m", "\033[36m", "\033[0m")
     if sys.stdout.isatty()
     else ("",) * 6
 )
-CRD = REPO_ROOT / "crds" / "chatfleet.io_chatbotservices.yaml"
 DEMO_SERVICE = "support-bot"
 DEMO_EXAMPLE = REPO_ROOT / "examples" / "02-h100-pinned.yaml"
 
@@ -90,8 +89,8 @@ class Demo:
     def operator(self) -> None:
         """Step 2: the CRD and the operator."""
         self.step("Install the ChatbotService CRD and start the operator")
-        self.cluster.install_crd(CRD, "chatbotservices.chatfleet.io")
-        self.say("CRD chatbotservices.chatfleet.io established", ok=True)
+        self.cluster.install_crd(CHATBOT_CRD_FILE, CHATBOT_CRD_NAME)
+        self.say(f"CRD {CHATBOT_CRD_NAME} established", ok=True)
         if not self.cluster.state().get("extras", {}).get("operator") or not self._operator_alive():
             self.cluster.start_extra(
                 "operator", [sys.executable, "-m", "chatfleet_operator.cli", "run", *LOCAL_ANALYSIS_ARGS]

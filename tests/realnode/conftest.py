@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from chatfleet_platform import images, scrape, services
-from chatfleet_platform.config import REAL_NODE_OPERATOR_ENV, REPO_ROOT
+from chatfleet_platform.config import CHATBOT_CRD_NAME, REAL_NODE_OPERATOR_ENV, REPO_ROOT
 from chatfleet_platform.gateway import GATEWAY_NAME, SHARED_NAMESPACE
 from chatfleet_platform.realnode import NodePlan
 from chatfleet_platform.realpods import fleet_podmonitor
@@ -106,7 +106,7 @@ def real_ns(cluster, real_node) -> Iterator[str]:
     try:
         yield name
     finally:
-        cluster.delete_namespace(name, first=["chatbotservices.chatfleet.io"])
+        cluster.delete_namespace(name, first=[CHATBOT_CRD_NAME])
 
 
 @dataclass

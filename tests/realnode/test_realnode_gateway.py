@@ -31,6 +31,7 @@ from typing import Any
 
 import pytest
 import yaml
+from chatfleet_platform.config import CHATBOT_CRD_NAME
 from chatfleet_platform.realpods import chat_body, on_real_node
 from chatfleet_platform.services import wait_until
 
@@ -137,7 +138,7 @@ def bots(cluster, real_operator, runtime_image, host_model_dir) -> Iterator[str]
             assert ok, f"{ns}/{name} never turned Ready on the real node:\n{pods}"
         yield ns
     finally:
-        cluster.delete_namespace(ns, first=["chatbotservices.chatfleet.io"])
+        cluster.delete_namespace(ns, first=[CHATBOT_CRD_NAME])
 
 
 def test_an_httproute_splits_and_matches_headers_between_real_pods(cluster, gateway, bots):

@@ -14,18 +14,24 @@ a value that is not a valid session id, such as an e-mail address, is hashed int
 Every response (JSON, stream, error, health) carries ``x-chatfleet-track`` (and ``x-chatfleet-revision``)
 when the pod knows them (``CHATFLEET_TRACK``, ``CHATFLEET_REVISION``, set by the operator).
 
-Draining (docs/runtime.md "Draining"): ``POST /drain`` (the pod's preStop hook,
+Ports (docs/security.md "Ports"): each listening socket serves its own routes, told apart by the port a
+request arrived on (the ASGI scope's ``server``), and nothing else there (404):
+
+- chat (``--port``, 8080; end users, through the Service and the gateway): ``POST /v1/chat/completions``
+  and ``GET /v1/models``, nothing that reads or changes the replica's state;
+- admin (``--admin-port``, 8082; the kubelet, the pod itself, the operator): ``GET /healthz``,
+  ``GET /readyz``, ``POST|GET /drain`` (from the pod's own loopback only: the preStop hook), and
+  ``POST /shadow/records`` (the operator); no Service and no route carries it;
+- metrics (``--metrics-port``, 8090; Prometheus): ``GET /metrics`` only;
+- shadow (``--shadow-port``, 8081 in pods; the gateway's mirror): ``POST /v1/chat/completions`` only,
+  answered as a mirrored request (``ChatPipeline.shadow_chat``).
+
+Draining (docs/runtime.md "Draining"): ``POST /drain`` on the admin port (the pod's preStop hook,
 ``python3 -m chatfleet_runtime.drain``) or a SIGTERM that comes without it starts the drain: ``/readyz``
 answers 503, every response carries ``Connection: close``, chat requests are served while they can
 finish before the pod must exit and refused with a 503 after that; running streams are never cut.
 ``GET /drain`` says whether it is drained. On SIGTERM the server exits once drained (at once when the
 preStop hook already drained it).
-
-Shadow port (docs/runtime.md "Shadow traffic"): with ``--shadow-port=PORT`` the same server listens on a
-second socket, and a request that arrived there (the ASGI scope's ``server`` port) gets only
-``POST /v1/chat/completions`` (a mirrored request: ``ChatPipeline.shadow_chat``) and
-``POST /shadow/records`` (take the records); anything else there is a 404, and the chat port has no
-``/shadow/records``.
 """
 
 from __future__ import annotations
@@ -55,15 +61,9 @@ __all__ = ["ApiSettings", "create_app", "main", "serve"]
 
 log = logging.getLogger("chatfleet.api")
 
-#: The chat requests the drain counts (in flight, arrivals); probes, scrapes and /drain are not work, and
-#: neither is anything on the shadow port (mirrors are refused once draining and never hold a drain).
+#: The chat requests the drain counts (in flight, arrivals) on the chat port; nothing on the admin, metrics
+#: or shadow ports is work (mirrors are refused once draining and never hold a drain).
 WORK_PATHS = frozenset({"/v1/chat/completions"})
-
-
-def on_port(scope, port: int) -> bool:
-    """Whether an HTTP request arrived on this listening port (the ASGI scope's ``server``); 0 never does."""
-    server = scope.get("server")
-    return bool(port) and server is not None and server[1] == port
 
 
 class TrackHeaders:
@@ -95,10 +95,11 @@ class DrainGate:
     included, a client that left included) and adds ``Connection: close`` to every response while
     draining, so keep-alive clients take their next request elsewhere."""
 
-    def __init__(self, app, drain: Drain, shadow_port: int = 0):
+    def __init__(self, app, drain: Drain, other_ports: frozenset[int] = frozenset()):
         self.app = app
         self.drain = drain
-        self.shadow_port = shadow_port
+        self.other_ports = frozenset(p for p in other_ports if p)
+        """The ports that are not the chat port (admin, metrics, shadow): nothing there is work."""
 
     async def __call__(self, scope, receive, send):
         """Pass through; count work requests, close connections while draining."""
@@ -112,7 +113,8 @@ class DrainGate:
                     message = {**message, "headers": [*headers, (b"connection", b"close")]}
             await send(message)
 
-        if scope["path"] not in WORK_PATHS or on_port(scope, self.shadow_port):
+        server = scope.get("server")
+        if scope["path"] not in WORK_PATHS or (server is not None and server[1] in self.other_ports):
             return await self.app(scope, receive, send_closing)
         self.drain.enter()
         try:
@@ -124,21 +126,32 @@ class DrainGate:
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-class ShadowPort:
-    """ASGI middleware: a request that arrived on the shadow port gets the shadow routes and nothing else
-    (404, whatever the method); a request on any other port passes on to the chat API's routes."""
+#: Where a request to the drain may come from: the pod itself (its preStop hook), never the network.
+LOOPBACK = frozenset({"127.0.0.1", "::1"})
 
-    def __init__(self, app, port: int, routes: Mapping[tuple[str, str], Handler]):
+
+def from_loopback(request: Request) -> bool:
+    """Whether the request came from this pod's own loopback (the kernel drops loopback sources off lo)."""
+    return request.client is not None and request.client.host in LOOPBACK
+
+
+class PortRoutes:
+    """ASGI middleware: a request that arrived on one of the given ports gets that port's routes and
+    nothing else (404, whatever the method); a request on any other port (the chat port) passes on to the
+    chat API's routes. Lifespan and other scopes pass through."""
+
+    def __init__(self, app, ports: Mapping[int, Mapping[tuple[str, str], Handler]]):
         self.app = app
-        self.port = port
-        self.routes = routes
-        """(method, path) -> handler."""
+        self.ports = {port: routes for port, routes in ports.items() if port}
+        """port -> {(method, path): handler}; port 0 (off) never matches."""
 
     async def __call__(self, scope, receive, send):
-        """Route shadow-port requests here; pass everything else through."""
-        if scope["type"] != "http" or not on_port(scope, self.port):
+        """Route requests of the listed ports here; pass everything else through."""
+        server = scope.get("server") if scope["type"] == "http" else None
+        routes = self.ports.get(server[1]) if server is not None else None
+        if routes is None:
             return await self.app(scope, receive, send)
-        route = self.routes.get((scope["method"], scope["path"]))
+        route = routes.get((scope["method"], scope["path"]))
         if route is None:
             response: Response = JSONResponse({"detail": "Not Found"}, status_code=404)
         else:
@@ -202,46 +215,58 @@ def create_app(settings: ApiSettings, backend=None, redis_client=None, clock=tim
         """Take the records: ``{"records": [...], "overflowed": n}``, both gone from the pod afterwards."""
         return JSONResponse(pipeline.shadow.take())
 
-    app = FastAPI(title="chatfleet chat API", lifespan=lifespan)
-    if settings.shadow_port:  # innermost: the track headers and the drain's Connection: close apply too
-        routes = {("POST", "/v1/chat/completions"): shadow_chat, ("POST", "/shadow/records"): shadow_records}
-        app.add_middleware(ShadowPort, port=settings.shadow_port, routes=routes)
-    echo = {"x-chatfleet-track": settings.track, "x-chatfleet-revision": settings.revision}
-    app.add_middleware(TrackHeaders, headers={k: v for k, v in echo.items() if v})
-    app.add_middleware(DrainGate, drain=pipeline.drain, shadow_port=settings.shadow_port)
-    app.state.pipeline, app.state.settings, app.state.metrics = pipeline, settings, pipeline.metrics
-    app.state.drain = pipeline.drain
-    app.state.breaker, app.state.backend = pipeline.breaker, backend
-
-    @app.get("/healthz")
-    async def healthz():
+    async def healthz(_request: Request) -> Response:
         """Liveness: the process serves HTTP."""
-        return {"status": "ok"}
+        return JSONResponse({"status": "ok"})
 
-    @app.get("/readyz")
-    async def readyz():
+    async def readyz(_request: Request) -> Response:
         """Readiness: Triton's chat model has been ready once (afterwards the breaker covers outages), and
         the replica is not draining."""
         if pipeline.drain.draining:
             return JSONResponse({"status": "draining"}, status_code=503)
         if pipeline.ready:
-            return {"status": "ready", "breaker": pipeline.breaker.state}
+            return JSONResponse({"status": "ready", "breaker": pipeline.breaker.state})
         return JSONResponse({"status": "waiting for triton"}, status_code=503)
 
-    @app.post("/drain")
-    async def begin_drain():
-        """Start draining (idempotent; the preStop hook's call); the drain's state."""
-        return pipeline.begin_drain()
+    async def begin_drain(request: Request) -> Response:
+        """Start draining (idempotent; the preStop hook's call, from the pod's loopback only); the state."""
+        if not from_loopback(request):
+            return JSONResponse({"detail": "the drain is the pod's own (loopback only)"}, status_code=403)
+        return JSONResponse(pipeline.begin_drain())
 
-    @app.get("/drain")
-    async def drain_state():
-        """The drain's state: draining, inflight, drained, since_seconds, refused."""
-        return pipeline.drain.state()
+    async def drain_state(request: Request) -> Response:
+        """The drain's state (from the pod's loopback only): draining, inflight, drained, since_seconds, refused."""
+        if not from_loopback(request):
+            return JSONResponse({"detail": "the drain is the pod's own (loopback only)"}, status_code=403)
+        return JSONResponse(pipeline.drain.state())
 
-    @app.get("/metrics")
-    async def prometheus_metrics():
+    async def prometheus_metrics(_request: Request) -> Response:
         """The pod's one scrape endpoint: the API's metrics, then Triton's (re-exported) when configured."""
         return PlainTextResponse(await pipeline.metrics_text(), media_type=CONTENT_TYPE_LATEST)
+
+    ports: dict[int, dict[tuple[str, str], Handler]] = {
+        settings.admin_port: {
+            ("GET", "/healthz"): healthz,
+            ("GET", "/readyz"): readyz,
+            ("POST", "/drain"): begin_drain,
+            ("GET", "/drain"): drain_state,
+            ("POST", "/shadow/records"): shadow_records,
+        },
+        settings.metrics_port: {("GET", "/metrics"): prometheus_metrics},
+        settings.shadow_port: {("POST", "/v1/chat/completions"): shadow_chat},
+    }
+    app = FastAPI(
+        title="chatfleet chat API", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
+    )
+    # innermost: the track headers and the drain's Connection: close apply on every port
+    app.add_middleware(PortRoutes, ports=ports)
+    echo = {"x-chatfleet-track": settings.track, "x-chatfleet-revision": settings.revision}
+    app.add_middleware(TrackHeaders, headers={k: v for k, v in echo.items() if v})
+    other_ports = frozenset({settings.admin_port, settings.metrics_port, settings.shadow_port})
+    app.add_middleware(DrainGate, drain=pipeline.drain, other_ports=other_ports)
+    app.state.pipeline, app.state.settings, app.state.metrics = pipeline, settings, pipeline.metrics
+    app.state.drain = pipeline.drain
+    app.state.breaker, app.state.backend = pipeline.breaker, backend
 
     @app.get("/v1/models")
     async def models():
@@ -311,13 +336,30 @@ def _listen(host: str, port: int) -> socket.socket:
     return socket.create_server((host, port), family=family)
 
 
+def listening_ports(settings: ApiSettings, port: int) -> list[int]:
+    """The ports the server listens on: chat first, then admin, metrics and shadow (those not 0).
+
+    e.g. port 8080 with the defaults and shadow 8081 -> [8080, 8082, 8090, 8081]. Two of them equal is a
+    ValueError naming them: a request is routed by the port it arrived on, so each must be its own.
+    """
+    named = {"chat": port, "admin": settings.admin_port, "metrics": settings.metrics_port}
+    named["shadow"] = settings.shadow_port
+    used = {name: p for name, p in named.items() if p}
+    if "admin" not in used or "metrics" not in used:
+        raise ValueError("the admin and metrics ports must be set (not 0)")
+    seen: dict[int, str] = {}
+    for name, p in used.items():
+        if p in seen:
+            raise ValueError(f"the {name} port must differ from the {seen[p]} port ({p})")
+        seen[p] = name
+    return list(used.values())
+
+
 def serve(app: FastAPI, host: str, port: int, log_level: str = "warning") -> None:
-    """Serve the app with uvicorn, draining on SIGTERM (DrainingServer); with a shadow port, one server on
-    two sockets, so the drain and the SIGTERM handling cover both."""
+    """Serve the app with uvicorn, draining on SIGTERM (DrainingServer): one server on a socket per port
+    (chat, admin, metrics, shadow), so the drain and the SIGTERM handling cover them all."""
     pipeline: ChatPipeline = app.state.pipeline
-    shadow_port = pipeline.settings.shadow_port
-    if shadow_port and shadow_port == port:
-        raise ValueError(f"the shadow port must differ from the chat port ({port})")
+    ports = listening_ports(pipeline.settings, port)
     config = uvicorn.Config(
         app,
         host=host,
@@ -328,11 +370,8 @@ def serve(app: FastAPI, host: str, port: int, log_level: str = "warning") -> Non
         timeout_keep_alive=max(1, round(pipeline.settings.keep_alive_s)),
     )
     server = DrainingServer(config, pipeline)
-    if not shadow_port:
-        server.run()
-        return
-    # Requests are told apart by the port they arrived on (ShadowPort, DrainGate): scope["server"].
-    server.run(sockets=[_listen(host, port), _listen(host, shadow_port)])
+    # Requests are told apart by the port they arrived on (PortRoutes, DrainGate): scope["server"].
+    server.run(sockets=[_listen(host, p) for p in ports])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -346,10 +385,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-level", default="warning")
     defaults = ApiSettings()
     parser.add_argument(
+        "--admin-port",
+        type=int,
+        default=defaults.admin_port,
+        help="probes, the drain (loopback only) and the shadow records; never on the user path",
+    )
+    parser.add_argument(
+        "--metrics-port", type=int, default=defaults.metrics_port, help="GET /metrics for Prometheus, only"
+    )
+    parser.add_argument(
         "--shadow-port",
         type=int,
         default=defaults.shadow_port,
-        help="serve mirrored chat requests and /shadow/records on this port too (0: off)",
+        help="serve mirrored chat requests on this port too (0: off)",
     )
     parser.add_argument(
         "--shadow-max-tokens",
@@ -364,8 +412,6 @@ def main(argv: list[str] | None = None) -> int:
         help="mirrored generations in flight at most; one more is refused with 429",
     )
     args = parser.parse_args(argv)
-    if args.shadow_port and args.shadow_port == args.port:
-        parser.error(f"--shadow-port: must differ from --port ({args.port})")
     if args.shadow_max_tokens < 1 or args.shadow_concurrency < 1:
         parser.error("--shadow-max-tokens and --shadow-concurrency: must be at least 1")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -373,10 +419,16 @@ def main(argv: list[str] | None = None) -> int:
         triton_grpc=args.triton_grpc,
         model_name=args.model_name,
         redis_url=args.redis_url,
+        admin_port=args.admin_port,
+        metrics_port=args.metrics_port,
         shadow_port=args.shadow_port,
         shadow_max_tokens=args.shadow_max_tokens,
         shadow_concurrency=args.shadow_concurrency,
     )
+    try:
+        listening_ports(settings, args.port)
+    except ValueError as exc:
+        parser.error(f"--port, --admin-port, --metrics-port, --shadow-port: {exc}")
     serve(create_app(settings), args.host, args.port, args.log_level)
     return 0
 

@@ -46,6 +46,11 @@ class ApiSettings:
     upstream connections (Traefik 90 s, nginx 60 s, cloud load balancers up to 600 s), so the proxy, never
     this server, closes an idle one: a server that closes first (uvicorn's default is 5 s) races the
     proxy's next request on that connection."""
+    admin_port: int = 8082
+    """The admin port (``--admin-port``): probes, the drain (the pod itself only) and the shadow records
+    (the operator); never on the user path (docs/security.md "Ports")."""
+    metrics_port: int = 8090
+    """The scrape port (``--metrics-port``): ``GET /metrics`` and nothing else, for Prometheus."""
     shadow_port: int = 0
     """The shadow port (``--shadow-port``): mirrored chat requests of a canary's shadow phase and the
     records endpoint; 0 serves none (docs/runtime.md "Shadow traffic")."""

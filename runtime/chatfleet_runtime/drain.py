@@ -2,8 +2,8 @@
 
 A pod that is terminated (scale-down, rollback, promotion, node drain) stops taking new work
 gracefully, finishes its streams, then exits. The operator gives both containers of the pod the same
-preStop hook, ``python3 -m chatfleet_runtime.drain --url=http://127.0.0.1:8080``: it starts the drain
-(``POST /drain``) and waits until the chat API says it is drained (``GET /drain``), so the ``triton``
+preStop hook, ``python3 -m chatfleet_runtime.drain --url=http://127.0.0.1:8082`` (the admin port): it
+starts the drain (``POST /drain``, accepted from the pod's loopback only) and waits until the chat API says it is drained (``GET /drain``), so the ``triton``
 container gets its SIGTERM only once the chat API no longer needs it. See docs/runtime.md "Draining".
 
 ``Drain`` is the whole state, pure and clock-injected: the chat API only tells it when a chat request
@@ -114,7 +114,7 @@ class Drain:
         }
 
 
-# ---- the preStop client: python3 -m chatfleet_runtime.drain --url=http://127.0.0.1:8080 ----------
+# ---- the preStop client: python3 -m chatfleet_runtime.drain --url=http://127.0.0.1:8082 ----------
 
 #: Seconds the client waits when neither --timeout nor CHATFLEET_DRAIN_GRACE_SECONDS says.
 DEFAULT_TIMEOUT_S = 120.0
@@ -175,7 +175,7 @@ def run(
 def main(argv: list[str] | None = None) -> int:
     """The preStop hook: drain the chat API at --url, print one line, exit 0 whatever happened."""
     parser = argparse.ArgumentParser(description="drain a chatfleet chat API before the pod stops")
-    parser.add_argument("--url", default="http://127.0.0.1:8080")
+    parser.add_argument("--url", default="http://127.0.0.1:8082", help="the chat API's admin port")
     parser.add_argument("--timeout", type=float, default=None, help="seconds (default: grace - 2, or 120)")
     args = parser.parse_args(argv)
     timeout_s = default_timeout() if args.timeout is None else args.timeout

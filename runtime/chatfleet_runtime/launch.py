@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="chatfleet triton launcher")
     parser.add_argument("--config-dir", default="/etc/chatfleet/triton")
     parser.add_argument("--repository", default="/tmp/model-repository")
-    parser.add_argument("--address", default="0.0.0.0")
+    parser.add_argument("--address", default="127.0.0.1", help="where Triton listens: the pod's loopback")
     parser.add_argument("--http-port", type=int, default=8000)
     parser.add_argument("--grpc-port", type=int, default=8001)
     parser.add_argument("--metrics-port", type=int, default=8002)

@@ -48,7 +48,7 @@ def test_real_triton_canary_turning_bad_rolls_back(
             "metrics_path": "/metrics",
             "static_configs": [
                 {
-                    "targets": [rt.api_url.split("//", 1)[1]],
+                    "targets": [rt.api.metrics_url.split("//", 1)[1].removesuffix("/metrics")],
                     "labels": {"namespace": e2e_namespace, "track": track},
                 }
             ],

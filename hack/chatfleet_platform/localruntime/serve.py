@@ -37,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         workdir, model_dir=Path(args.model_dir) if args.model_dir else None, with_redis=not args.no_redis
     ) as rt:
         print(f"CHAT_API={rt.api_url}", flush=True)
+        print(f"  admin={rt.api.admin_url} metrics={rt.api.metrics_url}", file=sys.stderr, flush=True)
         print(
             f"  triton http={rt.triton.http_url} grpc={rt.triton.grpc_url} metrics={rt.triton.metrics_url}",
             file=sys.stderr,

@@ -52,16 +52,30 @@ class ChatApiProcess:
     env: dict[str, str]
     log_path: Path | None = None
     port: int = 0
+    admin_port: int = 0
+    metrics_port: int = 0
     proc: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
-        """Base URL of the chat API."""
+        """Base URL of the chat API's chat port (what users reach)."""
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def admin_url(self) -> str:
+        """Base URL of its admin port (probes, the drain, shadow records)."""
+        return f"http://127.0.0.1:{self.admin_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        """Its scrape endpoint (``GET /metrics`` on the metrics port)."""
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     def start(self, timeout: float = 60.0, wait_ready: bool = True) -> ChatApiProcess:
         """Start and (by default) wait for /readyz."""
         self.port = self.port or free_port()
+        self.admin_port = self.admin_port or free_port()
+        self.metrics_port = self.metrics_port or free_port()
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         self.proc = subprocess.Popen(
             [
@@ -70,6 +84,8 @@ class ChatApiProcess:
                 "chatfleet_runtime.api",
                 "--host=127.0.0.1",
                 f"--port={self.port}",
+                f"--admin-port={self.admin_port}",
+                f"--metrics-port={self.metrics_port}",
                 f"--triton-grpc={self.triton_grpc}",
             ],
             # No endpoints to leave here, so no settle time on SIGTERM (a test may still set one).
@@ -81,7 +97,10 @@ class ChatApiProcess:
         if out is not subprocess.DEVNULL:
             out.close()
         _wait_http(
-            f"{self.url}/readyz" if wait_ready else f"{self.url}/healthz", timeout, self.proc, "chat API"
+            f"{self.admin_url}/readyz" if wait_ready else f"{self.admin_url}/healthz",
+            timeout,
+            self.proc,
+            "chat API",
         )
         return self
 

@@ -252,15 +252,15 @@ def test_client_disconnect_mid_stream_frees_its_slot(api, triton):
         next(lines)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        inflight = metric_value(f"{api.url}/metrics", "chatfleet_inflight_requests")
+        inflight = metric_value(api.metrics_url, "chatfleet_inflight_requests")
         done = metric_value(
             triton.metrics_url, "chatfleet_model_finished_total", model="chat_stream", reason="cancelled"
         )
         if inflight == 0 and done > cancelled:
             break
         time.sleep(0.2)
-    assert metric_value(f"{api.url}/metrics", "chatfleet_client_disconnects_total") >= 1
-    assert metric_value(f"{api.url}/metrics", "chatfleet_inflight_requests") == 0
+    assert metric_value(api.metrics_url, "chatfleet_client_disconnects_total") >= 1
+    assert metric_value(api.metrics_url, "chatfleet_inflight_requests") == 0
     # Either Triton saw the cancellation, or the row had already finished: never a stuck slot.
     ok, _ = chat(api, {"messages": user("next"), "max_tokens": 2})
     assert ok == 200
@@ -268,7 +268,7 @@ def test_client_disconnect_mid_stream_frees_its_slot(api, triton):
 
 def test_api_metrics_are_exported(api):
     chat(api, {"messages": user("metrics"), "max_tokens": 3, "stream": False})
-    text = httpx.get(f"{api.url}/metrics").text
+    text = httpx.get(api.metrics_url).text
     for name in (
         "chatfleet_requests_total",
         "chatfleet_request_duration_seconds_bucket",

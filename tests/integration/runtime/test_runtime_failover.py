@@ -80,7 +80,7 @@ def wait_for(predicate, timeout: float, what: str):
 
 def test_fallback_when_triton_stops_and_recovery_when_it_returns(replica_b):
     triton_b, api_b = replica_b
-    metrics = f"{api_b.url}/metrics"
+    metrics = api_b.metrics_url
     assert chat(api_b.url, {"messages": user("hello"), "max_tokens": 2})[1]["chatfleet"]["fallback"] is False
     # tick 3
     triton_b.stop()
@@ -135,7 +135,7 @@ def test_redis_down_answers_without_history(rt_workdir, triton, make_api_env):
             and body["chatfleet"]["history"] == "unavailable"
             and body["chatfleet"]["fallback"] is False
         )
-        assert metric_value(f"{api.url}/metrics", "chatfleet_session_store_errors_total", op="read") == 1
-        assert metric_value(f"{api.url}/metrics", "chatfleet_session_store_errors_total", op="write") == 1
+        assert metric_value(api.metrics_url, "chatfleet_session_store_errors_total", op="read") == 1
+        assert metric_value(api.metrics_url, "chatfleet_session_store_errors_total", op="write") == 1
     finally:
         api.stop()

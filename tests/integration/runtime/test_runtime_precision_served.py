@@ -60,4 +60,4 @@ def test_chat_is_served_and_the_precision_that_runs_is_exported(served):
     runs = {"int8": "int8", "fp16": "fp32"}[asked]  # fp16 is not served on CPU: fp32 runs, and says so
     for model in ("chat", "chat_stream"):
         labels = {"model": model, "requested": asked, "precision": runs, "device": "cpu"}
-        assert metric_value(f"{api.url}/metrics", "chatfleet_model_precision_info", **labels) == 1
+        assert metric_value(api.metrics_url, "chatfleet_model_precision_info", **labels) == 1

@@ -96,13 +96,13 @@ def pod_network(container_port: int, local: str) -> dict:
 
 @pytest.fixture(scope="module")
 def pod_network_map(pod, chat_api, triton) -> dict[int, str]:
-    """Each container port of the pod -> the local process playing that container."""
+    """Each container port of the pod -> the local process playing that container (Triton declares none:
+    it listens on the pod's loopback)."""
     ports = {p["name"]: p["containerPort"] for c in pod["spec"]["containers"] for p in c.get("ports", [])}
     return {
         ports["chat"]: chat_api.url.removeprefix("http://"),
-        ports["metrics"]: triton.metrics_url.removeprefix("http://").removesuffix("/metrics"),
-        ports["http"]: triton.http_url.removeprefix("http://"),
-        ports["grpc"]: triton.grpc_url,
+        ports["admin"]: chat_api.admin_url.removeprefix("http://"),
+        ports["metrics"]: chat_api.metrics_url.removeprefix("http://").removesuffix("/metrics"),
     }
 
 

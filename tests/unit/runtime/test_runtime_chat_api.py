@@ -78,6 +78,8 @@ def post(client, body, **kw):
 
 
 U = [{"role": "user", "content": "hello"}]
+#: The admin and scrape ports of ApiSettings' defaults; a relative URL goes to the chat port.
+ADMIN, METRICS = "http://testserver:8082", "http://testserver:8090"
 
 
 def test_completion_shape(client):
@@ -90,8 +92,8 @@ def test_completion_shape(client):
 
 def test_models_health_ready_metrics(client):
     assert client.get("/v1/models").json()["data"][0]["id"] == "m1"
-    assert client.get("/healthz").status_code == 200
-    assert "chatfleet_breaker_state" in client.get("/metrics").text
+    assert client.get(f"{ADMIN}/healthz").status_code == 200
+    assert "chatfleet_breaker_state" in client.get(f"{METRICS}/metrics").text
 
 
 @pytest.mark.parametrize(
@@ -199,7 +201,7 @@ def test_settings_from_env():
 def test_token_limit_comes_from_triton_when_not_set(backend):
     with TestClient(create_app(ApiSettings(model_name="m1"), backend=backend)) as c:
         for _ in range(50):
-            if c.get("/readyz").status_code == 200:
+            if c.get(f"{ADMIN}/readyz").status_code == 200:
                 break
         r = post(c, {"messages": U, "max_tokens": 41})
         assert (
@@ -242,7 +244,7 @@ def test_stream_usage_has_prompt_tokens(client):
 
 def metric(client, name, **labels):
     total = 0.0
-    for line in client.get("/metrics").text.splitlines():
+    for line in client.get(f"{METRICS}/metrics").text.splitlines():
         if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
             total += float(line.rpartition(" ")[2])
     return total
@@ -354,9 +356,9 @@ def canary_client(backend):
         pytest.param("POST", "/v1/chat/completions", {"messages": []}, id="error-400"),
         pytest.param("POST", "/v1/chat/completions", {"messages": U, "model": "x"}, id="error-404"),
         pytest.param("GET", "/v1/models", None, id="models"),
-        pytest.param("GET", "/healthz", None, id="healthz"),
-        pytest.param("GET", "/readyz", None, id="readyz"),
-        pytest.param("GET", "/metrics", None, id="metrics"),
+        pytest.param("GET", f"{ADMIN}/healthz", None, id="healthz"),
+        pytest.param("GET", f"{ADMIN}/readyz", None, id="readyz"),
+        pytest.param("GET", f"{METRICS}/metrics", None, id="metrics"),
     ],
 )
 def test_every_response_names_track_and_revision(canary_client, method, path, body):
@@ -415,7 +417,7 @@ def test_metrics_re_export_triton(backend, fake_triton_metrics):
 
     settings = ApiSettings(model_name="m1", triton_metrics_url=fake_triton_metrics)
     with TestClient(create_app(settings, backend=backend)) as c:
-        text = c.get("/metrics").text
+        text = c.get(f"{METRICS}/metrics").text
     families = {f.name: f for f in text_string_to_metric_families(text)}  # one valid exposition
     assert families["nv_inference_count"].samples[0].value == 5
     assert "chatfleet_requests" in families
@@ -427,7 +429,7 @@ def test_metrics_still_answer_when_triton_is_unreachable(backend):
 
     settings = ApiSettings(model_name="m1", triton_metrics_url=f"http://127.0.0.1:{free_port()}/metrics")
     with TestClient(create_app(settings, backend=backend)) as c:
-        r = c.get("/metrics")
+        r = c.get(f"{METRICS}/metrics")
     assert r.status_code == 200 and 'chatfleet_triton_metrics_up{model="m1"} 0.0' in r.text
 
 

@@ -33,6 +33,11 @@ from chatfleet_runtime.tritonhome import free_port
 from fastapi.testclient import TestClient
 from test_runtime_chat_api import FakeBackend, U, metric, post
 
+#: ApiSettings' admin and scrape ports; a relative URL goes to the chat port. LOOPBACK: the pod itself.
+ADMIN_PORT = 8082
+ADMIN, METRICS = f"http://testserver:{ADMIN_PORT}", "http://testserver:8090"
+LOOPBACK = ("127.0.0.1", 50000)
+
 # ---- the state: one table ----------------------------------------------------------------------------
 
 # settle 5 s, grace 30 s, request timeout 10 s: a request is admitted while now + 10 <= began + 28.
@@ -152,7 +157,8 @@ def clock():
 
 @pytest.fixture
 def dclient(backend, clock):
-    with TestClient(create_app(draining_settings(), backend=backend, clock=clock)) as c:
+    # from the pod's own loopback, as the preStop hook calls the drain
+    with TestClient(create_app(draining_settings(), backend=backend, clock=clock), client=LOOPBACK) as c:
         yield c
 
 
@@ -163,11 +169,11 @@ def backend():
 
 def test_readyz_fails_while_draining(dclient):
     for _ in range(50):  # the lifespan's wait_ready task (the fake backend is ready at once)
-        if dclient.get("/readyz").status_code == 200:
+        if dclient.get(f"{ADMIN}/readyz").status_code == 200:
             break
-    assert dclient.get("/readyz").status_code == 200
-    assert dclient.post("/drain").json()["draining"] is True
-    r = dclient.get("/readyz")
+    assert dclient.get(f"{ADMIN}/readyz").status_code == 200
+    assert dclient.post(f"{ADMIN}/drain").json()["draining"] is True
+    r = dclient.get(f"{ADMIN}/readyz")
     assert (r.status_code, r.json()) == (503, {"status": "draining"})
 
 
@@ -178,23 +184,23 @@ def test_readyz_fails_while_draining(dclient):
         pytest.param("POST", "/v1/chat/completions", {"messages": U, "stream": True}, id="stream"),
         pytest.param("POST", "/v1/chat/completions", {"messages": []}, id="error-400"),
         pytest.param("GET", "/v1/models", None, id="models"),
-        pytest.param("GET", "/healthz", None, id="healthz"),
-        pytest.param("GET", "/readyz", None, id="readyz"),
-        pytest.param("GET", "/metrics", None, id="metrics"),
-        pytest.param("GET", "/drain", None, id="drain"),
+        pytest.param("GET", f"{ADMIN}/healthz", None, id="healthz"),
+        pytest.param("GET", f"{ADMIN}/readyz", None, id="readyz"),
+        pytest.param("GET", f"{METRICS}/metrics", None, id="metrics"),
+        pytest.param("GET", f"{ADMIN}/drain", None, id="drain"),
     ],
 )
 def test_every_response_says_connection_close_while_draining(dclient, method, path, body):
     content = json.dumps(body) if body is not None else None
     assert "connection" not in dclient.request(method, path, content=content).headers
-    dclient.post("/drain")
+    dclient.post(f"{ADMIN}/drain")
     assert dclient.request(method, path, content=content).headers["connection"] == "close"
 
 
 def test_requests_are_served_until_the_deadline_then_refused(dclient, backend, clock):
-    started = dclient.post("/drain").json()
+    started = dclient.post(f"{ADMIN}/drain").json()
     assert started == {"draining": True, "inflight": 0, "drained": False, "since_seconds": 0.0, "refused": 0}
-    assert dclient.post("/drain").json()["since_seconds"] == 0.0  # idempotent
+    assert dclient.post(f"{ADMIN}/drain").json()["since_seconds"] == 0.0  # idempotent
     clock.now += 18  # 18 + 10 (timeout) = 30 (grace) - 2: still finishes in time
     r = post(dclient, {"messages": U})
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "echo: hello"
@@ -209,17 +215,17 @@ def test_requests_are_served_until_the_deadline_then_refused(dclient, backend, c
         assert error["type"] == "server_error"
     assert len(backend.calls) == calls
     assert metric(dclient, "chatfleet_drain_refused_total", model="m1") == 2
-    assert dclient.get("/drain").json()["refused"] == 2
+    assert dclient.get(f"{ADMIN}/drain").json()["refused"] == 2
 
 
 def test_drained_after_the_settle_period(dclient, clock):
-    dclient.post("/drain")
+    dclient.post(f"{ADMIN}/drain")
     clock.now += 4
     post(dclient, {"messages": U})  # one more request came in through a stale route
     clock.now += 4.9
-    assert dclient.get("/drain").json()["drained"] is False
+    assert dclient.get(f"{ADMIN}/drain").json()["drained"] is False
     clock.now += 0.1
-    assert dclient.get("/drain").json() == {
+    assert dclient.get(f"{ADMIN}/drain").json() == {
         "draining": True,
         "inflight": 0,
         "drained": True,
@@ -231,7 +237,7 @@ def test_drained_after_the_settle_period(dclient, clock):
 def test_draining_gauge(dclient):
     assert metric(dclient, "chatfleet_draining", model="m1") == 0
     assert metric(dclient, "chatfleet_drain_refused_total", model="m1") == 0
-    dclient.post("/drain")
+    dclient.post(f"{ADMIN}/drain")
     assert metric(dclient, "chatfleet_draining", model="m1") == 1
 
 
@@ -252,8 +258,8 @@ class GatedBackend(FakeBackend):
 class AsgiCall:
     """One HTTP request driven straight into the ASGI app, its response recorded as it comes."""
 
-    def __init__(self, app, method: str, path: str, body: bytes = b""):
-        self.app, self.method, self.path, self.body = app, method, path, body
+    def __init__(self, app, method: str, path: str, body: bytes = b"", port: int = 8080):
+        self.app, self.method, self.path, self.body, self.port = app, method, path, body, port
         self.status: int | None = None
         self.headers: dict[str, str] = {}
         self.chunks: list[bytes] = []
@@ -288,7 +294,7 @@ class AsgiCall:
             "root_path": "",
             "headers": [(b"content-type", b"application/json")],
             "client": ("127.0.0.1", 50000),
-            "server": ("127.0.0.1", 8080),
+            "server": ("127.0.0.1", self.port),
         }
         self.task = asyncio.create_task(self.app(scope, self.receive, self.send))
         return self
@@ -312,13 +318,13 @@ def test_a_stream_started_before_the_drain_completes_and_the_drain_waits_for_it(
         body = json.dumps({"messages": U, "stream": True}).encode()
         stream = AsgiCall(app, "POST", "/v1/chat/completions", body).start()
         await asyncio.wait_for(stream.got_body.wait(), 10)
-        began = (await AsgiCall(app, "POST", "/drain").start().done()).json()
+        began = (await AsgiCall(app, "POST", "/drain", port=ADMIN_PORT).start().done()).json()
         clock.now += 100  # far past the settle period and past the pod's own deadline
-        during = (await AsgiCall(app, "GET", "/drain").start().done()).json()
+        during = (await AsgiCall(app, "GET", "/drain", port=ADMIN_PORT).start().done()).json()
         assert not stream.task.done()
         backend.gate.set()
         await stream.done()
-        after = (await AsgiCall(app, "GET", "/drain").start().done()).json()
+        after = (await AsgiCall(app, "GET", "/drain", port=ADMIN_PORT).start().done()).json()
         return stream, began, during, after
 
     stream, began, during, after = asyncio.run(scenario())
@@ -476,8 +482,11 @@ class Slow:
         yield Chunk("", "stop", 20, prompt_tokens=1)
 
 logging.basicConfig(level=logging.INFO)
-settings = ApiSettings(model_name="m", request_timeout_s=20, drain_settle_s=0.5, max_new_tokens=50)
-serve(create_app(settings, backend=Slow()), "127.0.0.1", int(sys.argv[1]))
+port, admin, metrics = (int(a) for a in sys.argv[1:4])
+settings = ApiSettings(
+    model_name="m", request_timeout_s=20, drain_settle_s=0.5, max_new_tokens=50, admin_port=admin, metrics_port=metrics
+)
+serve(create_app(settings, backend=Slow()), "127.0.0.1", port)
 """
 
 
@@ -494,20 +503,22 @@ def wait_until(predicate, timeout: float, what: str):
 
 @contextlib.contextmanager
 def real_server(tmp_path):
-    """The SERVER script as a process on a free port, ready; (process, port). Killed at the end."""
+    """The SERVER script as a process on free ports, ready; (process, chat port, admin port). Killed at
+    the end."""
     script = tmp_path / "slow_api.py"
     script.write_text(SERVER)
-    port = free_port()
+    port, admin, metrics = free_port(), free_port(), free_port()
     log = open(tmp_path / "api.log", "wb")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen([sys.executable, str(script), str(port)], stdout=log, stderr=subprocess.STDOUT)
+    argv = [sys.executable, str(script), str(port), str(admin), str(metrics)]
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
     try:
         with httpx.Client(timeout=30) as probe:
             wait_until(
-                lambda: probe.get(f"http://127.0.0.1:{port}/readyz").status_code == 200,
+                lambda: probe.get(f"http://127.0.0.1:{admin}/readyz").status_code == 200,
                 60,
                 "the API to be ready",
             )
-        yield proc, port
+        yield proc, port, admin
     finally:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
@@ -516,8 +527,8 @@ def real_server(tmp_path):
 
 
 def test_sigterm_without_a_prestop_hook_drains_and_lets_the_stream_finish(tmp_path):
-    with real_server(tmp_path) as (proc, port):
-        url = f"http://127.0.0.1:{port}"
+    with real_server(tmp_path) as (proc, port, admin):
+        url, admin_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin}"
         with httpx.Client(timeout=30) as client:
             body = {"messages": U, "stream": True}
             with client.stream("POST", f"{url}/v1/chat/completions", json=body) as resp:
@@ -525,8 +536,8 @@ def test_sigterm_without_a_prestop_hook_drains_and_lets_the_stream_finish(tmp_pa
                 assert next(line for line in lines if '"content": "w0 "' in line)
                 proc.send_signal(signal.SIGTERM)
                 with httpx.Client(timeout=30) as other:  # a new connection: still served while draining
-                    wait_until(lambda: other.get(f"{url}/drain").json()["draining"], 30, "the drain")
-                    assert other.get(f"{url}/readyz").status_code == 503
+                    wait_until(lambda: other.get(f"{admin_url}/drain").json()["draining"], 30, "the drain")
+                    assert other.get(f"{admin_url}/readyz").status_code == 503
                     late = other.post(f"{url}/v1/chat/completions", json={"messages": U})
                     assert late.status_code == 200 and late.headers["connection"] == "close"
                 rest = list(lines)
@@ -540,7 +551,7 @@ def test_an_idle_keep_alive_connection_outlives_a_proxys_pause(tmp_path):
     """A proxy (Traefik) keeps idle upstream connections 90 s and sends the next request on one: the
     server must not close it first. With uvicorn's default (5 s) the second request below, 6 s after the
     first on the same connection, finds it closed."""
-    with real_server(tmp_path) as (_, port):
+    with real_server(tmp_path) as (_, port, _admin):
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
         body = json.dumps({"messages": U})
         for pause in (6, 0):

@@ -32,6 +32,8 @@ from test_runtime_sessions import FakeRedis
 
 SHADOW_PORT = 8081
 SHADOW = f"http://testserver:{SHADOW_PORT}"
+#: ApiSettings' admin port (probes, drain, the records); LOOPBACK: a client on the pod itself.
+ADMIN, LOOPBACK = "http://testserver:8082", ("127.0.0.1", 50000)
 HISTORY = [{"role": "user", "content": "earlier"}, {"role": "assistant", "content": "before"}]
 
 
@@ -83,8 +85,10 @@ def clock():
 
 @pytest.fixture
 def client(backend, redis, clock):
-    """One client for both ports: a relative URL goes to the chat port (80), SHADOW + path to the shadow port."""
-    with TestClient(create_app(settings(), backend=backend, redis_client=redis, clock=clock)) as c:
+    """One client for every port: a relative URL goes to the chat port (80), SHADOW + path to the shadow
+    port, ADMIN + path to the admin port; from the pod's loopback, so the drain is allowed."""
+    app = create_app(settings(), backend=backend, redis_client=redis, clock=clock)
+    with TestClient(app, client=LOOPBACK) as c:
         yield c
 
 
@@ -93,7 +97,7 @@ def mirror(client, body, **kw):
 
 
 def take(client):
-    r = client.post(f"{SHADOW}/shadow/records")
+    r = client.post(f"{ADMIN}/shadow/records")
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -288,11 +292,11 @@ def test_one_more_than_the_bound_is_refused_at_once_and_counted_dropped():
                 await asyncio.sleep(0.01)
             over = await c.post("/v1/chat/completions", json=wait)
             chat = await c.post("http://pod:8080/v1/chat/completions", json={"messages": U})
-            text = (await c.get("http://pod:8080/metrics")).text
+            text = (await c.get("http://pod:8090/metrics")).text
             backend.gate.set()
             done = [await t for t in held]
             after = await c.post("/v1/chat/completions", json={"messages": U})
-            records = (await c.post("/shadow/records")).json()
+            records = (await c.post("http://pod:8082/shadow/records")).json()
         return over, chat, text, done, after, records
 
     over, chat, text, done, after, records = asyncio.run(scenario())
@@ -329,15 +333,15 @@ def test_anything_else_on_the_shadow_port_is_404(client, method, path):
 
 
 @pytest.mark.parametrize("method", ["GET", "POST"])
-def test_the_records_are_not_on_the_chat_port(client, method):
+def test_the_records_are_not_on_the_chat_or_the_shadow_port(client, method):
     mirror(client, {"messages": U})
     assert client.request(method, "/shadow/records").status_code == 404
+    assert client.request(method, f"{SHADOW}/shadow/records").status_code == 404
     assert len(take(client)["records"]) == 1
 
 
 def test_without_a_shadow_port_there_is_none(backend):
     with TestClient(create_app(settings(shadow_port=0), backend=backend)) as c:
-        assert c.post(f"{SHADOW}/shadow/records").status_code == 404
         r = c.post(f"{SHADOW}/v1/chat/completions", content=json.dumps({"messages": U, **SAMPLING}))
         assert "x-chatfleet-shadow" not in r.headers and backend.calls[-1][1]["temperature"] == 1.5
 
@@ -347,7 +351,7 @@ def test_without_a_shadow_port_there_is_none(backend):
 
 def test_a_draining_pod_refuses_mirrors_and_they_never_hold_the_drain(client, backend, clock):
     mirror(client, {"messages": U})
-    client.post("/drain")
+    client.post(f"{ADMIN}/drain")
     r = mirror(client, {"messages": U})
     assert r.status_code == 503 and r.json()["error"]["code"] == "replica_draining"
     assert (r.headers["retry-after"], r.headers["connection"]) == ("1", "close")
@@ -358,7 +362,7 @@ def test_a_draining_pod_refuses_mirrors_and_they_never_hold_the_drain(client, ba
     assert len(take(client)["records"]) == 1  # what was recorded can still be taken
     clock.now += 5
     mirror(client, {"messages": U})  # a mirror arriving now does not restart the quiet period
-    assert client.get("/drain").json()["drained"] is True
+    assert client.get(f"{ADMIN}/drain").json()["drained"] is True
 
 
 # ---- the command line and the real server on two sockets ----------------------------------------------
@@ -402,8 +406,10 @@ class Echo:
     async def complete(self, messages, params, timeout):
         return Chunk(f"echo {params['max_tokens']} {params['temperature']}", "stop", 1, prompt_tokens=1)
 
-port, shadow_port = int(sys.argv[1]), int(sys.argv[2])
-settings = ApiSettings(model_name="m", drain_settle_s=0.2, max_new_tokens=50, shadow_port=shadow_port)
+port, shadow_port, admin, metrics = (int(a) for a in sys.argv[1:5])
+settings = ApiSettings(
+    model_name="m", drain_settle_s=0.2, max_new_tokens=50, shadow_port=shadow_port, admin_port=admin, metrics_port=metrics
+)
 serve(create_app(settings, backend=Echo()), "127.0.0.1", port)
 """
 
@@ -411,15 +417,15 @@ serve(create_app(settings, backend=Echo()), "127.0.0.1", port)
 def test_the_real_server_serves_both_ports_and_stops_on_sigterm(tmp_path):
     script = tmp_path / "two_ports.py"
     script.write_text(SERVER)
-    port, shadow_port = free_port(), free_port()
+    port, shadow_port, admin, metrics = free_port(), free_port(), free_port(), free_port()
     chat, mirrored = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{shadow_port}"
+    admin_url = f"http://127.0.0.1:{admin}"
+    argv = [sys.executable, str(script), str(port), str(shadow_port), str(admin), str(metrics)]
     with open(tmp_path / "api.log", "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, str(script), str(port), str(shadow_port)], stdout=log, stderr=subprocess.STDOUT
-        )
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
     try:
         with httpx.Client(timeout=30) as c:
-            wait_until(lambda: c.get(f"{chat}/readyz").status_code == 200, 60, "the chat port")
+            wait_until(lambda: c.get(f"{admin_url}/readyz").status_code == 200, 60, "the admin port")
             body = {"messages": U, "temperature": 1, "max_tokens": 20}
             answer = c.post(f"{chat}/v1/chat/completions", json=body)
             assert answer.json()["choices"][0]["message"]["content"] == "echo 20 1.0"
@@ -428,7 +434,8 @@ def test_the_real_server_serves_both_ports_and_stops_on_sigterm(tmp_path):
             assert shadowed.json()["choices"][0]["message"]["content"] == "echo 20 0.0"
             assert c.get(f"{mirrored}/healthz").status_code == 404
             assert c.post(f"{chat}/shadow/records").status_code == 404
-            records = c.post(f"{mirrored}/shadow/records").json()
+            assert c.post(f"{mirrored}/shadow/records").status_code == 404
+            records = c.post(f"{admin_url}/shadow/records").json()
             assert [(r["id"], r["answer"]) for r in records["records"]] == [(1, "echo 20 0.0")]
         proc.send_signal(signal.SIGTERM)  # no preStop hook: drains (0.2 s settle), then both close
         assert proc.wait(timeout=30) == 0

@@ -16,6 +16,8 @@ bridge.
 - The operator's own route of each bot must answer for that bot's hostname, every request.
 - The pods must reach the session's Redis for pods (`pod_redis`) on the node's bridge address, and both
   servers must listen on 127.0.0.1 or that bridge address, nowhere else.
+- Security: nothing a user sends through the Gateway reaches a replica's drain, records, probes or
+  Triton; the pod stays Ready and serving.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import http.client
 import json
 import subprocess
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -213,3 +217,97 @@ def test_real_node_pods_reach_the_pod_redis(cluster, pod_redis, real_node, bots)
         ["redis-cli", "-p", str(port), "GET", "from-pod"], capture_output=True, text=True, timeout=10
     )
     assert check.stdout.strip() == "yes", check
+
+
+#: What an end user might send through the gateway to take a replica out of service or read its state.
+USER_ATTEMPTS = [
+    ("POST", "/drain"),
+    ("GET", "/drain"),
+    ("POST", "/drain/"),
+    ("POST", "//drain"),
+    ("POST", "/DRAIN"),
+    ("POST", "/%64rain"),
+    ("POST", "/v1/../drain"),
+    ("POST", "/drain?now=1"),
+    ("PUT", "/drain"),
+    ("POST", "/shadow/records"),
+    ("GET", "/metrics"),
+    ("GET", "/readyz"),
+    ("GET", "/v2/health/ready"),
+    ("POST", "/v2/models/chat/infer"),
+    ("GET", "/v2/models/chat/config"),
+]
+
+
+def send(url: str, method: str, path: str, host: str) -> int:
+    """One raw request through the gateway (the path as given, not normalised); its status, 0 on failure."""
+    port = int(url.rsplit(":", 1)[1])
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.putrequest(method, path, skip_host=True)
+        conn.putheader("Host", host)
+        conn.putheader("Content-Length", "2")
+        conn.endheaders(b"{}")
+        resp = conn.getresponse()
+        resp.read()
+        return resp.status
+    except (http.client.HTTPException, OSError):
+        return 0
+    finally:
+        conn.close()
+
+
+def pod_of(cluster, ns: str, name: str) -> dict[str, Any]:
+    """The one pod of a bot."""
+    res = cluster.kubectl("get", "pods", "-l", f"chatfleet.io/service={name}", "-o", "json", namespace=ns)
+    (pod,) = json.loads(res.stdout)["items"]
+    return pod
+
+
+def refused(ip: str, port: int) -> bool:
+    """Whether nothing listens on ip:port (the connection is refused at once)."""
+    import socket
+
+    try:
+        socket.create_connection((ip, port), timeout=5).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+def test_a_user_through_the_gateway_cannot_drain_a_pod_or_reach_triton(cluster, gateway, bots):
+    """Security (docs/security.md "Ports"): whatever a user sends through the Gateway, the replica's state
+    does not change -- no route reaches the drain, the records, the probes or Triton -- and the pod stays
+    Ready and serving. Triton listens on the pod's loopback, and the Service carries the chat port only."""
+    ns, name = bots, "alpha"
+    host = bot_host(name)
+    assert wait_until(lambda: ask(gateway.url, host=host) == (200, name), 30, 0.5), ask(
+        gateway.url, host=host
+    )
+    pod = pod_of(cluster, ns, name)
+    restarts = {c["name"]: c["restartCount"] for c in pod["status"]["containerStatuses"]}
+
+    statuses = {f"{m} {p}": send(gateway.url, m, p, host) for m, p in USER_ATTEMPTS}
+    assert all(not 200 <= s < 300 for s in statuses.values()), statuses
+
+    # still Ready and serving, never draining: the admin port answers the kubelet's probe path
+    pod = pod_of(cluster, ns, name)
+    conds = {c["type"]: c["status"] for c in pod["status"]["conditions"]}
+    assert conds["Ready"] == "True", pod["status"]
+    assert {c["name"]: c["restartCount"] for c in pod["status"]["containerStatuses"]} == restarts
+    answers = Counter(ask(gateway.url, host=host) for _ in range(4))
+    assert answers == Counter({(200, name): 4}), answers
+    ip = pod["status"]["podIP"]
+    with urllib.request.urlopen(f"http://{ip}:8082/readyz", timeout=10) as resp:
+        assert json.loads(resp.read())["status"] == "ready"
+    # the drain answers the pod's own loopback only, even on the admin port
+    drain = urllib.request.Request(f"http://{ip}:8082/drain", data=b"", method="POST")
+    with pytest.raises(urllib.error.HTTPError) as denied:
+        urllib.request.urlopen(drain, timeout=10)
+    assert denied.value.code == 403
+
+    # Triton: no Service port, nothing listening on the pod's address (loopback only)
+    svc = json.loads(cluster.kubectl("get", "service", name, "-o", "json", namespace=ns).stdout)
+    assert [(p["name"], p["port"]) for p in svc["spec"]["ports"]] == [("chat", 8080)]
+    assert all(refused(ip, port) for port in (8000, 8001, 8002)), "Triton must listen on 127.0.0.1 only"
+    print(f"user attempts through the gateway: {statuses}")

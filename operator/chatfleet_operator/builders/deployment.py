@@ -24,11 +24,17 @@ from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
 
 CONFIG_DIR = "/etc/chatfleet/triton"
 REPOSITORY_DIR = "/tmp/model-repository"
-HTTP_PORT, GRPC_PORT, METRICS_PORT, CHAT_PORT = 8000, 8001, 8002, 8080
-#: The chat API's shadow port: mirrored requests, answered greedily and recorded, never a user's answer.
-SHADOW_PORT = 8081
-#: Where Prometheus scrapes a pod: the chat API (port name `chat`), which re-exports Triton's metrics.
-SCRAPE_PORT, SCRAPE_PORT_NAME, SCRAPE_PATH = CHAT_PORT, "chat", "/metrics"
+#: Triton's ports, bound to the pod's loopback: only the chat API (gRPC) and the probes reach them.
+HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
+#: The chat API's ports (docs/security.md "Ports"), each for one caller: chat (end users, through the
+#: Service and the gateway), shadow (the gateway's mirror of a canary's shadow phase: answered greedily and
+#: recorded, never a user's answer), admin (the kubelet's probes, the pod's own drain, the operator's
+#: shadow records), metrics (Prometheus).
+CHAT_PORT, SHADOW_PORT, ADMIN_PORT, SCRAPE_PORT = 8080, 8081, 8082, 8090
+#: Where Prometheus scrapes a pod: the chat API's scrape port, which re-exports Triton's metrics.
+SCRAPE_PORT_NAME, SCRAPE_PATH = "metrics", "/metrics"
+#: Triton binds here (the launcher's --address).
+LOOPBACK = "127.0.0.1"
 
 #: Tolerated on every GPU pod: the taint GPU node pools commonly carry.
 GPU_TOLERATION = {"key": api.GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
@@ -44,10 +50,21 @@ def _probe(path: str, port: str, period: int, failures: int) -> dict[str, Any]:
     }
 
 
+def _loopback_probe(path: str, period: int, failures: int) -> dict[str, Any]:
+    """Exec probe of Triton's HTTP endpoint on the pod's loopback (the kubelet cannot reach it over HTTP)."""
+    url = f"http://{LOOPBACK}:{HTTP_PORT}{path}"
+    return {
+        "exec": {"command": ["python3", "-m", "chatfleet_runtime.probe", f"--url={url}"]},
+        "periodSeconds": period,
+        "timeoutSeconds": 10,
+        "failureThreshold": failures,
+    }
+
+
 #: Both containers' preStop hook (docs/pod-contract.md): start the chat API's drain and wait until its
 #: streams are done. The triton container runs it too, so Triton gets SIGTERM only after the last stream.
 DRAIN_HOOK = {
-    "exec": {"command": ["python3", "-m", "chatfleet_runtime.drain", f"--url=http://127.0.0.1:{CHAT_PORT}"]}
+    "exec": {"command": ["python3", "-m", "chatfleet_runtime.drain", f"--url=http://{LOOPBACK}:{ADMIN_PORT}"]}
 }
 
 
@@ -111,14 +128,10 @@ def _triton_container(ref: ObjectRef, spec: ChatbotServiceSpec, pod: PodSettings
             "chatfleet_runtime.launch",
             f"--config-dir={CONFIG_DIR}",
             f"--repository={REPOSITORY_DIR}",
+            f"--address={LOOPBACK}",
             f"--http-port={HTTP_PORT}",
             f"--grpc-port={GRPC_PORT}",
             f"--metrics-port={METRICS_PORT}",
-        ],
-        "ports": [
-            {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
-            {"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
-            {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
         ],
         "env": env,
         "resources": {
@@ -131,9 +144,9 @@ def _triton_container(ref: ObjectRef, spec: ChatbotServiceSpec, pod: PodSettings
             {"name": "dshm", "mountPath": "/dev/shm"},
             {"name": "tmp", "mountPath": "/tmp"},
         ],
-        "startupProbe": _probe("/v2/health/ready", "http", 10, pod.startup_failure_threshold),
-        "readinessProbe": _probe("/v2/health/ready", "http", 10, 3),
-        "livenessProbe": _probe("/v2/health/live", "http", 15, 3),
+        "startupProbe": _loopback_probe("/v2/health/ready", 10, pod.startup_failure_threshold),
+        "readinessProbe": _loopback_probe("/v2/health/ready", 10, 3),
+        "livenessProbe": _loopback_probe("/v2/health/live", 15, 3),
         "lifecycle": {"preStop": copy.deepcopy(DRAIN_HOOK)},
         "securityContext": _container_security(),
     }
@@ -161,7 +174,7 @@ def _chat_api_container(ref: ObjectRef, spec: ChatbotServiceSpec, pod: PodSettin
         _label_env("CHATFLEET_TRACK", api.LABEL_TRACK),
         _label_env("CHATFLEET_REVISION", api.LABEL_REVISION),
         # One scrape endpoint per pod: the chat API's /metrics re-exports Triton's (docs/metrics.md).
-        {"name": "CHATFLEET_TRITON_METRICS_URL", "value": f"http://127.0.0.1:{METRICS_PORT}/metrics"},
+        {"name": "CHATFLEET_TRITON_METRICS_URL", "value": f"http://{LOOPBACK}:{METRICS_PORT}/metrics"},
         # The drain protocol (docs/pod-contract.md): how long to keep taking requests after leaving the
         # endpoints, and the grace period a new request must fit in.
         {"name": "CHATFLEET_DRAIN_SETTLE_SECONDS", "value": str(pod.drain_settle_seconds)},
@@ -188,11 +201,15 @@ def _chat_api_container(ref: ObjectRef, spec: ChatbotServiceSpec, pod: PodSettin
             "--host=0.0.0.0",
             f"--port={CHAT_PORT}",
             f"--shadow-port={SHADOW_PORT}",
-            f"--triton-grpc=127.0.0.1:{GRPC_PORT}",
+            f"--admin-port={ADMIN_PORT}",
+            f"--metrics-port={SCRAPE_PORT}",
+            f"--triton-grpc={LOOPBACK}:{GRPC_PORT}",
         ],
         "ports": [
             {"name": "chat", "containerPort": CHAT_PORT, "protocol": "TCP"},
             {"name": "shadow", "containerPort": SHADOW_PORT, "protocol": "TCP"},
+            {"name": "admin", "containerPort": ADMIN_PORT, "protocol": "TCP"},
+            {"name": SCRAPE_PORT_NAME, "containerPort": SCRAPE_PORT, "protocol": "TCP"},
         ],
         "env": env,
         "resources": {
@@ -200,8 +217,8 @@ def _chat_api_container(ref: ObjectRef, spec: ChatbotServiceSpec, pod: PodSettin
             "limits": {"cpu": pod.chat_api_cpu, "memory": pod.chat_api_memory},
         },
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp", "subPath": "chat-api"}],
-        "readinessProbe": _probe("/readyz", "chat", 5, 3),
-        "livenessProbe": _probe("/healthz", "chat", 15, 3),
+        "readinessProbe": _probe("/readyz", "admin", 5, 3),
+        "livenessProbe": _probe("/healthz", "admin", 15, 3),
         "lifecycle": {"preStop": copy.deepcopy(DRAIN_HOOK)},
         "securityContext": _container_security(),
     }
@@ -236,7 +253,7 @@ def build_pod_template(
     config = triton_config_annotations(spec)
     annotations = {
         **spec.pod_metadata.annotations,
-        # The scrape contract (docs/metrics.md): the chat API's port carries every metric the
+        # The scrape contract (docs/metrics.md): the chat API's scrape port carries every metric the
         # analysis and the HPA read, Triton's re-exported, so annotation discovery finds them all.
         "prometheus.io/scrape": "true",
         "prometheus.io/port": str(SCRAPE_PORT),

@@ -1,4 +1,6 @@
-"""The Services of one ChatbotService: HTTP, gRPC, metrics and the chat API, selecting the pods of a track."""
+"""The Services of one ChatbotService: the chat API's chat port (and the canary's shadow port), selecting the
+pods of a track. Nothing else of a pod is behind a Service: Triton listens on the pod's loopback, and the
+admin and scrape ports are reached on the pods themselves (docs/security.md "Ports")."""
 
 from __future__ import annotations
 
@@ -7,11 +9,11 @@ from typing import Any
 
 from chatfleet_operator import api
 from chatfleet_operator.builders.common import object_meta, with_desired_hash
-from chatfleet_operator.builders.deployment import SHADOW_PORT
+from chatfleet_operator.builders.deployment import CHAT_PORT, SHADOW_PORT
 from chatfleet_operator.spec import ObjectRef
 
-#: (name, port, appProtocol) of every port a Triton pod serves (docs/pod-contract.md).
-PORTS = (("http", 8000, "http"), ("grpc", 8001, "grpc"), ("metrics", 8002, "http"), ("chat", 8080, "http"))
+#: (name, port, appProtocol) of the one port end users reach: the chat API's (docs/pod-contract.md).
+PORTS = (("chat", CHAT_PORT, "http"),)
 #: The canary's Service adds the chat API's shadow port: where a gateway mirrors live requests to it.
 SHADOW = ("shadow", SHADOW_PORT, "http")
 

@@ -26,7 +26,7 @@ from chatfleet_operator.analysis.provider import (
     short_error,
 )
 from chatfleet_operator.analysis.targets import analysis_target_errors, fill_template
-from chatfleet_operator.builders.deployment import CHAT_PORT, SHADOW_PORT
+from chatfleet_operator.builders.deployment import ADMIN_PORT, CHAT_PORT
 from chatfleet_operator.context import DialogueCheck, PassContext
 from chatfleet_operator.converge.facts import PodFacts, Track
 from chatfleet_operator.discovery import ServedGroup
@@ -181,7 +181,7 @@ class Releases:
         pending, pairs = (kept[1], kept[2]) if kept is not None and kept[0] == revision else ([], [])
         problems = []
         for pod in serving_pods(ctx.canary):
-            records, overflowed, error = take_records(f"http://{pod.ip}:{SHADOW_PORT}/shadow/records")
+            records, overflowed, error = take_records(f"http://{pod.ip}:{ADMIN_PORT}/shadow/records")
             pending += records
             if error:
                 problems.append(error)

@@ -113,13 +113,35 @@ class TestDeployment:
         c = containers(deployment())
         assert c["triton"]["command"][:3] == ["python3", "-m", "chatfleet_runtime.launch"]
         assert "--config-dir=/etc/chatfleet/triton" in c["triton"]["command"]
-        assert [p["containerPort"] for p in c["triton"]["ports"]] == [8000, 8001, 8002]
+        assert "ports" not in c["triton"]  # Triton listens on the pod's loopback only
+        assert "--address=127.0.0.1" in c["triton"]["command"]
         assert c["chat-api"]["command"][:3] == ["python3", "-m", "chatfleet_runtime.api"]
         assert c["chat-api"]["ports"] == [
             {"name": "chat", "containerPort": 8080, "protocol": "TCP"},
             {"name": "shadow", "containerPort": 8081, "protocol": "TCP"},
+            {"name": "admin", "containerPort": 8082, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": 8090, "protocol": "TCP"},
         ]
-        assert "--shadow-port=8081" in c["chat-api"]["command"]
+        for flag in ("--shadow-port=8081", "--admin-port=8082", "--metrics-port=8090"):
+            assert flag in c["chat-api"]["command"]
+
+    def test_probes_reach_no_user_port(self):
+        """The kubelet probes the chat API on its admin port and Triton through an exec on its loopback."""
+        c = containers(deployment())
+        assert c["chat-api"]["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "admin"}
+        assert c["chat-api"]["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "admin"}
+        for probe, path in [
+            ("startupProbe", "ready"),
+            ("readinessProbe", "ready"),
+            ("livenessProbe", "live"),
+        ]:
+            command = c["triton"][probe]["exec"]["command"]
+            assert command == [
+                "python3",
+                "-m",
+                "chatfleet_runtime.probe",
+                f"--url=http://127.0.0.1:8000/v2/health/{path}",
+            ]
 
     @pytest.mark.parametrize(
         ("resources", "gpus", "selector"),
@@ -210,12 +232,6 @@ class TestDeployment:
         mount = next(m for m in containers(dep)["triton"]["volumeMounts"] if m["name"] == "weights")
         assert mount["mountPath"] == "/models/weights" and mount.get("readOnly") == read_only
 
-    def test_probes_on_triton_health(self):
-        triton = containers(deployment())["triton"]
-        assert triton["startupProbe"]["httpGet"]["path"] == "/v2/health/ready"
-        assert triton["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
-        assert triton["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
-
     def test_security_context(self):
         dep = deployment()
         assert dep["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
@@ -232,12 +248,12 @@ class TestDeployment:
         assert meta["labels"][api.LABEL_TRACK] == "stable" and meta["labels"][api.LABEL_REVISION] == "abc"
         assert meta["annotations"]["a"] == "b"
         assert meta["annotations"]["prometheus.io/scrape"] == "true"
-        assert meta["annotations"]["prometheus.io/port"] == "8080"  # the chat API: the one scrape port
+        assert meta["annotations"]["prometheus.io/port"] == "8090"  # the chat API's scrape port
         assert meta["annotations"]["prometheus.io/path"] == "/metrics"
         env = {e["name"]: e for e in containers(dep)["chat-api"]["env"]}
         assert env["CHATFLEET_TRITON_METRICS_URL"]["value"] == "http://127.0.0.1:8002/metrics"
         chat_ports = {p["containerPort"]: p["name"] for p in containers(dep)["chat-api"]["ports"]}
-        assert chat_ports[8080] == "chat"
+        assert (chat_ports[8080], chat_ports[8090]) == ("chat", "metrics")
 
     @pytest.mark.parametrize(
         ("scaling", "replicas"),
@@ -284,7 +300,7 @@ class TestDeployment:
 
     def test_both_containers_drain_before_they_get_sigterm(self):
         hook = {
-            "exec": {"command": ["python3", "-m", "chatfleet_runtime.drain", "--url=http://127.0.0.1:8080"]}
+            "exec": {"command": ["python3", "-m", "chatfleet_runtime.drain", "--url=http://127.0.0.1:8082"]}
         }
         for name, c in containers(deployment()).items():
             assert c["lifecycle"] == {"preStop": hook}, name
@@ -296,12 +312,8 @@ class TestDeployment:
 class TestService:
     def test_ports_and_selector(self):
         svc = build_service(REF, "bot", selector_labels(REF))
-        assert [(p["name"], p["port"]) for p in svc["spec"]["ports"]] == [
-            ("http", 8000),
-            ("grpc", 8001),
-            ("metrics", 8002),
-            ("chat", 8080),
-        ]
+        # the chat port only: no Triton port, no admin or scrape port behind a Service
+        assert [(p["name"], p["port"]) for p in svc["spec"]["ports"]] == [("chat", 8080)]
         assert svc["spec"]["selector"] == {api.LABEL_SERVICE: "bot", api.LABEL_TRACK: "stable"}
 
 

@@ -79,7 +79,7 @@ def release(
     counter, asked = iter(range(1, 100)), []
 
     def take(url, timeout_seconds=5.0):
-        assert url == "http://10.0.0.2:8081/shadow/records"
+        assert url == "http://10.0.0.2:8082/shadow/records"  # the admin port
         return [record(i, canary_text(i)) for i in (next(counter), next(counter))], 0, None
 
     def ask(url, model, records, **kw):
@@ -143,7 +143,7 @@ def test_the_release_starts_in_a_shadow_phase_at_weight_0_with_a_mirror(monkeypa
         }
     ]
     ports = {p["name"]: p["port"] for p in out.desired[("Service", "bot-canary")]["spec"]["ports"]}
-    assert ports["shadow"] == 8081 and "shadow" not in {
+    assert ports == {"chat": 8080, "shadow": 8081} and "shadow" not in {
         p["name"] for p in out.desired[("Service", "bot")]["spec"]["ports"]
     }
 

@@ -1,19 +1,26 @@
 """Prometheus (built from Go modules) and Redis (Debian), started on 127.0.0.1 with their own data folders.
 
 Used by tests (as context managers) and by the demo. Each stops exactly the process it started.
+Prometheus serves https when given a certificate (its web config's tls_server_config); BearerProxy stands
+in front of one where a test needs a bearer token checked, which Prometheus' web config cannot do.
 """
 
 from __future__ import annotations
 
+import hmac
+import ssl
+import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import yaml
 
-from . import procs
+from . import pki, procs
 from .config import require_binaries, require_tool
 
 DEBIAN_HINT = "run `make system-deps` (installs the Debian package redis-server)"
@@ -29,10 +36,24 @@ class Prometheus:
     scrape_interval: str = "1s"
     port: int = 0
     proc: procs.Proc | None = None
+    tls: tuple[Path, Path, Path] | None = None
+    """(CA, certificate, key) as pki.serving_pair writes them: serve https only (--web.config.file with
+    tls_server_config), checked here against that CA. None: plain http."""
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
+
+    @property
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """A client context trusting this server's CA (None over http)."""
+        return ssl.create_default_context(cafile=str(self.tls[0])) if self.tls else None
+
+    def web_config(self) -> dict:
+        """The --web.config.file content: the serving certificate and key."""
+        assert self.tls, "a web config only for a Prometheus with tls"
+        _, cert, key = self.tls
+        return {"tls_server_config": {"cert_file": str(cert), "key_file": str(key)}}
 
     def config(self) -> dict:
         """The prometheus.yml content."""
@@ -54,6 +75,11 @@ class Prometheus:
         cfg.write_text(yaml.safe_dump(self.config(), sort_keys=False))
         self.port = self.port or procs.free_port()
         log = self.workdir / "prometheus.log"
+        web: list[str] = []
+        if self.tls:
+            web_cfg = self.workdir / "web.yml"
+            web_cfg.write_text(yaml.safe_dump(self.web_config(), sort_keys=False))
+            web = [f"--web.config.file={web_cfg}"]
         self.proc = procs.start(
             "prometheus",
             [
@@ -61,13 +87,18 @@ class Prometheus:
                 f"--config.file={cfg}",
                 f"--storage.tsdb.path={self.workdir / 'data'}",
                 f"--web.listen-address=127.0.0.1:{self.port}",
+                *web,
                 "--web.enable-lifecycle",
                 "--log.level=warn",
             ],
             log=log,
         )
         procs.wait_for(
-            "prometheus", lambda: _get(f"{self.url}/-/ready"), timeout=timeout, log=log, proc=self.proc
+            "prometheus",
+            lambda: _get(f"{self.url}/-/ready", self.ssl_context),
+            timeout=timeout,
+            log=log,
+            proc=self.proc,
         )
         return self
 
@@ -76,7 +107,8 @@ class Prometheus:
         if targets is not None:
             self.targets = targets
         (self.workdir / "prometheus.yml").write_text(yaml.safe_dump(self.config(), sort_keys=False))
-        urllib.request.urlopen(urllib.request.Request(f"{self.url}/-/reload", method="POST"), timeout=5)
+        request = urllib.request.Request(f"{self.url}/-/reload", method="POST")
+        urllib.request.urlopen(request, timeout=5, context=self.ssl_context)
 
     def stop(self) -> None:
         """Stop the server we started."""
@@ -158,8 +190,88 @@ class Redis:
         self.stop()
 
 
-def _get(url: str) -> bool:
-    with urllib.request.urlopen(url, timeout=2) as r:
+@dataclass
+class BearerProxy:
+    """An https reverse proxy on 127.0.0.1 that passes a request on to `upstream` only with
+    `Authorization: Bearer <token>`, answering 401 otherwise -- what kube-rbac-proxy or an OAuth proxy does
+    in front of a Prometheus, whose own web config knows basic auth but no bearer tokens.
+
+    Its serving certificate comes from a CA of its own (`ca`). `token` may be changed while it runs (a
+    rotation); `seen` holds the Authorization header of every request, None where there was none.
+    """
+
+    workdir: Path
+    upstream: str
+    token: str
+    upstream_context: ssl.SSLContext | None = None
+    """How the upstream's certificate is checked (e.g. Prometheus.ssl_context); None: the system's CAs."""
+    seen: list[str | None] = field(default_factory=list)
+    ca: Path | None = None
+    port: int = 0
+    _server: ThreadingHTTPServer | None = None
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    def start(self) -> BearerProxy:
+        """Serve on a free loopback port, in a daemon thread."""
+        self.ca, cert, key = pki.serving_pair(Path(self.workdir), "bearer-proxy")
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _forward(self) -> None:
+                auth = self.headers.get("Authorization")
+                proxy.seen.append(auth)
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0)) or None
+                if not hmac.compare_digest((auth or "").encode(), f"Bearer {proxy.token}".encode()):
+                    self._send(401, b"Unauthorized\n", "text/plain")
+                    return
+                request = urllib.request.Request(proxy.upstream + self.path, data=body, method=self.command)
+                if self.headers.get("Content-Type"):
+                    request.add_header("Content-Type", self.headers["Content-Type"])
+                try:
+                    with urllib.request.urlopen(request, timeout=10, context=proxy.upstream_context) as r:
+                        self._send(r.status, r.read(), r.headers.get("Content-Type", "text/plain"))
+                except urllib.error.HTTPError as exc:
+                    self._send(exc.code, exc.read(), exc.headers.get("Content-Type", "text/plain"))
+
+            def _send(self, status: int, body: bytes, content_type: str) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = _forward
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(cert, key)
+        self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
+        self.port = self._server.server_address[1]
+        threading.Thread(target=self._server.serve_forever, name="bearer-proxy", daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and close the port."""
+        if self._server:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def __enter__(self) -> BearerProxy:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _get(url: str, context: ssl.SSLContext | None = None) -> bool:
+    with urllib.request.urlopen(url, timeout=2, context=context) as r:
         return r.status == 200
 
 

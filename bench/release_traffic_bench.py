@@ -42,6 +42,7 @@ from chatfleet_platform.config import (  # noqa: E402
     CHATBOT_CRD_FILE,
     CHATBOT_CRD_NAME,
     LOCAL_ANALYSIS_ARGS,
+    LOCAL_HOST_PATH_ARGS,
     REAL_NODE_OPERATOR_ENV,
 )
 from chatfleet_platform.dialogues import DialogueLoad  # noqa: E402
@@ -108,6 +109,7 @@ class Platform:
                 "chatfleet_operator.cli",
                 "run",
                 *LOCAL_ANALYSIS_ARGS,
+                *LOCAL_HOST_PATH_ARGS,  # the tiny model under .work (spec.model.hostPath)
                 f"--gateway-namespace={SHARED_NAMESPACE}",
                 "--gateway-mirror=TraefikService",  # Traefik 3.6 lacks Gateway API's RequestMirror
             ],

@@ -18,7 +18,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from chatfleet_platform.config import LOCAL_ANALYSIS_ARGS
+from chatfleet_platform.config import LOCAL_ANALYSIS_ARGS, LOCAL_HOST_PATH_ARGS
 from chatfleet_platform.config import REPO_ROOT as REPO
 from chatfleet_platform.procs import free_port
 from chatfleet_platform.services import wait_until
@@ -74,6 +74,7 @@ class OperatorProcess:
                     "--stats-file",
                     str(self.stats_file),
                     *LOCAL_ANALYSIS_ARGS,  # the platform's Prometheus and trafficsim are on 127.0.0.1
+                    *LOCAL_HOST_PATH_ARGS,  # the tiny models' and the examples' spec.model.hostPath
                     *self.metrics_args(),
                     *self.extra_args,
                 ],

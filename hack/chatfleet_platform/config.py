@@ -19,6 +19,12 @@ CHATBOT_CRD_NAME = "chatbotservices.chatfleet.io"
 #: Operator flags for the local platform: its Prometheus and trafficsim listen on 127.0.0.1, which the
 #: release analysis may call only when allowed (by default only cluster-internal *.svc hosts).
 LOCAL_ANALYSIS_ARGS = ("--analysis-allowed-host=127.0.0.1",)
+#: Host directories the local platform's ChatbotServices name in spec.model.hostPath: the tiny models the
+#: real node's pods mount (under .work), and the paths of the examples and chart tests on simulated nodes
+#: (never mounted there). The operator refuses any other (--allowed-host-path; by default it allows none).
+LOCAL_HOST_PATHS = ("/models", "/var/lib/models", str(REPO_ROOT / ".work"))
+#: Operator flags allowing them.
+LOCAL_HOST_PATH_ARGS = tuple(f"--allowed-host-path={path}" for path in LOCAL_HOST_PATHS)
 #: The operator's environment for pods on the local real node: its 2 cores bind before its fake GPUs do,
 #: so the chat-api sidecar asks for less CPU (3 pods of a release's promotion fit: 3 x (250m + 300m)).
 #: The real-node operator's settings: a smaller chat-api CPU (2 cores in all), and a startup probe budget of

@@ -24,7 +24,14 @@ import time
 from pathlib import Path
 
 from .cluster import Cluster, default_workdir
-from .config import CHATBOT_CRD_FILE, CHATBOT_CRD_NAME, LOCAL_ANALYSIS_ARGS, REPO_ROOT, PlatformError
+from .config import (
+    CHATBOT_CRD_FILE,
+    CHATBOT_CRD_NAME,
+    LOCAL_ANALYSIS_ARGS,
+    LOCAL_HOST_PATH_ARGS,
+    REPO_ROOT,
+    PlatformError,
+)
 
 BOLD, DIM, GREEN, RED, CYAN, RESET = (
     ("\033[1m", "\033[2m", "\033[32m", "\033[31m", "\033[36m", "\033[0m")
@@ -92,10 +99,18 @@ class Demo:
         self.cluster.install_crd(CHATBOT_CRD_FILE, CHATBOT_CRD_NAME)
         self.say(f"CRD {CHATBOT_CRD_NAME} established", ok=True)
         if not self.cluster.state().get("extras", {}).get("operator") or not self._operator_alive():
+            # the host paths the demo's ChatbotServices name: the example's, and the tiny model of step 4
+            host_paths = (*LOCAL_HOST_PATH_ARGS, f"--allowed-host-path={self.model_dir}")
             self.cluster.start_extra(
-                "operator", [sys.executable, "-m", "chatfleet_operator.cli", "run", *LOCAL_ANALYSIS_ARGS]
+                "operator",
+                [sys.executable, "-m", "chatfleet_operator.cli", "run", *LOCAL_ANALYSIS_ARGS, *host_paths],
             )
         self.say(f"operator running (log: {self.cluster.log('operator')})", ok=True)
+
+    @property
+    def model_dir(self) -> Path:
+        """Where step 4 builds the tiny model its real pods mount (spec.model.hostPath)."""
+        return self.cluster.workdir.parent / "demo-model"
 
     def _operator_alive(self) -> bool:
         from . import procs
@@ -166,7 +181,7 @@ class Demo:
         self.step("A chatbot on real pods: the runtime image on the real node, a chat through the Service")
         from chatfleet_platform.localruntime.tiny import build_tiny_model
 
-        model = build_tiny_model(self.cluster.workdir.parent / "demo-model")
+        model = build_tiny_model(self.model_dir)
         for p in [model, *model.rglob("*")]:
             p.chmod(p.stat().st_mode | 0o444 | (0o111 if p.is_dir() else 0))
         spec = on_real_node(

@@ -77,6 +77,9 @@ class Reason:
     NO_MATCHING_GPU_NODES = "NoMatchingGPUNodes"
     INSUFFICIENT_GPUS = "InsufficientGPUs"
     SECRET_NOT_FOUND = "SecretNotFound"
+    SECRET_KEY_NOT_FOUND = "SecretKeyNotFound"
+    #: spec.model.hostPath outside the operator's allowed host path prefixes: nothing is built for it.
+    HOST_PATH_NOT_ALLOWED = "HostPathNotAllowed"
     IMAGE_PULL_FAILED = "ImagePullFailed"
     UNSCHEDULABLE = "Unschedulable"
     PROGRESS_DEADLINE_EXCEEDED = "ProgressDeadlineExceeded"

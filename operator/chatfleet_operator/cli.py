@@ -14,7 +14,15 @@ import sys
 from dataclasses import replace
 
 from chatfleet_operator.builders.httproute import MIRROR_METHODS
-from chatfleet_operator.settings import AutoscaleSettings, ReleaseSettings, RuntimeSettings, Settings
+from chatfleet_operator.converge.policy import host_path_prefix_error
+from chatfleet_operator.settings import (
+    AutoscaleSettings,
+    PodSettings,
+    PrometheusSettings,
+    ReleaseSettings,
+    RuntimeSettings,
+    Settings,
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -71,6 +79,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "repeatable; default env CHATFLEET_ANALYSIS_ALLOWED_HOSTS, comma-separated)",
     )
     run.add_argument(
+        "--allowed-host-path",
+        action="append",
+        default=None,
+        metavar="PREFIX",
+        help="a host directory prefix spec.model.hostPath may name ('/data' allows /data and /data/x, not "
+        "/database; repeatable; default env CHATFLEET_ALLOWED_HOST_PATHS, comma-separated; none: every "
+        "hostPath is refused)",
+    )
+    run.add_argument(
         "--gateway",
         default=None,
         metavar="NAME",
@@ -96,6 +113,35 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="what scales an autoscaled ChatbotService: a KEDA ScaledObject or an HPA; auto (default, env "
         "CHATFLEET_AUTOSCALER): KEDA when the cluster serves keda.sh/v1alpha1",
     )
+    run.add_argument(
+        "--prometheus-ca-file",
+        default=None,
+        metavar="FILE",
+        help="PEM CA bundle that signed the certificates of https:// Prometheus addresses (default env "
+        "CHATFLEET_PROMETHEUS_CA_FILE, else the system's CAs)",
+    )
+    run.add_argument(
+        "--prometheus-bearer-token-file",
+        default=None,
+        metavar="FILE",
+        help="send the token in FILE as `Authorization: Bearer` with every Prometheus query, read at each "
+        "query so a rotated token works (default env CHATFLEET_PROMETHEUS_BEARER_TOKEN_FILE, else none)",
+    )
+    run.add_argument(
+        "--prometheus-bearer-token-host",
+        action="append",
+        default=None,
+        metavar="HOST",
+        help="a host the bearer token may be sent to, over https only (repeatable; required with "
+        "--prometheus-bearer-token-file; default env CHATFLEET_PROMETHEUS_BEARER_TOKEN_HOSTS, comma-separated)",
+    )
+    run.add_argument(
+        "--prometheus-insecure-skip-verify",
+        action="store_true",
+        default=None,
+        help="do not verify Prometheus' TLS certificate (default off, env "
+        "CHATFLEET_PROMETHEUS_INSECURE_SKIP_VERIFY=true); not with --prometheus-ca-file",
+    )
     sub.add_parser("version", help="print the version")
     return parser.parse_args(argv)
 
@@ -105,6 +151,12 @@ def build_settings(args: argparse.Namespace) -> Settings:
     runtime = RuntimeSettings(namespaces=tuple(args.namespace))
     if args.workers:
         runtime = replace(runtime, workers=args.workers)
+    pod = PodSettings()
+    if args.allowed_host_path is not None:
+        pod = replace(pod, allowed_host_paths=tuple(args.allowed_host_path))
+    bad = [why for prefix in pod.allowed_host_paths if (why := host_path_prefix_error(prefix))]
+    if bad:
+        raise SystemExit(f"--allowed-host-path (CHATFLEET_ALLOWED_HOST_PATHS): {'; '.join(bad)}")
     release = ReleaseSettings()
     if args.analysis_allowed_host is not None:
         release = replace(release, analysis_allowed_hosts=tuple(args.analysis_allowed_host))
@@ -121,7 +173,33 @@ def build_settings(args: argparse.Namespace) -> Settings:
     autoscale = AutoscaleSettings()
     if args.autoscaler:
         autoscale = replace(autoscale, metrics_source=args.autoscaler)
-    return Settings(runtime=runtime, release=release, autoscale=autoscale)
+    prometheus = prometheus_settings(args)
+    return Settings(pod=pod, runtime=runtime, release=release, autoscale=autoscale, prometheus=prometheus)
+
+
+def prometheus_settings(args: argparse.Namespace) -> PrometheusSettings:
+    """How Prometheus is reached, from the flags over the environment; a CA with skipped verification exits."""
+    prometheus = PrometheusSettings()
+    if args.prometheus_ca_file:
+        prometheus = replace(prometheus, ca_file=args.prometheus_ca_file)
+    if args.prometheus_bearer_token_file:
+        prometheus = replace(prometheus, bearer_token_file=args.prometheus_bearer_token_file)
+    if args.prometheus_bearer_token_host is not None:
+        prometheus = replace(prometheus, bearer_token_hosts=tuple(args.prometheus_bearer_token_host))
+    if args.prometheus_insecure_skip_verify:
+        prometheus = replace(prometheus, insecure_skip_verify=True)
+    if prometheus.bearer_token_file and not prometheus.bearer_token_hosts:
+        raise SystemExit(
+            "--prometheus-bearer-token-file (CHATFLEET_PROMETHEUS_BEARER_TOKEN_FILE) needs "
+            "--prometheus-bearer-token-host (CHATFLEET_PROMETHEUS_BEARER_TOKEN_HOSTS): the hosts the token may "
+            "be sent to; a ChatbotService's author chooses its Prometheus address"
+        )
+    if prometheus.ca_file and prometheus.insecure_skip_verify:
+        raise SystemExit(
+            "--prometheus-ca-file (CHATFLEET_PROMETHEUS_CA_FILE) and --prometheus-insecure-skip-verify "
+            "(CHATFLEET_PROMETHEUS_INSECURE_SKIP_VERIFY) exclude each other: set the CA to verify, or neither"
+        )
+    return prometheus
 
 
 def run(args: argparse.Namespace) -> int:

@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from chatfleet_operator import api, metrics
+from chatfleet_operator.analysis.provider import PrometheusProvider
 from chatfleet_operator.autoscale.measure import Autoscaling
 from chatfleet_operator.builders.httproute import GATEWAY_GROUP
 from chatfleet_operator.builders.scaledobject import KEDA_GROUP, KEDA_VERSION
@@ -70,8 +71,10 @@ class Controller:
         self.client = client
         self.world = World()
         serves = getattr(client, "serves_group", None)
+        prometheus = PrometheusProvider(settings.prometheus)  # one CA, token and verification for both
         self.releases = Releases(
             settings.release,
+            provider=prometheus,
             serves_gateway_api=(lambda: serves(GATEWAY_GROUP)) if serves else None,
             cluster_domain=settings.runtime.cluster_domain,
             read_config_map=getattr(client, "config_map_data", None),
@@ -82,6 +85,7 @@ class Controller:
             keda = (lambda: True) if source == "keda" else (lambda: False)
         self.autoscaling = Autoscaling(
             serves_keda=keda,
+            range_query=prometheus.query_range,
             settings=settings.release,
             cache_seconds=settings.release.discovery_cache_seconds,
             cluster_domain=settings.runtime.cluster_domain,
@@ -213,7 +217,8 @@ class Controller:
 
         A pass that raised or found a problem is retried after `base_delay * 2**n` (n: its failures in a
         row, capped at `max_delay`); an apply the API server may accept on a second try (5xx, 429, 409)
-        after `1 s * 2**n`.
+        after `1 s * 2**n`. A refused spec (a host path not allowed) is not retried: nothing but a new
+        spec, which starts a pass of its own, or a restarted operator can change the answer.
         """
         failures = self._failures.get(key, 0)
         try:
@@ -223,6 +228,10 @@ class Controller:
         else:
             if outcome is None or not (outcome.problems or outcome.retry):
                 self._failures.pop(key, None)
+                return None
+            if outcome.refused:  # a refused spec: its next generation (or a restart) runs the next pass
+                self._failures.pop(key, None)
+                log.info("Waiting for a new spec of ChatbotService %s/%s (refused, not retried)", *key)
                 return None
             reasons = ", ".join(sorted({p.reason for p in outcome.problems})) or api.Reason.APPLY_FAILED
             why = f"Waiting for {reasons} to be resolved"

@@ -19,7 +19,7 @@ from chatfleet_operator.converge import facts
 class Watch(Enum):
     """How a kind is watched."""
 
-    NONE = "none"  # read or written, never watched (Secrets, Events)
+    NONE = "none"  # read or written, never watched (ConfigMaps, Events); Secrets: never touched
     CHILD = "child"  # owned objects labelled managed-by: indexed by owner, an event triggers the owner
     POD = "pod"  # pods of a ChatbotService: indexed as PodFacts; problem signals trigger the owner
     NODE = "node"  # nodes: indexed as NodeFacts; changes retry ChatbotServices waiting for a GPU node
@@ -100,7 +100,6 @@ KINDS: tuple[Kind, ...] = (
     ),
     Kind("Pod", "", "v1", "pods", Watch.POD, "pod_index", signature=facts.pod_signature),
     Kind("Node", "", "v1", "nodes", Watch.NODE, "node_index", signature=facts.node_signature),
-    Kind("Secret", "", "v1", "secrets"),
     # Read by name only: the golden prompts of spec.analysis.quality.promptsFrom (the operator owns none;
     # the Triton config rides in the pod template).
     Kind("ConfigMap", "", "v1", "configmaps"),

@@ -195,33 +195,6 @@ def label_pod(
             raise
 
 
-#: Accept header asking the API server for the table `kubectl get` prints (name, type, key count, age).
-#: Not PartialObjectMetadata: a Secret's metadata can hold its data too (kubectl apply's
-#: last-applied-configuration annotation).
-AS_TABLE = "application/json;as=Table;g=meta.k8s.io;v=v1"
-
-
-def secret_summary(namespace: str, name: str) -> dict[str, Any] | None:
-    """A Secret's table row without the object (name, type, number of keys, age); None when it does not exist."""
-    try:
-        return request(
-            "GET",
-            object_path("Secret", namespace, name),
-            query={"includeObject": "None"},
-            accept=AS_TABLE,
-            kind="Secret",
-        )
-    except ApiError as exc:
-        if exc.status == 404:
-            return None
-        raise
-
-
-def secret_exists(namespace: str, name: str) -> bool:
-    """Whether a Secret exists; neither its data nor its metadata reach the operator (a table row only)."""
-    return secret_summary(namespace, name) is not None
-
-
 def config_map_data(namespace: str, name: str) -> dict[str, str] | None:
     """A ConfigMap's data (None when it does not exist)."""
     body = get("ConfigMap", namespace, name)

@@ -23,8 +23,9 @@ from chatfleet_operator.builders import deployment_name, endpoint, revision_hash
 from chatfleet_operator.cache import Snapshot, World, resource_version, slim
 from chatfleet_operator.context import PassContext, desired_total
 from chatfleet_operator.converge.changes import Change, diff_children
-from chatfleet_operator.converge.diagnose import Problem, diagnose, referenced_secrets
+from chatfleet_operator.converge.diagnose import Problem, diagnose
 from chatfleet_operator.converge.facts import deployment_facts, observe_track
+from chatfleet_operator.converge.policy import host_path_problems
 from chatfleet_operator.converge.status import (
     Observation,
     compute_status,
@@ -32,6 +33,7 @@ from chatfleet_operator.converge.status import (
     error_status,
     pass_events,
     progress_only,
+    refused_status,
     status_patch,
 )
 from chatfleet_operator.release.children import (
@@ -62,6 +64,9 @@ class Outcome:
     """An apply failed in a way worth retrying (5xx, 429, 409) even without a kopf retry."""
     requeue_after: float | None = None
     """Seconds until a release waits on time (a pause, the next measurement); None: no timed wait."""
+    refused: bool = False
+    """The spec was refused (converge/policy.py): nothing was built, and only a spec change or an operator
+    restart with other settings can change that, so the pass is not retried."""
 
 
 def gather_context(
@@ -119,9 +124,6 @@ class Client(Protocol):
 
     def patch_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any] | None:
         """Merge-patch the status; None when the object is gone."""
-
-    def secret_exists(self, namespace: str, name: str) -> bool:
-        """Whether a Secret exists."""
 
     def seed_replicas(self, namespace: str, name: str, replicas: int) -> None:
         """Set spec.scaling.replicas of a ChatbotService where it is absent (the HPA's scale)."""
@@ -239,20 +241,26 @@ def reconcile_pass(
     ctx = gather_context(body, snap, settings, now, releases.traffic_mode(), autoscaling.metrics_source())
     ref, spec = ctx.ref, ctx.spec
 
-    # 1. Observe what the caches cannot tell: do the referenced Secrets exist? The release's measurement,
-    #    the model-load time and the demand forecast when due (its floor raises the total at once).
-    missing = [name for name in referenced_secrets(spec) if not client.secret_exists(ref.namespace, name)]
+    # 1. Refuse (pure) what the operator may not build for any author (a host path it does not allow):
+    #    nothing is applied, the status says why, and the pass waits for the spec or the operator to change.
+    refusal = host_path_problems(spec, settings.pod)
+    if refusal:
+        return _refuse(client, body, world, refusal, now)
+
+    # 2. Observe what the caches cannot tell: the release's measurement, the model-load time and the
+    #    demand forecast when due (its floor raises the total at once). A missing Secret needs no read:
+    #    the pods' own status tells (CreateContainerConfigError, diagnosed in step 5).
     ctx = releases.measure_if_due(ctx)
     ctx = autoscaling.forecast_if_due(ctx)
 
-    # 2. Plan (pure): the release, then every child built once for its track; diff with the observed ones;
+    # 3. Plan (pure): the release, then every child built once for its track; diff with the observed ones;
     #    with a warm pool, which Ready stable pods serve.
     plan = plan_pass(ctx)
     changes = diff_children(desired_children(ctx, plan), snap.children, kinds.DELETABLE)
     pool = warm_pool(ctx, plan) if spec.scaling.warm_pool > 0 else 0
     labels = plan_serving(ctx.pods, plan.stable_replicas) if spec.scaling.warm_pool > 0 else []
 
-    # 3. Apply: pod labels first (a scale-down then removes standby pods, not serving ones), then only
+    # 4. Apply: pod labels first (a scale-down then removes standby pods, not serving ones), then only
     #    the children that differ. An invalid object is a problem for the user, not a crash.
     refused = [r for r in [_label_pods(client, ref, labels)] if r]
     refused += [r for change in changes if (r := _apply(client, change, world, snap, ref.namespace))]
@@ -260,11 +268,11 @@ def reconcile_pass(
     if seed:  # the HPA reads and writes spec.scaling.replicas (the scale subresource): it must exist
         refused += [r for r in [_seed_replicas(client, ref, ctx.total)] if r]
 
-    # 4. Compute the whole new status (pure) from the freshest view of the Deployment.
+    # 5. Compute the whole new status (pure) from the freshest view of the Deployment.
     dep_body = snap.children.get(("Deployment", ref.name))
     dep = deployment_facts(dep_body) if dep_body is not None else None
     stable_pods = [p for p in snap.pods if p.track == api.TRACK_STABLE]
-    problems = diagnose(spec, ctx.nodes, stable_pods, dep, missing)  # canary pods: the release judges them
+    problems = diagnose(spec, ctx.nodes, stable_pods, dep)  # canary pods: the release judges them
     if spec.scaling.warm_pool > 0:  # standby pods waiting for GPUs are no problem while enough serve
         problems = pool_waits(problems, stable_pods, plan.stable_replicas)
     problems += [Problem(api.Reason.APPLY_FAILED, msg) for msg, _ in refused]
@@ -288,7 +296,7 @@ def reconcile_pass(
     )
     new_status = compute_status(ctx.old_status, obs, now, plan.status_fields(ctx.update_revision))
 
-    # 5. One status write, only when something changed; then events from the difference. Progress alone
+    # 6. One status write, only when something changed; then events from the difference. Progress alone
     #    (counts on the way to Ready) is written at most every progress_status_seconds; meanwhile the pass
     #    asks to run again when the wait is over, and the difference stays for the next one.
     patch = status_patch(ctx.old_status, new_status)
@@ -325,6 +333,31 @@ def reconcile_pass(
         retry=any(t for _, t in refused),
         requeue_after=min((t for t in (plan.requeue_after, ctx.forecast_in, hold) if t), default=None),
     )
+
+
+def _refuse(
+    client: Client, body: Mapping[str, Any], world: World, problems: list[Problem], now: datetime
+) -> Outcome:
+    """A pass that builds nothing (a spec the operator refuses): one status write when it changed, and
+    one Warning event when the refusal is new. No retry: only a new spec or operator settings change it."""
+    ref = ObjectRef.from_body(body)
+    old_status = body.get("status") or {}
+    new_status = refused_status(old_status, ref.generation, problems, now)
+    patch = status_patch(old_status, new_status)
+    written = client.patch_status(ref.namespace, ref.name, patch) if patch else None
+    if written:
+        world.remember(api.KIND, ref.namespace, ref.name, slim(written), resource_version(written))
+        world.status_written((ref.namespace, ref.name), now)
+    if patch and written is None:  # the object is gone
+        return Outcome(problems=problems, writes=0, status=new_status, refused=True)
+    if patch:
+        log.info("Refused to build ChatbotService %s/%s: %s", ref.namespace, ref.name, problems[0].message)
+    for event in pass_events(old_status, new_status):
+        client.post_event(body, event.type, event.reason, event.message, now)
+        log.info(
+            "Posted %s event %s on ChatbotService %s/%s", event.type, event.reason, ref.namespace, ref.name
+        )
+    return Outcome(problems=problems, writes=int(bool(patch)), status=new_status, refused=True)
 
 
 def count_release_transitions(plan: ReleasePlan) -> None:

@@ -36,6 +36,14 @@ class PodSettings:
     """Deployment rolling update maxSurge: one extra GPU pod at a time."""
     max_unavailable: int | str = 0
     """Deployment rolling update maxUnavailable: never below the desired serving capacity."""
+    allowed_host_paths: tuple[str, ...] = field(
+        default_factory=lambda: _env_list("CHATFLEET_ALLOWED_HOST_PATHS")
+    )
+    """Host directory prefixes a spec.model.hostPath may name, on whole path segments ('/data' allows
+    /data and /data/x, not /database; a '..' segment never). Default none: no ChatbotService author may
+    mount a host directory, so the operator builds no Deployment for a spec with one (HostPathNotAllowed).
+    Flag --allowed-host-path (repeatable), env CHATFLEET_ALLOWED_HOST_PATHS (comma-separated); the chart
+    sets it from operator.allowedHostPaths, which also feeds its ValidatingAdmissionPolicy."""
 
 
 @dataclass(frozen=True)
@@ -130,6 +138,47 @@ class AutoscaleSettings:
     keda or hpa: always that one (flag --autoscaler, env CHATFLEET_AUTOSCALER)."""
 
 
+def _env_flag(name: str) -> bool:
+    """A boolean environment variable: true for 1, true or yes (any case), false otherwise and when unset."""
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes")
+
+
+@dataclass(frozen=True)
+class PrometheusSettings:
+    """How the operator connects to the Prometheus each ChatbotService names (spec.analysis.prometheusAddress),
+    for the release analysis and the autoscale forecast. An https:// address has its certificate verified;
+    an http:// address uses none of these but the token."""
+
+    ca_file: str | None = field(
+        default_factory=lambda: os.environ.get("CHATFLEET_PROMETHEUS_CA_FILE") or None
+    )
+    """PEM file of the CA(s) that signed Prometheus' serving certificate; None: the system's CAs (flag
+    --prometheus-ca-file, env CHATFLEET_PROMETHEUS_CA_FILE; the chart mounts it from a ConfigMap or a
+    Secret). Loaded by every new connection, so a renewed CA is used without a restart."""
+    bearer_token_file: str | None = field(
+        default_factory=lambda: os.environ.get("CHATFLEET_PROMETHEUS_BEARER_TOKEN_FILE") or None
+    )
+    """File holding a token sent as `Authorization: Bearer` with every query, e.g. to a proxy that
+    authenticates in front of Prometheus; None: no Authorization header (flag --prometheus-bearer-token-file,
+    env CHATFLEET_PROMETHEUS_BEARER_TOKEN_FILE). Read at every query, so a rotated Secret or projected
+    service-account token is used as soon as the kubelet writes it."""
+    bearer_token_hosts: tuple[str, ...] = field(
+        default_factory=lambda: _env_list("CHATFLEET_PROMETHEUS_BEARER_TOKEN_HOSTS")
+    )
+    """The only hosts the bearer token is sent to, over https only (flag --prometheus-bearer-token-host,
+    repeatable; env CHATFLEET_PROMETHEUS_BEARER_TOKEN_HOSTS, comma-separated; exact names or IPs). A tenant
+    writes spec.analysis.prometheusAddress and may point it at a Service of their own: without this list
+    the operator would hand them its token. Required with a token file; a query to any other address, or
+    over http, goes without it and fails as an analysis error naming this setting."""
+    insecure_skip_verify: bool = field(
+        default_factory=lambda: _env_flag("CHATFLEET_PROMETHEUS_INSECURE_SKIP_VERIFY")
+    )
+    """Skip verifying Prometheus' certificate (default false: verified, and a certificate no trusted CA
+    signed fails the measurement as an Error naming ca_file). The connection is still encrypted but anyone
+    on the path can pose as Prometheus and pass a canary; not together with ca_file (flag
+    --prometheus-insecure-skip-verify, env CHATFLEET_PROMETHEUS_INSECURE_SKIP_VERIFY=true)."""
+
+
 @dataclass(frozen=True)
 class Settings:
     """All settings of one operator process."""
@@ -146,3 +195,5 @@ class Settings:
     """Releases: the Gateway HTTPRoutes attach to, the probe URL, discovery caching."""
     autoscale: AutoscaleSettings = field(default_factory=AutoscaleSettings)
     """Which autoscaler (KEDA, HPA, or discovered)."""
+    prometheus: PrometheusSettings = field(default_factory=PrometheusSettings)
+    """How Prometheus is reached: its CA, a bearer token, verification."""

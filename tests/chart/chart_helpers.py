@@ -35,6 +35,18 @@ VALUE_SETS: dict[str, list[str]] = {
         "monitoring.dashboard.enabled=true",
     ],
     "digest": ["image.digest=sha256:" + "a" * 64, "image.pullPolicy=Always"],
+    "host-paths": ["operator.allowedHostPaths={/data,/srv/models}"],
+    "fleet-networkpolicy": [
+        "networkPolicy.fleets.enabled=true",
+        "networkPolicy.fleets.namespaces={team-a,team-b}",
+        "networkPolicy.fleets.gatewayNamespaces={gateway}",
+    ],
+    "prometheus-tls": [
+        "operator.prometheus.ca.configMap=prometheus-ca",
+        "operator.prometheus.bearerToken.serviceAccountToken.enabled=true",
+        "operator.prometheus.bearerToken.serviceAccountToken.audience=prometheus",
+        "operator.prometheus.bearerToken.hosts={prometheus.monitoring.svc}",
+    ],
 }
 
 

@@ -251,7 +251,12 @@ def test_install_upgrade_uninstall(cluster, release_ns: str) -> None:
     ).stdout
     assert left.strip() == ""
     left = cluster.kubectl(
-        "get", "clusterrole,clusterrolebinding", "-l", f"app.kubernetes.io/instance={release}", "-o", "name"
+        "get",
+        "clusterrole,clusterrolebinding,validatingadmissionpolicy,validatingadmissionpolicybinding",
+        "-l",
+        f"app.kubernetes.io/instance={release}",
+        "-o",
+        "name",
     ).stdout
     assert left.strip() == ""
     assert cluster.kubectl("get", "crd", CRD_NAME, check=False).returncode == 0
@@ -350,13 +355,6 @@ def kstatus_invariant_broken(body: dict[str, Any]) -> str | None:
     return None
 
 
-def condition(cluster, namespace: str, name: str, type_: str) -> dict[str, Any] | None:
-    """The condition of that type when it is True."""
-    status = (get_cbs(cluster, namespace, name) or {}).get("status") or {}
-    found = [c for c in status.get("conditions", []) if c["type"] == type_ and c["status"] == "True"]
-    return found[0] if found else None
-
-
 def ready_at(cluster, namespace: str, name: str, generation: int) -> dict[str, Any] | None:
     """The ChatbotService when Ready=True for `generation`."""
     body = get_cbs(cluster, namespace, name)
@@ -373,7 +371,12 @@ def test_operator_runs_under_the_chart_serviceaccount_with_no_permission_missing
 ) -> None:
     env, release = helm_env(cluster), unique("rbac")
     SEEN.clear()
-    sets = ["watch.scope=namespaces", f"watch.namespaces={{{namespace}}}"]
+    # the chart's admission policy admits the test's hostPath (/models/tiny; the pods are simulated)
+    sets = [
+        "watch.scope=namespaces",
+        f"watch.namespaces={{{namespace}}}",
+        "operator.allowedHostPaths={/models}",
+    ]
     helm(
         "install",
         release,
@@ -395,7 +398,14 @@ def test_operator_runs_under_the_chart_serviceaccount_with_no_permission_missing
     try:
         with open(log, "wb") as fh:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "chatfleet_operator.cli", "run", f"--namespace={namespace}"],
+                [
+                    sys.executable,
+                    "-m",
+                    "chatfleet_operator.cli",
+                    "run",
+                    f"--namespace={namespace}",
+                    "--allowed-host-path=/models",  # as the chart's operator.allowedHostPaths above
+                ],
                 cwd=REPO_ROOT,
                 env={**os.environ, "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1"},
                 stdout=fh,
@@ -404,8 +414,9 @@ def test_operator_runs_under_the_chart_serviceaccount_with_no_permission_missing
         started = services.wait_until(lambda: "Initial authentication has finished" in log.read_text(), 30)
         assert started, log.read_text()[-3000:]
 
-        # create: a chatbot that autoscales and keeps sessions in Redis, whose Secret is missing at first:
-        # Stalled (SecretNotFound) with a Warning event, then Ready once the Secret exists.
+        # create: a chatbot that autoscales and keeps sessions in Redis. No Secret is read, not even the
+        # one it names: the pods name it and the kubelet reads it (simulated pods here start without it;
+        # a real kubelet's CreateContainerConfigError shows in tests/realnode/test_realnode_missing_secret.py).
         cbs = {
             "apiVersion": "chatfleet.io/v1alpha1",
             "kind": "ChatbotService",
@@ -419,16 +430,6 @@ def test_operator_runs_under_the_chart_serviceaccount_with_no_permission_missing
             },
         }
         cluster.kubectl("apply", "-f", "-", input=json.dumps(cbs))
-        stalled = services.wait_until(lambda: condition(cluster, namespace, "rbac-bot", "Stalled"), 60)
-        assert stalled and stalled["reason"] == "SecretNotFound", log.read_text()[-3000:]
-        cluster.kubectl(
-            "create",
-            "secret",
-            "generic",
-            "redis",
-            "--from-literal=url=redis://redis:6379/0",
-            namespace=namespace,
-        )
         # generation 2: the operator set spec.scaling.replicas, the scale its HPA reads and writes
         first = services.wait_until(lambda: ready_at(cluster, namespace, "rbac-bot", 2), 90)
         assert first, (
@@ -499,6 +500,7 @@ def test_operator_runs_under_the_chart_serviceaccount_with_no_permission_missing
     refused = [f"{r.method} {r.path} -> {r.status}" for r in records if r.status in (401, 403)]
     assert not refused, f"requests refused under the chart's ServiceAccount: {refused}"
     assert "forbidden" not in text.lower(), text[-3000:]
+    assert not [r.path for r in records if "/secrets" in r.path], "the operator asked for a Secret"
     created = {r.permission()[1] for r in records if r.creates_by_apply()}
     assert {
         "deployments",
@@ -559,7 +561,12 @@ def test_hot_standby_with_kopf_peering_under_the_chart_serviceaccount(
 ) -> None:
     """replicaCount=2: the standby pauses, serves its liveness probe, and takes over when the leader stops."""
     env, release = helm_env(cluster), unique("ha")
-    sets = ["watch.scope=namespaces", f"watch.namespaces={{{namespace}}}", "replicaCount=2"]
+    sets = [
+        "watch.scope=namespaces",
+        f"watch.namespaces={{{namespace}}}",
+        "replicaCount=2",
+        "operator.allowedHostPaths={/models}",  # the test's hostPath (/models/tiny; simulated pods)
+    ]
     helm(
         "install",
         release,
@@ -603,7 +610,7 @@ def test_hot_standby_with_kopf_peering_under_the_chart_serviceaccount(
         kubeconfig = sa_kubeconfig(tmp_path / f"{name}.kubeconfig", proxies[name].url, token)
         argv = [sys.executable, "-m", "chatfleet_operator.cli", "run", f"--namespace={namespace}"]
         argv += ["--peering=chatfleet-operator", f"--priority={priority}"]
-        argv += [f"--liveness=http://127.0.0.1:{ports[name]}/healthz"]
+        argv += [f"--liveness=http://127.0.0.1:{ports[name]}/healthz", "--allowed-host-path=/models"]
         with open(logs[name], "wb") as fh:
             procs[name] = subprocess.Popen(
                 argv,

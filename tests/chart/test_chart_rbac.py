@@ -3,7 +3,7 @@
 Test design: `operator_permissions()` derives the permissions from the operator's code, not from a copy
 of the chart: kopf's registry (every watched or indexed kind: list + watch; kinds with change handlers,
 if any: patch for kopf's annotations), kube.seed_replicas (patch of a ChatbotService), kube.KINDS (owned
-kinds are server-side applied: patch, plus create when an apply creates; Secrets and ConfigMaps are only read by name;
+kinds are server-side applied: patch, plus create when an apply creates; ConfigMaps are only read by name;
 Events only posted), kinds.DELETABLE (delete), kube.patch_status (status patch), owner references with
 blockOwnerDeletion (finalizers update) and kopf's own needs (CRD discovery; namespaces with scope namespaces; peering with replicas > 1).
 Each rendered rule set must equal that set, per scope. The cluster test in test_chart_cluster.py proves
@@ -46,9 +46,7 @@ def operator_permissions(*, scope: str, peering: bool) -> set[Perm]:
     }
     for kind, (_, plural) in kube.KINDS.items():
         group = group_of[kind]
-        if kind == "Secret":
-            used.add((group, plural, "get"))  # kube.secret_exists: existence check by name
-        elif kind == "ConfigMap":
+        if kind == "ConfigMap":
             used.add((group, plural, "get"))  # kube.config_map_data: spec.analysis.quality.promptsFrom
         elif kind == "Event":
             used.add((group, plural, "create"))  # kube.post_event
@@ -103,9 +101,6 @@ def test_no_wildcards_and_narrow_writes(scope: str, peering: bool, sets: list[st
         for key in ("apiGroups", "resources", "verbs"):
             assert "*" not in rule[key], f"wildcard in {key}: {rule}"
     for group, resource, verb in granted(rules):
-        # Secrets: existence checks only. Never list (that would read every Secret of a namespace).
-        if resource == "secrets":
-            assert verb == "get"
         # No escalation paths: no RBAC, no impersonation, no pods/exec, no tokens.
         assert group != "rbac.authorization.k8s.io" and verb not in ("escalate", "bind", "impersonate")
         assert resource not in ("pods/exec", "pods/attach", "serviceaccounts/token", "nodes/proxy")
@@ -113,6 +108,19 @@ def test_no_wildcards_and_narrow_writes(scope: str, peering: bool, sets: list[st
     for rule in rules:
         if rule["apiGroups"] == ["kopf.dev"] and "patch" in rule["verbs"]:
             assert rule["resourceNames"] == ["chatfleet-operator"]
+
+
+@pytest.mark.parametrize(("scope", "peering", "sets"), CASES)
+def test_no_access_to_secrets(scope: str, peering: bool, sets: list[str]) -> None:
+    """Not even get: the pods name Secrets and the kubelet reads them; a missing one shows in the pods'
+    status (CreateContainerConfigError), so the operator never needs to see one."""
+    from chatfleet_operator import kube
+
+    docs = render(sets)
+    perms = granted(rules_of(docs, "ClusterRole")) | granted(rules_of(docs, "Role"))
+    secrets = sorted(p for p in perms if p[1] == "secrets" or p[1].startswith("secrets/"))
+    assert not secrets, f"the operator's RBAC grants verbs on Secrets: {secrets}"
+    assert "Secret" not in kube.KINDS, "kube.py can address Secrets (kinds.py lists the kind)"
 
 
 def test_namespace_scope_keeps_writes_inside_the_watched_namespaces() -> None:

@@ -1,7 +1,7 @@
 """The chart renders cleanly, keeps the CRDs in sync, runs restricted, and refuses bad values clearly.
 
 Test design: every rendering test runs through the value sets of chart_helpers.VALUE_SETS (default,
-hot standby, namespace scope, monitoring on, image by digest), so a template branch that breaks under
+hot standby, namespace scope, monitoring on, image by digest, Prometheus over https), so a template branch that breaks under
 one of them fails here without a cluster.
 """
 
@@ -34,6 +34,8 @@ class TestLintAndTemplate:
             "ClusterRoleBinding",
             "ClusterKopfPeering",
             "CustomResourceDefinition",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
         }
         for doc in render(sets):
             meta = doc["metadata"]
@@ -157,6 +159,9 @@ class TestOperatorDeployment:
                     "operator.verbose=true",
                     "operator.analysisAllowedHosts={10.0.0.0/8}",
                     "monitoring.operatorPodMonitor.enabled=true",
+                    "operator.prometheus.ca.secret=prometheus-ca",
+                    "operator.prometheus.bearerToken.secret=prometheus-token",
+                    "operator.prometheus.bearerToken.hosts={prometheus.monitoring.svc}",
                 ]
             ),
             "Deployment",
@@ -169,6 +174,119 @@ class TestOperatorDeployment:
             except SystemExit:
                 missing.append(flag.split("=")[0])
         assert not missing, f"the operator CLI lacks {missing}"
+
+
+def pod_of(docs: list[dict]) -> dict:
+    """The operator pod's spec."""
+    return one(docs, "Deployment")["spec"]["template"]["spec"]
+
+
+def mounted(pod: dict, flag: str) -> tuple[str, dict]:
+    """(the file a --FLAG=FILE arg names, the volume mounted over its folder)."""
+    container = pod["containers"][0]
+    (path,) = [a.split("=", 1)[1] for a in container["args"] if a.startswith(f"{flag}=")]
+    (mount,) = [m for m in container["volumeMounts"] if path.startswith(m["mountPath"] + "/")]
+    assert mount["readOnly"] is True
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert path == f"{mount['mountPath']}/" + path.rsplit("/", 1)[1]
+    return path.rsplit("/", 1)[1], volume
+
+
+class TestPrometheusConnection:
+    """operator.prometheus: the CA and the token become files in the pod, and the flags name them."""
+
+    def test_default_verifies_with_the_system_cas_and_sends_no_token(self) -> None:
+        pod = pod_of(render())
+        assert not [a for a in pod["containers"][0]["args"] if a.startswith("--prometheus")]
+        assert [v["name"] for v in pod["volumes"]] == ["tmp"]
+
+    def test_ca_from_a_config_map_and_the_projected_service_account_token(self) -> None:
+        pod = pod_of(render(VALUE_SETS["prometheus-tls"]))
+        name, ca = mounted(pod, "--prometheus-ca-file")
+        assert ca["configMap"] == {"name": "prometheus-ca", "items": [{"key": "ca.crt", "path": name}]}
+        name, token = mounted(pod, "--prometheus-bearer-token-file")
+        assert token["projected"]["sources"] == [
+            {"serviceAccountToken": {"path": name, "expirationSeconds": 3600, "audience": "prometheus"}}
+        ]
+        assert "--prometheus-insecure-skip-verify" not in pod["containers"][0]["args"]
+
+    def test_ca_and_token_from_secrets(self) -> None:
+        pod = pod_of(
+            render(
+                [
+                    "operator.prometheus.ca.secret=prom-tls",
+                    "operator.prometheus.ca.key=bundle.pem",
+                    "operator.prometheus.bearerToken.secret=prom-token",
+                    "operator.prometheus.bearerToken.key=bearer",
+                    "operator.prometheus.bearerToken.hosts={prometheus.monitoring.svc}",
+                ]
+            )
+        )
+        name, ca = mounted(pod, "--prometheus-ca-file")
+        assert ca["secret"] == {"secretName": "prom-tls", "items": [{"key": "bundle.pem", "path": name}]}
+        name, token = mounted(pod, "--prometheus-bearer-token-file")
+        assert token["secret"] == {
+            "secretName": "prom-token",
+            "defaultMode": 0o440,  # the operator's group (fsGroup) reads it, nobody else
+            "items": [{"key": "bearer", "path": name}],
+        }
+
+    def test_the_flags_give_the_operator_the_mounted_files(self) -> None:
+        from chatfleet_operator import cli
+
+        args = pod_of(render(VALUE_SETS["prometheus-tls"]))["containers"][0]["args"]
+        prometheus = cli.build_settings(cli.parse_args(args)).prometheus
+        assert prometheus.ca_file == "/etc/chatfleet/prometheus/ca/ca.crt"
+        assert prometheus.bearer_token_file == "/etc/chatfleet/prometheus/token/token"
+        assert prometheus.bearer_token_hosts == ("prometheus.monitoring.svc",)
+        assert prometheus.insecure_skip_verify is False
+
+    def test_a_token_needs_the_hosts_it_may_go_to(self) -> None:
+        """A ChatbotService's author chooses its Prometheus address: without hosts the token could go to
+        a Service of theirs."""
+        proc = helm(
+            "template",
+            "cf",
+            str(CHART),
+            *set_flags(["operator.prometheus.bearerToken.secret=t"]),
+            check=False,
+        )
+        assert proc.returncode != 0 and "operator.prometheus.bearerToken.hosts" in proc.stderr
+
+    def test_insecure_skip_verify_is_a_flag_and_mounts_nothing(self) -> None:
+        pod = pod_of(render(["operator.prometheus.insecureSkipVerify=true"]))
+        assert [a for a in pod["containers"][0]["args"] if a.startswith("--prometheus")] == [
+            "--prometheus-insecure-skip-verify"
+        ]
+        assert [v["name"] for v in pod["volumes"]] == ["tmp"]
+
+    @pytest.mark.parametrize(
+        ("sets", "message"),
+        [
+            pytest.param(
+                ["operator.prometheus.ca.configMap=a", "operator.prometheus.ca.secret=b"],
+                "operator.prometheus.ca names both a configMap and a secret",
+                id="ca-twice",
+            ),
+            pytest.param(
+                ["operator.prometheus.ca.secret=a", "operator.prometheus.insecureSkipVerify=true"],
+                "operator.prometheus.insecureSkipVerify is set with operator.prometheus.ca",
+                id="ca-and-skip",
+            ),
+            pytest.param(
+                [
+                    "operator.prometheus.bearerToken.secret=a",
+                    "operator.prometheus.bearerToken.serviceAccountToken.enabled=true",
+                ],
+                "operator.prometheus.bearerToken names a secret and enables serviceAccountToken",
+                id="token-twice",
+            ),
+        ],
+    )
+    def test_conflicting_values_fail_with_an_explanation(self, sets: list[str], message: str) -> None:
+        proc = helm("template", "cf", str(CHART), *set_flags(sets), check=False)
+        assert proc.returncode != 0, f"{shlex.join(sets)} was accepted"
+        assert message in proc.stderr, proc.stderr
 
 
 BAD_VALUES = [
@@ -195,6 +313,14 @@ BAD_VALUES = [
         ["monitoring.prometheusRule.gpuUtilizationFor=five minutes"],
         "/monitoring/prometheusRule/gpuUtilizationFor",
         id="duration-pattern",
+    ),
+    pytest.param(
+        ["operator.prometheus.bearerToken.serviceAccountToken.expirationSeconds=60"],
+        "/operator/prometheus/bearerToken/serviceAccountToken/expirationSeconds",
+        id="token-lifetime-below-the-api-minimum",
+    ),
+    pytest.param(
+        ["operator.prometheus.ca.configMap=Not_A_Name"], "/operator/prometheus/ca/configMap", id="ca-name"
     ),
     pytest.param(["replicas=2"], "additional properties 'replicas' not allowed", id="typo-top-level"),
     pytest.param(

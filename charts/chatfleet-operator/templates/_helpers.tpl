@@ -71,6 +71,30 @@ app.kubernetes.io/component: operator
 {{- if and (eq .Values.watch.scope "cluster") .Values.watch.namespaces }}
 {{- fail "watch.namespaces is set but watch.scope is cluster (which watches every namespace): set watch.scope=namespaces to watch only the listed namespaces, or empty watch.namespaces" }}
 {{- end }}
+{{- $prom := .Values.operator.prometheus }}
+{{- if and $prom.ca.configMap $prom.ca.secret }}
+{{- fail "operator.prometheus.ca names both a configMap and a secret: set one of them" }}
+{{- end }}
+{{- if and $prom.insecureSkipVerify (or $prom.ca.configMap $prom.ca.secret) }}
+{{- fail "operator.prometheus.insecureSkipVerify is set with operator.prometheus.ca: a CA verifies the certificate that insecureSkipVerify ignores; set one of them" }}
+{{- end }}
+{{- if and $prom.bearerToken.secret $prom.bearerToken.serviceAccountToken.enabled }}
+{{- fail "operator.prometheus.bearerToken names a secret and enables serviceAccountToken: set one of them" }}
+{{- end }}
+{{- if and (or $prom.bearerToken.secret $prom.bearerToken.serviceAccountToken.enabled) (not $prom.bearerToken.hosts) }}
+{{- fail "operator.prometheus.bearerToken.hosts: list the hosts the token may be sent to (over https only): a ChatbotService's author chooses its Prometheus address" }}
+{{- end }}
+{{- end }}
+
+{{/* Where the operator pod finds the Prometheus CA bundle and bearer token (empty when not configured). */}}
+{{- define "chatfleet.prometheusCaFile" -}}
+{{- $ca := .Values.operator.prometheus.ca }}
+{{- if or $ca.configMap $ca.secret }}/etc/chatfleet/prometheus/ca/ca.crt{{ end }}
+{{- end }}
+
+{{- define "chatfleet.prometheusTokenFile" -}}
+{{- $t := .Values.operator.prometheus.bearerToken }}
+{{- if or $t.serviceAccountToken.enabled $t.secret }}/etc/chatfleet/prometheus/token/token{{ end }}
 {{- end }}
 
 {{/* "true" when the operator serves /metrics and the chart scrapes them: monitoring.operatorPodMonitor.enabled

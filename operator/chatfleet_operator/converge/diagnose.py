@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -27,6 +28,60 @@ def referenced_secrets(spec: ChatbotServiceSpec) -> dict[str, str]:
     if spec.model.credentials_secret:
         refs[spec.model.credentials_secret] = "spec.model.credentialsSecret"
     return refs
+
+
+#: The kubelet's CreateContainerConfigError messages about a Secret an env var or envFrom names:
+#: 'secret "redis" not found', and "couldn't find key url in Secret team-a/redis".
+SECRET_MISSING = re.compile(r'secret "(?P<name>[^"]+)" not found')
+SECRET_KEY_MISSING = re.compile(r"couldn't find key (?P<key>\S+) in Secret (?:[^/\s]+/)?(?P<name>\S+)")
+
+
+def missing_secret(pod: PodFacts) -> tuple[str, str] | None:
+    """(Secret name, missing key or '') a pod's CreateContainerConfigError names; None for any other state.
+
+    The operator never reads Secrets: the kubelet tells which one is missing when it starts the pod.
+    e.g. 'secret "r" not found' -> ('r', ''); "couldn't find key url in Secret ns/r" -> ('r', 'url').
+    """
+    if pod.deleting or pod.waiting_reason != "CreateContainerConfigError":
+        return None
+    if found := SECRET_MISSING.search(pod.waiting_message):
+        return found["name"], ""
+    if found := SECRET_KEY_MISSING.search(pod.waiting_message):
+        return found["name"], found["key"]
+    return None
+
+
+def secret_problems(spec: ChatbotServiceSpec, pods: Iterable[PodFacts]) -> list[Problem]:
+    """One problem per missing Secret (or key) the pods report, naming the spec field that names it.
+
+    e.g. pod p-1 waiting 'secret "r" not found', spec.runtime.sessions.redis.secretName r -> SecretNotFound
+    "Secret 'r' named by spec.runtime.sessions.redis.secretName does not exist (pod p-1)".
+    """
+    refs = referenced_secrets(spec)
+    first: dict[tuple[str, str], str] = {}
+    for pod in sorted(pods, key=lambda p: p.name):
+        if (missing := missing_secret(pod)) is not None:
+            first.setdefault(missing, pod.name)
+    problems = []
+    for (name, key), pod_name in sorted(first.items()):
+        field = refs.get(name, "the spec")
+        if not key:
+            problems.append(
+                Problem(
+                    Reason.SECRET_NOT_FOUND,
+                    f"Secret {name!r} named by {field} does not exist (pod {pod_name})",
+                )
+            )
+            continue
+        if field == "spec.runtime.sessions.redis.secretName":
+            field += " (key: spec.runtime.sessions.redis.key)"
+        problems.append(
+            Problem(
+                Reason.SECRET_KEY_NOT_FOUND,
+                f"Secret {name!r} named by {field} has no key {key!r} (pod {pod_name})",
+            )
+        )
+    return problems
 
 
 def candidate_nodes(spec: ChatbotServiceSpec, nodes: Iterable[NodeFacts]) -> list[NodeFacts]:
@@ -66,17 +121,6 @@ def placement_problems(spec: ChatbotServiceSpec, nodes: Iterable[NodeFacts]) -> 
     return []
 
 
-def secret_problems(spec: ChatbotServiceSpec, missing: Iterable[str]) -> list[Problem]:
-    """One problem per referenced Secret that does not exist."""
-    refs = referenced_secrets(spec)
-    return [
-        Problem(
-            Reason.SECRET_NOT_FOUND, f"Secret {name!r} named by {refs.get(name, 'the spec')} does not exist"
-        )
-        for name in sorted(missing)
-    ]
-
-
 def pod_problems(
     spec: ChatbotServiceSpec, pods: Iterable[PodFacts], deployment: DeploymentFacts | None
 ) -> list[Problem]:
@@ -89,13 +133,18 @@ def pod_problems(
         if pod.waiting_reason in IMAGE_PULL_REASONS and Reason.IMAGE_PULL_FAILED not in seen:
             seen.add(Reason.IMAGE_PULL_FAILED)
             detail = f": {pod.waiting_message}" if pod.waiting_message else ""
+            # A missing imagePullSecret shows here: the kubelet pulls without it, and a private registry refuses.
+            pull_secrets = spec.runtime.image_pull_secrets
+            creds = f"; check spec.runtime.imagePullSecrets {list(pull_secrets)}" if pull_secrets else ""
             problems.append(
                 Problem(
                     Reason.IMAGE_PULL_FAILED,
                     f"Image {spec.runtime.image!r} (spec.runtime.image) cannot be pulled "
-                    f"({pod.waiting_reason}){detail}",
+                    f"({pod.waiting_reason}){detail}{creds}",
                 )
             )
+        elif missing_secret(pod) is not None:
+            continue  # secret_problems reports it, naming the Secret and the spec field
         elif (
             pod.waiting_reason == "CreateContainerConfigError"
             and Reason.CREATE_CONTAINER_CONFIG_ERROR not in seen
@@ -127,12 +176,12 @@ def diagnose(
     nodes: Iterable[NodeFacts],
     pods: Iterable[PodFacts],
     deployment: DeploymentFacts | None,
-    missing_secrets: Iterable[str] = (),
 ) -> list[Problem]:
     """All problems, most fundamental first (placement, secrets, then pods)."""
+    pods = list(pods)
     return [
         *placement_problems(spec, nodes),
-        *secret_problems(spec, missing_secrets),
+        *secret_problems(spec, pods),
         *pod_problems(spec, pods, deployment),
     ]
 

@@ -396,6 +396,36 @@ def error_status(
     return status
 
 
+def refused_status(
+    old: Mapping[str, Any] | None, generation: int, problems: Sequence[Problem], now: datetime
+) -> dict[str, Any]:
+    """The status after a pass that refused to build the spec (converge/policy.py): Ready=False,
+    Reconciling=False and Stalled=True with the first problem's reason and every problem's message.
+
+    Nothing was applied, so everything else is kept as the last pass left it (counts, release facts);
+    `observedGeneration` is advanced, since the generation was judged: kstatus then reads Stalled as final.
+    Over an unchanged refusal the result equals `old` (no write, no event).
+    Example: old Ready=True at generation 1; generation 2 with hostPath '/etc' -> Ready=False and
+    Stalled=True (HostPathNotAllowed, "spec.model.hostPath '/etc' ..."), observedGeneration 2.
+    """
+    old = dict(old or {})
+    first, text = problems[0].reason, "; ".join(p.message for p in problems)
+    replaced = {
+        COND_READY: condition(COND_READY, False, first, text, generation),
+        COND_RECONCILING: condition(
+            COND_RECONCILING, False, first, "Waiting for a new spec or new operator settings", generation
+        ),
+        COND_STALLED: condition(COND_STALLED, True, first, text, generation),
+    }
+    kept = {c.get("type"): c for c in old.get("conditions") or []}
+    wanted = [replaced.get(t) or kept.get(t) for t in CONDITION_ORDER]
+    extra = [c for t, c in kept.items() if t not in CONDITION_ORDER]
+    conditions = merge_conditions(old.get("conditions") or [], [c for c in wanted if c] + extra, now)
+    status = {**old, "observedGeneration": generation, "conditions": conditions}
+    status["phase"] = derive_phase(status)
+    return status
+
+
 @dataclass(frozen=True)
 class EventIntent:
     """A Kubernetes Event to post on the ChatbotService (status-derived and release events alike)."""

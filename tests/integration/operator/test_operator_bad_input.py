@@ -48,20 +48,22 @@ def test_unsatisfiable_placement(kube, resources, reason, words):
     assert len(warnings) == 1 and warnings[0].get("count", 1) == 1
 
 
-def test_missing_secret_then_created(kube):
-    kube.apply(chatbot("bot", runtime={"sessions": {"redis": {"secretName": "redis-url"}}}))
-    cond = stalled(kube, "bot", "SecretNotFound")
-    assert "spec.runtime.sessions.redis.secretName" in cond["message"]
-    assert any(e["reason"] == "SecretNotFound" for e in kube.events("bot"))
-    kube.apply(
-        {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {"name": "redis-url"},
-            "stringData": {"url": "redis://r:6379"},
-        }
-    )
-    kube.wait_ready("bot", timeout=60)  # picked up by the backoff retry (5 s, 10 s, 20 s ...)
+def test_host_path_outside_the_allowed_prefixes_builds_nothing_until_the_spec_changes(kube):
+    """The operator (--allowed-host-path: the local platform's prefixes) refuses /etc: one condition and
+    one Warning event naming spec.model.hostPath, no Deployment, no retries; a fixed spec then converges.
+    (A missing Secret is diagnosed from real pods: tests/realnode/test_realnode_missing_secret.py.)"""
+    kube.apply(chatbot("bot", model={"hostPath": "/etc/kubernetes"}))
+    cond = stalled(kube, "bot", "HostPathNotAllowed")
+    assert "spec.model.hostPath '/etc/kubernetes'" in cond["message"] and "/models" in cond["message"]
+    ready = kube.condition("bot", "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "HostPathNotAllowed")
+    time.sleep(6)  # a pass would have retried by now (5 s): it does not, and nothing is built
+    assert kube.get("deployment", "bot") is None
+    warnings = [e for e in kube.events("bot") if e["reason"] == "HostPathNotAllowed"]
+    assert [e["type"] for e in warnings] == ["Warning"] and warnings[0].get("count", 1) == 1
+    assert "spec.model.hostPath" in warnings[0]["message"]
+    kube.apply(chatbot("bot", model={"hostPath": "/models/tiny"}))
+    kube.wait_ready("bot", timeout=30)
     assert kube.condition("bot", "Stalled")["status"] == "False"
 
 

@@ -2,13 +2,12 @@
 
 Test design: these tests drive `Controller.attempt` (one pass and its retry) with the real API module
 `kube.py`, in a solo-* namespace no operator process watches. A failing pass is injected by a client
-whose Secret check raises; everything else (status writes, events, Secret reads) is the real API server.
+whose apply raises; everything else (status writes, events) is the real API server.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 import pytest
@@ -28,12 +27,12 @@ def api(chatfleet_crd, solo_namespace) -> Kube:
 
 
 class InjectedFailure:
-    """The real API module, except that the Secret check raises (as a bug in a pass would)."""
+    """The real API module, except that apply raises (as a bug in a pass would)."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(kube, name)
 
-    def secret_exists(self, namespace: str, name: str) -> bool:
+    def apply(self, manifest: Any) -> dict[str, Any]:
         raise RuntimeError("injected failure\nsecond line")
 
 
@@ -44,15 +43,7 @@ def attempt(controller: Controller, api: Kube) -> Retry | None:
 
 
 def test_a_pass_that_raises_shows_in_status_and_one_event(api):
-    api.apply(
-        {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {"name": "redis"},
-            "stringData": {"url": "redis://x"},
-        },
-        chatbot("bot", runtime={"sessions": {"redis": {"secretName": "redis"}}}),
-    )
+    api.apply(chatbot("bot", runtime={"sessions": {"redis": {"secretName": "redis"}}}))
     failing = Controller(Settings(), InjectedFailure())
     delays = []
     for _ in range(3):
@@ -76,20 +67,26 @@ def test_a_pass_that_raises_shows_in_status_and_one_event(api):
     assert {c["type"]: c["reason"] for c in status["conditions"]}["Stalled"] != "ReconcileError"
 
 
-def test_secret_existence_check_never_receives_the_secret(api):
-    # Applied with kubectl apply: the value is in the data and in the last-applied-configuration annotation.
+def test_a_pass_never_asks_for_a_secret(api, monkeypatch):
+    """A spec naming Secrets (Redis URL, model credentials, image pull) is reconciled without one request
+    about a Secret: the pods name them and the kubelet reads them (the chart grants no access to Secrets)."""
+    paths: list[str] = []
+    request = kube.request
+
+    def recorded(method: str, path: str, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        paths.append(f"{method} {path}")
+        return request(method, path, *args, **kwargs)
+
+    monkeypatch.setattr(kube, "request", recorded)
     api.apply(
-        {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {"name": "creds"},
-            "stringData": {"token": "s3cr3t-value"},
-        }
+        chatbot(
+            "bot",
+            model={"uri": "hf://org/tiny", "credentialsSecret": "hub"},
+            runtime={"sessions": {"redis": {"secretName": "redis"}}, "imagePullSecrets": ["regcred"]},
+        )
     )
-    got = kube.secret_summary(api.ns, "creds")
-    assert got is not None and got["kind"] == "Table", got
-    text = json.dumps(got)
-    assert "s3cr3t" not in text and "czNjcjN0" not in text  # neither the value nor its base64
-    assert [row.get("object") for row in got["rows"]] == [None]
-    assert kube.secret_exists(api.ns, "creds") is True
-    assert kube.secret_exists(api.ns, "absent") is False
+    attempt(Controller(Settings(), kube), api)  # (no node index here: it may report NoMatchingGPUNodes)
+    assert any("/deployments/bot" in p for p in paths), paths  # the pass did run and apply
+    assert not [p for p in paths if "/secrets" in p], paths
+    dep = api.get("deployment", "bot")
+    assert dep["spec"]["template"]["spec"]["imagePullSecrets"] == [{"name": "regcred"}]

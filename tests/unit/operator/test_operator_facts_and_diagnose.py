@@ -21,6 +21,24 @@ NODES = [
 ]
 
 
+#: A spec naming two Secrets the pods need: the Redis URL and the model credentials.
+SECRET_SPEC = ChatbotServiceSpec.from_dict(
+    {
+        "model": {"uri": "hf://a/b", "credentialsSecret": "hub"},
+        "runtime": {"sessions": {"redis": {"secretName": "redis"}}},
+    }
+)
+
+
+def config_error(message: str) -> dict:
+    """A pod status whose container waits in CreateContainerConfigError with the kubelet's message."""
+    return {
+        "containerStatuses": [
+            {"state": {"waiting": {"reason": "CreateContainerConfigError", "message": message}}}
+        ]
+    }
+
+
 def spec(**resources) -> ChatbotServiceSpec:
     """Spec with the given resources."""
     return ChatbotServiceSpec.from_dict({"model": {"uri": "hf://a/b"}, "resources": resources})
@@ -123,13 +141,68 @@ class TestDiagnose:
         (problem,) = diagnose(spec(gpuProduct="NVIDIA-B200"), NODES, [], None)
         assert "spec.resources.gpuProduct" in problem.message and "NVIDIA-L4" in problem.message
 
-    def test_missing_secret(self):
+    def test_no_pod_no_secret_problem(self):
+        """The operator reads no Secret: before a pod reports one missing, nothing is known."""
+        assert diagnose(SECRET_SPEC, NODES, [], None) == []
+
+    @pytest.mark.parametrize(
+        ("message", "reason", "names"),
+        [
+            pytest.param(
+                'secret "redis" not found',
+                Reason.SECRET_NOT_FOUND,
+                ["Secret 'redis'", "spec.runtime.sessions.redis.secretName", "does not exist", "pod p-1"],
+                id="redis-secret",
+            ),
+            pytest.param(
+                'secret "hub" not found',
+                Reason.SECRET_NOT_FOUND,
+                ["Secret 'hub'", "spec.model.credentialsSecret", "does not exist"],
+                id="credentials-secret",
+            ),
+            pytest.param(
+                "couldn't find key url in Secret team-a/redis",
+                Reason.SECRET_KEY_NOT_FOUND,
+                [
+                    "Secret 'redis'",
+                    "spec.runtime.sessions.redis.secretName",
+                    "spec.runtime.sessions.redis.key",
+                    "no key 'url'",
+                ],
+                id="redis-key",
+            ),
+        ],
+    )
+    def test_missing_secret_from_the_pod_status(self, message, reason, names):
+        """A pod waiting in CreateContainerConfigError names the Secret; the problem names the spec field."""
+        pod = pod_facts({"metadata": {"name": "p-1"}, "status": config_error(message)})
+        (problem,) = diagnose(SECRET_SPEC, NODES, [pod], None)
+        assert problem.reason == reason
+        for part in names:
+            assert part in problem.message
+
+    def test_missing_secret_reported_once_for_many_pods(self):
+        pods = [
+            pod_facts({"metadata": {"name": n}, "status": config_error('secret "redis" not found')})
+            for n in ("p-2", "p-1")
+        ]
+        (problem,) = diagnose(SECRET_SPEC, NODES, pods, None)
+        assert problem.message.endswith("(pod p-1)")
+
+    def test_other_config_errors_stay_config_errors(self):
+        pod = pod_facts({"metadata": {"name": "p"}, "status": config_error('configmap "x" not found')})
+        (problem,) = diagnose(SECRET_SPEC, NODES, [pod], None)
+        assert problem.reason == Reason.CREATE_CONTAINER_CONFIG_ERROR
+
+    def test_image_pull_names_the_pull_secrets(self):
+        """A missing imagePullSecret shows as an image pull failure; the message points at the field."""
         s = ChatbotServiceSpec.from_dict(
-            {"model": {"uri": "hf://a/b"}, "runtime": {"sessions": {"redis": {"secretName": "r"}}}}
+            {"model": {"uri": "hf://a/b"}, "runtime": {"imagePullSecrets": ["regcred"]}}
         )
-        (problem,) = diagnose(s, NODES, [], None, missing_secrets=["r"])
-        assert problem.reason == Reason.SECRET_NOT_FOUND
-        assert "spec.runtime.sessions.redis.secretName" in problem.message
+        status = {"containerStatuses": [{"state": {"waiting": {"reason": "ErrImagePull", "message": "401"}}}]}
+        (problem,) = diagnose(s, NODES, [pod_facts({"metadata": {"name": "p"}, "status": status})], None)
+        assert problem.reason == Reason.IMAGE_PULL_FAILED
+        assert "spec.runtime.imagePullSecrets ['regcred']" in problem.message
 
     @pytest.mark.parametrize(
         ("pod_status", "reason"),

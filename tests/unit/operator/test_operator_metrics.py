@@ -73,9 +73,6 @@ class FakeClient:
     def patch_status(self, namespace, name, patch):
         return {}
 
-    def secret_exists(self, namespace, name):
-        return True
-
     def seed_replicas(self, namespace, name, replicas):
         pass
 
@@ -264,7 +261,7 @@ def test_a_good_canary_moves_started_promoted_and_the_successful_figures():
 
 
 class ControllerClient(FakeClient):
-    """A fake API client whose Secret check can block (a hung pass) or raise (a failing pass)."""
+    """A fake API client whose apply can block (a hung pass) or raise (a failing pass)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -272,15 +269,15 @@ class ControllerClient(FakeClient):
         self.blocking = False
         self.failing = False
 
-    def secret_exists(self, namespace, name):
+    def apply(self, manifest):
         if self.failing:
             raise RuntimeError("injected failure")
         if self.blocking:
             assert self.release_pass.wait(10), "the test never let the pass go"
-        return True
+        return super().apply(manifest)
 
 
-SECRET_SPEC = {"model": {"uri": "hf://org/model"}, "runtime": {"sessions": {"redis": {"secretName": "r"}}}}
+SPEC = {"model": {"uri": "hf://org/model"}, "runtime": {"sessions": {"redis": {"secretName": "r"}}}}
 
 
 def controller_with_nodes(client: ControllerClient) -> Controller:
@@ -299,12 +296,12 @@ def test_passes_are_counted_by_trigger_and_result_and_timed():
         ("chatfleet_operator_reconcile_passes_total", {"trigger": "handler", "result": "error"}),
         ("chatfleet_operator_reconcile_duration_seconds_count", {}),
     )
-    assert asyncio.run(controller.attempt(("ns", "bot"), cbs_body(SECRET_SPEC))) is None
+    assert asyncio.run(controller.attempt(("ns", "bot"), cbs_body(SPEC))) is None
     no_such_gpu = {"model": {"uri": "hf://org/model"}, "resources": {"gpuProduct": "NVIDIA-B200"}}
     retry = asyncio.run(controller.attempt(("ns", "b200"), cbs_body(no_such_gpu, name="b200")))
     assert retry is not None and "NoMatchingGPUNodes" in retry.why
     client.failing = True
-    retry = asyncio.run(controller.attempt(("ns", "failing"), cbs_body(SECRET_SPEC, name="failing")))
+    retry = asyncio.run(controller.attempt(("ns", "failing"), cbs_body(SPEC, name="failing")))
     assert retry is not None and "injected failure" in retry.why
     assert series.moved() == [1, 1, 1, 3]
     assert value("chatfleet_operator_queue_depth") == 0 and value("chatfleet_operator_reconcile_running") == 0
@@ -318,8 +315,8 @@ def test_a_pass_that_does_not_end_shows_in_the_queue_and_the_oldest_pass():
     controller = controller_with_nodes(client)
 
     async def scenario() -> tuple[float, float, float, float, float]:
-        first = asyncio.create_task(controller.run_pass(("ns", "bot"), cbs_body(SECRET_SPEC)))
-        second = asyncio.create_task(controller.run_pass(("ns", "bot"), cbs_body(SECRET_SPEC)))
+        first = asyncio.create_task(controller.run_pass(("ns", "bot"), cbs_body(SPEC)))
+        second = asyncio.create_task(controller.run_pass(("ns", "bot"), cbs_body(SPEC)))
         await asyncio.sleep(0.3)
         seen = (
             value("chatfleet_operator_reconcile_running"),

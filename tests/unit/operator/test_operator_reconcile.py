@@ -15,9 +15,9 @@ import pytest
 from chatfleet_operator.api import ApiError, Reason
 from chatfleet_operator.cache import Snapshot, World
 from chatfleet_operator.controller import Controller, backoff_delay
-from chatfleet_operator.converge.facts import NodeFacts
+from chatfleet_operator.converge.facts import NodeFacts, PodFacts
 from chatfleet_operator.reconcile import Gone, reconcile_pass
-from chatfleet_operator.settings import RetrySettings, Settings
+from chatfleet_operator.settings import PodSettings, RetrySettings, Settings
 from operator_helpers import as_observed, cbs_body
 
 NOW = datetime(2026, 11, 21, 10, 0, tzinfo=UTC)
@@ -27,8 +27,8 @@ NODES = [NodeFacts("gpu-node-0", {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HB
 class FakeClient:
     """Records writes; applies echo the manifest back with a growing resourceVersion."""
 
-    def __init__(self, secrets: tuple[str, ...] = (), refuse: int | None = None) -> None:
-        self.secrets, self.refuse = set(secrets), refuse
+    def __init__(self, refuse: int | None = None) -> None:
+        self.refuse = refuse
         self.writes: list[tuple[str, Any]] = []
         self.rv = 100
 
@@ -46,9 +46,6 @@ class FakeClient:
     def patch_status(self, namespace, name, patch):
         self.writes.append(("status", patch))
         return {}
-
-    def secret_exists(self, namespace, name):
-        return name in self.secrets
 
     def seed_replicas(self, namespace, name, replicas):
         self.writes.append(("seed", replicas))
@@ -146,11 +143,6 @@ class TestReconcilePass:
                 Reason.INSUFFICIENT_GPUS,
                 id="too-many-gpus",
             ),
-            pytest.param(
-                {"model": {"uri": "hf://a/b"}, "runtime": {"sessions": {"redis": {"secretName": "nope"}}}},
-                Reason.SECRET_NOT_FOUND,
-                id="missing-secret",
-            ),
         ],
     )
     def test_unsatisfiable_sets_stalled_and_one_warning(self, spec, reason):
@@ -160,6 +152,30 @@ class TestReconcilePass:
         stalled = next(c for c in outcome.status["conditions"] if c["type"] == "Stalled")
         assert (stalled["status"], stalled["reason"]) == ("True", reason)
         assert [w[1] for w in client.writes if w[0] == "event"] == [("Warning", reason)]
+
+    def test_a_missing_secret_comes_from_the_pods_status_and_names_the_field(self):
+        """The client has no Secret call at all: the kubelet's CreateContainerConfigError tells."""
+        assert not hasattr(FakeClient(), "secret_exists")
+        spec = {"model": {"uri": "hf://a/b"}, "runtime": {"sessions": {"redis": {"secretName": "nope"}}}}
+        client = FakeClient()
+        assert run(cbs_body(spec), client).problems == []  # no pod yet: nothing known, the pods are built
+        assert ("apply", ("Deployment", "bot")) in client.writes
+        pod = PodFacts(
+            "bot-1",
+            "r",
+            "stable",
+            "Pending",
+            False,
+            waiting_reason="CreateContainerConfigError",
+            waiting_message='secret "nope" not found',
+        )
+        client = FakeClient()
+        outcome = run(cbs_body(spec), client, Snapshot(nodes=NODES, pods=[pod]))
+        assert [p.reason for p in outcome.problems] == [Reason.SECRET_NOT_FOUND]
+        stalled = next(c for c in outcome.status["conditions"] if c["type"] == "Stalled")
+        assert (stalled["status"], stalled["reason"]) == ("True", Reason.SECRET_NOT_FOUND)
+        assert "Secret 'nope' named by spec.runtime.sessions.redis.secretName" in stalled["message"]
+        assert [w[1] for w in client.writes if w[0] == "event"] == [("Warning", Reason.SECRET_NOT_FOUND)]
 
     def test_invalid_object_is_a_problem_not_a_crash(self):
         outcome = run(cbs_body(), FakeClient(refuse=422))
@@ -247,10 +263,68 @@ class TestBackoff:
 
 
 class FailingClient(FakeClient):
-    """A client whose Secret lookup raises, as a bug in a pass would."""
+    """A client whose apply raises something other than an API error, as a bug in a pass would."""
 
-    def secret_exists(self, namespace, name):
+    def apply(self, manifest):
         raise ValueError("injected failure\nwith a second line")
+
+
+def allowing(*prefixes: str) -> Settings:
+    """Settings whose operator allows these host path prefixes (--allowed-host-path)."""
+    return Settings(pod=PodSettings(allowed_host_paths=prefixes))
+
+
+class TestHostPathPolicy:
+    """spec.model.hostPath outside the operator's allowed prefixes: nothing built, one status, one event."""
+
+    @pytest.mark.parametrize(
+        ("path", "allowed"),
+        [
+            pytest.param("/models/tiny", (), id="none-allowed-by-default"),
+            pytest.param("/etc", ("/models",), id="outside"),
+            pytest.param("/modelsx", ("/models",), id="prefix-not-on-a-segment"),
+            pytest.param("/models/../etc", ("/models",), id="dot-dot"),
+        ],
+    )
+    def test_refused_builds_nothing_and_names_the_field(self, path, allowed):
+        client = FakeClient()
+        body = cbs_body({"model": {"hostPath": path}})
+        outcome = reconcile_pass(client, body, Snapshot(nodes=NODES), World(), allowing(*allowed), NOW)
+        assert outcome.refused and [p.reason for p in outcome.problems] == [Reason.HOST_PATH_NOT_ALLOWED]
+        assert [w[0] for w in client.writes] == ["status", "event"]  # no apply: no Deployment, no Service
+        ready = next(c for c in outcome.status["conditions"] if c["type"] == "Ready")
+        assert (ready["status"], ready["reason"]) == ("False", Reason.HOST_PATH_NOT_ALLOWED)
+        assert f"spec.model.hostPath {path!r}" in ready["message"]
+        assert outcome.status["observedGeneration"] == 1 and outcome.status["phase"] == "Failed"
+        assert client.writes[1][1] == ("Warning", Reason.HOST_PATH_NOT_ALLOWED)
+
+    def test_allowed_prefix_builds_the_deployment(self):
+        client = FakeClient()
+        body = cbs_body({"model": {"hostPath": "/models/tiny"}})
+        outcome = reconcile_pass(client, body, Snapshot(nodes=NODES), World(), allowing("/models"), NOW)
+        assert outcome.problems == [] and not outcome.refused
+        assert ("apply", ("Deployment", "bot")) in client.writes
+
+    def test_refusal_is_not_retried_and_a_second_pass_writes_nothing(self):
+        """No hot loop: no retry timer, and a pass over the refused status (a pod event) writes nothing."""
+        client = FakeClient()
+        controller = Controller(Settings(), client)
+        body = cbs_body({"model": {"hostPath": "/etc"}})
+        assert asyncio.run(controller.attempt(("ns", "bot"), body)) is None
+        patch = next(w[1] for w in client.writes if w[0] == "status")
+        body["status"] = merge_patch({}, patch)
+        client.writes.clear()
+        assert asyncio.run(controller.attempt(("ns", "bot"), body)) is None
+        assert client.writes == []
+
+    def test_a_running_release_keeps_its_facts(self):
+        """Refusing generation 2 keeps what generation 1 left (counts, revisions), only the conditions change."""
+        client = FakeClient()
+        body = cbs_body({"model": {"hostPath": "/models/a"}}, generation=2)
+        body["status"] = {"observedGeneration": 1, "stableRevision": "abc", "replicas": 1, "conditions": []}
+        outcome = reconcile_pass(client, body, Snapshot(nodes=NODES), World(), allowing("/data"), NOW)
+        assert outcome.status["stableRevision"] == "abc" and outcome.status["replicas"] == 1
+        assert outcome.status["observedGeneration"] == 2
 
 
 class TestPassThatRaises:

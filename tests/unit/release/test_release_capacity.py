@@ -76,9 +76,6 @@ class FakeClient:
     def patch_status(self, namespace, name, patch):
         return {}
 
-    def secret_exists(self, namespace, name):
-        return True
-
     def seed_replicas(self, namespace, name, replicas):
         scaling = self.cluster.body["spec"]["scaling"]
         assert "replicas" not in scaling, "seeded over the HPA's decision"

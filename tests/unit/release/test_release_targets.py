@@ -188,9 +188,6 @@ class TestPass:
         def patch_status(self, namespace, name, patch):
             return {}
 
-        def secret_exists(self, namespace, name):
-            return True
-
         def post_event(self, involved, type_, reason, message, now=None):
             self.events.append((type_, reason, message))
 

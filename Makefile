@@ -21,8 +21,12 @@ demo: setup ## The main job on the local platform: GPU nodes, the fleet, a chat,
 	@$(PY) -m chatfleet_platform.demo
 
 .PHONY: test
-test: setup lint contracts ## Everything: install, lint, layering contracts, unit + integration + e2e tests
-	$(PYTEST) --durations=30 $(TEST_LAYERS)
+test: setup lint contracts ## Everything: install, lint, layering contracts, then each test layer (cheapest first, stops at the first that fails)
+	@bash hack/test-layers.sh $(PYTEST) $(TEST_LAYERS)
+
+.PHONY: check
+check: venv lint contracts ## The fast inner loop (minutes): lint, layering contracts, unit tests; no platform
+	$(PYTEST) -q tests/unit
 
 .PHONY: help
 help: ## This list
@@ -120,8 +124,12 @@ test-e2e: setup ## Release scenarios end to end (canary, blue-green, rollback, G
 	$(PYTEST) tests/e2e
 
 .PHONY: run
-run: venv ## Run the operator in the foreground against the current KUBECONFIG
-	$(PY) -m chatfleet_operator.cli run
+# Host directories a ChatbotService may mount when the operator runs from this checkout (the examples' and
+# the local platform's); a cluster's admin sets operator.allowedHostPaths (docs/security.md).
+ALLOWED_HOST_PATHS ?= /models /var/lib/models
+
+run: venv ## Run the operator in the foreground against the current KUBECONFIG (ALLOWED_HOST_PATHS: hostPath prefixes)
+	$(PY) -m chatfleet_operator.cli run $(foreach p,$(ALLOWED_HOST_PATHS),--allowed-host-path=$(p))
 
 .PHONY: serve
 serve: venv system-deps ## Run the runtime locally (Triton + chat API + Redis) on a tiny model; prints CHAT_API=...

@@ -193,8 +193,7 @@ class BatchGenerator:
             return None, finished
         if len(keep) < len(active):
             index = torch.tensor(keep, dtype=torch.long, device=self.device)
-            cache.batch_select_indices(index)
-            mask, next_pos = mask[index], next_pos[index]
+            mask, next_pos = self._select(cache, mask, index), next_pos[index]
             active = [active[b] for b in keep]
             tokens = [tokens[b] for b in keep]
         input_ids = torch.tensor(tokens, dtype=torch.long, device=self.device).unsqueeze(-1)
@@ -333,6 +332,26 @@ class BatchGenerator:
         layers = self._row_kv(cache, mask, b)
         if layers and layers[0][0].shape[2] == len(ids):
             self.prefix_cache.put(session_key(row.req.session_id), ids, layers)
+
+    def _select(self, cache, mask, index):
+        """Keep the rows at `index` and drop the leading columns none of them attends to; returns the mask.
+
+        Left-padded rows share one width, so the columns before the oldest live row's first token hold
+        only the rows that left. Dropping them keeps the width at the longest live row's span, however
+        long the batch has run: masks 0011 / 1111 / 0111, the second row leaves -> 0011 / 0111 -> column
+        0 is unused -> 011 / 111 (width 4 -> 3).
+        """
+        mask = mask[index]
+        first = int(mask.any(dim=0).int().argmax())
+        layers = cache.layers
+        # Nothing to drop, or a layer that is not one column per position (a sliding window): select only.
+        if first == 0 or any(layer.keys.shape[-2] != mask.shape[1] for layer in layers):
+            cache.batch_select_indices(index)
+            return mask
+        for layer in layers:
+            layer.keys = layer.keys[index, :, first:]
+            layer.values = layer.values[index, :, first:]
+        return mask[:, first:].contiguous()
 
     def _run(self, rows: list[Row]) -> None:
         batch = self.start(rows)

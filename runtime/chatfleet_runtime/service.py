@@ -8,7 +8,9 @@ Request wire format (Triton inputs, see ``tritonconfig``):
 
 - ``MESSAGES``: UTF-8 JSON list of ``{role, content}`` (or plain text, taken as one user message).
 - ``PARAMETERS`` (optional): UTF-8 JSON object with ``max_tokens``, ``temperature``, ``top_p``, ``stop``,
-  ``seed``, ``session_id`` (enables prefix reuse for the conversation) and ``prefix_cache`` (bool).
+  ``seed``, ``session_id`` (enables prefix reuse for the conversation), ``prefix_cache`` (bool) and
+  ``stream`` (bool, default true; false on the decoupled model: no deltas, the final response carries
+  the whole text, so a non-streaming request joins the same running batch as the streamed ones).
 
 Errors caused by the request start with ``invalid_request:`` so the chat API can map them to HTTP 400.
 """
@@ -243,6 +245,9 @@ class ChatService:
             use_cache = params.get("prefix_cache", True)
             if not isinstance(use_cache, bool):
                 raise RequestError("prefix_cache: must be true or false")
+            stream = params.get("stream", True)
+            if not isinstance(stream, bool):
+                raise RequestError("stream: must be true or false")
         except (RequestError, UnicodeDecodeError) as exc:
             return Prepared(error=INVALID + str(exc))
         return Prepared(
@@ -252,7 +257,7 @@ class ChatService:
                 session_id=session_id,
                 system_len=prompt.system_len,
                 use_prefix_cache=use_cache,
-                on_text=on_text,
+                on_text=on_text if stream else None,
                 is_cancelled=is_cancelled,
             )
         )

@@ -8,7 +8,7 @@ Request wire format (Triton inputs, see ``tritonconfig``):
 
 - ``MESSAGES``: UTF-8 JSON list of ``{role, content}`` (or plain text, taken as one user message).
 - ``PARAMETERS`` (optional): UTF-8 JSON object with ``max_tokens``, ``temperature``, ``top_p``, ``stop``,
-  ``seed``, ``session_id`` (enables prefix reuse for the conversation), ``prefix_cache`` (bool) and
+  ``seed``, ``top_k``, ``session_id`` (enables prefix reuse for the conversation), ``prefix_cache`` (bool) and
   ``stream`` (bool, default true; false on the decoupled model: no deltas, the final response carries
   the whole text, so a non-streaming request joins the same running batch as the streamed ones).
 
@@ -17,6 +17,7 @@ Errors caused by the request start with ``invalid_request:`` so the chat API can
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -40,6 +41,9 @@ from chatfleet_runtime.prompting import (
 from chatfleet_runtime.rows import GenerationRequest, GenerationResult
 
 log = logging.getLogger(__name__)
+
+#: Largest `top_k` a request may ask for (0, the default, means every token).
+TOP_K_MAX = 1000
 
 
 class Observer(Protocol):
@@ -233,6 +237,10 @@ class ChatService:
                 max_new_tokens_limit=self.settings.max_new_tokens,
                 default_max_tokens=self.settings.default_max_tokens,
             )
+            top_k = params.get("top_k", 0)
+            if isinstance(top_k, bool) or not isinstance(top_k, int) or not 0 <= top_k <= TOP_K_MAX:
+                raise RequestError(f"top_k: must be an integer in 0..{TOP_K_MAX}")
+            sampling = dataclasses.replace(sampling, top_k=top_k)
             session_id = params.get("session_id")
             if session_id is not None:
                 validate_session_id(session_id)

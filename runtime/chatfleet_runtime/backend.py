@@ -1,7 +1,8 @@
 """The chat API's backend: the Triton chat models over gRPC, one completion or a stream of chunks.
 
 Errors come back as ``BackendError`` with a kind the pipeline acts on: ``invalid`` (the client's fault,
-HTTP 400), ``unavailable``, ``timeout`` or ``error`` (the breaker counts them, the fallback answers).
+HTTP 400), ``overloaded`` (the model's KV budget is full: HTTP 429 with Retry-After), ``unavailable``,
+``timeout`` or ``error`` (the breaker counts them, the fallback answers).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from chatfleet_contract.parameters import ModelParameters, read_model_config
 from chatfleet_contract.tritonconfig import INVALID_REQUEST as INVALID
 from chatfleet_contract.tritonconfig import MODEL_NAME, STREAM_MODEL_NAME
 
+from chatfleet_runtime.admission import OVERLOADED
 from chatfleet_runtime.prompting import SamplingParams
 
 #: Seconds before asking again whether the decoupled model is served, after it was not.
@@ -24,7 +26,7 @@ STREAM_RECHECK_S = 30.0
 
 
 class BackendError(Exception):
-    """A failed Triton call; kind is invalid (client's fault), unavailable, timeout or error."""
+    """A failed Triton call; kind is invalid (client's fault), overloaded, unavailable, timeout or error."""
 
     def __init__(self, kind: str, message: str):
         super().__init__(message)
@@ -42,10 +44,13 @@ class Chunk:
 
 
 def _classify(exc: Exception) -> BackendError:
-    """A tritonclient error as a BackendError (the model's `invalid_request: ` prefix means the client's fault)."""
+    """A tritonclient error as a BackendError (the model's `invalid_request: ` prefix means the client's fault,
+    `overloaded: ` a full KV budget)."""
     msg = str(exc)
     if INVALID in msg:
         return BackendError("invalid", msg[msg.index(INVALID) + len(INVALID) :].strip())
+    if OVERLOADED in msg:
+        return BackendError("overloaded", msg[msg.index(OVERLOADED) + len(OVERLOADED) :].strip())
     status = str(getattr(exc, "status", lambda: "")() or "")
     if "UNAVAILABLE" in status or "UNAVAILABLE" in msg or "failed to connect" in msg.lower():
         return BackendError("unavailable", msg)

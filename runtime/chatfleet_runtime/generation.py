@@ -23,6 +23,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
+from chatfleet_runtime.admission import kv_bytes_per_position
 from chatfleet_runtime.prefix_cache import PrefixCache, session_key, system_key
 from chatfleet_runtime.rows import Batch, GenerationRequest, GenerationResult, Row, request_problem
 from chatfleet_runtime.sampling import sample
@@ -87,6 +88,18 @@ class BatchGenerator:
             with self.torch.inference_mode():
                 self._run(live)
         return [self.result(row) for row in rows]
+
+    def kv_bytes_per_position(self) -> int:
+        """Bytes one position of one row takes in the KV cache (every layer's keys and values)."""
+        config = self.model.config.get_text_config()
+        heads = config.num_attention_heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        dtype = next((t.dtype for t in (*self.model.parameters(), *self.model.buffers())), self.torch.float32)
+        if not dtype.is_floating_point:  # int8 weights: the cache is in the compute dtype
+            dtype = self.torch.float32
+        size = self.torch.empty((), dtype=dtype).element_size()
+        return kv_bytes_per_position(self.num_layers, kv_heads, head_dim, size)
 
     def new_row(self, request: GenerationRequest, start: float) -> Row:
         """Wrap a request as a batch row (seeded generator when the request asks for one)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from chatfleet_runtime.admission import batch_kv_bytes, plan_admission
 from chatfleet_runtime.generation import BatchGenerator
 from chatfleet_runtime.rows import Batch, GenerationRequest, GenerationResult, Row, RowError
 
@@ -18,6 +19,10 @@ class InflightEngine:
     decode steps the thread prefills whatever arrived (up to ``max_rows`` rows in all) and merges it into
     the running batch, so a request never waits for a whole batch to finish. Used by the decoupled
     (streaming) model, whose responses are sent from this thread.
+
+    With a KV budget (``kv_budget_bytes``), a request joins only while the batch's cache at its widest
+    stays within it (``admission.plan_admission``); the others wait in order, and are refused with a
+    ``RowError`` of kind ``overloaded`` past ``max_waiting`` waiting or ``max_wait_s`` seconds.
     """
 
     def __init__(
@@ -26,6 +31,9 @@ class InflightEngine:
         *,
         max_rows: int = 32,
         on_join: Callable[[int, int], None] | None = None,
+        kv_budget_bytes: int = 0,
+        max_waiting: int | None = None,
+        max_wait_s: float = float("inf"),
     ):
         import queue
         import threading
@@ -35,6 +43,10 @@ class InflightEngine:
         self.threads = generator.torch.get_num_threads()
         self.max_rows = max(1, max_rows)
         self.on_join = on_join or (lambda rows, joined: None)
+        self.kv_budget_bytes = kv_budget_bytes
+        self.max_waiting = max_waiting
+        self.max_wait_s = max_wait_s
+        self.per_position = generator.kv_bytes_per_position()
         self._queue: queue.Queue = queue.Queue()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="chatfleet-inflight", daemon=True)
@@ -59,17 +71,17 @@ class InflightEngine:
         torch.set_num_threads(self.threads)
         batch: Batch | None = None
         callbacks: dict[int, Callable] = {}
+        waiting: list = []
         while not self._stop.is_set():
-            joining = []
-            room = self.max_rows - (len(batch.rows) if batch else 0)
             try:
-                while len(joining) < room:
-                    item = self._queue.get(block=batch is None and not joining, timeout=0.5)
+                while True:  # take every arrival (blocking only while there is nothing to do)
+                    item = self._queue.get(block=batch is None and not waiting, timeout=0.5)
                     if item is None:
                         break
-                    joining.append(item)
+                    waiting.append(item)
             except queue.Empty:
                 pass
+            joining, waiting = self._admit(batch, waiting)
             try:
                 with torch.inference_mode():
                     if joining:
@@ -100,6 +112,39 @@ class InflightEngine:
                 batch = None
         for key in list(callbacks):
             self._done(callbacks.pop(key), None, RuntimeError("engine stopped"))
+        for _, on_done, _ in waiting:
+            self._done(on_done, None, RuntimeError("engine stopped"))
+
+    def _admit(self, batch: Batch | None, waiting: list) -> tuple[list, list]:
+        """Split the waiting requests into those that join now and those that wait; refuse the rest."""
+        live = [_span(row.req) for row in batch.rows] if batch else []
+        plan = plan_admission(
+            live,
+            [(_span(request), start) for request, _, start in waiting],
+            per_position=self.per_position,
+            budget=self.kv_budget_bytes,
+            room=self.max_rows,
+            max_waiting=len(waiting) if self.max_waiting is None else self.max_waiting,
+            max_wait_s=self.max_wait_s,
+            now=self.generator.clock(),
+        )
+        for i in plan.refuse:
+            request, on_done, _ = waiting[i]
+            span = _span(request)
+            alone = batch_kv_bytes([span], self.per_position)
+            if alone > self.kv_budget_bytes:
+                message = (
+                    f"kv budget: this request ({span} positions: prompt + max_tokens) alone needs {alone} "
+                    f"bytes of KV cache, over the budget of {self.kv_budget_bytes}"
+                )
+            else:
+                message = (
+                    f"kv budget: {len(live)} running requests hold the KV budget ({self.kv_budget_bytes} "
+                    f"bytes) and {len(waiting)} wait; retry later"
+                )
+            self._done(on_done, None, RowError("overloaded", message))
+        gone = set(plan.admit) | set(plan.refuse)
+        return [waiting[i] for i in plan.admit], [w for i, w in enumerate(waiting) if i not in gone]
 
     def _finish(self, callback, row: Row) -> None:
         """Answer a finished row: its result, or a RowError when the row failed."""
@@ -115,3 +160,10 @@ class InflightEngine:
             callback(result, error)
         except Exception:
             log.exception("completion callback failed")
+
+
+def _span(request: GenerationRequest) -> int:
+    """The most positions a request's row can take: its prompt plus its max tokens (never raises: a bad
+    request is refused alone when it joins)."""
+    tokens = request.params.max_new_tokens
+    return len(request.prompt_ids) + (tokens if isinstance(tokens, int) and tokens > 0 else 0)

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 from chatfleet_contract.parameters import ModelParameters, read_model_config
 from chatfleet_contract.tritonconfig import INVALID_REQUEST as INVALID
 
+from chatfleet_runtime.admission import OVERLOADED
 from chatfleet_runtime.generation import BatchGenerator
 from chatfleet_runtime.inflight import InflightEngine
 from chatfleet_runtime.prefix_cache import PrefixCache
@@ -113,8 +114,10 @@ class Prepared:
 
 
 def error_message(kind: str, message: str) -> str:
-    """The wire message of a failed row: `invalid_request: ...` for the client's fault, else `internal: ...`."""
-    return (INVALID if kind == "invalid" else "internal: ") + message
+    """The wire message of a failed row: `invalid_request: ...` for the client's fault, `overloaded: ...` when
+    the KV budget refused it, else `internal: ...`."""
+    prefix = {"invalid": INVALID, "overloaded": OVERLOADED}.get(kind, "internal: ")
+    return prefix + message
 
 
 def _decode(raw: Any) -> str:
@@ -179,6 +182,9 @@ class ChatService:
                 self.generator,
                 max_rows=self.settings.max_batch_size,
                 on_join=lambda rows, joined: self.observer.batch(rows, 0.0, 0),
+                kv_budget_bytes=self.settings.kv_budget_bytes,
+                max_waiting=self.settings.admission_queue,
+                max_wait_s=self.settings.admission_wait_ms / 1000,
             )
         return self.engine
 

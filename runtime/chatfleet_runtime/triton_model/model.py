@@ -122,7 +122,7 @@ class TritonPythonModel:
             if error is not None:
                 kind = getattr(error, "kind", "internal")
                 message = error_message(
-                    kind, str(error) if kind == "invalid" else f"generate failed: {error}"
+                    kind, str(error) if kind in ("invalid", "overloaded") else f"generate failed: {error}"
                 )
                 response = pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
             else:

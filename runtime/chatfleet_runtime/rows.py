@@ -145,3 +145,12 @@ class Batch:
     next_pos: object
     last_check: float = 0.0
     step: int = 0
+
+
+@dataclass
+class Prefill:
+    """A row whose prompt is computed in chunks between decode steps: its own KV cache, tokens done."""
+
+    row: Row
+    cache: object
+    done: int = 0

@@ -185,6 +185,7 @@ class ChatService:
                 kv_budget_bytes=self.settings.kv_budget_bytes,
                 max_waiting=self.settings.admission_queue,
                 max_wait_s=self.settings.admission_wait_ms / 1000,
+                prefill_chunk_tokens=self.settings.prefill_chunk_tokens,
             )
         return self.engine
 

@@ -72,6 +72,16 @@ class ModelParameters:
     """How often each running request asks Triton whether its client is gone (an IPC round trip)."""
     inflight_batching: bool = True
     """Streaming model: requests join the running batch between steps (continuous batching)."""
+    kv_budget_bytes: int = 0
+    """Bytes the running batch's KV cache may take at its widest (rows x longest prompt + max tokens);
+    a request beyond it waits, then is refused (`overloaded:`, the chat API's 429). 0: no budget."""
+    admission_queue: int = 64
+    """Requests that may wait for room in the KV budget; one more is refused at once."""
+    admission_wait_ms: int = 10_000
+    """How long a request may wait for room in the KV budget before it is refused."""
+    prefill_chunk_tokens: int = 256
+    """A prompt longer than this is prefilled in chunks of this many tokens between decode steps (in-flight
+    batching), so a long prompt never stalls the running streams for its whole length. 0: in one pass."""
 
     @property
     def tokenizer_source(self) -> str:

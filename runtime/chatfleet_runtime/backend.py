@@ -1,13 +1,15 @@
 """The chat API's backend: the Triton chat models over gRPC, one completion or a stream of chunks.
 
 Errors come back as ``BackendError`` with a kind the pipeline acts on: ``invalid`` (the client's fault,
-HTTP 400), ``unavailable``, ``timeout`` or ``error`` (the breaker counts them, the fallback answers).
+HTTP 400), ``overloaded`` (the model's KV budget is full: HTTP 429 with Retry-After), ``unavailable``,
+``timeout`` or ``error`` (the breaker counts them, the fallback answers).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -16,11 +18,15 @@ from chatfleet_contract.parameters import ModelParameters, read_model_config
 from chatfleet_contract.tritonconfig import INVALID_REQUEST as INVALID
 from chatfleet_contract.tritonconfig import MODEL_NAME, STREAM_MODEL_NAME
 
+from chatfleet_runtime.admission import OVERLOADED
 from chatfleet_runtime.prompting import SamplingParams
+
+#: Seconds before asking again whether the decoupled model is served, after it was not.
+STREAM_RECHECK_S = 30.0
 
 
 class BackendError(Exception):
-    """A failed Triton call; kind is invalid (client's fault), unavailable, timeout or error."""
+    """A failed Triton call; kind is invalid (client's fault), overloaded, unavailable, timeout or error."""
 
     def __init__(self, kind: str, message: str):
         super().__init__(message)
@@ -38,10 +44,13 @@ class Chunk:
 
 
 def _classify(exc: Exception) -> BackendError:
-    """A tritonclient error as a BackendError (the model's `invalid_request: ` prefix means the client's fault)."""
+    """A tritonclient error as a BackendError (the model's `invalid_request: ` prefix means the client's fault,
+    `overloaded: ` a full KV budget)."""
     msg = str(exc)
     if INVALID in msg:
         return BackendError("invalid", msg[msg.index(INVALID) + len(INVALID) :].strip())
+    if OVERLOADED in msg:
+        return BackendError("overloaded", msg[msg.index(OVERLOADED) + len(OVERLOADED) :].strip())
     status = str(getattr(exc, "status", lambda: "")() or "")
     if "UNAVAILABLE" in status or "UNAVAILABLE" in msg or "failed to connect" in msg.lower():
         return BackendError("unavailable", msg)
@@ -59,6 +68,8 @@ class TritonChat:
         self._mod = grpcclient
         self.url = url
         self._client = None
+        self._stream_ready: bool | None = None
+        self._stream_checked = 0.0
 
     @property
     def client(self):
@@ -93,12 +104,29 @@ class TritonChat:
             return None
 
     async def complete(self, messages, params, timeout: float) -> Chunk:
-        """One non-streaming completion."""
+        """One non-streaming completion, through the decoupled model when it is served (see `_via_stream`)."""
+        if await self._via_stream():
+            chunks = [c async for c in self.stream(messages, {**params, "stream": False}, timeout)]
+            return chunks[-1]  # the only one: stream() raises unless a final chunk came
         try:
             res = await self.client.infer(MODEL_NAME, self._inputs(messages, params), client_timeout=timeout)
         except Exception as exc:
             raise _classify(exc) from exc
         return _chunk(res)
+
+    async def _via_stream(self) -> bool:
+        """Whether non-streaming requests go to the decoupled model (``stream: false``): it batches in flight,
+        so they join the running batch with the streamed ones instead of waiting for a static batch. Known
+        once the decoupled model answered ready; until then (or where it is not served) the batched model."""
+        if self._stream_ready is None or (
+            not self._stream_ready and time.monotonic() - self._stream_checked >= STREAM_RECHECK_S
+        ):
+            self._stream_checked = time.monotonic()
+            try:
+                self._stream_ready = bool(await self.client.is_model_ready(STREAM_MODEL_NAME))
+            except Exception:
+                self._stream_ready = False
+        return self._stream_ready
 
     async def stream(self, messages, params, timeout: float) -> AsyncIterator[Chunk]:
         """Streamed completion: deltas, the last one with a finish reason; cancels Triton on exit."""

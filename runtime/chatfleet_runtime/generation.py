@@ -23,8 +23,9 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
+from chatfleet_runtime.admission import kv_bytes_per_position
 from chatfleet_runtime.prefix_cache import PrefixCache, session_key, system_key
-from chatfleet_runtime.rows import Batch, GenerationRequest, GenerationResult, Row, request_problem
+from chatfleet_runtime.rows import Batch, GenerationRequest, GenerationResult, Prefill, Row, request_problem
 from chatfleet_runtime.sampling import sample
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,18 @@ class BatchGenerator:
                 self._run(live)
         return [self.result(row) for row in rows]
 
+    def kv_bytes_per_position(self) -> int:
+        """Bytes one position of one row takes in the KV cache (every layer's keys and values)."""
+        config = self.model.config.get_text_config()
+        heads = config.num_attention_heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        dtype = next((t.dtype for t in (*self.model.parameters(), *self.model.buffers())), self.torch.float32)
+        if not dtype.is_floating_point:  # int8 weights: the cache is in the compute dtype
+            dtype = self.torch.float32
+        size = self.torch.empty((), dtype=dtype).element_size()
+        return kv_bytes_per_position(self.num_layers, kv_heads, head_dim, size)
+
     def new_row(self, request: GenerationRequest, start: float) -> Row:
         """Wrap a request as a batch row (seeded generator when the request asks for one)."""
         row = Row(request, self.tokenizer, start)
@@ -120,6 +133,43 @@ class BatchGenerator:
             if one is not None:
                 batch = one if batch is None else self.merge(batch, one)
         return batch
+
+    def begin_prefill(self, row: Row) -> Prefill:
+        """Start prefilling one row in chunks (``prefill_chunk``): its cached prefix, if any, is the start."""
+        from transformers import DynamicCache
+
+        hit = self._lookup(row)
+        row.cached = hit.length if hit else 0
+        cache = DynamicCache(config=self.model.config)
+        if hit:
+            layers = [(k[:, :, : hit.length], v[:, :, : hit.length]) for k, v in hit.entry.layers]
+            cache = DynamicCache(ddp_cache_data=layers, config=self.model.config)
+        return Prefill(row, cache, done=row.cached)
+
+    def prefill_chunk(self, prefill: Prefill, tokens: int) -> Batch | None:
+        """Compute the next `tokens` prompt tokens of a chunked prefill; the row's one-row batch once done.
+
+        A 1,000-token prompt in chunks of 128 takes 8 calls, and the running batch decodes between them.
+        """
+        torch, row = self.torch, prefill.row
+        ids = row.req.prompt_ids
+        end = min(len(ids), prefill.done + max(1, tokens))
+        chunk = torch.tensor([ids[prefill.done : end]], dtype=torch.long, device=self.device)
+        out = self.model(
+            input_ids=chunk,
+            attention_mask=torch.ones((1, end), dtype=torch.long, device=self.device),
+            position_ids=torch.arange(prefill.done, end, device=self.device).unsqueeze(0),
+            past_key_values=prefill.cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        prefill.cache, prefill.done = out.past_key_values, end
+        if end < len(ids):
+            return None
+        mask = torch.ones((1, end), dtype=torch.long, device=self.device)
+        self._store_system_prefixes([row], prefill.cache, mask)
+        next_pos = torch.tensor([end], dtype=torch.long, device=self.device)
+        return Batch([row], out.logits[:, -1, :], prefill.cache, mask, next_pos, last_check=self.clock())
 
     def merge(self, a: Batch, b: Batch) -> Batch:
         """Join two batches between steps: left-pad the shorter cache (masked), concatenate rows.
@@ -193,8 +243,7 @@ class BatchGenerator:
             return None, finished
         if len(keep) < len(active):
             index = torch.tensor(keep, dtype=torch.long, device=self.device)
-            cache.batch_select_indices(index)
-            mask, next_pos = mask[index], next_pos[index]
+            mask, next_pos = self._select(cache, mask, index), next_pos[index]
             active = [active[b] for b in keep]
             tokens = [tokens[b] for b in keep]
         input_ids = torch.tensor(tokens, dtype=torch.long, device=self.device).unsqueeze(-1)
@@ -333,6 +382,26 @@ class BatchGenerator:
         layers = self._row_kv(cache, mask, b)
         if layers and layers[0][0].shape[2] == len(ids):
             self.prefix_cache.put(session_key(row.req.session_id), ids, layers)
+
+    def _select(self, cache, mask, index):
+        """Keep the rows at `index` and drop the leading columns none of them attends to; returns the mask.
+
+        Left-padded rows share one width, so the columns before the oldest live row's first token hold
+        only the rows that left. Dropping them keeps the width at the longest live row's span, however
+        long the batch has run: masks 0011 / 1111 / 0111, the second row leaves -> 0011 / 0111 -> column
+        0 is unused -> 011 / 111 (width 4 -> 3).
+        """
+        mask = mask[index]
+        first = int(mask.any(dim=0).int().argmax())
+        layers = cache.layers
+        # Nothing to drop, or a layer that is not one column per position (a sliding window): select only.
+        if first == 0 or any(layer.keys.shape[-2] != mask.shape[1] for layer in layers):
+            cache.batch_select_indices(index)
+            return mask
+        for layer in layers:
+            layer.keys = layer.keys[index, :, first:]
+            layer.values = layer.values[index, :, first:]
+        return mask[:, first:].contiguous()
 
     def _run(self, rows: list[Row]) -> None:
         batch = self.start(rows)

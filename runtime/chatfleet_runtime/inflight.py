@@ -5,8 +5,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from chatfleet_runtime.admission import batch_kv_bytes, plan_admission
 from chatfleet_runtime.generation import BatchGenerator
-from chatfleet_runtime.rows import Batch, GenerationRequest, GenerationResult, Row, RowError
+from chatfleet_runtime.rows import Batch, GenerationRequest, GenerationResult, Prefill, Row, RowError
 
 log = logging.getLogger(__name__)
 
@@ -18,6 +19,14 @@ class InflightEngine:
     decode steps the thread prefills whatever arrived (up to ``max_rows`` rows in all) and merges it into
     the running batch, so a request never waits for a whole batch to finish. Used by the decoupled
     (streaming) model, whose responses are sent from this thread.
+
+    With a KV budget (``kv_budget_bytes``), a request joins only while the batch's cache at its widest
+    stays within it (``admission.plan_admission``); the others wait in order, and are refused with a
+    ``RowError`` of kind ``overloaded`` past ``max_waiting`` waiting or ``max_wait_s`` seconds.
+
+    With ``prefill_chunk_tokens``, a prompt longer than that is prefilled in chunks of that many tokens,
+    one chunk between two decode steps, and joins the batch when its last chunk is done: a long prompt
+    arriving delays the running rows' next token by one chunk's work at most, never by its whole length.
     """
 
     def __init__(
@@ -26,6 +35,10 @@ class InflightEngine:
         *,
         max_rows: int = 32,
         on_join: Callable[[int, int], None] | None = None,
+        kv_budget_bytes: int = 0,
+        max_waiting: int | None = None,
+        max_wait_s: float = float("inf"),
+        prefill_chunk_tokens: int = 0,
     ):
         import queue
         import threading
@@ -35,6 +48,11 @@ class InflightEngine:
         self.threads = generator.torch.get_num_threads()
         self.max_rows = max(1, max_rows)
         self.on_join = on_join or (lambda rows, joined: None)
+        self.kv_budget_bytes = kv_budget_bytes
+        self.max_waiting = max_waiting
+        self.max_wait_s = max_wait_s
+        self.per_position = generator.kv_bytes_per_position()
+        self.prefill_chunk_tokens = prefill_chunk_tokens
         self._queue: queue.Queue = queue.Queue()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="chatfleet-inflight", daemon=True)
@@ -59,19 +77,24 @@ class InflightEngine:
         torch.set_num_threads(self.threads)
         batch: Batch | None = None
         callbacks: dict[int, Callable] = {}
+        waiting: list = []
+        prefilling: list[Prefill] = []
+        chunk = self.prefill_chunk_tokens
         while not self._stop.is_set():
-            joining = []
-            room = self.max_rows - (len(batch.rows) if batch else 0)
             try:
-                while len(joining) < room:
-                    item = self._queue.get(block=batch is None and not joining, timeout=0.5)
+                while True:  # take every arrival (blocking only while there is nothing to do)
+                    idle = batch is None and not waiting and not prefilling
+                    item = self._queue.get(block=idle, timeout=0.5)
                     if item is None:
                         break
-                    joining.append(item)
+                    waiting.append(item)
             except queue.Empty:
                 pass
+            live = [*(batch.rows if batch else []), *(p.row for p in prefilling)]
+            joining, waiting = self._admit(live, waiting)
             try:
                 with torch.inference_mode():
+                    new: Batch | None = None
                     if joining:
                         rows = []
                         for request, on_done, start in joining:
@@ -80,11 +103,19 @@ class InflightEngine:
                                 self._finish(on_done, row)
                                 continue
                             callbacks[id(row)] = on_done
-                            rows.append(row)
+                            if chunk and len(request.prompt_ids) > chunk:
+                                prefilling.append(self.generator.begin_prefill(row))
+                            else:
+                                rows.append(row)
                         new = self.generator.start(rows) if rows else None
                         for row in rows:
                             if row.error is not None:
                                 self._finish(callbacks.pop(id(row)), row)
+                    if new is not None:
+                        batch = new if batch is None else self.generator.merge(batch, new)
+                        self.on_join(len(batch.rows), len(new.rows))
+                    if prefilling:  # one chunk of the oldest long prompt between two decode steps
+                        new = self._prefill_chunk(prefilling, callbacks)
                         if new is not None:
                             batch = new if batch is None else self.generator.merge(batch, new)
                             self.on_join(len(batch.rows), len(new.rows))
@@ -97,9 +128,57 @@ class InflightEngine:
                 log.exception("in-flight batch failed")
                 for key in list(callbacks):
                     self._done(callbacks.pop(key), None, exc)
-                batch = None
+                batch, prefilling = None, []
         for key in list(callbacks):
             self._done(callbacks.pop(key), None, RuntimeError("engine stopped"))
+        for _, on_done, _ in waiting:
+            self._done(on_done, None, RuntimeError("engine stopped"))
+
+    def _prefill_chunk(self, prefilling: list[Prefill], callbacks: dict) -> Batch | None:
+        """Run one chunk of the oldest chunked prefill; its one-row batch once its prompt is done."""
+        head = prefilling[0]
+        try:
+            new = self.generator.prefill_chunk(head, self.prefill_chunk_tokens)
+        except Exception as exc:  # this row's prompt failed: it alone is answered with the error
+            log.warning("chunked prefill failed for one row: %s", exc)
+            head.row.fail("internal", f"prefill failed: {exc}")
+            prefilling.pop(0)
+            self._finish(callbacks.pop(id(head.row)), head.row)
+            return None
+        if new is not None:
+            prefilling.pop(0)
+        return new
+
+    def _admit(self, rows: list[Row], waiting: list) -> tuple[list, list]:
+        """Split the waiting requests into those that join now and those that wait; refuse the rest."""
+        live = [_span(row.req) for row in rows]
+        plan = plan_admission(
+            live,
+            [(_span(request), start) for request, _, start in waiting],
+            per_position=self.per_position,
+            budget=self.kv_budget_bytes,
+            room=self.max_rows,
+            max_waiting=len(waiting) if self.max_waiting is None else self.max_waiting,
+            max_wait_s=self.max_wait_s,
+            now=self.generator.clock(),
+        )
+        for i in plan.refuse:
+            request, on_done, _ = waiting[i]
+            span = _span(request)
+            alone = batch_kv_bytes([span], self.per_position)
+            if alone > self.kv_budget_bytes:
+                message = (
+                    f"kv budget: this request ({span} positions: prompt + max_tokens) alone needs {alone} "
+                    f"bytes of KV cache, over the budget of {self.kv_budget_bytes}"
+                )
+            else:
+                message = (
+                    f"kv budget: {len(live)} running requests hold the KV budget ({self.kv_budget_bytes} "
+                    f"bytes) and {len(waiting)} wait; retry later"
+                )
+            self._done(on_done, None, RowError("overloaded", message))
+        gone = set(plan.admit) | set(plan.refuse)
+        return [waiting[i] for i in plan.admit], [w for i, w in enumerate(waiting) if i not in gone]
 
     def _finish(self, callback, row: Row) -> None:
         """Answer a finished row: its result, or a RowError when the row failed."""
@@ -115,3 +194,10 @@ class InflightEngine:
             callback(result, error)
         except Exception:
             log.exception("completion callback failed")
+
+
+def _span(request: GenerationRequest) -> int:
+    """The most positions a request's row can take: its prompt plus its max tokens (never raises: a bad
+    request is refused alone when it joins)."""
+    tokens = request.params.max_new_tokens
+    return len(request.prompt_ids) + (tokens if isinstance(tokens, int) and tokens > 0 else 0)

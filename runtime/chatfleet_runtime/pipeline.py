@@ -58,6 +58,9 @@ from chatfleet_runtime.shadow import Shadow
 
 log = logging.getLogger("chatfleet.api")
 
+#: Retry-After (seconds) of the 429 answered when the model's KV budget refused a request.
+OVERLOADED_RETRY_AFTER_S = 1
+
 
 @dataclass
 class Turn:
@@ -395,12 +398,19 @@ class ChatPipeline:
         return Reply(events=events(), headers=headers)
 
     def _failed(self, turn: Turn, exc: BackendError) -> Reply:
-        """Triton failed before any answer: the client's fault is a 400 (and no breaker failure), anything
-        else a breaker failure and a fallback answer."""
+        """Triton failed before any answer: the client's fault is a 400 and a full KV budget a 429 with
+        Retry-After (neither a breaker failure), anything else a breaker failure and a fallback answer."""
         if exc.kind == "invalid":
             self.breaker.record_success()
             self._count("client_error", 400, turn.stream)
             return responses.error(400, str(exc))
+        if exc.kind == "overloaded":  # the replica is healthy, its KV budget full: retry soon
+            self.breaker.record_success()
+            self._count("overloaded", 429, turn.stream)
+            reply = responses.error(429, str(exc))
+            reply.body["error"]["code"] = "overloaded"
+            reply.headers["Retry-After"] = str(OVERLOADED_RETRY_AFTER_S)
+            return reply
         self.breaker.record_failure()
         return self._fallback(turn, turn.new_messages, exc.kind)
 

@@ -91,6 +91,8 @@ class SamplingParams:
     """Subtracted from a token's logit once per time it was already generated (OpenAI semantics)."""
     logit_bias: tuple[tuple[int, float], ...] = ()
     """(token id, bias) pairs added to those tokens' logits at every step (OpenAI's logit_bias)."""
+    top_k: int = 0
+    """Sample among the k most likely tokens only; 0 = all (the Triton models' PARAMETERS, not OpenAI's)."""
 
 
 @dataclass(frozen=True)

@@ -76,6 +76,8 @@ def request_problem(request: GenerationRequest, vocab_size: int) -> str | None:
         return f"temperature: {p.temperature!r:.20} must be a finite number >= 0"
     if not isinstance(p.top_p, (int, float)) or not 0 < p.top_p <= 1:
         return f"top_p: {p.top_p!r:.20} must be in (0, 1]"
+    if isinstance(p.top_k, bool) or not isinstance(p.top_k, int) or p.top_k < 0:
+        return f"top_k: {p.top_k!r:.20} must be an integer >= 0"
     for name, value in (("presence_penalty", p.presence_penalty), ("frequency_penalty", p.frequency_penalty)):
         if not isinstance(value, (int, float)) or not math.isfinite(value):
             return f"{name}: {value!r:.20} must be a finite number"
@@ -143,3 +145,12 @@ class Batch:
     next_pos: object
     last_check: float = 0.0
     step: int = 0
+
+
+@dataclass
+class Prefill:
+    """A row whose prompt is computed in chunks between decode steps: its own KV cache, tokens done."""
+
+    row: Row
+    cache: object
+    done: int = 0

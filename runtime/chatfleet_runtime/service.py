@@ -8,13 +8,16 @@ Request wire format (Triton inputs, see ``tritonconfig``):
 
 - ``MESSAGES``: UTF-8 JSON list of ``{role, content}`` (or plain text, taken as one user message).
 - ``PARAMETERS`` (optional): UTF-8 JSON object with ``max_tokens``, ``temperature``, ``top_p``, ``stop``,
-  ``seed``, ``session_id`` (enables prefix reuse for the conversation) and ``prefix_cache`` (bool).
+  ``seed``, ``top_k``, ``session_id`` (enables prefix reuse for the conversation), ``prefix_cache`` (bool) and
+  ``stream`` (bool, default true; false on the decoupled model: no deltas, the final response carries
+  the whole text, so a non-streaming request joins the same running batch as the streamed ones).
 
 Errors caused by the request start with ``invalid_request:`` so the chat API can map them to HTTP 400.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -25,6 +28,7 @@ from typing import Any, Protocol
 from chatfleet_contract.parameters import ModelParameters, read_model_config
 from chatfleet_contract.tritonconfig import INVALID_REQUEST as INVALID
 
+from chatfleet_runtime.admission import OVERLOADED
 from chatfleet_runtime.generation import BatchGenerator
 from chatfleet_runtime.inflight import InflightEngine
 from chatfleet_runtime.prefix_cache import PrefixCache
@@ -38,6 +42,9 @@ from chatfleet_runtime.prompting import (
 from chatfleet_runtime.rows import GenerationRequest, GenerationResult
 
 log = logging.getLogger(__name__)
+
+#: Largest `top_k` a request may ask for (0, the default, means every token).
+TOP_K_MAX = 1000
 
 
 class Observer(Protocol):
@@ -107,8 +114,10 @@ class Prepared:
 
 
 def error_message(kind: str, message: str) -> str:
-    """The wire message of a failed row: `invalid_request: ...` for the client's fault, else `internal: ...`."""
-    return (INVALID if kind == "invalid" else "internal: ") + message
+    """The wire message of a failed row: `invalid_request: ...` for the client's fault, `overloaded: ...` when
+    the KV budget refused it, else `internal: ...`."""
+    prefix = {"invalid": INVALID, "overloaded": OVERLOADED}.get(kind, "internal: ")
+    return prefix + message
 
 
 def _decode(raw: Any) -> str:
@@ -173,6 +182,10 @@ class ChatService:
                 self.generator,
                 max_rows=self.settings.max_batch_size,
                 on_join=lambda rows, joined: self.observer.batch(rows, 0.0, 0),
+                kv_budget_bytes=self.settings.kv_budget_bytes,
+                max_waiting=self.settings.admission_queue,
+                max_wait_s=self.settings.admission_wait_ms / 1000,
+                prefill_chunk_tokens=self.settings.prefill_chunk_tokens,
             )
         return self.engine
 
@@ -231,6 +244,10 @@ class ChatService:
                 max_new_tokens_limit=self.settings.max_new_tokens,
                 default_max_tokens=self.settings.default_max_tokens,
             )
+            top_k = params.get("top_k", 0)
+            if isinstance(top_k, bool) or not isinstance(top_k, int) or not 0 <= top_k <= TOP_K_MAX:
+                raise RequestError(f"top_k: must be an integer in 0..{TOP_K_MAX}")
+            sampling = dataclasses.replace(sampling, top_k=top_k)
             session_id = params.get("session_id")
             if session_id is not None:
                 validate_session_id(session_id)
@@ -243,6 +260,9 @@ class ChatService:
             use_cache = params.get("prefix_cache", True)
             if not isinstance(use_cache, bool):
                 raise RequestError("prefix_cache: must be true or false")
+            stream = params.get("stream", True)
+            if not isinstance(stream, bool):
+                raise RequestError("stream: must be true or false")
         except (RequestError, UnicodeDecodeError) as exc:
             return Prepared(error=INVALID + str(exc))
         return Prepared(
@@ -252,7 +272,7 @@ class ChatService:
                 session_id=session_id,
                 system_len=prompt.system_len,
                 use_prefix_cache=use_cache,
-                on_text=on_text,
+                on_text=on_text if stream else None,
                 is_cancelled=is_cancelled,
             )
         )

@@ -3,7 +3,8 @@
 Thin by design: ``initialize`` parses the config and loads once (through ``ChatService``, with
 ``ModelObserver`` recording its metrics), ``execute`` turns the dynamic batch into one ``ChatService.run``
 call and answers every request exactly once; errors go into the response, never raised. In decoupled mode every request gets text deltas as they are
-generated and always a final response flagged ``TRITONSERVER_RESPONSE_COMPLETE_FINAL``.
+generated and always a final response flagged ``TRITONSERVER_RESPONSE_COMPLETE_FINAL``; a request with
+``"stream": false`` gets no deltas and its whole text in that final response.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ class TritonPythonModel:
                         sender, pb_utils.InferenceResponse(error=pb_utils.TritonError(prep.error))
                     )
                 else:
-                    self.service.submit(prep.request, self._finisher(sender))
+                    self.service.submit(prep.request, self._finisher(sender, prep.request.on_text is None))
             return None
         good = [p.request for p in prepared if p.request is not None]
         try:
@@ -95,7 +96,8 @@ class TritonPythonModel:
                 message = prep.error or error or error_message(result.error_kind, result.error)
                 response = pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
             else:
-                text = "" if self.decoupled else result.text
+                # Streamed rows sent their text as deltas; the rest (`stream: false`) get it here.
+                text = "" if prep.request.on_text is not None else result.text
                 response = pb_utils.InferenceResponse(
                     _outputs(text, len(result.token_ids), result.finish_reason, result.prompt_tokens)
                 )
@@ -115,17 +117,18 @@ class TritonPythonModel:
         except Exception:  # the client went away: nothing left to answer
             log.info("final response not delivered (client gone)")
 
-    def _finisher(self, sender):
+    def _finisher(self, sender, with_text: bool):
         def on_done(result, error):
             if error is not None:
                 kind = getattr(error, "kind", "internal")
                 message = error_message(
-                    kind, str(error) if kind == "invalid" else f"generate failed: {error}"
+                    kind, str(error) if kind in ("invalid", "overloaded") else f"generate failed: {error}"
                 )
                 response = pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
             else:
+                text = result.text if with_text else ""
                 response = pb_utils.InferenceResponse(
-                    _outputs("", len(result.token_ids), result.finish_reason, result.prompt_tokens)
+                    _outputs(text, len(result.token_ids), result.finish_reason, result.prompt_tokens)
                 )
             self._send_final(sender, response)
 

@@ -111,16 +111,16 @@ def test_history_is_a_sliding_window_of_turns(api, redis_srv):
 
 
 def test_second_turn_reuses_the_kv_prefix(api, triton):
+    # Non-streaming requests go to the decoupled model (stream: false), which holds their prefix cache.
+    model = "chat_stream"
     sid = f"prefix-{time.time_ns()}"
-    hits = metric_value(triton.metrics_url, "chatfleet_model_prefix_cache_hits_total", model="chat")
-    reused = metric_value(
-        triton.metrics_url, "chatfleet_model_prefix_cache_reused_tokens_total", model="chat"
-    )
+    hits = metric_value(triton.metrics_url, "chatfleet_model_prefix_cache_hits_total", model=model)
+    reused = metric_value(triton.metrics_url, "chatfleet_model_prefix_cache_reused_tokens_total", model=model)
     chat(api, {"messages": user("A long first message " * 20), "max_tokens": 8, "session_id": sid})
     chat(api, {"messages": user("and a follow-up"), "max_tokens": 8, "session_id": sid})
-    assert metric_value(triton.metrics_url, "chatfleet_model_prefix_cache_hits_total", model="chat") > hits
+    assert metric_value(triton.metrics_url, "chatfleet_model_prefix_cache_hits_total", model=model) > hits
     assert (
-        metric_value(triton.metrics_url, "chatfleet_model_prefix_cache_reused_tokens_total", model="chat")
+        metric_value(triton.metrics_url, "chatfleet_model_prefix_cache_reused_tokens_total", model=model)
         - reused
         > 60
     )

@@ -211,3 +211,25 @@ def test_a_poisoned_request_never_fails_its_batch(triton, model):
             assert (kind, detail) == ("ok", 4), (i, detail)
         else:
             assert kind == "error" and "invalid_request: " in detail, (i, detail)
+
+
+def test_decoupled_model_without_stream_sends_one_final_response_with_the_whole_text(triton):
+    """`stream: false` on chat_stream (how the chat API sends non-streaming requests, so they join the
+    running batch): no deltas, one final response whose text is the batched model's answer."""
+    import tritonclient.grpc as grpcclient
+
+    q: queue.Queue = queue.Queue()
+    g = grpcclient.InferenceServerClient(triton.grpc_url)
+    g.start_stream(callback=lambda result, error: q.put((result, error)))
+    try:
+        g.async_stream_infer("chat_stream", inputs(grpcclient, USER, {"max_tokens": 8, "stream": False}))
+        result, error = q.get(timeout=30)
+        assert error is None
+        plain = g.infer("chat", inputs(grpcclient, USER, {"max_tokens": 8}))
+    finally:
+        g.stop_stream()
+        g.close()
+    assert result.as_numpy("FINISH_REASON")[0] == b"length"
+    assert result.as_numpy("NUM_TOKENS")[0] == 8
+    assert result.as_numpy("TEXT")[0] == plain.as_numpy("TEXT")[0] != b""
+    assert q.empty()

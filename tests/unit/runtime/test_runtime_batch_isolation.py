@@ -167,6 +167,7 @@ def test_bad_rows_never_fail_the_good_rows_in_flight(setup):
         pytest.param({"max_tokens": -1}, "max_tokens: -1 is outside", id="max-tokens"),
         pytest.param({"frequency_penalty": 3}, "frequency_penalty: 3 is outside", id="frequency"),
         pytest.param({"presence_penalty": -2.5}, "presence_penalty: -2.5 is outside", id="presence"),
+        pytest.param({"stream": "no"}, "stream: must be true or false", id="stream"),
     ],
 )
 def test_service_refuses_out_of_range_numbers_naming_the_field(service, params, message):
@@ -220,3 +221,11 @@ def service(tiny_model_dir, model, tokenizer):
         warmup=False,
     )
     return ChatService(settings, model=model, tokenizer=tokenizer)
+
+
+def test_service_drops_the_stream_hook_when_stream_is_false(service):
+    """`stream: false` (a non-streaming request on the decoupled model) runs without deltas."""
+    hook = [].append
+    streamed = service.prepare(b"hi", b'{"max_tokens": 2}', on_text=hook)
+    quiet = service.prepare(b"hi", b'{"max_tokens": 2, "stream": false}', on_text=hook)
+    assert streamed.request.on_text is hook and quiet.request is not None and quiet.request.on_text is None

@@ -38,12 +38,16 @@ class FakeBackend:
             await asyncio.sleep(10)
         if self.mode == "invalid":
             raise BackendError("invalid", "messages: the prompt is 9999 tokens, more than the 100 left")
+        if self.mode == "overloaded":
+            raise BackendError("overloaded", "kv budget: 8 running requests hold the KV budget; retry later")
         return Chunk(f"echo: {messages[-1]['content']}", "stop", 3, prompt_tokens=7)
 
     async def stream(self, messages, params, timeout):
         self.calls.append((messages, params))
         if self.mode == "down":
             raise BackendError("unavailable", "connection refused")
+        if self.mode == "overloaded":
+            raise BackendError("overloaded", "kv budget: 8 running requests hold the KV budget; retry later")
         for word in ("one ", "two ", "three"):
             yield Chunk(word)
             if self.mode == "stall":  # the stream stops part-way: the deadline ends it
@@ -465,3 +469,21 @@ def test_the_models_bad_request_error_reads_as_the_clients_fault_in_the_api():
     )
     assert (err.kind, str(err)) == ("invalid", "messages: must not be empty")
     assert _classify(Exception(error_message("internal", "generate failed: boom"))).kind == "error"
+
+
+def test_the_models_overloaded_error_reads_as_overloaded_in_the_api():
+    from chatfleet_runtime.backend import _classify
+    from chatfleet_runtime.service import error_message
+
+    err = _classify(Exception(f"[StatusCode.INTERNAL] {error_message('overloaded', 'kv budget: full')}"))
+    assert (err.kind, str(err)) == ("overloaded", "kv budget: full")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_full_kv_budget_is_429_with_retry_after_and_not_a_breaker_failure(client, backend, stream):
+    backend.mode = "overloaded"
+    for _ in range(3):
+        r = post(client, {"messages": U, "stream": stream})
+        assert r.status_code == 429 and r.headers["retry-after"] == "1"
+        assert r.json()["error"]["code"] == "overloaded" and "kv budget" in r.json()["error"]["message"]
+    assert client.app.state.breaker.state == "closed"

@@ -322,3 +322,45 @@ def test_public_steps_merge_a_late_row_with_output_identical_to_generate(model, 
             done += finished
     results = {id(row.req): engine.result(row) for row in done}
     assert [results[id(r)].token_ids for r in reqs] == expected
+
+
+def test_batch_width_follows_live_rows_under_steady_traffic(model, tokenizer):
+    """Rows join and leave for 200 steps and the batch never empties: the KV width stays at the longest
+    live row's span (never the batch's age), and every row's greedy tokens equal its tokens alone."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model on a shared machine: one thread is several times faster
+    try:
+        _steady_traffic(BatchGenerator(model, tokenizer), tokenizer)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _steady_traffic(engine, tokenizer):
+    import torch
+
+    texts = ["Hello there", "Tell me a story about a dragon", "Hi", "What is Triton?"]
+    kinds = [(t, n) for t in texts for n in range(4, 11)]
+    alone = {
+        kind: engine.generate([GenerationRequest(prompt(tokenizer, kind[0]).ids, SamplingParams(kind[1]))])[0]
+        for kind in kinds
+    }
+    reqs = [GenerationRequest(prompt(tokenizer, t).ids, SamplingParams(n)) for t, n in kinds * 20]
+    expected = {id(r): alone[kind].token_ids for r, kind in zip(reqs, kinds * 20, strict=True)}
+    longest = max(len(r.prompt_ids) + r.params.max_new_tokens for r in reqs)
+    waiting, done, widths = list(reqs), [], []
+    with torch.inference_mode():
+        batch = engine.start([engine.new_row(waiting.pop(0), 0.0)])
+        for _ in range(200):
+            while waiting and len(batch.rows) < 6:  # rows join as soon as there is room
+                batch = engine.merge(batch, engine.start([engine.new_row(waiting.pop(0), 0.0)]))
+            batch, finished = engine.step(batch)
+            done += finished
+            if batch is None:
+                break
+            widths.append(batch.mask.shape[1])
+            assert all(layer.keys.shape[2] == batch.mask.shape[1] for layer in batch.cache.layers)
+    assert len(done) >= 40 and len(widths) == 200, (len(done), len(widths))
+    assert max(widths) <= longest, (max(widths), longest)  # a growing cache would reach ~200
+    assert all(engine.result(row).token_ids == expected[id(row.req)] for row in done)

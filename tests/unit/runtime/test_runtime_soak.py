@@ -1,0 +1,144 @@
+"""Soak: under steady overlapping traffic the engine's memory and speed plateau (issue 24).
+
+Test design: 24 closed-loop clients (half streamed, half not) keep the in-flight engine full for about
+two minutes through ``ChatService.prepare`` + ``ChatService.submit``, the entry points the Triton model
+uses. Each client sends a chat of random length, waits for its answer, and sends the next one at once,
+so rows keep joining and leaving and the running batch never empties. A sampler records the process's
+RSS and the tokens generated every half second.
+
+The run is cut into quarters. Memory must plateau: the last quarter's highest RSS stays within 16 MiB
+of the first quarter's (the KV cache is bounded by the live rows). Speed must hold: tokens per CPU second
+in the last quarter are at least 90 % of the first quarter's. CPU seconds (this process's user + system
+time, one torch thread) rather than wall seconds, because other processes share the machine; the wall
+figures are printed alongside. A KV cache that grows with the batch's age fails both: every step then
+attends over, and copies, more columns than the live rows need.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+CLIENTS = 24
+DURATION_S = 120.0
+SAMPLE_S = 0.5
+#: Growth allowed between the first and the last quarter's peak RSS (allocator noise; about 2 % of the
+#: process). A cache that grows with the batch's age adds about 24 KiB per step here: 60 MiB in two minutes.
+RSS_SLACK = 16 * 2**20
+TEXTS = [
+    "Hello there",
+    "Tell me a long story about Kubernetes and pods",
+    "What is Triton?",
+    "Explain continuous batching in two sentences, please.",
+    "Hi",
+]
+
+
+@pytest.fixture
+def soak_service(tiny_model_dir, model, tokenizer):
+    """A ChatService over the tiny model with the in-flight engine started (one torch thread)."""
+    import torch
+    from chatfleet_runtime.service import ChatService, ServiceSettings
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    settings = ServiceSettings(
+        model_dir=str(tiny_model_dir),
+        tokenizer_dir=str(tiny_model_dir),
+        max_context_tokens=512,
+        max_new_tokens=64,
+        max_batch_size=CLIENTS,
+        stream_interval_ms=0,
+        warmup=False,
+    )
+    service = ChatService(settings, model=model, tokenizer=tokenizer)
+    service.start_inflight()
+    try:
+        yield service
+    finally:
+        service.close()
+        torch.set_num_threads(threads)
+
+
+def _client(service, index: int, stop: threading.Event, tokens: list[int], errors: list[str]) -> None:
+    """Send chats one after another until stopped; streamed when index is even."""
+    rng = random.Random(index)
+    while not stop.is_set():
+        messages = json.dumps([{"role": "user", "content": rng.choice(TEXTS) * rng.randint(1, 3)}])
+        params = json.dumps({"max_tokens": rng.randint(8, 64), "temperature": 0.7, "top_p": 0.9})
+        deltas: list[str] = []
+        streamed = index % 2 == 0
+        prep = service.prepare(
+            messages.encode(), params.encode(), on_text=deltas.append if streamed else None
+        )
+        assert prep.request is not None, prep.error
+        done = threading.Event()
+        outcome: list = []
+
+        def on_done(result, error, outcome=outcome, done=done):
+            outcome.append((result, error))
+            done.set()
+
+        service.submit(prep.request, on_done)
+        if not done.wait(60):
+            errors.append("no answer within 60 s")
+            return
+        result, error = outcome[0]
+        if error is not None:
+            errors.append(str(error))
+            return
+        if streamed and "".join(deltas) != result.text:
+            errors.append("streamed deltas differ from the text")
+        tokens[index] += len(result.token_ids)
+
+
+def _quarters(samples: list[tuple[float, float, int, int]]):
+    """First and last quarter of (wall, cpu, rss, tokens) samples: peak RSS, tokens per CPU s and per wall s."""
+    n = len(samples) // 4
+
+    def stats(part):
+        (w0, c0, _, t0), (w1, c1, _, t1) = part[0], part[-1]
+        return max(s[2] for s in part), (t1 - t0) / (c1 - c0), (t1 - t0) / (w1 - w0)
+
+    return stats(samples[: n + 1]), stats(samples[-n - 1 :])
+
+
+def test_memory_and_speed_plateau_under_steady_overlapping_traffic(soak_service):
+    import psutil
+
+    proc = psutil.Process()
+    stop = threading.Event()
+    tokens = [0] * CLIENTS
+    errors: list[str] = []
+    clients = [
+        threading.Thread(target=_client, args=(soak_service, i, stop, tokens, errors), daemon=True)
+        for i in range(CLIENTS)
+    ]
+    for c in clients:
+        c.start()
+    time.sleep(5.0)  # ramp-up: every client has a row in the batch before the measurement starts
+    samples = []
+    end = time.perf_counter() + DURATION_S
+    while time.perf_counter() < end:
+        cpu = proc.cpu_times()
+        samples.append((time.perf_counter(), cpu.user + cpu.system, proc.memory_info().rss, sum(tokens)))
+        time.sleep(SAMPLE_S)
+    stop.set()
+    for c in clients:
+        c.join(90)
+    (rss_first, cpu_first, wall_first), (rss_last, cpu_last, wall_last) = _quarters(samples)
+    print(
+        f"\nsoak: {sum(tokens)} tokens; RSS peak {rss_first / 2**20:.0f} -> {rss_last / 2**20:.0f} MiB; "
+        f"tokens/CPU s {cpu_first:.0f} -> {cpu_last:.0f}; tokens/wall s {wall_first:.0f} -> {wall_last:.0f}"
+    )
+    assert not errors, errors[:5]
+    assert rss_last <= rss_first + RSS_SLACK, (
+        f"RSS grew {rss_first / 2**20:.0f} -> {rss_last / 2**20:.0f} MiB"
+    )
+    assert cpu_last >= cpu_first * 0.90, f"tokens per CPU second fell {cpu_first:.0f} -> {cpu_last:.0f}"

@@ -113,8 +113,7 @@ class DrainGate:
                     message = {**message, "headers": [*headers, (b"connection", b"close")]}
             await send(message)
 
-        server = scope.get("server")
-        if scope["path"] not in WORK_PATHS or (server is not None and server[1] in self.other_ports):
+        if scope["path"] not in WORK_PATHS or arrival_port(scope) in self.other_ports:
             return await self.app(scope, receive, send_closing)
         self.drain.enter()
         try:
@@ -130,9 +129,22 @@ Handler = Callable[[Request], Awaitable[Response]]
 LOOPBACK = frozenset({"127.0.0.1", "::1"})
 
 
-def from_loopback(request: Request) -> bool:
-    """Whether the request came from this pod's own loopback (the kernel drops loopback sources off lo)."""
-    return request.client is not None and request.client.host in LOOPBACK
+def loopback_only(handler: Handler) -> Handler:
+    """The handler for requests from this pod's own loopback (the kernel drops loopback sources arriving
+    on any other interface); 403 for anyone else."""
+
+    async def guarded(request: Request) -> Response:
+        if request.client is None or request.client.host not in LOOPBACK:
+            return JSONResponse({"detail": "the drain is the pod's own (loopback only)"}, status_code=403)
+        return await handler(request)
+
+    return guarded
+
+
+def arrival_port(scope) -> int | None:
+    """The listening port an HTTP request arrived on (the ASGI scope's ``server``), None if unknown."""
+    server = scope.get("server") if scope["type"] == "http" else None
+    return server[1] if server is not None else None
 
 
 class PortRoutes:
@@ -147,8 +159,7 @@ class PortRoutes:
 
     async def __call__(self, scope, receive, send):
         """Route requests of the listed ports here; pass everything else through."""
-        server = scope.get("server") if scope["type"] == "http" else None
-        routes = self.ports.get(server[1]) if server is not None else None
+        routes = self.ports.get(arrival_port(scope))
         if routes is None:
             return await self.app(scope, receive, send)
         route = routes.get((scope["method"], scope["path"]))
@@ -228,16 +239,14 @@ def create_app(settings: ApiSettings, backend=None, redis_client=None, clock=tim
             return JSONResponse({"status": "ready", "breaker": pipeline.breaker.state})
         return JSONResponse({"status": "waiting for triton"}, status_code=503)
 
-    async def begin_drain(request: Request) -> Response:
-        """Start draining (idempotent; the preStop hook's call, from the pod's loopback only); the state."""
-        if not from_loopback(request):
-            return JSONResponse({"detail": "the drain is the pod's own (loopback only)"}, status_code=403)
+    @loopback_only
+    async def begin_drain(_request: Request) -> Response:
+        """Start draining (idempotent; the preStop hook's call); the drain's state."""
         return JSONResponse(pipeline.begin_drain())
 
-    async def drain_state(request: Request) -> Response:
-        """The drain's state (from the pod's loopback only): draining, inflight, drained, since_seconds, refused."""
-        if not from_loopback(request):
-            return JSONResponse({"detail": "the drain is the pod's own (loopback only)"}, status_code=403)
+    @loopback_only
+    async def drain_state(_request: Request) -> Response:
+        """The drain's state: draining, inflight, drained, since_seconds, refused."""
         return JSONResponse(pipeline.drain.state())
 
     async def prometheus_metrics(_request: Request) -> Response:
@@ -342,8 +351,12 @@ def listening_ports(settings: ApiSettings, port: int) -> list[int]:
     e.g. port 8080 with the defaults and shadow 8081 -> [8080, 8082, 8090, 8081]. Two of them equal is a
     ValueError naming them: a request is routed by the port it arrived on, so each must be its own.
     """
-    named = {"chat": port, "admin": settings.admin_port, "metrics": settings.metrics_port}
-    named["shadow"] = settings.shadow_port
+    named = {
+        "chat": port,
+        "admin": settings.admin_port,
+        "metrics": settings.metrics_port,
+        "shadow": settings.shadow_port,
+    }
     used = {name: p for name, p in named.items() if p}
     if "admin" not in used or "metrics" not in used:
         raise ValueError("the admin and metrics ports must be set (not 0)")

@@ -305,10 +305,7 @@ def reconcile_pass(
     if hold:
         patch, new_status = {}, dict(ctx.old_status)
     writes = len(changes) + int(seed)
-    written = client.patch_status(ref.namespace, ref.name, patch) if patch else None
-    if written:
-        world.remember(api.KIND, ref.namespace, ref.name, slim(written), resource_version(written))
-        world.status_written((ref.namespace, ref.name), now)
+    written = _write_status(client, world, ref, patch, now)
     if patch and written is not None:
         writes += 1
         ready = next(c for c in new_status["conditions"] if c["type"] == api.COND_READY)
@@ -321,11 +318,7 @@ def reconcile_pass(
             ready["reason"],
         )
         count_release_transitions(plan)  # counted once written (a transition not written is planned again)
-    for event in pass_events(ctx.old_status, new_status, plan.events):
-        client.post_event(body, event.type, event.reason, event.message, now)
-        log.info(
-            "Posted %s event %s on ChatbotService %s/%s", event.type, event.reason, ref.namespace, ref.name
-        )
+    _post_events(client, body, ref, pass_events(ctx.old_status, new_status, plan.events), now)
     return Outcome(
         problems=problems,
         writes=writes,
@@ -344,20 +337,34 @@ def _refuse(
     old_status = body.get("status") or {}
     new_status = refused_status(old_status, ref.generation, problems, now)
     patch = status_patch(old_status, new_status)
-    written = client.patch_status(ref.namespace, ref.name, patch) if patch else None
-    if written:
-        world.remember(api.KIND, ref.namespace, ref.name, slim(written), resource_version(written))
-        world.status_written((ref.namespace, ref.name), now)
+    written = _write_status(client, world, ref, patch, now)
     if patch and written is None:  # the object is gone
         return Outcome(problems=problems, writes=0, status=new_status, refused=True)
     if patch:
         log.info("Refused to build ChatbotService %s/%s: %s", ref.namespace, ref.name, problems[0].message)
-    for event in pass_events(old_status, new_status):
+    _post_events(client, body, ref, pass_events(old_status, new_status), now)
+    return Outcome(problems=problems, writes=int(bool(patch)), status=new_status, refused=True)
+
+
+def _write_status(
+    client: Client, world: World, ref: ObjectRef, patch: Mapping[str, Any], now: datetime
+) -> dict[str, Any] | None:
+    """The pass's one status write when `patch` is not empty, remembered in the world; the written
+    object, or None (nothing to write, or the object is gone)."""
+    written = client.patch_status(ref.namespace, ref.name, patch) if patch else None
+    if written:
+        world.remember(api.KIND, ref.namespace, ref.name, slim(written), resource_version(written))
+        world.status_written((ref.namespace, ref.name), now)
+    return written
+
+
+def _post_events(client: Client, body: Mapping[str, Any], ref: ObjectRef, events, now: datetime) -> None:
+    """Post the events of a pass's status difference."""
+    for event in events:
         client.post_event(body, event.type, event.reason, event.message, now)
         log.info(
             "Posted %s event %s on ChatbotService %s/%s", event.type, event.reason, ref.namespace, ref.name
         )
-    return Outcome(problems=problems, writes=int(bool(patch)), status=new_status, refused=True)
 
 
 def count_release_transitions(plan: ReleasePlan) -> None:

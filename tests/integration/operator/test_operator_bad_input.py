@@ -97,19 +97,25 @@ def test_crash_looping_pods_make_it_degraded(kube):
     assert kube.get("chatbotservice", "bot")["status"]["phase"] == "Degraded"
 
 
-def test_a_new_gpu_node_unblocks_without_waiting_for_backoff(kube):
+def test_a_new_gpu_node_unblocks_without_waiting_for_backoff(kube, operator):
+    """The node watch, not the retry timer or a pod, brings the pass. The bot has no replicas, so no pod
+    event follows the node (with pods, their scheduling alone would run a pass); the node arrives once the
+    operator has scheduled a retry 20 s away (retries back off 5, 10, 20 s), and the stall must clear well
+    before that. Without the node watch the wait below runs out (tried: it does)."""
     from chatfleet_platform.nodes import GPUProduct, gpu_node
 
     product = "NVIDIA-GB300-TEST"
-    kube.apply(chatbot("bot", resources={"gpuProduct": product}))
+    kube.apply(chatbot("bot", resources={"gpuProduct": product}, scaling={"replicas": 0}))
     stalled(kube, "bot", "NoMatchingGPUNodes")
-    time.sleep(6)  # past the first retry: the next one is 10 s or more away
+    later = f"ChatbotService {kube.ns}/bot, retry in 20s"
+    assert wait_until(lambda: later in operator.log_text(), 45), "the operator never scheduled a 20 s retry"
     node = gpu_node("gpu-node-gb300", GPUProduct(product, 4, 288000, "test"), zone="zone-a")
     kube.cluster.add_nodes([node])
     try:
-        assert wait_until(lambda: kube.condition("bot", "Ready").get("status") == "True", 15), kube.get(
+        assert wait_until(lambda: kube.condition("bot", "Stalled").get("status") != "True", 12), kube.get(
             "chatbotservice", "bot"
         ).get("status")
+        assert kube.condition("bot", "Ready").get("status") == "True"
     finally:
         kube.cluster.kubectl("delete", "node", "gpu-node-gb300", "--wait=false", check=False)
 

@@ -195,3 +195,43 @@ def test_gateway_api_or_keda_crds_appearing_run_every_chatbotservice_again(monke
     seen = asyncio.run(scenario())
     assert seen == [[1], [1], [1, 1], [1, 1, 1]]
     assert forgotten == ["gateway", "keda", "gateway", "keda"]
+
+
+def node(name: str, product: str, gpus: str = "8") -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "labels": {"nvidia.com/gpu.product": product}},
+        "spec": {},
+        "status": {"allocatable": {"nvidia.com/gpu": gpus}},
+    }
+
+
+def test_a_node_arriving_or_changing_retries_at_once_only_the_bots_waiting_for_a_node():
+    """The node watch: a ChatbotService stalled on placement (no node of its product, too few GPUs) runs
+    again at once when a node appears or changes its GPUs, long before its retry timer (30 s here);
+    one stalled on anything else does not, and a node event that changes nothing runs no pass."""
+    placement = Outcome(
+        problems=[Problem(api.Reason.NO_MATCHING_GPU_NODES, "No schedulable node has gpu.product=X")],
+        writes=0,
+        status={},
+    )
+
+    async def scenario(outcome: Outcome) -> list[list[int]]:
+        controller = Recorder(outcome)
+        controller.see("ADDED", body(1, rv=1))
+        await settle()
+        seen = [list(controller.ran)]
+        controller.node_event("ADDED", node("gpu-1", "NVIDIA-GB300"))
+        await settle()
+        seen.append(list(controller.ran))
+        controller.node_event("MODIFIED", node("gpu-1", "NVIDIA-GB300"))  # a heartbeat: nothing new
+        await settle()
+        seen.append(list(controller.ran))
+        controller.node_event("MODIFIED", node("gpu-1", "NVIDIA-GB300", gpus="4"))
+        await settle()
+        seen.append(list(controller.ran))
+        for timer in controller._retries.values():
+            timer.cancel()
+        return seen
+
+    assert asyncio.run(scenario(placement)) == [[1], [1, 1], [1, 1], [1, 1, 1]]
+    assert asyncio.run(scenario(STALLED)) == [[1], [1], [1], [1]]

@@ -27,7 +27,7 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
 
-#: Model sizes: tiny for tests (about 140k parameters), small for the benchmark (compute matters more).
+#: Model sizes: tiny for tests (205,120 parameters), small for the benchmark (compute matters more).
 SIZES = {
     "tiny": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4},
     "small": {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8},

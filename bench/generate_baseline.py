@@ -17,11 +17,15 @@ The time to the end of the batch (what a non-streaming client sees) is kept as `
 
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+#: Prompts of at least this many tokens are batched apart from shorter ones (``length_groups``).
+LONG_PROMPT_TOKENS = 256
 
 
 @dataclass
@@ -77,14 +81,39 @@ def row_sample(submitted: float, length: int, step_times: list[float], batch_end
     }
 
 
+def step_gaps(step_times: list[float], length: int) -> list[float]:
+    """The gaps between a row's tokens (its inter-token latency as streamed), e.g. [1.5, 1.6, 1.8], 3 -> [0.1, 0.2]."""
+    return [b - a for a, b in itertools.pairwise(step_times[:length])]
+
+
+def length_groups(prompt_lengths: list[int], threshold: int = LONG_PROMPT_TOKENS) -> list[list[int]]:
+    """Indices of a collected batch split into short and long prompts (each group one generate()).
+
+    Left padding makes every row of a batch as long as its longest prompt: one ~1,000-token history would
+    make 31 short questions cost 1,000 tokens each. E.g. [20, 1030, 25] -> [[0, 2], [1]]; [20, 25] -> [[0, 1]].
+    """
+    short = [i for i, n in enumerate(prompt_lengths) if n < threshold]
+    long = [i for i, n in enumerate(prompt_lengths) if n >= threshold]
+    return [g for g in (short, long) if g]
+
+
 class StaticBatcher:
     """Static batches of model.generate() on a worker thread; clients call submit_and_wait concurrently."""
 
-    def __init__(self, model, tokenizer, *, threads: int, max_batch: int, window_s: float):
+    def __init__(
+        self, model, tokenizer, *, threads: int, max_batch: int, window_s: float, sampling: dict | None = None
+    ):
         import torch
 
         self.torch, self.model, self.tokenizer = torch, model, tokenizer
         self.threads, self.max_batch, self.window_s = threads, max_batch, window_s
+        # Greedy unless a temperature is given: {"temperature": 0.7, "top_p": 0.9} samples (top-k off).
+        temperature = (sampling or {}).get("temperature", 0.0)
+        self.sampling = (
+            {"do_sample": True, "temperature": temperature, "top_p": sampling["top_p"], "top_k": 0}
+            if temperature > 0
+            else {"do_sample": False}
+        )
         # Every special token, EOS included: answers end at their own length, never earlier.
         self.suppress = sorted(set(tokenizer.all_special_ids))
         self.jobs: queue.Queue = queue.Queue()
@@ -110,12 +139,19 @@ class StaticBatcher:
             self.threads
         )  # OpenMP thread counts are per thread: set it where generate runs
         while batch := collect_batch(self.jobs, self.max_batch, self.window_s):
-            try:
-                self._run(batch)
-            except Exception as exc:  # the clients see it; the worker takes the next batch
-                for job in batch:
-                    if job.sample is None:
-                        job.report(exc)
+            lengths = [len(self._prompt_ids(job)) for job in batch]
+            for group in length_groups(lengths):
+                rows = [batch[i] for i in group]
+                try:
+                    self._run(rows)
+                except Exception as exc:  # the clients see it; the worker takes the next batch
+                    for job in rows:
+                        if job.sample is None:
+                            job.report(exc)
+
+    def _prompt_ids(self, job: Job) -> list[int]:
+        ids = self.tokenizer.apply_chat_template(job.messages, add_generation_prompt=True, tokenize=True)
+        return ids if isinstance(ids, list) else ids["input_ids"]
 
     def _run(self, batch: list[Job]) -> None:
         """One generate() for the batch; each row reported at its own last token.
@@ -143,6 +179,7 @@ class StaticBatcher:
                 for job in batch:
                     if job.length == len(steps) < longest:
                         job.sample = row_sample(job.submitted, job.length, steps, steps[-1], size)
+                        job.sample["gaps"] = step_gaps(steps, job.length)
                         job.report(job.sample)
 
             def end(self):
@@ -157,7 +194,7 @@ class StaticBatcher:
             out = self.model.generate(
                 **inputs,
                 max_new_tokens=longest,
-                do_sample=False,
+                **self.sampling,
                 suppress_tokens=self.suppress,
                 streamer=StepClock(),
                 pad_token_id=tokenizer.pad_token_id,
@@ -175,6 +212,7 @@ class StaticBatcher:
         for job in batch:
             if job.sample is None:
                 job.sample = row_sample(job.submitted, job.length, steps, end, size)
+                job.sample["gaps"] = step_gaps(steps, job.length)
                 job.report(job.sample)
 
 

@@ -43,23 +43,25 @@ class ModelParameters:
     tokenizer_dir: str | None = field(default=None, metadata=ALWAYS)
     """Local path of the tokenizer; None means the tokenizer sits beside the weights (written as model_dir)."""
     precision: str = field(default="fp32", metadata=ALWAYS)
-    """Weights and activations: fp32 (CPU), fp16/bf16 (GPU), int8 (devices that support it)."""
+    """Weights and activations: auto, fp32, fp16, bf16 or int8 (what runs per device: docs/runtime.md
+    "Precision")."""
     max_new_tokens: int = field(default=256, metadata=ALWAYS)
     """Upper bound on generated tokens per request (a request may ask for fewer)."""
     max_context_tokens: int = field(default=2048, metadata=ALWAYS)
     """Prompt plus history is truncated (oldest turns first) to fit this many tokens."""
     history_turns: int = field(default=5, metadata=ALWAYS)
     """Sliding window of conversation turns kept as history."""
-    prefix_cache_entries: int = field(default=64, metadata=ALWAYS)
-    """Conversations whose KV cache is kept for prefix reuse (least recently used evicted)."""
+    prefix_cache_entries: int = field(default=1024, metadata=ALWAYS)
+    """Conversations and system prompts whose KV is kept for prefix reuse (least recently used evicted)."""
     chat_template: str | None = None
     """Jinja chat template overriding the tokenizer's own; None keeps the tokenizer's."""
     tokenizer_uri: str | None = None
     """A tokenizer given as a URI (spec.model.tokenizer): wins over tokenizer_dir, fetched like the weights."""
     model_revision: str | None = None
     """The weights' revision (spec.model.revision); written so that a new revision rolls the pods."""
-    prefix_cache_bytes: int = 256 * 2**20
-    """Bytes the KV prefix cache may hold (256 MiB)."""
+    prefix_cache_bytes: int = 0
+    """Bytes the KV prefix (session) store may hold, taken from the KV memory (``kvsizing``); 0: a tenth of
+    the KV memory (256 MiB when there is no KV memory budget)."""
     torch_threads: int = 0
     """torch's intra-op threads (0: torch's default); set it to the pod's CPU limit on CPU pods."""
     default_max_tokens: int = 64
@@ -71,10 +73,18 @@ class ModelParameters:
     cancel_check_ms: int = 200
     """How often each running request asks Triton whether its client is gone (an IPC round trip)."""
     inflight_batching: bool = True
-    """Streaming model: requests join the running batch between steps (continuous batching)."""
-    kv_budget_bytes: int = 0
-    """Bytes the running batch's KV cache may take at its widest (rows x longest prompt + max tokens);
-    a request beyond it waits, then is refused (`overloaded:`, the chat API's 429). 0: no budget."""
+    """Requests join the running batch between steps (continuous batching); false: static batching."""
+    kv_memory_bytes: int = 0
+    """The KV memory in bytes (spec.runtime.kvCache.memory): the prefix store plus the running batch's KV
+    budget, which bounds rows x longest (prompt + max tokens) x bytes per position; a request beyond it
+    waits, then is refused (`overloaded:`, the chat API's 429). 0: `kv_memory_fraction` decides."""
+    kv_memory_fraction: float = 0.9
+    """With `kv_memory_bytes` 0, the KV memory is this share of what is left of the device after loading (GPU:
+    its total memory less the weights; CPU: the container's memory limit less the process), split evenly
+    between the model instances sharing it (``kvsizing.kv_sizing``). 0: no KV budget (rows: max_batch_size)."""
+    kv_typical_prompt_tokens: int = 512
+    """The prompt length the row limit is sized for: rows = budget / (bytes per position x (this +
+    max_new_tokens)), at most max_batch_size."""
     admission_queue: int = 64
     """Requests that may wait for room in the KV budget; one more is refused at once."""
     admission_wait_ms: int = 10_000
@@ -82,6 +92,13 @@ class ModelParameters:
     prefill_chunk_tokens: int = 256
     """A prompt longer than this is prefilled in chunks of this many tokens between decode steps (in-flight
     batching), so a long prompt never stalls the running streams for its whole length. 0: in one pass."""
+
+    calibration_prompts: str | None = None
+    """int8 only: the calibration prompts as a JSON list of strings (spec.runtime.calibration.prompts)."""
+    calibration_file: str | None = None
+    """int8 only: a file holding the calibration prompts (the mounted spec.runtime.calibration.configMapRef)."""
+    int8_min_agreement: float = 0.98
+    """int8 only: the next-token agreement with full precision the int8 model must reach before it serves."""
 
     @property
     def tokenizer_source(self) -> str:
@@ -136,6 +153,8 @@ def _from_text(raw: str, default: Any) -> Any:
         return str(raw).lower() != "false"
     if isinstance(default, int):
         return int(raw)
+    if isinstance(default, float):
+        return float(raw)
     return str(raw)
 
 

@@ -9,8 +9,8 @@ Example::
     >>> cfg = ChatModelConfig(max_batch_size=8, preferred_batch_sizes=(4, 8), kind="KIND_CPU")
     >>> files = model_repository_configs(cfg)
     >>> sorted(files)
-    ['chat', 'chat_stream']
-    >>> "max_batch_size: 8" in files["chat"]
+    ['chat']
+    >>> "max_batch_size: 8" in files["chat"] and "decoupled: true" in files["chat"]
     True
 """
 
@@ -23,14 +23,13 @@ from dataclasses import dataclass, field
 
 from chatfleet_contract.parameters import ModelParameters
 
-#: Name of the batched, non-streaming model in the repository.
+#: Name of the one model in the repository. It is decoupled and serves streamed and non-streamed requests
+#: (``stream: false`` in PARAMETERS) through the same in-flight batch: one copy of the weights per instance.
 MODEL_NAME = "chat"
-#: Name of the decoupled (token-streaming) model in the repository.
-STREAM_MODEL_NAME = "chat_stream"
-#: How the chat models' error messages start when the request is at fault (the chat API answers 400).
+#: How the chat model's error messages start when the request is at fault (the chat API answers 400).
 INVALID_REQUEST = "invalid_request: "
 
-PRECISIONS = ("fp32", "fp16", "bf16", "int8")
+PRECISIONS = ("auto", "fp32", "fp16", "bf16", "int8")
 KINDS = ("KIND_GPU", "KIND_CPU")
 
 
@@ -50,13 +49,13 @@ class ChatModelConfig(ModelParameters):
     """GPU indices of the instance group (KIND_GPU): `instance_count` instances on each, every instance
     loading on the GPU Triton assigns it. Empty: Triton's default, every visible GPU."""
     max_batch_size: int = 8
-    """Largest dynamic batch Triton forms; one generate() runs per batch."""
+    """Most requests in one batch: the in-flight engine's running batch (static mode: Triton's dynamic batch)."""
     preferred_batch_sizes: tuple[int, ...] = ()
-    """Batch sizes the dynamic batcher aims for; empty lets it use any size up to the maximum."""
+    """Static mode only (inflight_batching false): batch sizes the dynamic batcher aims for; empty lets it
+    use any size up to the maximum."""
     max_queue_delay_us: int = 10_000
-    """How long (microseconds) a request may wait in the queue for a batch to fill."""
-    streaming: bool = True
-    """Also serve the decoupled streaming model (chat_stream)."""
+    """Static mode only (inflight_batching false): how long (microseconds) a request may wait in Triton's
+    queue for a batch to fill. In-flight batching renders 0."""
     extra_parameters: Mapping[str, str] = field(default_factory=dict)
     """Further string parameters passed through to the model, over the typed ones (advanced)."""
 
@@ -91,8 +90,8 @@ def _q(value: str) -> str:
     return json.dumps(value)
 
 
-def render_config_pbtxt(cfg: ChatModelConfig, *, name: str, decoupled: bool) -> str:
-    """Render one model's config.pbtxt in protobuf text format."""
+def render_config_pbtxt(cfg: ChatModelConfig, *, name: str = MODEL_NAME) -> str:
+    """Render the chat model's config.pbtxt in protobuf text format (always decoupled)."""
     lines = [
         f"name: {_q(name)}",
         'backend: "python"',
@@ -109,9 +108,9 @@ def render_config_pbtxt(cfg: ChatModelConfig, *, name: str, decoupled: bool) -> 
         "]",
         "dynamic_batching {",
     ]
-    # The streaming model batches in flight (requests join the running batch between decode steps), so
-    # holding requests in Triton's queue would only add latency: hand them over at once.
-    inflight = decoupled and cfg.model_parameters().inflight_batching
+    # The model batches in flight (requests join the running batch between decode steps), so holding
+    # requests in Triton's queue would only add latency: hand them over at once.
+    inflight = cfg.model_parameters().inflight_batching
     if cfg.preferred_batch_sizes and not inflight:
         sizes = ", ".join(str(s) for s in cfg.preferred_batch_sizes)
         lines.append(f"  preferred_batch_size: [ {sizes} ]")
@@ -119,8 +118,9 @@ def render_config_pbtxt(cfg: ChatModelConfig, *, name: str, decoupled: bool) -> 
     lines += [f"  max_queue_delay_microseconds: {delay}", "}"]
     gpus = f" gpus: [ {', '.join(str(g) for g in cfg.gpus)} ]" if cfg.gpus and cfg.kind == "KIND_GPU" else ""
     lines += [f"instance_group [ {{ count: {cfg.instance_count} kind: {cfg.kind}{gpus} }} ]"]
-    if decoupled:
-        lines.append("model_transaction_policy { decoupled: true }")
+    # Decoupled: any number of responses per request (text deltas, then a final one), so one model serves
+    # streamed and non-streamed requests alike.
+    lines.append("model_transaction_policy { decoupled: true }")
     lines.append("parameters [")
     params = sorted(cfg.parameters().items())
     for i, (key, value) in enumerate(params):
@@ -131,11 +131,8 @@ def render_config_pbtxt(cfg: ChatModelConfig, *, name: str, decoupled: bool) -> 
 
 
 def model_repository_configs(cfg: ChatModelConfig) -> dict[str, str]:
-    """Map model name -> config.pbtxt text for every model of the chat repository."""
-    files = {MODEL_NAME: render_config_pbtxt(cfg, name=MODEL_NAME, decoupled=False)}
-    if cfg.streaming:
-        files[STREAM_MODEL_NAME] = render_config_pbtxt(cfg, name=STREAM_MODEL_NAME, decoupled=True)
-    return files
+    """Map model name -> config.pbtxt text for every model of the chat repository: exactly one, ``chat``."""
+    return {MODEL_NAME: render_config_pbtxt(cfg)}
 
 
 _KIND_RE = re.compile(r"\bkind:\s*(KIND_[A-Z]+)")
@@ -173,7 +170,7 @@ _PARAM_RE = re.compile(
 def parse_parameters(pbtxt: str) -> dict[str, str]:
     """Read back the string `parameters` of a config.pbtxt rendered by `render_config_pbtxt`.
 
-    >>> parse_parameters(render_config_pbtxt(ChatModelConfig(model_dir="/w"), name="chat", decoupled=False))["model_dir"]
+    >>> parse_parameters(render_config_pbtxt(ChatModelConfig(model_dir="/w")))["model_dir"]
     '/w'
     """
     return {json.loads(k): json.loads(v) for k, v in _PARAM_RE.findall(pbtxt)}

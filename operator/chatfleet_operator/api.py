@@ -84,6 +84,9 @@ class Reason:
     UNSCHEDULABLE = "Unschedulable"
     PROGRESS_DEADLINE_EXCEEDED = "ProgressDeadlineExceeded"
     CREATE_CONTAINER_CONFIG_ERROR = "CreateContainerConfigError"
+    #: The runtime refused to serve int8: its agreement with full precision is under the threshold (or the
+    #: calibration prompts could not be read); the pod's termination message says which.
+    PRECISION_CHECK_FAILED = "PrecisionCheckFailed"
     APPLY_FAILED = "ApplyFailed"
     INVALID_ANALYSIS_TARGET = "InvalidAnalysisTarget"
     RECONCILE_ERROR = "ReconcileError"

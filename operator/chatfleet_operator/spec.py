@@ -70,7 +70,7 @@ class ModelSpec:
 class DynamicBatching:
     """spec.runtime.dynamicBatching."""
 
-    max_batch_size: int = 8
+    max_batch_size: int = 256
     preferred_batch_sizes: tuple[int, ...] = ()
     max_queue_delay_us: int = 10_000
 
@@ -93,13 +93,70 @@ class Sessions:
 
 
 @dataclass(frozen=True)
+class KvCache:
+    """spec.runtime.kvCache: the KV memory (a share of the device after the weights, or a quantity), the
+    prefix store's part of it, the prompt length rows are sized for, and the admission queue."""
+
+    memory_fraction: float = 0.9
+    memory: str | None = None
+    """A quantity (e.g. "20Gi"); wins over memory_fraction."""
+    prefix_cache_memory: str | None = None
+    """A quantity; None: a tenth of the KV memory (the runtime's default)."""
+    typical_prompt_tokens: int = 512
+    admission_queue: int = 64
+    admission_wait_milliseconds: int = 10_000
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> KvCache:
+        """Parse spec.runtime.kvCache (quantities given as numbers become strings)."""
+        memory, prefix = d.get("memory"), d.get("prefixCacheMemory")
+        return cls(
+            memory_fraction=float(_v(d, "memoryFraction", 0.9)),
+            memory=None if memory in (None, "") else str(memory),
+            prefix_cache_memory=None if prefix in (None, "") else str(prefix),
+            typical_prompt_tokens=int(_v(d, "typicalPromptTokens", 512)),
+            admission_queue=int(_v(d, "admissionQueue", 64)),
+            admission_wait_milliseconds=int(_v(d, "admissionWaitMilliseconds", 10_000)),
+        )
+
+
+@dataclass(frozen=True)
+class ConfigMapKeyRef:
+    """A key of a ConfigMap in the ChatbotService's namespace."""
+
+    name: str
+    key: str = "prompts"
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """spec.runtime.calibration: the prompts int8 is checked on, and the agreement it must reach."""
+
+    prompts: tuple[str, ...] = ()
+    config_map_ref: ConfigMapKeyRef | None = None
+    min_agreement: float = 0.98
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Calibration:
+        """Parse spec.runtime.calibration (absent: the runtime's built-in prompts, 0.98)."""
+        ref = _m(d, "configMapRef")
+        config_map = ConfigMapKeyRef(ref["name"], _v(ref, "key", "prompts")) if ref.get("name") else None
+        return cls(
+            prompts=tuple(_v(d, "prompts", ())),
+            config_map_ref=config_map,
+            min_agreement=float(_v(d, "minAgreement", 0.98)),
+        )
+
+
+@dataclass(frozen=True)
 class RuntimeSpec:
     """spec.runtime: the Triton image and how it serves the model."""
 
     image: str = DEFAULT_IMAGE
     image_pull_policy: str = "IfNotPresent"
     image_pull_secrets: tuple[str, ...] = ()
-    precision: str = "fp16"
+    precision: str = "auto"
+    calibration: Calibration = field(default_factory=Calibration)
     dynamic_batching: DynamicBatching = field(default_factory=DynamicBatching)
     instances_per_gpu: int = 1
     max_new_tokens: int = 256
@@ -107,6 +164,7 @@ class RuntimeSpec:
     request_timeout_seconds: int = 60
     fallback_text: str = DEFAULT_FALLBACK_TEXT
     sessions: Sessions = field(default_factory=Sessions)
+    kv_cache: KvCache = field(default_factory=KvCache)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> RuntimeSpec:
@@ -118,9 +176,10 @@ class RuntimeSpec:
             image=_v(d, "image", DEFAULT_IMAGE) or DEFAULT_IMAGE,
             image_pull_policy=_v(d, "imagePullPolicy", "IfNotPresent"),
             image_pull_secrets=tuple(_v(d, "imagePullSecrets", ())),
-            precision=_v(d, "precision", "fp16"),
+            precision=_v(d, "precision", "auto"),
+            calibration=Calibration.from_dict(_m(d, "calibration")),
             dynamic_batching=DynamicBatching(
-                max_batch_size=int(_v(db, "maxBatchSize", 8)),
+                max_batch_size=int(_v(db, "maxBatchSize", 256)),
                 preferred_batch_sizes=tuple(int(s) for s in _v(db, "preferredBatchSizes", ())),
                 max_queue_delay_us=int(_v(db, "maxQueueDelayMicroseconds", 10_000)),
             ),
@@ -136,6 +195,7 @@ class RuntimeSpec:
                 if redis.get("secretName")
                 else None,
             ),
+            kv_cache=KvCache.from_dict(_m(d, "kvCache")),
         )
 
 

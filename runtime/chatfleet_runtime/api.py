@@ -3,8 +3,8 @@
 ``python -m chatfleet_runtime.api --host=0.0.0.0 --port=8080 --triton-grpc=127.0.0.1:8001`` (pod contract).
 
 Per request: validate (4xx naming the field) -> load the conversation's history from Redis (if a
-session id is given) -> breaker and in-flight limit -> Triton over gRPC (``chat`` or, for
-``stream: true``, the decoupled ``chat_stream``) within the deadline -> answer, save the turn. When
+session id is given) -> breaker and in-flight limit -> Triton over gRPC (the one decoupled model
+``chat``, streamed or not) within the deadline -> answer, save the turn. When
 Triton is down, slow or overloaded the answer comes from the FAQ or fallback text, marked
 ``"chatfleet": {"fallback": true, ...}`` and with the header ``X-Chatfleet-Fallback``.
 

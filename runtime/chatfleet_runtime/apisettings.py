@@ -10,6 +10,15 @@ from typing import Any
 DEFAULT_FALLBACK = "Sorry, the assistant is busy right now. Please try again in a moment."
 
 
+def _flag(value: str) -> bool:
+    """An environment flag: false only when it says so ("false", "0", "no", "off"; any case).
+
+    >>> _flag("false"), _flag("True"), _flag("0")
+    (False, True, False)
+    """
+    return value.strip().lower() not in ("false", "0", "no", "off")
+
+
 @dataclass(frozen=True)
 class ApiSettings:
     """Chat API settings (environment names in docs/pod-contract.md)."""
@@ -24,6 +33,9 @@ class ApiSettings:
     faq: str | None = None
     max_new_tokens: int | None = None
     """Limit on max_tokens; None reads the chat model's `max_new_tokens` parameter from Triton (else its default)."""
+    streaming: bool = True
+    """Whether `stream: true` requests are served (spec.runtime.streaming); false answers them 400 naming
+    `stream`. The model itself serves both kinds either way (one decoupled model)."""
     max_inflight: int = 256
     breaker_failures: int = 3
     breaker_reset_s: float = 5.0
@@ -84,6 +96,7 @@ class ApiSettings:
             "fallback_text": ("CHATFLEET_FALLBACK_TEXT", str),
             "faq": ("CHATFLEET_FAQ", str),
             "max_new_tokens": ("CHATFLEET_MAX_NEW_TOKENS", int),
+            "streaming": ("CHATFLEET_STREAMING", _flag),
             "max_inflight": ("CHATFLEET_MAX_INFLIGHT", int),
             "breaker_failures": ("CHATFLEET_BREAKER_FAILURES", int),
             "breaker_reset_s": ("CHATFLEET_BREAKER_RESET_SECONDS", float),

@@ -1,4 +1,7 @@
-"""The chat API's backend: the Triton chat models over gRPC, one completion or a stream of chunks.
+"""The chat API's backend: Triton's one chat model (decoupled) over gRPC, one completion or a stream of chunks.
+
+Both kinds go over a gRPC stream to the same model, so they share its in-flight batch: a non-streaming
+request sends ``"stream": false`` and gets no deltas, only the final response with the whole text.
 
 Errors come back as ``BackendError`` with a kind the pipeline acts on: ``invalid`` (the client's fault,
 HTTP 400), ``overloaded`` (the model's KV budget is full: HTTP 429 with Retry-After), ``unavailable``,
@@ -9,20 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 from chatfleet_contract.parameters import ModelParameters, read_model_config
 from chatfleet_contract.tritonconfig import INVALID_REQUEST as INVALID
-from chatfleet_contract.tritonconfig import MODEL_NAME, STREAM_MODEL_NAME
+from chatfleet_contract.tritonconfig import MODEL_NAME
 
 from chatfleet_runtime.admission import OVERLOADED
 from chatfleet_runtime.prompting import SamplingParams
-
-#: Seconds before asking again whether the decoupled model is served, after it was not.
-STREAM_RECHECK_S = 30.0
 
 
 class BackendError(Exception):
@@ -60,7 +59,7 @@ def _classify(exc: Exception) -> BackendError:
 
 
 class TritonChat:
-    """Calls the chat models through tritonclient's asyncio gRPC client (one channel per API process)."""
+    """Calls the chat model through tritonclient's asyncio gRPC client (one channel per API process)."""
 
     def __init__(self, url: str):
         import tritonclient.grpc.aio as grpcclient
@@ -68,8 +67,6 @@ class TritonChat:
         self._mod = grpcclient
         self.url = url
         self._client = None
-        self._stream_ready: bool | None = None
-        self._stream_checked = 0.0
 
     @property
     def client(self):
@@ -104,35 +101,16 @@ class TritonChat:
             return None
 
     async def complete(self, messages, params, timeout: float) -> Chunk:
-        """One non-streaming completion, through the decoupled model when it is served (see `_via_stream`)."""
-        if await self._via_stream():
-            chunks = [c async for c in self.stream(messages, {**params, "stream": False}, timeout)]
-            return chunks[-1]  # the only one: stream() raises unless a final chunk came
-        try:
-            res = await self.client.infer(MODEL_NAME, self._inputs(messages, params), client_timeout=timeout)
-        except Exception as exc:
-            raise _classify(exc) from exc
-        return _chunk(res)
-
-    async def _via_stream(self) -> bool:
-        """Whether non-streaming requests go to the decoupled model (``stream: false``): it batches in flight,
-        so they join the running batch with the streamed ones instead of waiting for a static batch. Known
-        once the decoupled model answered ready; until then (or where it is not served) the batched model."""
-        if self._stream_ready is None or (
-            not self._stream_ready and time.monotonic() - self._stream_checked >= STREAM_RECHECK_S
-        ):
-            self._stream_checked = time.monotonic()
-            try:
-                self._stream_ready = bool(await self.client.is_model_ready(STREAM_MODEL_NAME))
-            except Exception:
-                self._stream_ready = False
-        return self._stream_ready
+        """One non-streaming completion: ``stream: false`` on the same model, so it joins the running batch
+        with the streamed ones and comes back as one final response with the whole text."""
+        chunks = [c async for c in self.stream(messages, {**params, "stream": False}, timeout)]
+        return chunks[-1]  # the only one: stream() raises unless a final chunk came
 
     async def stream(self, messages, params, timeout: float) -> AsyncIterator[Chunk]:
         """Streamed completion: deltas, the last one with a finish reason; cancels Triton on exit."""
 
         async def one():
-            yield {"model_name": STREAM_MODEL_NAME, "inputs": self._inputs(messages, params)}
+            yield {"model_name": MODEL_NAME, "inputs": self._inputs(messages, params)}
 
         call = self.client.stream_infer(one(), stream_timeout=timeout)
         try:
@@ -171,7 +149,7 @@ def _chunk(result) -> Chunk:
 
 
 def triton_params(sampling: SamplingParams, sid: str | None) -> dict[str, Any]:
-    """The PARAMETERS input of the Triton chat models (docs/pod-contract.md, Requests)."""
+    """The PARAMETERS input of the Triton chat model (docs/pod-contract.md, Requests)."""
     return {
         "max_tokens": sampling.max_new_tokens,
         "temperature": sampling.temperature,

@@ -175,6 +175,7 @@ class BatchGenerator:
         """Join two batches between steps: left-pad the shorter cache (masked), concatenate rows.
 
         Positions are explicit per row, so padding on the left changes nothing for the running rows.
+        Consumes both: their caches' tensors are released layer by layer.
         """
         torch = self.torch
         from transformers import DynamicCache
@@ -189,13 +190,18 @@ class BatchGenerator:
             shape[dim] = n
             return torch.cat([t.new_zeros(shape), t], dim=dim)
 
-        layers = [
-            (
-                torch.cat([pad(x.keys, width - la, 2), pad(y.keys, width - lb, 2)]),
-                torch.cat([pad(x.values, width - la, 2), pad(y.values, width - lb, 2)]),
+        layers = []
+        for x, y in zip(a.cache.layers, b.cache.layers, strict=True):
+            layers.append(
+                (
+                    torch.cat([pad(x.keys, width - la, 2), pad(y.keys, width - lb, 2)]),
+                    torch.cat([pad(x.values, width - la, 2), pad(y.values, width - lb, 2)]),
+                )
             )
-            for x, y in zip(a.cache.layers, b.cache.layers, strict=True)
-        ]
+            # Both batches are consumed: drop each old layer as soon as its merged copy exists, so memory
+            # peaks at the merged cache plus one layer, not at the old and the merged caches together
+            # (the KV budget leaves the device room for a layer, not for a second cache).
+            x.keys = x.values = y.keys = y.values = None
         return Batch(
             a.rows + b.rows,
             torch.cat([a.logits, b.logits]),
@@ -349,7 +355,30 @@ class BatchGenerator:
         )
         next_pos = torch.tensor([len(r.req.prompt_ids) for r in rows], dtype=torch.long, device=self.device)
         self._store_system_prefixes(rows, out.past_key_values, mask)
-        return out.logits[:, -1, :], out.past_key_values, mask, next_pos
+        cache, mask = self._right_align(out.past_key_values, mask)
+        return out.logits[:, -1, :], cache, mask, next_pos
+
+    def _right_align(self, cache, mask):
+        """Move each row's real columns to the right edge, then drop the columns no row uses; returns both.
+
+        Rows prefilled together with cached prefixes of different lengths are padded inside,
+        [pad | cached | pad | new], so the batch is max(cached) + max(new) wide: wider than its longest
+        prompt, which is what the KV budget counts. Keys carry their rotary positions already (positions
+        are explicit), so moving columns changes only the width: masks 1001 / 0111 -> 0011 / 0111 -> 011 /
+        111 (width 4 -> 3).
+        """
+        torch = self.torch
+        layers = cache.layers
+        if not bool((mask[:, 1:] < mask[:, :-1]).any()):  # no row is padded inside: left padding only
+            return cache, mask
+        if any(layer.keys.shape[-2] != mask.shape[1] for layer in layers):  # not one column per position
+            return cache, mask
+        keep = int(mask.sum(dim=1).max())
+        order = torch.sort(mask, dim=1, stable=True).indices[:, -keep:]  # pads first, real columns in order
+        for layer in layers:
+            layer.keys = layer.keys.gather(2, _column_index(order, layer.keys))
+            layer.values = layer.values.gather(2, _column_index(order, layer.values))
+        return cache, mask.gather(1, order)
 
     def _row_kv(self, cache, mask, b: int, length: int | None = None):
         """Per-layer KV of one batch row at its real (unmasked) positions, optionally the first `length`."""
@@ -450,10 +479,15 @@ class BatchGenerator:
         if row.finish is None:
             return
         if row.finish != "cancelled":
-            row.flush_tokens()
+            row.flush_tokens(final=True)
             row.unsent += row.stop.flush()
             row.send(now, interval, force=True)
         self._store_session(row, cache, mask, b)
+
+
+def _column_index(order, t):
+    """A [rows, columns] index expanded over a [rows, heads, columns, head_dim] cache tensor for gather."""
+    return order[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[3])
 
 
 def _device_of(model):

@@ -17,10 +17,11 @@ class InflightEngine:
 
     A background thread owns the batch. ``submit`` queues a request with a completion callback; between
     decode steps the thread prefills whatever arrived (up to ``max_rows`` rows in all) and merges it into
-    the running batch, so a request never waits for a whole batch to finish. Used by the decoupled
-    (streaming) model, whose responses are sent from this thread.
+    the running batch, so a request never waits for a whole batch to finish. Used by the (decoupled) chat
+    model for streamed and non-streamed requests alike, whose responses are sent from this thread.
 
-    With a KV budget (``kv_budget_bytes``), a request joins only while the batch's cache at its widest
+    With a KV budget (``kv_budget_bytes``; ``ChatService`` passes the one ``kvsizing`` resolved at load, and
+    its row limit as ``max_rows``), a request joins only while the batch's cache at its widest
     stays within it (``admission.plan_admission``); the others wait in order, and are refused with a
     ``RowError`` of kind ``overloaded`` past ``max_waiting`` waiting or ``max_wait_s`` seconds.
 

@@ -80,28 +80,90 @@ def instance_device(
     return f"cuda:{device_id}"
 
 
+#: CPU flags (as /proc/cpuinfo spells them) with bf16 matmul instructions: Intel AMX (Sapphire Rapids and
+#: newer) and AVX512-BF16 (Cooper Lake, Sapphire Rapids, AMD Zen 4 and newer). Without either, torch
+#: emulates bf16 on CPU and fp32 is faster.
+CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
+
+
+def cpu_flags(cpuinfo: str) -> frozenset[str]:
+    """The CPU feature flags of /proc/cpuinfo's text (its first `flags` line; empty when there is none).
+
+    >>> sorted(cpu_flags("processor : 0\\nflags\\t\\t: fpu avx2 amx_bf16\\n"))
+    ['amx_bf16', 'avx2', 'fpu']
+    """
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() == "flags":
+            return frozenset(value.split())
+    return frozenset()
+
+
+def cpu_bf16_flags(cpuinfo: str) -> list[str]:
+    """Which of CPU_BF16_FLAGS the CPU reports (empty: bf16 would be emulated, so it is not served).
+
+    >>> cpu_bf16_flags("flags : fpu avx512f avx512_bf16 amx_bf16 amx_tile")
+    ['amx_bf16', 'avx512_bf16']
+    >>> cpu_bf16_flags("flags : fpu avx2 f16c")
+    []
+    """
+    flags = cpu_flags(cpuinfo)
+    return [f for f in CPU_BF16_FLAGS if f in flags]
+
+
+def read_cpuinfo(path: str = "/proc/cpuinfo") -> str:
+    """The text of /proc/cpuinfo, read at run time ('' where there is none, e.g. not Linux)."""
+    try:
+        return Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
 def choose_placement(
     precision: str,
     kind: str,
     *,
     cuda_available: bool,
     bf16_supported: bool = True,
+    cpu_bf16: bool = False,
     device_id: int | None = None,
     device_count: int = 1,
 ) -> Placement:
-    """Pick device and effective precision: fp32 on CPU, fp16/bf16 on GPU, int8 where supported.
+    """Pick device and effective precision (docs/runtime.md "Precision" has the whole table).
 
-    >>> choose_placement("fp16", "KIND_CPU", cuda_available=False)
-    Placement(device='cpu', precision='fp32', reason='fp16 is not served on CPU; using fp32')
+    auto: bf16 on a GPU that supports it, else fp16; on CPU bf16 when the CPU has AMX-BF16 or AVX512-BF16
+    (`cpu_bf16`), else fp32. Explicit bf16 falls back the same way; fp16 on CPU runs fp32.
+    >>> choose_placement("fp16", "KIND_CPU", cuda_available=False).precision
+    'fp32'
+    >>> choose_placement("auto", "KIND_CPU", cuda_available=False, cpu_bf16=True).precision
+    'bf16'
+    >>> choose_placement("auto", "KIND_GPU", cuda_available=True, bf16_supported=False).precision
+    'fp16'
     """
     device = instance_device(
         kind, cuda_available=cuda_available, device_id=device_id, device_count=device_count
     )
     reason = "" if kind != "KIND_GPU" or cuda_available else "no CUDA device; running on CPU. "
     if device == "cpu":
-        if precision in ("fp16", "bf16"):
-            return Placement("cpu", "fp32", f"{reason}{precision} is not served on CPU; using fp32".strip())
+        if precision == "auto":
+            if cpu_bf16:
+                why = f"{reason}auto: the CPU has bf16 instructions; using bf16"
+                return Placement("cpu", "bf16", why.strip())
+            return Placement(
+                "cpu", "fp32", f"{reason}auto: the CPU has no AMX-BF16/AVX512-BF16; using fp32".strip()
+            )
+        if precision == "bf16" and not cpu_bf16:
+            return Placement(
+                "cpu", "fp32", f"{reason}bf16 needs AMX-BF16 or AVX512-BF16 on CPU; using fp32".strip()
+            )
+        if precision == "fp16":
+            # CPUs have no fast fp16 matmul (torch converts per op; only AMX-FP16 parts accelerate it),
+            # and fp16's narrow range gains nothing over bf16 where bf16 exists.
+            return Placement("cpu", "fp32", f"{reason}fp16 is not served on CPU; using fp32".strip())
         return Placement("cpu", precision, reason.strip())
+    if precision == "auto":
+        half = "bf16" if bf16_supported else "fp16"
+        return Placement(device, half, f"auto: {half} ({'' if bf16_supported else 'no '}bf16 on this GPU)")
     if precision == "bf16" and not bf16_supported:
         return Placement(device, "fp16", "bf16 is not supported by this GPU; using fp16")
     return Placement(device, precision)
@@ -202,6 +264,35 @@ def load_model(path: str | Path, placement: Placement):
     if placement.precision == "int8":
         model = quantize_int8_cpu(model)
     return model
+
+
+def load_int8_checked(path: str | Path, placement: Placement, tokenizer, prompts: list[str], source: str):
+    """(int8 model, Agreement with the full-precision model) on the calibration prompts (calibration.py).
+
+    The full-precision reference (fp32 on CPU, bf16 or fp16 on GPU) runs the prompts first and only its
+    predicted token ids are kept; on CPU it is then quantised (torch dynamic quantisation: int8 weights,
+    activation scales computed per batch at run time, so there are no static scales to calibrate and the
+    prompts serve the check), on GPU it is freed and the bitsandbytes int8 model loaded.
+    """
+    from chatfleet_runtime import calibration
+
+    ids = calibration.prompt_ids(tokenizer, prompts)
+    on_gpu = placement.device.startswith("cuda")
+    if on_gpu:
+        import torch
+
+        half = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+        reference = load_model(path, Placement(placement.device, half))
+        expected = calibration.predictions(reference, ids)
+        del reference
+        torch.cuda.empty_cache()
+        model = load_model(path, placement)
+    else:
+        reference = load_model(path, Placement(placement.device, "fp32"))
+        expected = calibration.predictions(reference, ids)
+        model = quantize_int8_cpu(reference)
+        del reference
+    return model, calibration.measure(expected, model, ids, source)
 
 
 def set_threads(n: int | None) -> None:

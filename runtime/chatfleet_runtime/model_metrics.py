@@ -7,7 +7,7 @@ tested with a stand-in; the names, descriptions and buckets are the table ``FAMI
 
 from __future__ import annotations
 
-BATCH_BUCKETS = [1, 2, 4, 8, 16, 32, 64]
+BATCH_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
 SECONDS_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30]
 
 #: attribute -> (metric name, description, kind, histogram buckets or None)
@@ -63,13 +63,31 @@ FAMILIES = {
         "GAUGE",
         None,
     ),
+    "kv_budget": (
+        "chatfleet_model_kv_budget_bytes",
+        "The running batch's KV budget in bytes, resolved at start (0: no budget)",
+        "GAUGE",
+        None,
+    ),
+    "kv_rows": (
+        "chatfleet_model_kv_budget_rows",
+        "Rows the in-flight engine runs at most: those of a typical request the KV budget fits, up to max_batch_size",
+        "GAUGE",
+        None,
+    ),
+    "prefix_capacity": (
+        "chatfleet_model_prefix_cache_capacity_bytes",
+        "Bytes the KV prefix cache may hold (its share of the KV memory)",
+        "GAUGE",
+        None,
+    ),
 }
 #: `finish` has one metric per reason (label reason); `precision` one made at placement (more labels).
 FINISH_REASONS = ("stop", "length", "cancelled")
 
 
 class ModelObserver:
-    """Records the service's batches, finished rows, prefix cache and placement as Triton metrics."""
+    """Records the service's batches, finished rows, prefix cache, placement and KV sizing as Triton metrics."""
 
     def __init__(self, metric_family, model: str, version: str):
         self._labels = labels = {"model": model, "version": version}
@@ -98,6 +116,12 @@ class ModelObserver:
         labels = {**self._labels, "requested": requested, "precision": precision, "device": device}
         self.precision_metric = self.precision.Metric(labels=labels)
         self.precision_metric.set(1)
+
+    def kv_sizing(self, sizing):
+        """Record the KV budget, the rows it fits and the prefix store's size (once, at start)."""
+        self.kv_budget.set(sizing.budget)
+        self.kv_rows.set(sizing.rows)
+        self.prefix_capacity.set(sizing.prefix_cache)
 
     def batch(self, rows, generate_s, tokens):
         """Record one batched generate (in-flight batching: the batch size when requests join)."""

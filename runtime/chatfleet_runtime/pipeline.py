@@ -2,11 +2,13 @@
 
 ``ChatPipeline.chat`` runs a chat-completions request through its steps:
 
-1. parse: validate the body (4xx naming the field) and find the session id;
+1. parse: validate the body (4xx naming the field; ``stream: true`` is a 400 where streaming is turned
+   off: ``CHATFLEET_STREAMING=false``) and find the session id;
 2. history: load the conversation from Redis (the answer says whether that worked);
 3. admit: the breaker and the in-flight limit, else a fallback answer at once;
-4. generate: Triton (``chat``, or ``chat_stream`` for ``stream: true``) within the deadline; a Triton
-   failure or the deadline is a breaker failure and a fallback answer, a bad request a 400;
+4. generate: Triton's one model ``chat`` (decoupled: streamed, or ``stream: false`` for one final
+   response) within the deadline; a Triton failure or the deadline is a breaker failure and a fallback
+   answer, a bad request a 400;
 5. answer and save the turn with the revision that answered it (a stream saves it after its last chunk
    and before its [DONE], so a client that saw a turn end finds it in the next turn's history); a turn whose previous one another revision answered counts a revision switch.
 
@@ -281,6 +283,11 @@ class ChatPipeline:
             stream = body.get("stream", False)
             if not isinstance(stream, bool):
                 raise RequestError("stream: must be true or false")
+            if stream and not shadow and not self.settings.streaming:
+                raise RequestError(
+                    "stream: streaming is turned off for this service (spec.runtime.streaming: false); "
+                    "send stream: false"
+                )
             messages, sampling, sid, ignored = self._parse(body, headers)
         except RequestError as exc:
             self._count("client_error", exc.status, stream and not shadow)

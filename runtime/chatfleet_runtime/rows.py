@@ -114,11 +114,13 @@ class Row:
         self.unsent = ""
         self.last_sent: float | None = None
 
-    def flush_tokens(self) -> None:
-        """Detokenize pending tokens and run them through the stop matcher."""
+    def flush_tokens(self, final: bool = False) -> None:
+        """Detokenize pending tokens and run them through the stop matcher (final: the held-back end too)."""
         if self.pending:
             self.unsent += self.stop.feed(self.detok.extend(self.pending))
             self.pending = []
+        if final:
+            self.unsent += self.stop.feed(self.detok.flush())
 
     def send(self, now: float, interval_s: float, force: bool = False) -> None:
         """Stream unsent text: the first piece at once, then at most once per interval, all of it when forced."""

@@ -2,15 +2,16 @@
 
 ``model.py`` (the Triton adapter) only converts tensors and sends responses; this module parses the
 model parameters, loads the model once, validates and renders each request, runs one batched generate
-per dynamic batch, and reports metrics through an observer. Tests drive it directly.
+per batch (``run``: static mode) or hands each request to the in-flight engine (``submit``), and reports
+metrics through an observer. Tests drive it directly.
 
 Request wire format (Triton inputs, see ``tritonconfig``):
 
 - ``MESSAGES``: UTF-8 JSON list of ``{role, content}`` (or plain text, taken as one user message).
 - ``PARAMETERS`` (optional): UTF-8 JSON object with ``max_tokens``, ``temperature``, ``top_p``, ``stop``,
   ``seed``, ``top_k``, ``session_id`` (enables prefix reuse for the conversation), ``prefix_cache`` (bool) and
-  ``stream`` (bool, default true; false on the decoupled model: no deltas, the final response carries
-  the whole text, so a non-streaming request joins the same running batch as the streamed ones).
+  ``stream`` (bool, default true; false: no deltas, the final response carries the whole text, so a
+  non-streaming request joins the same running batch as the streamed ones).
 
 Errors caused by the request start with ``invalid_request:`` so the chat API can map them to HTTP 400.
 """
@@ -28,7 +29,9 @@ from typing import Any, Protocol
 from chatfleet_contract.parameters import ModelParameters, read_model_config
 from chatfleet_contract.tritonconfig import INVALID_REQUEST as INVALID
 
+from chatfleet_runtime import calibration, kvsizing
 from chatfleet_runtime.admission import OVERLOADED
+from chatfleet_runtime.calibration import Agreement
 from chatfleet_runtime.generation import BatchGenerator
 from chatfleet_runtime.inflight import InflightEngine
 from chatfleet_runtime.prefix_cache import PrefixCache
@@ -62,6 +65,9 @@ class Observer(Protocol):
     def placement(self, requested: str, precision: str, device: str) -> None:
         """The precision asked for, the one that runs and the device (once, at load)."""
 
+    def kv_sizing(self, sizing: kvsizing.KvSizing) -> None:
+        """The KV memory, budget, prefix store and row limit resolved at load (once)."""
+
 
 class NullObserver:
     """Observer that records nothing."""
@@ -78,6 +84,9 @@ class NullObserver:
     def placement(self, requested: str, precision: str, device: str) -> None:
         """Ignore the placement."""
 
+    def kv_sizing(self, sizing: kvsizing.KvSizing) -> None:
+        """Ignore the KV sizing."""
+
 
 @dataclass(frozen=True)
 class ServiceSettings(ModelParameters):
@@ -87,20 +96,25 @@ class ServiceSettings(ModelParameters):
     kind: str = "KIND_CPU"
     """Triton's instance kind (KIND_GPU or KIND_CPU) from the instance group."""
     max_batch_size: int = 8
-    """Rows in one batch (Triton's max_batch_size; also the in-flight engine's limit)."""
+    """Rows in one batch (Triton's max_batch_size); the in-flight engine's cap, under the rows the KV budget fits."""
+    instances: int = 1
+    """Model instances sharing this instance's device (the instance group's count): they split its KV memory."""
     device_id: int | None = None
     """The GPU Triton assigned this instance (args['model_instance_device_id']); None: the default."""
 
     @classmethod
     def from_triton_args(cls, args: Mapping[str, str]) -> ServiceSettings:
         """Settings of one Triton model instance from `initialize(args)`: its config and assigned device."""
-        params, kind, max_batch_size = read_model_config(json.loads(args["model_config"]))
+        config = json.loads(args["model_config"])
+        params, kind, max_batch_size = read_model_config(config)
+        groups = config.get("instance_group") or [{}]
         raw = args.get("model_instance_device_id")
         on_gpu = str(args.get("model_instance_kind", "")).upper() == "GPU" and kind == "KIND_GPU"
         return cls.from_parameters(
             params,
             kind=kind,
             max_batch_size=max_batch_size,
+            instances=max(1, int(groups[0].get("count") or 1)),
             device_id=int(raw) if on_gpu and raw not in (None, "") else None,
         )
 
@@ -144,12 +158,15 @@ class ChatService:
             settings.kind,
             cuda_available=torch.cuda.is_available(),
             bf16_supported=torch.cuda.is_available() and torch.cuda.is_bf16_supported(),
+            cpu_bf16=bool(loading.cpu_bf16_flags(loading.read_cpuinfo())),
             device_id=settings.device_id,
             device_count=torch.cuda.device_count() if torch.cuda.is_available() else 0,
         )
         if self.placement.reason:
-            log.warning("placement: %s", self.placement.reason)
-        # Say what runs: fp16/bf16 asked on a CPU-only pod run fp32, and that must never be silent.
+            # auto resolving is expected (info); an explicit precision that cannot run is a warning.
+            say = log.info if settings.precision == "auto" else log.warning
+            say("placement: %s", self.placement.reason)
+        # Say what runs: fp16 (or bf16 without CPU bf16) asked on a CPU pod runs fp32, never silently.
         log.info(
             "serving precision %s on %s (asked: %s)",
             self.placement.precision,
@@ -162,8 +179,11 @@ class ChatService:
         self.tokenizer = tokenizer or loading.load_tokenizer(
             settings.tokenizer_source, settings.chat_template
         )
+        self.precision_check: Agreement | None = None
+        if model is None and self.placement.precision == "int8":
+            model = self._load_int8_checked()
         self.model = model or loading.load_model(settings.model_dir, self.placement)
-        self.prefix_cache = PrefixCache(settings.prefix_cache_entries, settings.prefix_cache_bytes)
+        self.prefix_cache = PrefixCache(settings.prefix_cache_entries, 0)  # its bytes: kv_sizing below
         self.generator = BatchGenerator(
             self.model,
             self.tokenizer,
@@ -171,18 +191,77 @@ class ChatService:
             stream_interval_s=settings.stream_interval_ms / 1000,
             cancel_check_interval_s=settings.cancel_check_ms / 1000,
         )
+        on_gpu = self.placement.device.startswith("cuda")
+        # What one instance holds once loaded: its weights on a GPU, its whole process on a CPU.
+        self.kv = self._size_kv(loading.weights_bytes(self.model) if on_gpu else kvsizing.resident_bytes())
+        self.prefix_cache.max_bytes = self.kv.prefix_cache
         self.engine: InflightEngine | None = None
         if settings.warmup:
             self.warmup()
 
+    def _size_kv(self, loaded: int) -> kvsizing.KvSizing:
+        """Resolve the KV memory (budget, prefix store, rows) once, log it and report it to the observer."""
+        s = self.settings
+        measure = s.kv_memory_bytes <= 0 and s.kv_memory_fraction > 0
+        sizing = kvsizing.kv_sizing(
+            device_memory=kvsizing.device_memory(self.placement.device) if measure else 0,
+            loaded_bytes=loaded,
+            instances=s.instances,
+            fraction=s.kv_memory_fraction,
+            memory_bytes=s.kv_memory_bytes,
+            prefix_bytes=s.prefix_cache_bytes,
+            per_position=self.generator.kv_bytes_per_position(),
+            typical_prompt=s.kv_typical_prompt_tokens,
+            max_new_tokens=s.max_new_tokens,
+            max_rows=s.max_batch_size,
+        )
+        log.info("kv cache: %s", sizing.describe())
+        observe = getattr(self.observer, "kv_sizing", None)
+        if observe is not None:
+            observe(sizing)
+        return sizing
+
+    def _load_int8_checked(self):
+        """The int8 model, after its agreement with full precision passed; else report it and raise."""
+        from chatfleet_runtime import loading
+
+        settings = self.settings
+        try:
+            prompts, source = calibration.read_prompts(
+                settings.calibration_prompts, settings.calibration_file
+            )
+        except (calibration.PrecisionCheckFailed, ValueError) as exc:
+            message = f"{calibration.FAILURE_PREFIX} {exc}"
+            calibration.write_termination_message(message)
+            raise calibration.PrecisionCheckFailed(message) from exc
+        model, measured = loading.load_int8_checked(
+            settings.model_dir, self.placement, self.tokenizer, prompts, source
+        )
+        self.precision_check = measured
+        if measured.ratio < settings.int8_min_agreement:
+            message = calibration.failure_message(measured, settings.int8_min_agreement)
+            # The kubelet copies this file into lastState.terminated.message; the operator reads it there.
+            calibration.write_termination_message(message)
+            log.error("%s", message)
+            raise calibration.PrecisionCheckFailed(message)
+        log.info(
+            "int8 agreement %.3f >= %.3f (%d/%d next-token positions, prompts: %s)",
+            measured.ratio,
+            settings.int8_min_agreement,
+            measured.same,
+            measured.positions,
+            source,
+        )
+        return model
+
     def start_inflight(self) -> InflightEngine:
-        """Start the continuous-batching engine (the streaming model uses it instead of run())."""
+        """Start the continuous-batching engine (the model uses it instead of run() unless in static mode)."""
         if self.engine is None:
             self.engine = InflightEngine(
                 self.generator,
-                max_rows=self.settings.max_batch_size,
+                max_rows=self.kv.rows,
                 on_join=lambda rows, joined: self.observer.batch(rows, 0.0, 0),
-                kv_budget_bytes=self.settings.kv_budget_bytes,
+                kv_budget_bytes=self.kv.budget,
                 max_waiting=self.settings.admission_queue,
                 max_wait_s=self.settings.admission_wait_ms / 1000,
                 prefill_chunk_tokens=self.settings.prefill_chunk_tokens,

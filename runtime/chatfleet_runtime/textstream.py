@@ -33,6 +33,18 @@ class IncrementalDetokenizer:
             return new[len(prefix) :]
         return ""
 
+    def flush(self) -> str:
+        """The text still held back at the end of generation, an incomplete last character included.
+
+        extend() holds text ending in U+FFFD (a character whose bytes are not all there yet); when no more
+        tokens come, that text is the answer's end and must not be lost.
+        """
+        decode = self.tokenizer.decode
+        prefix = decode(self.ids[self.prefix_offset : self.read_offset], skip_special_tokens=True)
+        new = decode(self.ids[self.prefix_offset :], skip_special_tokens=True)
+        self.prefix_offset = self.read_offset = len(self.ids)
+        return new[len(prefix) :] if len(new) > len(prefix) else ""
+
 
 class StopMatcher:
     """Finds stop sequences in streamed text and holds back text that could still begin one.

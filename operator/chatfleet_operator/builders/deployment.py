@@ -15,6 +15,7 @@ from chatfleet_operator.builders.common import (
     with_desired_hash,
 )
 from chatfleet_operator.builders.tritonconfig import (
+    CALIBRATION_DIR,
     WEIGHTS_DIR,
     triton_config_annotations,
     triton_config_volume,
@@ -152,7 +153,26 @@ def _triton_container(ref: ObjectRef, spec: ChatbotServiceSpec, pod: PodSettings
     }
     if spec.model.credentials_secret:
         container["envFrom"] = [{"secretRef": {"name": spec.model.credentials_secret}}]
+    if _calibration_volume(spec) is not None:
+        mount = {"name": "calibration", "mountPath": CALIBRATION_DIR, "readOnly": True}
+        container["volumeMounts"].append(mount)
     return container
+
+
+def _calibration_volume(spec: ChatbotServiceSpec) -> dict[str, Any] | None:
+    """The ConfigMap of spec.runtime.calibration.configMapRef, its key as the file `prompts`; None without one.
+
+    optional: a missing ConfigMap or key does not hold the pod in ContainerCreating; the runtime finds no
+    file and reports it in the container's termination message, which the operator shows as a condition.
+    """
+    rt = spec.runtime
+    ref = rt.calibration.config_map_ref
+    if rt.precision != "int8" or ref is None or rt.calibration.prompts:
+        return None
+    return {
+        "name": "calibration",
+        "configMap": {"name": ref.name, "items": [{"key": ref.key, "path": "prompts"}], "optional": True},
+    }
 
 
 def _label_env(name: str, label: str) -> dict[str, Any]:
@@ -169,6 +189,8 @@ def _chat_api_container(ref: ObjectRef, spec: ChatbotServiceSpec, pod: PodSettin
         {"name": "CHATFLEET_HISTORY_TURNS", "value": str(rt.sessions.history_turns)},
         {"name": "CHATFLEET_REQUEST_TIMEOUT_SECONDS", "value": str(rt.request_timeout_seconds)},
         {"name": "CHATFLEET_FALLBACK_TEXT", "value": rt.fallback_text},
+        # spec.runtime.streaming: false makes the chat API refuse `stream: true` (400 naming `stream`).
+        {"name": "CHATFLEET_STREAMING", "value": "true" if rt.streaming else "false"},
         # The pod's own track and revision, echoed on every answer (x-chatfleet-track), read from the
         # pod labels through the downward API so they can never disagree with the selector.
         _label_env("CHATFLEET_TRACK", api.LABEL_TRACK),
@@ -293,6 +315,8 @@ def build_pod_template(
             {"name": "tmp", "emptyDir": {"sizeLimit": pod.tmp_size}},
         ],
     }
+    if (calibration := _calibration_volume(spec)) is not None:
+        pod_spec["volumes"].append(calibration)
     if node_selector:
         pod_spec["nodeSelector"] = node_selector
     if spec.runtime.image_pull_secrets:

@@ -84,6 +84,31 @@ def secret_problems(spec: ChatbotServiceSpec, pods: Iterable[PodFacts]) -> list[
     return problems
 
 
+#: How the runtime's int8 check starts its termination message (chatfleet_runtime.calibration.FAILURE_PREFIX;
+#: the operator does not import the runtime, so the words are repeated here and tested against it).
+PRECISION_CHECK_PREFIX = "precision check failed:"
+
+
+def precision_problems(spec: ChatbotServiceSpec, pods: Iterable[PodFacts]) -> list[Problem]:
+    """PrecisionCheckFailed for the first pod whose runtime refused to serve int8, with its own words.
+
+    e.g. pod p-1 terminated 'precision check failed: int8 agreement 0.930 < 0.980 (...)' ->
+    PrecisionCheckFailed "Pod p-1: int8 agreement 0.930 < 0.980 (...) (spec.runtime.precision int8,
+    spec.runtime.calibration.minAgreement 0.98)".
+    """
+    for pod in sorted(pods, key=lambda p: p.name):
+        text = pod.terminated_message
+        if pod.deleting or not text.startswith(PRECISION_CHECK_PREFIX):
+            continue
+        detail = text[len(PRECISION_CHECK_PREFIX) :].strip()
+        where = (
+            f"spec.runtime.precision {spec.runtime.precision}, "
+            f"spec.runtime.calibration.minAgreement {spec.runtime.calibration.min_agreement:g}"
+        )
+        return [Problem(Reason.PRECISION_CHECK_FAILED, f"Pod {pod.name}: {detail} ({where})")]
+    return []
+
+
 def candidate_nodes(spec: ChatbotServiceSpec, nodes: Iterable[NodeFacts]) -> list[NodeFacts]:
     """Schedulable nodes whose labels match the node selector and GPU product."""
     selector: dict[str, str] = dict(spec.resources.node_selector)
@@ -182,6 +207,7 @@ def diagnose(
     return [
         *placement_problems(spec, nodes),
         *secret_problems(spec, pods),
+        *precision_problems(spec, pods),
         *pod_problems(spec, pods, deployment),
     ]
 

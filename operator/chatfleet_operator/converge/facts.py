@@ -76,6 +76,9 @@ class PodFacts:
     """The controller.kubernetes.io/pod-deletion-cost annotation ('' when absent)."""
     ip: str = ""
     """status.podIP ('' before the pod has one): where the quality gate sends its golden prompts."""
+    terminated_message: str = ""
+    """The first container's termination message (state.terminated, else lastState.terminated; '' when none):
+    what a runtime that refused to serve said, e.g. the int8 precision check's measured agreement."""
 
 
 def pod_facts(body: Mapping[str, Any]) -> PodFacts:
@@ -95,10 +98,14 @@ def pod_facts(body: Mapping[str, Any]) -> PodFacts:
             "Unschedulable",
         ):
             unschedulable = cond.get("message") or "the scheduler found no fitting node"
-    waiting_reason = waiting_message = ""
+    waiting_reason = waiting_message = terminated_message = ""
     restarts = 0
     for cs in status.get("containerStatuses") or []:
         restarts += int(cs.get("restartCount") or 0)
+        for state in (cs.get("state"), cs.get("lastState")):
+            message = ((state or {}).get("terminated") or {}).get("message") or ""
+            if message.strip() and not terminated_message:
+                terminated_message = message.strip()
         waiting = (cs.get("state") or {}).get("waiting") or {}
         if waiting.get("reason") and waiting.get("reason") != "ContainerCreating" and not waiting_reason:
             waiting_reason, waiting_message = waiting["reason"], waiting.get("message") or ""
@@ -119,6 +126,7 @@ def pod_facts(body: Mapping[str, Any]) -> PodFacts:
         serving=labels.get(api.LABEL_SERVING, ""),
         deletion_cost=(meta.get("annotations") or {}).get(api.ANNOTATION_DELETION_COST, ""),
         ip=str(status.get("podIP") or ""),
+        terminated_message=terminated_message,
     )
 
 

@@ -1,10 +1,12 @@
-"""Triton Python-backend adapter for the chat model (both `chat` and the decoupled `chat_stream`).
+"""Triton Python-backend adapter for the chat model ``chat``, the repository's one model (decoupled).
 
 Thin by design: ``initialize`` parses the config and loads once (through ``ChatService``, with
-``ModelObserver`` recording its metrics), ``execute`` turns the dynamic batch into one ``ChatService.run``
-call and answers every request exactly once; errors go into the response, never raised. In decoupled mode every request gets text deltas as they are
-generated and always a final response flagged ``TRITONSERVER_RESPONSE_COMPLETE_FINAL``; a request with
-``"stream": false`` gets no deltas and its whole text in that final response.
+``ModelObserver`` recording its metrics), ``execute`` hands each valid request to the in-flight engine
+(``ChatService.submit``; with ``inflight_batching: false``, one ``ChatService.run`` per dynamic batch)
+and every request is answered exactly once; errors go into the response, never raised. A request gets
+text deltas as they are generated and always a final response flagged
+``TRITONSERVER_RESPONSE_COMPLETE_FINAL``; a request with ``"stream": false`` gets no deltas and its whole
+text in that final response, so streamed and non-streamed requests share one running batch.
 """
 
 from __future__ import annotations
@@ -39,33 +41,39 @@ def _scalar(request, name):
 
 
 class TritonPythonModel:
-    """The chat model: one batched generate per dynamic batch; streaming when decoupled."""
+    """The chat model: requests join the running batch (in-flight batching); deltas, then a final response."""
 
     def initialize(self, args):
         """Parse the model config and load the model once, on this instance's GPU (with a warm-up)."""
         config = json.loads(args["model_config"])
-        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
+        if not pb_utils.using_decoupled_model_transaction_policy(config):
+            raise pb_utils.TritonModelException(
+                f"model {args['model_name']!r}: the chat model must be decoupled "
+                "(model_transaction_policy { decoupled: true }, as chatfleet_contract.tritonconfig renders it)"
+            )
         # Loads on the GPU Triton assigned this instance (args['model_instance_device_id']).
         settings = ServiceSettings.from_triton_args(args)
         observer = ModelObserver(pb_utils.MetricFamily, args["model_name"], args.get("model_version", "1"))
         self.service = ChatService(settings, observer)
-        self.inflight = self.decoupled and settings.inflight_batching
+        # Into Triton's log (the stub's Python logging has no handler): what the KV cache was sized to.
+        pb_utils.Logger.log_info(f"kv cache: {self.service.kv.describe()}")
+        self.inflight = settings.inflight_batching
         if self.inflight:
             self.service.start_inflight()
 
     def execute(self, requests):
-        """Answer every request of the batch exactly once (decoupled: deltas, then a final flag)."""
+        """Answer every request of the batch exactly once: deltas (unless `stream: false`), then a final flag."""
         prepared, senders = [], []
         for request in requests:
-            sender = request.get_response_sender() if self.decoupled else None
+            sender = request.get_response_sender()
             senders.append(sender)
             try:
                 prepared.append(
                     self.service.prepare(
                         _scalar(request, "MESSAGES"),
                         _scalar(request, "PARAMETERS"),
-                        on_text=self._streamer(sender) if sender is not None else None,
-                        is_cancelled=sender.is_cancelled if sender is not None else request.is_cancelled,
+                        on_text=self._streamer(sender),
+                        is_cancelled=sender.is_cancelled,
                     )
                 )
             except Exception as exc:  # never let one request break the batch
@@ -82,6 +90,7 @@ class TritonPythonModel:
                 else:
                     self.service.submit(prep.request, self._finisher(sender, prep.request.on_text is None))
             return None
+        # Static mode (inflight_batching: false): one batched generate per dynamic batch, answered here.
         good = [p.request for p in prepared if p.request is not None]
         try:
             results = iter(self.service.run(good))
@@ -89,7 +98,6 @@ class TritonPythonModel:
         except Exception as exc:
             log.exception("generate failed")
             results, error = iter(()), f"internal: generate failed: {exc}"
-        responses = []
         for prep, sender in zip(prepared, senders, strict=True):
             result = next(results) if prep.request is not None and error is None else None
             if result is None or result.error is not None:
@@ -101,14 +109,8 @@ class TritonPythonModel:
                 response = pb_utils.InferenceResponse(
                     _outputs(text, len(result.token_ids), result.finish_reason, result.prompt_tokens)
                 )
-            if sender is None:
-                responses.append(response)
-                continue
-            try:
-                sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-            except Exception:  # the client went away: nothing left to answer
-                log.info("final response not delivered (client gone)")
-        return None if self.decoupled else responses
+            self._send_final(sender, response)
+        return None
 
     @staticmethod
     def _send_final(sender, response):

@@ -34,7 +34,7 @@ def tiny_model_dir(rt_workdir):
 
 @pytest.fixture(scope="session")
 def triton_repo(rt_workdir, tiny_model_dir):
-    """A model repository (chat + chat_stream) rendered by the shared config generator."""
+    """The model repository (one decoupled model, chat) rendered by the shared config generator."""
     return local_repository(
         rt_workdir / "repo", model_config(tiny_model_dir, max_context_tokens=512, max_new_tokens=64)
     )

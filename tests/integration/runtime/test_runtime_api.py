@@ -25,7 +25,8 @@ def user(text):
 
 
 def triton_text(triton, messages, max_tokens):
-    body = {"MESSAGES": json.dumps(messages), "PARAMETERS": json.dumps({"max_tokens": max_tokens})}
+    params = {"max_tokens": max_tokens, "stream": False}  # generate wants one response from the model
+    body = {"MESSAGES": json.dumps(messages), "PARAMETERS": json.dumps(params)}
     status, out = post_json(f"{triton.http_url}/v2/models/chat/generate", body)
     assert status == 200, out
     return out["TEXT"]
@@ -111,8 +112,7 @@ def test_history_is_a_sliding_window_of_turns(api, redis_srv):
 
 
 def test_second_turn_reuses_the_kv_prefix(api, triton):
-    # Non-streaming requests go to the decoupled model (stream: false), which holds their prefix cache.
-    model = "chat_stream"
+    model = "chat"  # the one model: it holds the prefix cache of streamed and non-streamed turns alike
     sid = f"prefix-{time.time_ns()}"
     hits = metric_value(triton.metrics_url, "chatfleet_model_prefix_cache_hits_total", model=model)
     reused = metric_value(triton.metrics_url, "chatfleet_model_prefix_cache_reused_tokens_total", model=model)
@@ -240,7 +240,7 @@ def test_concurrent_bad_and_good_requests(api):
 
 def test_client_disconnect_mid_stream_frees_its_slot(api, triton):
     cancelled = metric_value(
-        triton.metrics_url, "chatfleet_model_finished_total", model="chat_stream", reason="cancelled"
+        triton.metrics_url, "chatfleet_model_finished_total", model="chat", reason="cancelled"
     )
     body = {"messages": user("Tell me everything"), "max_tokens": 64, "stream": True}
     with (
@@ -254,7 +254,7 @@ def test_client_disconnect_mid_stream_frees_its_slot(api, triton):
     while time.monotonic() < deadline:
         inflight = metric_value(api.metrics_url, "chatfleet_inflight_requests")
         done = metric_value(
-            triton.metrics_url, "chatfleet_model_finished_total", model="chat_stream", reason="cancelled"
+            triton.metrics_url, "chatfleet_model_finished_total", model="chat", reason="cancelled"
         )
         if inflight == 0 and done > cancelled:
             break
@@ -288,3 +288,22 @@ def test_demo_chat_exchange(api):
     summary = chat_exchange(api.url, lines.append, session_id=f"demo-{time.time_ns()}")
     assert summary["bad_status"] == 400 and summary["reply2"]
     assert any("history from Redis" in line for line in lines)
+
+
+def test_streaming_off_refuses_stream_true_and_serves_the_rest(rt_workdir, triton, make_api_env):
+    """spec.runtime.streaming: false (the operator's CHATFLEET_STREAMING=false) on a chat API over the
+    same one-model Triton: `stream: true` is a 400 naming `stream`, `stream: false` is answered."""
+    from chatfleet_platform.localruntime.testing import ChatApiProcess
+
+    env = make_api_env(None, CHATFLEET_STREAMING="false")
+    proc = ChatApiProcess(triton.grpc_url, env, log_path=rt_workdir / "api-nostream.log")
+    try:
+        api = proc.start()
+        status, body = chat(api, {"messages": user("hi"), "max_tokens": 3, "stream": True})
+        assert status == 400 and body["error"]["param"] == "stream", body
+        assert body["error"]["type"] == "invalid_request_error"
+        status, body = chat(api, {"messages": user("hi"), "max_tokens": 3})
+        assert status == 200 and body["usage"]["completion_tokens"] == 3, body
+        assert body["chatfleet"]["fallback"] is False
+    finally:
+        proc.stop()

@@ -63,7 +63,7 @@ def test_session_continues_on_another_replica(api, replica_b, triton):
     ]
     status, direct = post_json(
         f"{triton_b.http_url}/v2/models/chat/generate",
-        {"MESSAGES": json.dumps(composed), "PARAMETERS": json.dumps({"max_tokens": 6})},
+        {"MESSAGES": json.dumps(composed), "PARAMETERS": json.dumps({"max_tokens": 6, "stream": False})},
     )
     assert status == 200 and b2["choices"][0]["message"]["content"] == direct["TEXT"]
 

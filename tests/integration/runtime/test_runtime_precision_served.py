@@ -8,6 +8,7 @@ quantises it at `initialize`), and a chat API that re-exports Triton's metrics, 
 from __future__ import annotations
 
 import json
+import re
 
 import httpx
 import pytest
@@ -24,7 +25,14 @@ def served(request, rt_workdir, tiny_model_dir, make_api_env):
     base = rt_workdir / f"precision-{precision}"
     repo = local_repository(
         base / "repo",
-        model_config(tiny_model_dir, precision=precision, max_context_tokens=512, max_new_tokens=32),
+        # The random tiny model's int8 agreement is about 0.96 (nearly flat logits): 0.9 lets it serve.
+        model_config(
+            tiny_model_dir,
+            precision=precision,
+            max_context_tokens=512,
+            max_new_tokens=32,
+            int8_min_agreement=0.9,
+        ),
     )
     triton = TritonServer(repo, home=rt_workdir / "triton-home", log_path=base / "triton.log")
     api = None
@@ -58,6 +66,45 @@ def test_chat_is_served_and_the_precision_that_runs_is_exported(served):
         events = [json.loads(x[6:]) for x in resp.iter_lines() if x.startswith("data: {")]
     assert events[-1]["usage"]["completion_tokens"] == 5 and "fallback" not in resp.headers
     runs = {"int8": "int8", "fp16": "fp32"}[asked]  # fp16 is not served on CPU: fp32 runs, and says so
-    for model in ("chat", "chat_stream"):
-        labels = {"model": model, "requested": asked, "precision": runs, "device": "cpu"}
-        assert metric_value(api.metrics_url, "chatfleet_model_precision_info", **labels) == 1
+    labels = {"model": "chat", "requested": asked, "precision": runs, "device": "cpu"}  # the one model
+    assert metric_value(api.metrics_url, "chatfleet_model_precision_info", **labels) == 1
+
+
+def test_int8_below_its_agreement_threshold_never_turns_ready_and_says_why(
+    rt_workdir, tiny_model_dir, monkeypatch
+):
+    """The failing check: tritonserver exits before it is ready, the termination message names the agreement."""
+    import time
+
+    base = rt_workdir / "precision-int8-refused"
+    log = base / "termination-log"
+    base.mkdir(parents=True, exist_ok=True)
+    monkeypatch.setenv("CHATFLEET_TERMINATION_LOG", str(log))  # /dev/termination-log in a pod
+    prompts = json.dumps(["How do I reset my password?", "What is 17 times 23?", "Write a haiku about rain."])
+    repo = local_repository(
+        base / "repo",
+        model_config(
+            tiny_model_dir,
+            precision="int8",
+            max_context_tokens=512,
+            max_new_tokens=32,
+            calibration_prompts=prompts,
+            int8_min_agreement=0.999,
+        ),
+    )
+    triton = TritonServer(repo, home=rt_workdir / "triton-home", log_path=base / "triton.log")
+    try:
+        triton.start()
+        with pytest.raises(RuntimeError, match="tritonserver exited"):
+            triton.wait_ready(180)
+        assert not triton.ready()
+        deadline = time.monotonic() + 10
+        while not log.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        message = log.read_text()
+    finally:
+        triton.stop()
+    found = re.search(r"^precision check failed: int8 agreement (0\.\d+) < 0\.999 \(", message)
+    assert found and float(found[1]) < 0.999, message
+    assert "3 prompts from spec.runtime.calibration.prompts (3)); not serving" in message
+    assert "int8 agreement" in (base / "triton.log").read_text()  # and in the container's log

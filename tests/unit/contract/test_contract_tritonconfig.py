@@ -81,7 +81,8 @@ def test_the_tokenizer_the_model_loads_is_the_one_the_spec_names(spec):
 def test_every_parameter_round_trips_at_a_value_other_than_its_default():
     changed = {
         f.name: (not f.default) if isinstance(f.default, bool) else
-        f.default + 7 if isinstance(f.default, int) else f"/{f.name}-x"
+        f.default + 7 if isinstance(f.default, int) else
+        f.default / 2 if isinstance(f.default, float) else f"/{f.name}-x"
         for f in schema()
     }  # fmt: skip
     cfg = ChatModelConfig(**{**changed, "precision": "fp16"})
@@ -102,7 +103,7 @@ def test_one_set_of_defaults_for_writer_and_reader():
         "max_new_tokens": "256",
         "max_context_tokens": "2048",
         "history_turns": "5",
-        "prefix_cache_entries": "64",
+        "prefix_cache_entries": "1024",
     }
 
 
@@ -112,8 +113,20 @@ def test_extra_parameters_override_the_typed_ones_for_the_reader_too():
     )
     read = ModelParameters.from_parameters(cfg.parameters())
     assert (read.inflight_batching, read.torch_threads) == (False, 2)
-    stream = model_repository_configs(dataclasses.replace(cfg, preferred_batch_sizes=(4,)))["chat_stream"]
-    assert "preferred_batch_size: [ 4 ]" in stream  # static batching: the preferred sizes stay
+    static = model_repository_configs(dataclasses.replace(cfg, preferred_batch_sizes=(4,)))[MODEL_NAME]
+    assert "preferred_batch_size: [ 4 ]" in static  # static batching: the preferred sizes stay
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_the_repository_holds_exactly_one_model_decoupled(spec):
+    """One engine per replica, one copy of the weights: the repository is the decoupled `chat` alone,
+    whatever the spec (streaming off included), serving streamed and non-streamed requests."""
+    for streaming in (True, False):
+        body = {**spec, "runtime": {**spec.get("runtime", {}), "streaming": streaming}}
+        files = model_repository_configs(chat_model_config(ChatbotServiceSpec.from_dict(body)))
+        assert list(files) == [MODEL_NAME] == ["chat"]
+        assert files[MODEL_NAME].startswith('name: "chat"\n')
+        assert "model_transaction_policy { decoupled: true }" in files[MODEL_NAME]
 
 
 def test_read_model_config_of_an_empty_config():

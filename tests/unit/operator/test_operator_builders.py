@@ -54,26 +54,20 @@ def config_of(spec: ChatbotServiceSpec) -> dict[str, str]:
 
 class TestTritonConfig:
     def test_files_come_from_the_runtime_generator_through_the_pod_template(self):
-        assert sorted(config_of(spec_of())) == ["chat.config.pbtxt", "chat_stream.config.pbtxt"]
-        assert sorted(triton_config_annotations(spec_of())) == [
-            CONFIG,
-            "triton.chatfleet.io/chat_stream.config.pbtxt",
-        ]
+        assert sorted(config_of(spec_of())) == ["chat.config.pbtxt"]
+        assert sorted(triton_config_annotations(spec_of())) == [CONFIG]
+
+    @pytest.mark.parametrize("streaming", [True, False])
+    def test_the_pod_gets_exactly_one_model_the_decoupled_chat(self, streaming):
+        """One engine per replica, one copy of the weights: a single decoupled model, streaming or not."""
+        ((name, text),) = config_of(spec_of(runtime={"streaming": streaming})).items()
+        assert name == "chat.config.pbtxt" and text.startswith('name: "chat"\n')
+        assert "model_transaction_policy { decoupled: true }" in text
 
     @pytest.mark.parametrize(
         ("runtime", "expected"),
         [
             pytest.param({"dynamicBatching": {"maxBatchSize": 32}}, "max_batch_size: 32", id="max-batch"),
-            pytest.param(
-                {"dynamicBatching": {"maxBatchSize": 16, "preferredBatchSizes": [4, 8]}},
-                "preferred_batch_size: [ 4, 8 ]",
-                id="preferred",
-            ),
-            pytest.param(
-                {"dynamicBatching": {"maxQueueDelayMicroseconds": 500}},
-                "max_queue_delay_microseconds: 500",
-                id="queue-delay",
-            ),
             pytest.param({"instancesPerGPU": 3}, "count: 3 kind: KIND_GPU", id="instances-per-gpu"),
             pytest.param({"precision": "bf16"}, '"bf16"', id="precision"),
             pytest.param({"maxNewTokens": 99}, '"99"', id="max-new-tokens"),
@@ -82,8 +76,85 @@ class TestTritonConfig:
     def test_spec_reaches_config_pbtxt(self, runtime, expected):
         assert expected in config_of(spec_of(runtime=runtime))["chat.config.pbtxt"]
 
-    def test_streaming_off_drops_the_stream_model(self):
-        assert list(config_of(spec_of(runtime={"streaming": False}))) == ["chat.config.pbtxt"]
+    @pytest.mark.parametrize(
+        ("kv_cache", "expected"),
+        [
+            # the defaults: a share of the device, derived prefix store, nothing written but the entries
+            pytest.param({}, {}, id="defaults"),
+            pytest.param(
+                {"memory": "20Gi", "prefixCacheMemory": "2Gi"},
+                {"kv_memory_bytes": str(20 * 2**30), "prefix_cache_bytes": str(2 * 2**30)},
+                id="quantities-in-bytes",
+            ),
+            pytest.param({"memory": 1500000000}, {"kv_memory_bytes": "1500000000"}, id="a-number-of-bytes"),
+            pytest.param({"memoryFraction": 0.5}, {"kv_memory_fraction": "0.5"}, id="fraction"),
+            pytest.param(
+                {"typicalPromptTokens": 1024, "admissionQueue": 8, "admissionWaitMilliseconds": 2500},
+                {"kv_typical_prompt_tokens": "1024", "admission_queue": "8", "admission_wait_ms": "2500"},
+                id="rows-and-queue",
+            ),
+        ],
+    )
+    def test_kv_cache_reaches_the_model_parameters(self, kv_cache, expected):
+        """spec.runtime.kvCache becomes the model's KV parameters (written when not the runtime's default),
+        and the runtime reads them back as given."""
+        from chatfleet_contract.parameters import ModelParameters
+        from chatfleet_contract.tritonconfig import parse_parameters
+
+        params = parse_parameters(config_of(spec_of(runtime={"kvCache": kv_cache}))["chat.config.pbtxt"])
+        kv_keys = {k for k in params if k.startswith(("kv_", "prefix_cache", "admission_"))}
+        assert {k: params[k] for k in kv_keys} == {"prefix_cache_entries": "1024", **expected}
+        read = ModelParameters.from_parameters(params)
+        kv = spec_of(runtime={"kvCache": kv_cache}).runtime.kv_cache
+        assert (read.kv_memory_fraction, read.kv_typical_prompt_tokens) == (
+            kv.memory_fraction,
+            kv.typical_prompt_tokens,
+        )
+        assert read.admission_queue == kv.admission_queue
+        assert read.admission_wait_ms == kv.admission_wait_milliseconds
+
+    @pytest.mark.parametrize(
+        ("quantity", "expected"),
+        [
+            ("1Gi", 2**30),
+            ("1.5k", 1500),
+            ("20G", 20 * 10**9),
+            ("1500000000", 1500000000),
+            ("0.5", 1),
+            (None, 0),
+        ],
+    )
+    def test_quantity_bytes(self, quantity, expected):
+        from chatfleet_operator.builders.tritonconfig import quantity_bytes
+
+        assert quantity_bytes(quantity) == expected
+
+    def test_max_batch_size_defaults_to_hundreds_of_rows(self):
+        """maxBatchSize caps the in-flight batch, under the rows the KV cache fits: 256 by default."""
+        assert "max_batch_size: 256" in config_of(spec_of())["chat.config.pbtxt"]
+
+    def test_the_in_flight_model_takes_requests_at_once(self):
+        """In-flight batching (the only mode the operator configures): no queue delay, no preferred sizes,
+        whatever dynamicBatching asks (those two fields only shape static batching)."""
+        text = config_of(
+            spec_of(
+                runtime={
+                    "dynamicBatching": {
+                        "maxBatchSize": 16,
+                        "preferredBatchSizes": [4, 8],
+                        "maxQueueDelayMicroseconds": 500,
+                    }
+                }
+            )
+        )["chat.config.pbtxt"]
+        assert "max_queue_delay_microseconds: 0" in text and "preferred_batch_size" not in text
+
+    @pytest.mark.parametrize(("streaming", "value"), [(True, "true"), (False, "false")])
+    def test_streaming_reaches_the_chat_api_not_the_model(self, streaming, value):
+        """spec.runtime.streaming is the chat API's CHATFLEET_STREAMING; the model config is the same."""
+        env = containers(deployment(runtime={"streaming": streaming}))["chat-api"]["env"]
+        assert {e["name"]: e.get("value") for e in env}["CHATFLEET_STREAMING"] == value
+        assert config_of(spec_of(runtime={"streaming": streaming})) == config_of(spec_of())
 
     def test_tokenizer_uri_and_path(self):
         assert (
@@ -105,7 +176,7 @@ class TestTritonConfig:
     def test_only_our_config_annotations_become_files(self):
         extra = "triton.chatfleet.io/rogue.config.pbtxt"
         spec = spec_of(podMetadata={"annotations": {extra: 'name: "rogue"'}})
-        assert sorted(config_of(spec)) == ["chat.config.pbtxt", "chat_stream.config.pbtxt"]
+        assert sorted(config_of(spec)) == ["chat.config.pbtxt"]
 
 
 class TestDeployment:

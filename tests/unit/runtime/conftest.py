@@ -25,7 +25,11 @@ def tokenizer(tiny_model_dir):
 
 @pytest.fixture(scope="session")
 def model(tiny_model_dir):
-    """The tiny model in fp32 on CPU."""
+    """The tiny model on CPU, in fp32 (CHATFLEET_TEST_PRECISION=bf16 runs the engine's tests in bf16)."""
+    import os
+
     from chatfleet_runtime.loading import choose_placement, load_model
 
-    return load_model(tiny_model_dir, choose_placement("fp32", "KIND_CPU", cuda_available=False))
+    precision = os.environ.get("CHATFLEET_TEST_PRECISION", "fp32")
+    placement = choose_placement(precision, "KIND_CPU", cuda_available=False, cpu_bf16=precision == "bf16")
+    return load_model(tiny_model_dir, placement)

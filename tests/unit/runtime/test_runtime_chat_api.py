@@ -487,3 +487,109 @@ def test_a_full_kv_budget_is_429_with_retry_after_and_not_a_breaker_failure(clie
         assert r.status_code == 429 and r.headers["retry-after"] == "1"
         assert r.json()["error"]["code"] == "overloaded" and "kv budget" in r.json()["error"]["message"]
     assert client.app.state.breaker.state == "closed"
+
+
+# ---- one model: spec.runtime.streaming, and what the backend asks Triton ------------------------------
+
+
+def test_streaming_off_refuses_stream_true_with_a_400_naming_stream(backend):
+    """spec.runtime.streaming: false (CHATFLEET_STREAMING=false): `stream: true` is the client's fault,
+    OpenAI-shaped and naming the field; `stream: false` is served as usual."""
+    settings = ApiSettings.from_env({"CHATFLEET_STREAMING": "false"}, model_name="m1", max_new_tokens=50)
+    assert settings.streaming is False and ApiSettings.from_env({}).streaming is True
+    with TestClient(create_app(settings, backend=backend)) as c:
+        r = post(c, {"messages": U, "stream": True})
+        error = r.json()["error"]
+        assert r.status_code == 400 and (error["param"], error["type"]) == ("stream", "invalid_request_error")
+        assert "spec.runtime.streaming: false" in error["message"] and backend.calls == []
+        assert metric(c, "chatfleet_requests_total", outcome="client_error", stream="true") == 1
+        assert post(c, {"messages": U, "stream": False}).status_code == 200
+        assert c.app.state.breaker.state == "closed"
+
+
+class FakeGrpc:
+    """tritonclient.grpc.aio's client as TritonChat uses it: records what is asked of which model."""
+
+    def __init__(self):
+        self.asked: list[tuple[str, str, dict]] = []
+
+    async def is_model_ready(self, name):
+        self.asked.append(("ready", name, {}))
+        return True
+
+    async def get_model_config(self, name, as_json=False):
+        self.asked.append(("config", name, {}))
+        return {"config": {"parameters": {"max_new_tokens": {"string_value": "77"}}}}
+
+    async def infer(self, name, inputs, client_timeout=None):
+        raise AssertionError(f"unary infer on {name!r}: the one model is decoupled, streams only")
+
+    def stream_infer(self, requests, stream_timeout=None):
+        return _FakeCall(self, requests)
+
+    async def close(self):
+        pass
+
+
+class _FakeCall:
+    """One gRPC stream: a delta unless `stream: false`, then the final response."""
+
+    def __init__(self, grpc: FakeGrpc, requests):
+        self.grpc, self.requests = grpc, requests
+
+    def cancel(self):
+        pass
+
+    async def __aiter__(self):
+        from tritonclient.utils import deserialize_bytes_tensor
+
+        async for request in self.requests:
+            (params,) = [i for i in request["inputs"] if i.name() == "PARAMETERS"]
+            sent = json.loads(deserialize_bytes_tensor(params._get_content())[0])
+            self.grpc.asked.append(("stream", request["model_name"], sent))
+        if sent.get("stream", True):
+            yield _Result("hi", ""), None
+        yield _Result("" if sent.get("stream", True) else "hi", "stop"), None
+
+
+class _Result:
+    """A Triton result with the chat model's four outputs."""
+
+    def __init__(self, text: str, finish: str):
+        import numpy as np
+
+        self.arrays = {
+            "TEXT": np.array([text.encode()], dtype=np.object_),
+            "FINISH_REASON": np.array([finish.encode()], dtype=np.object_),
+            "NUM_TOKENS": np.array([1], dtype=np.int32),
+            "PROMPT_TOKENS": np.array([2], dtype=np.int32),
+        }
+
+    def as_numpy(self, name):
+        return self.arrays.get(name)
+
+
+def test_the_backend_asks_one_model_for_everything():
+    """Readiness, the max_new_tokens lookup, streamed and non-streamed completions: all on `chat`, the
+    one decoupled model; a non-streamed completion is `stream: false` on the same gRPC stream API."""
+    from chatfleet_contract.tritonconfig import MODEL_NAME
+    from chatfleet_runtime.backend import TritonChat
+
+    async def run():
+        chat = TritonChat("127.0.0.1:1")
+        chat._client = grpc = FakeGrpc()
+        ready, limit = await chat.ready(), await chat.max_new_tokens()
+        done = await chat.complete(U, {"max_tokens": 4}, 5.0)
+        chunks = [c async for c in chat.stream(U, {"max_tokens": 4}, 5.0)]
+        return grpc.asked, ready, limit, done, chunks
+
+    asked, ready, limit, done, chunks = asyncio.run(run())
+    assert (ready, limit, done.text, done.finish_reason) == (True, 77, "hi", "stop")
+    assert [c.text for c in chunks] == ["hi", ""] and chunks[-1].finish_reason == "stop"
+    assert {name for _, name, _ in asked} == {MODEL_NAME} == {"chat"}
+    assert [(kind, sent.get("stream")) for kind, _, sent in asked] == [
+        ("ready", None),
+        ("config", None),
+        ("stream", False),
+        ("stream", None),
+    ]

@@ -34,7 +34,7 @@ def instance_group(text: str) -> str:
 )
 def test_instance_group_lists_every_gpu_of_the_replica(gpus, count, line):
     cfg = ChatModelConfig(kind="KIND_GPU", instance_count=count, gpus=gpus)
-    assert instance_group(render_config_pbtxt(cfg, name="chat", decoupled=False)) == line
+    assert instance_group(render_config_pbtxt(cfg)) == line
 
 
 def test_gpus_are_validated():

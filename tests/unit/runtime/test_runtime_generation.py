@@ -364,3 +364,17 @@ def _steady_traffic(engine, tokenizer):
     assert len(done) >= 40 and len(widths) == 200, (len(done), len(widths))
     assert max(widths) <= longest, (max(widths), longest)  # a growing cache would reach ~200
     assert all(engine.result(row).token_ids == expected[id(row.req)] for row in done)
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["plain", "streamed"])
+def test_an_answer_ending_inside_a_character_keeps_its_text(gen, tokenizer, streamed):
+    """Token 100 is one byte of a multi-byte character: the detokenizer holds such text back until the
+    character completes; when generation ends first, the held-back text is still the answer's end."""
+    assert tokenizer.decode([100]).endswith("\ufffd")
+    deltas: list[str] = []
+    params = SamplingParams(max_new_tokens=3, logit_bias=((100, 100.0),))
+    on_text = deltas.append if streamed else None
+    res = gen.generate([GenerationRequest(prompt(tokenizer, "Hi").ids, params, on_text=on_text)])[0]
+    assert res.token_ids == [100] * 3
+    assert res.text == tokenizer.decode(res.token_ids, skip_special_tokens=True) != ""
+    assert not streamed or "".join(deltas) == res.text

@@ -23,12 +23,13 @@ def test_parse_parameters_round_trip():
     assert params == {k: str(v) for k, v in cfg.parameters().items()}
 
 
-def test_write_repository(tmp_path):
+def test_write_repository_holds_exactly_one_decoupled_model(tmp_path):
+    """One engine per replica, one copy of the weights: the repository Triton loads is `chat` alone."""
     repo = write_repository(tmp_path / "repo", model_repository_configs(ChatModelConfig(kind="KIND_CPU")))
-    for model in ("chat", "chat_stream"):
-        assert (repo / model / "config.pbtxt").read_text().startswith(f'name: "{model}"')
-        assert "class TritonPythonModel" in (repo / model / "1" / "model.py").read_text()
-    assert "decoupled: true" in (repo / "chat_stream" / "config.pbtxt").read_text()
+    assert sorted(p.name for p in repo.iterdir()) == ["chat"]
+    assert (repo / "chat" / "config.pbtxt").read_text().startswith('name: "chat"')
+    assert "class TritonPythonModel" in (repo / "chat" / "1" / "model.py").read_text()
+    assert "model_transaction_policy { decoupled: true }" in (repo / "chat" / "config.pbtxt").read_text()
 
 
 def test_command_binds_given_address_and_ports(tmp_path):
@@ -146,23 +147,19 @@ def test_tiny_cli(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("extra", "stream_delay", "stream_preferred"),
+    ("extra", "delay", "preferred"),
     [
         pytest.param({}, 0, False, id="inflight-default-no-queue-delay"),
         pytest.param({"inflight_batching": "false"}, 7000, True, id="static-keeps-queue-delay"),
     ],
 )
-def test_stream_model_queue_delay(extra, stream_delay, stream_preferred):
+def test_queue_delay_only_in_static_mode(extra, delay, preferred):
     cfg = ChatModelConfig(
         max_batch_size=8, preferred_batch_sizes=(4,), max_queue_delay_us=7000, extra_parameters=extra
     )
-    files = model_repository_configs(cfg)
-    assert (
-        "max_queue_delay_microseconds: 7000" in files["chat"]
-        and "preferred_batch_size: [ 4 ]" in files["chat"]
-    )
-    assert f"max_queue_delay_microseconds: {stream_delay}" in files["chat_stream"]
-    assert ("preferred_batch_size" in files["chat_stream"]) is stream_preferred
+    (text,) = model_repository_configs(cfg).values()
+    assert f"max_queue_delay_microseconds: {delay}" in text
+    assert ("preferred_batch_size: [ 4 ]" in text) is preferred
 
 
 GPU_CONFIGS = model_repository_configs(ChatModelConfig(kind="KIND_GPU"))

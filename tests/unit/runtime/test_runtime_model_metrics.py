@@ -54,8 +54,11 @@ def test_families_names_kinds_and_what_a_batch_records():
         ("chatfleet_model_prefix_cache_entries", "gauge"),
         ("chatfleet_model_prefix_cache_bytes", "gauge"),
         ("chatfleet_model_precision_info", "gauge"),
+        ("chatfleet_model_kv_budget_bytes", "gauge"),
+        ("chatfleet_model_kv_budget_rows", "gauge"),
+        ("chatfleet_model_prefix_cache_capacity_bytes", "gauge"),
     ]
-    assert obs.batch_rows.labels == {"model": "chat", "version": "1"} and obs.batch_rows.buckets[-1] == 64
+    assert obs.batch_rows.labels == {"model": "chat", "version": "1"} and obs.batch_rows.buckets[-1] == 512
     obs.batch(3, 0.2, 12)
     obs.batch(2, 0.0, 0)  # in-flight join: a size, no generate time
     obs.finished(SimpleNamespace(token_ids=[1, 2], first_token_s=0.05, finish_reason="length"))
@@ -70,3 +73,6 @@ def test_families_names_kinds_and_what_a_batch_records():
         "model": "chat", "version": "1", "requested": "fp16", "precision": "fp32", "device": "cpu"
     }  # fmt: skip
     assert obs.precision_metric.values == [1]
+    obs.kv_sizing(SimpleNamespace(budget=9 * 2**30, rows=256, prefix_cache=2**30))
+    assert (obs.kv_budget.values, obs.kv_rows.values) == ([9 * 2**30], [256])
+    assert obs.prefix_capacity.values == [2**30]

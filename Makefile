@@ -174,8 +174,13 @@ bench-operator: setup ## Operator: 200 and 1,000 ChatbotServices to Ready beside
 	$(PY) bench/operator_bench.py
 
 .PHONY: bench-runtime
-bench-runtime: setup ## Runtime vs static-batched and one-at-a-time generate(), tiny and Qwen2-0.5B-shaped models: tokens/s, TTFT, p50/p99 at 1/8/32 clients; prefix reuse (~11 min, estimated)
-	$(PY) bench/runtime_bench.py
+bench-runtime: setup ## Runtime vs llama-server (built on first use), transformers continuous batching and static generate() on the Qwen2-0.5B-shaped model: tokens/s, TTFT, ITL, RSS at 1/8/32, sampled and greedy (37 min measured on 2 shared cores; first llama-server build up to 30 min more)
+	@bash hack/build-llama-server.sh
+	$(PY) bench/runtime_bench.py $(BENCH_ARGS)
+
+.PHONY: bench-runtime-soak
+bench-runtime-soak: setup ## Runtime soak: 24 overlapping streamed and non-streamed chats for SOAK_SECONDS (600): RSS and tokens/s, last vs first quarter (12 min measured)
+	$(PY) bench/runtime_bench.py --soak $(or $(SOAK_SECONDS),600)
 
 .PHONY: bench-rollout
 bench-rollout: setup ## Chatfleet vs the real Argo Rollouts v1.10.2 (built on first use): bad canary (errors, latency, never Ready) to rollback, 5-step promotion, false rollbacks (~15 min)

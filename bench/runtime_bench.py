@@ -1,40 +1,49 @@
-"""Runtime benchmark: the chat runtime vs what a transformers user gets without a server, same machine.
+"""Runtime benchmark: the chat runtime beside the engines a team would otherwise pick, same model, same CPU.
 
-Three systems, same model, same requests:
-(a) the runtime: Redis + the real tritonserver (in-flight batching) + the chat API, driven over HTTP
-    with streaming (server-sent events), like a real client;
-(b) static batching: ``model.generate()`` in process, requests collected into batches of up to the
-    runtime's max batch size (32) within a window (the runtime's queue delay, 10 ms), left-padded, one
-    generate() per batch, run for its longest answer (``generate_baseline.StaticBatcher``);
-(c) one at a time: the same with batches of one (one generate() per request, first come first served).
+Systems (``--systems``), all on one model and the same requests, torch and llama.cpp on the same threads:
+- runtime: Redis + the real tritonserver (in-flight batching, ``max_batch_size`` 32) + the chat API,
+  driven over HTTP (``/v1/chat/completions``, SSE when streamed);
+- llama: llama.cpp's ``llama-server`` (``-np`` 32 slots, ``-cb`` continuous batching) on the model converted to
+  GGUF q8_0 by llama.cpp's converter, driven over its OpenAI endpoint by the same client code
+  (``engine_peers.LlamaServer``; built from llama-cpp-python's source package by hack/build-llama-server.sh);
+- hfcb: transformers' own continuous batching with a paged cache (``ContinuousBatchingManager``), in process;
+- static: ``model.generate()`` in static batches of up to 32 within 10 ms (``generate_baseline.StaticBatcher``),
+  the floor; serial (not by default): the same one request at a time.
 
-Two models: the tiny test model (about 200k parameters: batching is nearly free) and a random model with
-Qwen2-0.5B-Instruct's configuration cut to ``SHAPED_LAYERS`` of its 24 decoder layers
-(``chatfleet_platform.localruntime.shaped``). Answers have mixed lengths (``answer_lengths``: the same
-draw per request for every system) and exactly those lengths: EOS is suppressed everywhere (the runtime
-gets ``logit_bias`` -100 on EOS, which it honours; the baselines ``suppress_tokens``).
+Model (default): a random model with Qwen2-0.5B-Instruct's configuration cut to ``SHAPED_LAYERS`` of its 24
+decoder layers (``chatfleet_platform.localruntime.shaped``); ``--models tiny`` adds the tests' tiny model.
 
-At 1, 8 and 32 concurrent clients (closed loop: each client sends the next request of a shared list as
-soon as its last one is answered, so that many are in flight until the list drains): tokens per second
-over the level's wall time (the drain included), time to first token p50/p99 and whole-response latency
-p50/p99, with ratios runtime / each baseline. Multi-turn, per model:
-second-turn latency at about 1,000 tokens of history with KV-prefix reuse vs recompute (the same request
-to Triton with ``prefix_cache: false``). Precision, tiny model: int8 (dynamic quantisation) vs fp32,
-weights memory and batched tokens/s, in process (``--precision-only`` runs just that row).
+Traffic: closed loop at 1/8/32 concurrent conversations, 64 with ``--levels`` (each client sends the next
+request of a shared list when its last is answered). Request k asks for ``answer_length(k)`` tokens (mixed: lognormal, median
+cap/4), is streamed when (k + k // 8) is even (half the requests) and carries about 1,000 tokens of earlier
+history (a distinct conversation) when k % 8 == 7 (one in eight). Two passes: sampled (temperature 0.7,
+top-p 0.9, top-k off) and greedy. EOS is suppressed everywhere so lengths are exact (checked:
+``length_mismatches``): the runtime gets ``logit_bias`` -100 on EOS, llama-server ``ignore_eos: true``
+(it biases every end-of-generation token away) and the same ``logit_bias`` (this EOS is not one), transformers ``eos_token_id=-1``, ``generate()``
+``suppress_tokens``.
 
-Counts (environment): SHAPED_LAYERS (8), MAX_TOKENS (128: the answer-length cap), REQUESTS_TINY
-("8,4,3": requests per client at 1, 8 and 32 concurrent, so 8, 32 and 96 requests), REQUESTS_SHAPED
-("4,3,3"), SERIAL_REQUESTS_SHAPED ("4,1,1": the one-at-a-time baseline on the shaped model, whose
-throughput does not depend on the count), MULTITURN_REPS (6, tiny) and MULTITURN_REPS_SHAPED (4).
+Figures per pass, level and system: tokens/s over the level's wall time, TTFT p50/p99 and inter-token
+latency p50/p99 (streamed requests), whole-response latency p50/p99 (all), RSS of the serving process tree
+sampled every 0.5 s (the runtime: tritonserver with its Python stub and the chat API; llama-server; the
+in-process peers: the benchmark's own process). Goals at 32 concurrent: tokens/s >= 1.0x the best peer at
+an equal or better p99 TTFT, and >= 3x the old engine's 70 tok/s. Then multi-turn (prefix reuse vs
+recompute on the runtime) and precision (int8 vs fp32, tiny model, in process).
 
-Writes bench-results/runtime.json and bench-results/runtime.png and prints a table per model.
-CPU only: no GPU machine is lent to this task.
+``--soak SECONDS``: only the runtime, >= 20 overlapping streamed and non-streamed chats for that long; RSS
+of the model processes first vs last quarter (goal <= 1.1x), tokens/s last vs first quarter (goal >= 0.9x).
+
+Counts (environment): SHAPED_LAYERS (8), MAX_TOKENS (128), REQUESTS_SHAPED ("3,2,2,1": requests per client at
+1, 8, 32 and 64, so 3, 16, 64 and 64; 37 min for both passes at 1/8/32 on 2 shared cores),
+REQUESTS_TINY ("8,4,3,2"), SERIAL_REQUESTS_SHAPED ("3,1,1,1"), MULTITURN_REPS (6, tiny),
+MULTITURN_REPS_SHAPED (4), SOAK_CLIENTS (24).
+Writes bench-results/runtime.json and runtime.png (soak: runtime-soak.json). CPU only.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import platform
@@ -51,18 +60,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling modules,
 
 from answer_lengths import answer_length, describe  # noqa: E402
 from chatfleet_platform.localruntime.testing import local_runtime, model_config, tiny_model  # noqa: E402
+from engine_peers import HfContinuousBatcher, LlamaServer, RssSampler, gguf_model  # noqa: E402
 from generate_baseline import StaticBatcher, closed_loop  # noqa: E402
+from serving_stats import goals, inter_token_gaps, memory_summary, quarter_means, quarters, ratio, summarize  # noqa: E402
 
 
 def _levels(name: str, default: str) -> tuple[int, ...]:
-    """A comma-separated environment setting of one count per concurrency level, e.g. "8,4,3"."""
+    """A comma-separated environment setting of one count per concurrency level, e.g. "3,2,2,1"."""
     return tuple(int(x) for x in os.environ.get(name, default).split(","))
 
 
-CONCURRENCY = (1, 8, 32)
-#: The runtime's max batch size; the static batcher's too (a batch never holds more).
+CONCURRENCY = (1, 8, 32, 64)
+#: The runtime's max batch size; the static batcher's and llama-server's slots too.
 MAX_BATCH = 32
-#: Decoder layers of the shaped model: 8 of 24 fit the 20-minute budget on 2 cores (docs/benchmarks.md).
+#: Decoder layers of the shaped model (docs/benchmarks.md: why 8).
 SHAPED_LAYERS = int(os.environ.get("SHAPED_LAYERS", "8"))
 MAX_TOKENS = int(os.environ.get("MAX_TOKENS", "128"))
 MULTITURN_REPS = {
@@ -71,18 +82,42 @@ MULTITURN_REPS = {
 }
 #: Requests per concurrent client at each level of CONCURRENCY, per model and system.
 REQUESTS = {
-    "tiny": {"runtime": _levels("REQUESTS_TINY", "8,4,3")},
+    "tiny": {"runtime": _levels("REQUESTS_TINY", "8,4,3,2")},
     "shaped": {
-        "runtime": _levels("REQUESTS_SHAPED", "4,3,3"),
-        "serial": _levels("SERIAL_REQUESTS_SHAPED", "4,1,1"),
+        "runtime": _levels("REQUESTS_SHAPED", "3,2,2,1"),
+        "serial": _levels("SERIAL_REQUESTS_SHAPED", "3,1,1,1"),
     },
 }
-SYSTEMS = ("runtime", "static", "serial")
-LABELS = {"runtime": "runtime", "static": "static batched", "serial": "one at a time"}
+SYSTEMS = ("runtime", "llama", "hfcb", "static", "serial")
+PEERS = ("llama", "hfcb", "static", "serial")
+LABELS = {
+    "runtime": "runtime",
+    "llama": "llama-server",
+    "hfcb": "transformers CB",
+    "static": "static generate",
+    "serial": "one at a time",
+}
+PRECISION = {
+    "runtime": "fp32 (precision auto: no AMX-BF16/AVX512-BF16 here)",
+    "llama": "GGUF q8_0 weights, f16 KV cache",
+    "hfcb": "fp32",
+    "static": "fp32",
+    "serial": "fp32",
+}
+#: The two passes: realistic sampling and greedy.
+PASSES = {"sampled": {"temperature": 0.7, "top_p": 0.9}, "greedy": {"temperature": 0.0, "top_p": 1.0}}
+#: One request in LONG_EVERY carries about HISTORY_TOKENS tokens of earlier conversation.
+LONG_EVERY = 8
+HISTORY_TOKENS = 1000
+#: The old engine's tokens/s at 32 concurrent on the shaped model (docs/benchmarks.md, 2026-11-26).
+OLD_ENGINE_TOK_S = 70.0
+#: The model name every served system answers to (the runtime's CHATFLEET_MODEL_NAME, llama-server's alias).
+SERVED_NAME = "bench-model"
+SOAK_CLIENTS = int(os.environ.get("SOAK_CLIENTS", "24"))
 
 
 def requests_at(model: str, system: str, concurrency: int, quick: bool) -> int:
-    """Requests at one level: per client x clients, e.g. 3 x 32 = 96 (static batching gets the runtime's)."""
+    """Requests at one level: per client x clients, e.g. 2 x 32 = 64 (every system gets the runtime's)."""
     if quick:
         return 2 if concurrency == 1 else concurrency
     counts = REQUESTS[model].get(system, REQUESTS[model]["runtime"])
@@ -90,94 +125,132 @@ def requests_at(model: str, system: str, concurrency: int, quick: bool) -> int:
     return per_client * concurrency
 
 
-def pct(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100) of a non-empty list."""
-    ordered = sorted(values)
-    k = max(0, min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1))))
-    return ordered[k]
+def streamed(request: int) -> bool:
+    """Half the requests stream, the long-history ones alternately, e.g. 0 -> True, 1 -> False, 7 -> False, 15 -> True."""
+    return (request + request // LONG_EVERY) % 2 == 0
 
 
-def summarize(samples: list[dict], wall_s: float) -> dict:
-    """tokens/s over the wall time, TTFT and latency percentiles in milliseconds (and batch facts)."""
-    tokens = sum(s["tokens"] for s in samples)
-    ttft = [s["ttft"] * 1000 for s in samples]
-    lat = [s["latency"] * 1000 for s in samples]
-    out = {
-        "requests": len(samples),
-        "tokens": tokens,
-        "wall_s": round(wall_s, 3),
-        "tokens_per_s": round(tokens / wall_s, 1),
-        "ttft_ms_p50": round(pct(ttft, 50), 1),
-        "ttft_ms_p99": round(pct(ttft, 99), 1),
-        "latency_ms_p50": round(pct(lat, 50), 1),
-        "latency_ms_p99": round(pct(lat, 99), 1),
-    }
-    if samples and "batch_end" in samples[0]:
-        ends = [s["batch_end"] * 1000 for s in samples]
-        out["batch_end_ms_p50"] = round(pct(ends, 50), 1)
-        out["batch_end_ms_p99"] = round(pct(ends, 99), 1)
-        out["batch_mean"] = round(statistics.mean(s["batch"] for s in samples), 1)
-    if samples and "asked" in samples[0]:
-        out["length_mismatches"] = sum(s["tokens"] != s["asked"] for s in samples)
-    return out
+def long_history(request: int) -> bool:
+    """One request in LONG_EVERY carries a long earlier conversation, e.g. 7 and 15."""
+    return request % LONG_EVERY == LONG_EVERY - 1
+
+
+def history_filler(tokenizer, tokens: int = HISTORY_TOKENS) -> str:
+    """Text of about `tokens` tokens (numbered facts), grown until the tokenizer says so."""
+    sentences: list[str] = []
+    while len(tokenizer(" ".join(sentences), add_special_tokens=False)["input_ids"]) < tokens - 40:
+        sentences.append(f"Fact {len(sentences)}: the cluster has {len(sentences) * 7} pods.")
+    return " ".join(sentences)
+
+
+def conversation(request: int, filler: str, tag: str = "") -> list[dict[str, str]]:
+    """Request k's messages: a short question, or (one in eight) a question after a long conversation.
+
+    The run's tag (pass and level) and the request number lead the first message, so no system reuses a
+    prefix of another request, of an earlier level or of the warm-up (llama-server's slots keep theirs).
+    """
+    question = {"role": "user", "content": f"Question {tag}{request}: how do pods scale on Kubernetes?"}
+    if not long_history(request):
+        return [question]
+    return [
+        {"role": "user", "content": f"[conversation {tag}{request}] Remember this: {filler}"},
+        {"role": "assistant", "content": "Noted: I will keep those facts in mind."},
+        question,
+    ]
 
 
 def prompt_for(request: int) -> list[dict[str, str]]:
-    """A distinct short user message per request."""
+    """A distinct short user message per request (warm-ups, the precision row)."""
     return [{"role": "user", "content": f"Question {request}: how do pods scale on Kubernetes?"}]
 
 
-# ---- (a) the runtime ------------------------------------------------------------------------------
+# ---- the systems behind an OpenAI endpoint: the runtime and llama-server ---------------------------------
 
 
-async def runtime_level(
-    api_url: str, concurrency: int, requests: int, eos_id: int
+def request_body(system: str, k: int, filler: str, eos_id: int, sampling: dict, tag: str = "") -> dict:
+    """The chat request for request k: its messages, exact length, sampling, EOS suppression per system."""
+    body: dict = {
+        "model": SERVED_NAME,
+        "messages": conversation(k, filler, tag),
+        "max_tokens": answer_length(k, MAX_TOKENS),
+        "temperature": sampling["temperature"],
+        "top_p": sampling["top_p"],
+        "stream": streamed(k),
+    }
+    if system == "llama":
+        # llama-server's own fields: EOS off, its default top-k 40 and min-p 0.05 off (the others have neither).
+        # ignore_eos biases away the tokens llama.cpp ends generation on; this tokenizer's EOS is not among
+        # them (llama.cpp warns so at load), so it is biased away by id as well.
+        body |= {"ignore_eos": True, "top_k": 0, "min_p": 0.0}
+        if body["stream"]:
+            body["stream_options"] = {"include_usage": True}
+    body["logit_bias"] = {str(eos_id): -100}
+    return body
+
+
+async def api_request(client, url: str, body: dict) -> dict:
+    """One chat request over HTTP; its sample (TTFT and inter-token gaps when streamed)."""
+    t0 = time.perf_counter()
+    times: list[float] = []
+    tokens = 0
+    async with client.post(f"{url}/v1/chat/completions", json=body) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"{url}: HTTP {resp.status}: {(await resp.text())[:300]}")
+        if body["stream"]:
+            async for raw in resp.content:
+                line = raw.decode().strip()
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line[6:])
+                if (event.get("chatfleet") or {}).get("fallback"):
+                    raise RuntimeError(f"fallback answer during the benchmark: {event['chatfleet']}")
+                choices = event.get("choices") or [{}]
+                if (choices[0].get("delta") or {}).get("content"):
+                    times.append(time.perf_counter())
+                if event.get("usage"):
+                    tokens = event["usage"]["completion_tokens"]
+            tokens = tokens or len(times)
+        else:
+            reply = await resp.json()
+            if (reply.get("chatfleet") or {}).get("fallback"):
+                raise RuntimeError(f"fallback answer during the benchmark: {reply['chatfleet']}")
+            tokens = reply["usage"]["completion_tokens"]
+    end = time.perf_counter()
+    sample = {"tokens": tokens, "asked": body["max_tokens"], "latency": end - t0, "stream": body["stream"]}
+    if body["stream"]:
+        sample |= {"ttft": (times[0] if times else end) - t0, "gaps": inter_token_gaps(times)}
+    return sample
+
+
+async def api_level(
+    url: str,
+    system: str,
+    concurrency: int,
+    requests: int,
+    filler: str,
+    eos_id: int,
+    sampling: dict,
+    tag: str = "",
 ) -> tuple[list[dict], float]:
-    """Closed loop: `concurrency` clients working through `requests` streamed requests (as closed_loop).
+    """Closed loop over HTTP: `concurrency` clients working through `requests` requests (as closed_loop).
 
-    Each request asks for its answer_length with EOS biased away (logit_bias -100), so it gets exactly
-    that many tokens (checked: ``length_mismatches``). The load generator uses aiohttp (C-accelerated
-    HTTP parsing): it shares the two CPUs with the runtime, so a heavy client would be measured as
-    runtime overhead.
+    The load generator uses aiohttp (C-accelerated HTTP parsing): it shares the two CPUs with the server.
+    A connection per request (``force_close``): llama-server ends a stream by closing its connection,
+    which a pooled client would try to reuse; every system is driven alike.
     """
     import aiohttp
 
     samples: list[dict] = []
-    connector = aiohttp.TCPConnector(limit=concurrency + 4)
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=900)) as client:
+    connector = aiohttp.TCPConnector(limit=concurrency + 4, force_close=True)
+    async with aiohttp.ClientSession(
+        connector=connector, timeout=aiohttp.ClientTimeout(total=1800)
+    ) as client:
         taken = iter(range(requests))
 
         async def user() -> None:
             for k in taken:  # shared by every client: each takes the next request when its last is answered
-                asked = answer_length(k, MAX_TOKENS)
-                body = {
-                    "messages": prompt_for(k),
-                    "max_tokens": asked,
-                    "logit_bias": {str(eos_id): -100},
-                    "stream": True,
-                }
-                t0 = time.perf_counter()
-                first = None
-                tokens = 0
-                async with client.post(f"{api_url}/v1/chat/completions", json=body) as resp:
-                    resp.raise_for_status()
-                    async for raw in resp.content:
-                        line = raw.decode().rstrip("\n")
-                        if not line.startswith("data: ") or line == "data: [DONE]":
-                            continue
-                        # Parse only what is needed.
-                        if first is None and '"content": "' in line and '"content": ""' not in line:
-                            first = time.perf_counter()
-                        if '"usage"' in line or '"fallback": true' in line:
-                            event = json.loads(line[6:])
-                            if event["chatfleet"].get("fallback"):
-                                raise RuntimeError(
-                                    f"fallback answer during the benchmark: {event['chatfleet']}"
-                                )
-                            tokens = event["usage"]["completion_tokens"]
-                end = time.perf_counter()
                 samples.append(
-                    {"ttft": (first or end) - t0, "latency": end - t0, "tokens": tokens, "asked": asked}
+                    await api_request(client, url, request_body(system, k, filler, eos_id, sampling, tag))
                 )
 
         t0 = time.perf_counter()
@@ -186,15 +259,19 @@ async def runtime_level(
     return samples, wall
 
 
+# ---- multi-turn: prefix reuse vs recompute on the runtime ---------------------------------------------
+
+
 def multiturn(triton_grpc: str, tokenizer, reps: int, max_tokens: int = 16) -> dict:
     """Second turn at ~1,000 tokens of history, streamed: prefix reuse (session) vs recompute.
 
-    Both variants send the same messages to Triton's chat_stream model; "recompute" only adds
+    Both variants send the same messages to Triton's chat model; "recompute" only adds
     ``prefix_cache: false``. Every answer is `max_tokens` long (EOS biased away). Reports time to first
     token and whole-response latency (p50).
     """
     import numpy as np
     import tritonclient.grpc as grpcclient
+    from chatfleet_contract.tritonconfig import MODEL_NAME
 
     client = grpcclient.InferenceServerClient(triton_grpc)
     events: queue.Queue = queue.Queue()
@@ -207,7 +284,7 @@ def multiturn(triton_grpc: str, tokenizer, reps: int, max_tokens: int = 16) -> d
         b = grpcclient.InferInput("PARAMETERS", [1, 1], "BYTES")
         b.set_data_from_numpy(np.array([[json.dumps({**no_eos, **params}).encode()]], dtype=np.object_))
         t0 = time.perf_counter()
-        client.async_stream_infer("chat_stream", [a, b])
+        client.async_stream_infer(MODEL_NAME, [a, b])
         first, parts = None, []
         while True:
             result, error = events.get(timeout=300)
@@ -266,25 +343,81 @@ def multiturn(triton_grpc: str, tokenizer, reps: int, max_tokens: int = 16) -> d
     }
 
 
-# ---- one model: the three systems side by side --------------------------------------------------------
+# ---- one model: every system side by side ------------------------------------------------------------
 
 
 def load_baseline_model(model_dir: Path):
-    """The model and tokenizer for the in-process baselines, loaded as the runtime loads them (fp32, CPU)."""
+    """The model and tokenizer for the in-process peers, loaded as the runtime loads them (fp32, CPU)."""
     from chatfleet_runtime.loading import choose_placement, load_model, load_tokenizer
 
     tokenizer = load_tokenizer(model_dir)
     return load_model(model_dir, choose_placement("fp32", "KIND_CPU", cuda_available=False)), tokenizer
 
 
-def run_model(name: str, model_dir: Path, args, levels: tuple[int, ...]) -> dict:
-    """Start the runtime on `model_dir` and measure it beside both baselines at each level, then multi-turn.
+def in_process_level(
+    engine, system: str, concurrency: int, requests: int, filler: str, tag: str = ""
+) -> tuple[list[dict], float]:
+    """Closed loop over an in-process peer (threads); non-streamed requests keep only their latency."""
 
-    Levels are interleaved (runtime, static batching, one at a time at one level, then the next level) so
-    machine noise hits all three alike.
+    def submit(k: int) -> dict:
+        length, stream = answer_length(k, MAX_TOKENS), streamed(k)
+        if system == "hfcb":
+            return engine.submit_and_wait(conversation(k, filler, tag), length, stream)
+        sample = engine.submit_and_wait(conversation(k, filler, tag), length)
+        sample |= {"stream": stream, "asked": length}
+        return sample
+
+    return closed_loop(submit, concurrency, requests)
+
+
+def in_process_engines(systems: list[str], models: dict, tokenizer, args, sampling: dict) -> dict:
+    """The in-process peers of one pass (transformers CB on its own copy of the model: it switches attention)."""
+    engines: dict = {}
+    window_s = args.queue_delay_us / 1e6
+    if "hfcb" in systems:
+        engines["hfcb"] = HfContinuousBatcher(
+            models["hfcb"], tokenizer, threads=args.threads, max_batch=MAX_BATCH, sampling=sampling
+        )
+    if "static" in systems:
+        engines["static"] = StaticBatcher(
+            models["static"],
+            tokenizer,
+            threads=args.threads,
+            max_batch=MAX_BATCH,
+            window_s=window_s,
+            sampling=sampling,
+        )
+    if "serial" in systems:
+        engines["serial"] = StaticBatcher(
+            models["static"], tokenizer, threads=args.threads, max_batch=1, window_s=0.0, sampling=sampling
+        )
+    for system, engine in engines.items():  # warm-up: four short requests
+        if system == "hfcb":
+            closed_loop(lambda k, e=engine: e.submit_and_wait(prompt_for(k), 8, k % 2 == 0), 4, 4)
+        else:
+            closed_loop(lambda k, e=engine: e.submit_and_wait(prompt_for(k), 8), 4, 4)
+    return engines
+
+
+def run_model(name: str, model_dir: Path, args, passes: dict[str, tuple[int, ...]]) -> dict:
+    """Start the served systems on `model_dir`, then per pass and level run every system in turn.
+
+    Systems take turns at each level (runtime, llama-server, transformers CB, static) so machine noise hits
+    them alike; each level's RSS series is sampled while that system runs it.
     """
-    model, tokenizer = load_baseline_model(model_dir)
+    import contextlib
+
+    systems = args.systems
+    static_model, tokenizer = load_baseline_model(model_dir)
+    models = {"static": static_model}
+    if "hfcb" in systems:
+        models["hfcb"] = load_baseline_model(model_dir)[0]
     eos = tokenizer.eos_token_id
+    filler = history_filler(tokenizer)
+    text = tokenizer.apply_chat_template(
+        conversation(LONG_EVERY - 1, filler), tokenize=False, add_generation_prompt=True
+    )
+    history_tokens = len(tokenizer(text, add_special_tokens=False)["input_ids"])
     cfg = model_config(
         model_dir,
         max_batch_size=MAX_BATCH,
@@ -292,84 +425,102 @@ def run_model(name: str, model_dir: Path, args, levels: tuple[int, ...]) -> dict
         max_new_tokens=max(256, MAX_TOKENS),
         torch_threads=args.threads,
     )
-    window_s = args.queue_delay_us / 1e6
-    baselines = {
-        "static": StaticBatcher(
-            model, tokenizer, threads=args.threads, max_batch=MAX_BATCH, window_s=window_s
-        ),
-        "serial": StaticBatcher(model, tokenizer, threads=args.threads, max_batch=1, window_s=0.0),
-    }
-    figures: dict[str, dict[str, dict]] = {system: {} for system in SYSTEMS}
-    counts: dict[str, dict[str, int]] = {system: {} for system in SYSTEMS}
-    # The deadline is the API's; a 128-token answer in a batch of 32 on the shaped model needs more than 30 s.
-    api_env = {"CHATFLEET_REQUEST_TIMEOUT_SECONDS": "900"}
-    try:
-        with local_runtime(
-            Path(args.workdir) / f"rt-{name}", model_dir=model_dir, config=cfg, api_env=api_env
-        ) as rt:
-            asyncio.run(runtime_level(rt.api_url, 4, 1, eos))  # warm-up
-            closed_loop(lambda k: baselines["static"].submit_and_wait(prompt_for(k), 8), 4, 4)
-            for c in levels:
-                for system in SYSTEMS:
-                    n = requests_at(name, system, c, args.quick)
-                    if system == "runtime":
-                        samples, wall = asyncio.run(runtime_level(rt.api_url, c, n, eos))
-                    else:
-                        batcher = baselines[system]
-
-                        def submit(k: int, batcher=batcher) -> dict:
-                            return batcher.submit_and_wait(prompt_for(k), answer_length(k, MAX_TOKENS))
-
-                        samples, wall = closed_loop(submit, c, n)
-                    figures[system][str(c)] = summarize(samples, wall)
-                    counts[system][str(c)] = n
-                    print(f"  {name:<6} c={c:<2} {LABELS[system]:<14} {figures[system][str(c)]}", flush=True)
+    figures = {p: {s: {} for s in systems} for p in passes}
+    memory = {p: {s: [] for s in systems} for p in passes}
+    counts = {s: {} for s in systems}
+    notes: dict[str, str] = {}
+    mt = None
+    with contextlib.ExitStack() as stack:
+        urls: dict[str, str] = {}
+        pids: dict[str, list[int]] = {s: [os.getpid()] for s in systems}
+        if "runtime" in systems:
+            # The deadline is the API's; a long answer in a batch of 32 on the shaped model needs more than 30 s.
+            rt = stack.enter_context(
+                local_runtime(
+                    Path(args.workdir) / f"rt-{name}",
+                    model_dir=model_dir,
+                    config=cfg,
+                    api_env={
+                        "CHATFLEET_REQUEST_TIMEOUT_SECONDS": "1800",
+                        "CHATFLEET_MODEL_NAME": SERVED_NAME,
+                    },
+                )
+            )
+            urls["runtime"], pids["runtime"] = rt.api_url, [rt.triton.proc.pid, rt.api.proc.pid]
+        if "llama" in systems:
+            print(f"  {name}: GGUF q8_0 (llama.cpp's converter, cached) and llama-server ...", flush=True)
+            gguf = gguf_model(model_dir, "q8_0")
+            server = stack.enter_context(
+                LlamaServer(
+                    gguf,
+                    slots=MAX_BATCH,
+                    threads=args.threads,
+                    ctx_per_slot=2048,
+                    log_path=Path(args.workdir) / f"llama-{name}.log",
+                )
+            )
+            urls["llama"], pids["llama"] = server.url, [server.proc.pid]
+            notes["llama"] = " ".join(server.command()[1:]).replace(str(gguf), gguf.name)
+        for system, url in urls.items():  # warm-up: four short requests
+            asyncio.run(api_level(url, system, 4, 4, filler, eos, PASSES["greedy"], "warm-up/"))
+        for pass_name, levels in passes.items():
+            sampling = PASSES[pass_name]
+            engines = in_process_engines(systems, models, tokenizer, args, sampling)
+            try:
+                for c in levels:
+                    for system in systems:
+                        n = requests_at(name, system, c, args.quick)
+                        tag = f"{pass_name}-{c}/"  # distinct prompts per pass and level
+                        with RssSampler(pids[system]) as mem:
+                            if system in urls:
+                                samples, wall = asyncio.run(
+                                    api_level(urls[system], system, c, n, filler, eos, sampling, tag)
+                                )
+                            else:
+                                samples, wall = in_process_level(engines[system], system, c, n, filler, tag)
+                        fig = summarize(samples, wall) | memory_summary(mem.series)
+                        figures[pass_name][system][str(c)] = fig
+                        memory[pass_name][system].append({"level": c, "series": mem.series})
+                        counts[system][str(c)] = n
+                        print(
+                            f"  {name:<6} {pass_name:<7} c={c:<2} {LABELS[system]:<15} "
+                            f"{fig['tokens_per_s']:7.1f} tok/s TTFT p99 {fig['ttft_ms_p99']:8.0f} ms "
+                            f"ITL p99 {fig['itl_ms_p99']:6.0f} ms RSS peak {fig['rss_mib_peak']:7.0f} MiB "
+                            f"({fig['requests']} req, {fig.get('length_mismatches', 0)} length mismatches)",
+                            flush=True,
+                        )
+            finally:
+                for engine in engines.values():
+                    engine.close()
+        if "runtime" in systems and args.multiturn:
             print(f"  {name}: multi-turn, prefix reuse vs recompute ...", flush=True)
             mt = multiturn(rt.triton.grpc_url, tokenizer, reps=2 if args.quick else MULTITURN_REPS[name])
             print(f"  {mt}", flush=True)
-    finally:
-        for batcher in baselines.values():
-            batcher.close()
-    cfg_dict = model.config.to_dict()
+    cfg_dict = static_model.config.to_dict()
+    peers = [s for s in systems if s in PEERS]
     return {
         "model": {
             "name": name,
             "dir": str(model_dir.relative_to(ROOT)) if model_dir.is_relative_to(ROOT) else str(model_dir),
             "architecture": cfg_dict.get("model_type"),
-            "parameters": model.num_parameters(),
+            "parameters": static_model.num_parameters(),
             "layers": cfg_dict.get("num_hidden_layers"),
             "hidden_size": cfg_dict.get("hidden_size"),
             "intermediate_size": cfg_dict.get("intermediate_size"),
             "attention_heads": cfg_dict.get("num_attention_heads"),
             "kv_heads": cfg_dict.get("num_key_value_heads"),
             "vocab_size": cfg_dict.get("vocab_size"),
+            "long_history_prompt_tokens": history_tokens,
         },
+        "systems": systems,
+        "precision": {s: PRECISION[s] for s in systems},
+        "notes": notes,
         "requests": counts,
-        **figures,
+        "passes": figures,
+        "memory": memory,
         "multiturn": mt,
-        "goals": goals(figures, mt),
+        "goals": {p: goals(figures[p], peers, old_tok_s=OLD_ENGINE_TOK_S) for p in passes},
     }
-
-
-def ratio(a: float, b: float) -> float | None:
-    """a / b rounded, None when b is 0."""
-    return round(a / b, 2) if b else None
-
-
-def goals(figures: dict, mt: dict) -> dict:
-    """At 32 concurrent: tokens/s >= 2x static batching at equal or better p99 latency; prefix reuse <= 0.5x."""
-    rt, st = figures["runtime"].get("32"), figures["static"].get("32")
-    out: dict = {"prefix_ratio": mt["ratio"], "prefix_met": mt["ratio"] <= 0.5}
-    if rt and st:
-        thr = ratio(rt["tokens_per_s"], st["tokens_per_s"])
-        p99 = ratio(rt["latency_ms_p99"], st["latency_ms_p99"])
-        out |= {
-            "throughput_vs_static_32": thr,
-            "p99_latency_vs_static_32": p99,
-            "throughput_met": thr is not None and thr >= 2,
-            "latency_met": p99 is not None and p99 <= 1,
-        }
-    return out
 
 
 # ---- precision: int8 vs fp32 -----------------------------------------------------------------------
@@ -443,116 +594,243 @@ def model_line(m: dict) -> str:
 
 
 def table(result: dict) -> str:
-    """Per model: each level, the three systems side by side, tokens/s ratio runtime / that system."""
+    """Per model and pass: each level, every system side by side, tokens/s as runtime / that system; goals."""
     cfg = result["config"]
     lengths = cfg["answer_lengths"]
     lines = [
         f"chatfleet runtime benchmark - {result['machine']['device']}, {result['machine']['cpus']} CPUs, "
-        f"torch threads {cfg['torch_threads']}; NOTE: CPU only - no GPU machine is lent to this task.",
-        f"answers: lognormal, median {lengths['median_tokens']:g} tokens, cap {lengths['cap_tokens']}, "
-        f"EOS suppressed (exact lengths); static batches of up to {cfg['max_batch_size']} "
-        f"within {cfg['static_window_ms']:g} ms",
+        f"torch and llama.cpp threads {cfg['threads']}; CPU only.",
+        f"answers: lognormal, median {lengths['median_tokens']:g} tokens, cap {lengths['cap_tokens']}, EOS "
+        f"suppressed (exact lengths); half streamed; 1 in {LONG_EVERY} with ~{HISTORY_TOKENS} tokens of history",
     ]
     for run in result["models"].values():
         lines += ["", model_line(run["model"])]
-        lines.append(
-            f"{'conc':>4} | {'system':<14} {'req':>4} | {'tok/s':>7} {'rt/this':>7} | {'TTFT p50':>9} {'p99':>9} | "
-            f"{'lat p50':>9} {'p99':>9}"
-        )
-        levels = [c for c in CONCURRENCY if str(c) in run["runtime"]] or sorted(
-            int(c) for c in run["runtime"]
-        )
-        for c in levels:
-            rt = run["runtime"][str(c)]
-            for system in SYSTEMS:
-                f = run[system][str(c)]
-                lines.append(
-                    f"{c if system == 'runtime' else '':>4} | {LABELS[system]:<14} {f['requests']:>4} | "
-                    f"{f['tokens_per_s']:>7.1f} {rt['tokens_per_s'] / f['tokens_per_s']:>6.2f}x | "
-                    f"{f['ttft_ms_p50']:>7.0f}ms {f['ttft_ms_p99']:>7.0f}ms | "
-                    f"{f['latency_ms_p50']:>7.0f}ms {f['latency_ms_p99']:>7.0f}ms"
-                )
-        g, mt = run["goals"], run["multiturn"]
-        if "throughput_vs_static_32" in g:
+        lines += [f"  {LABELS[s]}: {p}" for s, p in run["precision"].items()]
+        for pass_name, figures in run["passes"].items():
+            sampling = PASSES[pass_name]
+            lines += [
+                "",
+                f"{pass_name} (temperature {sampling['temperature']:g}, top-p {sampling['top_p']:g}):",
+                f"{'conc':>4} | {'system':<15} {'req':>4} | {'tok/s':>7} {'rt/this':>7} | {'TTFT p50':>8} "
+                f"{'p99':>8} | {'ITL p50':>7} {'p99':>7} | {'lat p99':>8} | {'RSS peak':>9}",
+            ]
+            levels = sorted({int(c) for f in figures.values() for c in f})
+            for c in levels:
+                rt = figures.get("runtime", {}).get(str(c))
+                for i, (system, f) in enumerate(
+                    (s, figures[s][str(c)]) for s in figures if str(c) in figures[s]
+                ):
+                    rel = (
+                        f"{rt['tokens_per_s'] / f['tokens_per_s']:6.2f}x"
+                        if rt and f["tokens_per_s"]
+                        else "      -"
+                    )
+                    lines.append(
+                        f"{c if i == 0 else '':>4} | {LABELS[system]:<15} {f['requests']:>4} | "
+                        f"{f['tokens_per_s']:>7.1f} {rel} | {f['ttft_ms_p50']:>6.0f}ms {f['ttft_ms_p99']:>6.0f}ms | "
+                        f"{f['itl_ms_p50']:>5.0f}ms {f['itl_ms_p99']:>5.0f}ms | {f['latency_ms_p99'] / 1000:>7.1f}s | "
+                        f"{f['rss_mib_peak']:>6.0f}MiB"
+                    )
+            lines += goal_lines(run["goals"][pass_name])
+        mt = run.get("multiturn")
+        if mt:
             lines.append(
-                f"goal at 32: tokens/s >= 2x static batching ({g['throughput_vs_static_32']:.2f}x: "
-                f"{'MET' if g['throughput_met'] else 'NOT MET'}) at p99 latency <= static's "
-                f"({g['p99_latency_vs_static_32']:.2f}x: {'MET' if g['latency_met'] else 'NOT MET'})"
+                f"second turn at {mt['history_tokens']} tokens of history (p50 of {mt['repetitions']}, "
+                f"{mt['max_tokens']} new tokens): prefix reuse {mt['reuse_ms_p50']:.0f}ms vs recompute "
+                f"{mt['recompute_ms_p50']:.0f}ms = {mt['ratio']:.2f}x (goal <= 0.5x: "
+                f"{'met' if mt['ratio'] <= 0.5 else 'NOT MET'}); TTFT {mt['reuse_ttft_ms_p50']:.0f}ms vs "
+                f"{mt['recompute_ttft_ms_p50']:.0f}ms = {mt['ttft_ratio']:.2f}x"
             )
-        lines.append(
-            f"second turn at {mt['history_tokens']} tokens of history (p50 of {mt['repetitions']}, "
-            f"{mt['max_tokens']} new tokens): prefix reuse {mt['reuse_ms_p50']:.0f}ms vs recompute "
-            f"{mt['recompute_ms_p50']:.0f}ms = {mt['ratio']:.2f}x (goal <= 0.5x: {'MET' if g['prefix_met'] else 'NOT MET'}); "
-            f"TTFT {mt['reuse_ttft_ms_p50']:.0f}ms vs {mt['recompute_ttft_ms_p50']:.0f}ms = {mt['ttft_ratio']:.2f}x"
-        )
     if result.get("precision"):
         lines += ["", *precision_table(result["precision"])]
     return "\n".join(lines)
 
 
+def goal_lines(g: dict) -> list[str]:
+    """The issue's goals at one level in words: "met" or the gap."""
+    c = g["level"]
+    if "runtime_tok_s" not in g:
+        return [f"goals at {c}: not measured (no runtime figures at {c} concurrent)"]
+    lines = []
+    if "best_peer" in g:
+        thr, ttft = g["throughput_vs_best"], g["ttft_p99_vs_best"]
+        lines.append(
+            f"goal at {c}: tokens/s >= 1.0x the best peer ({LABELS[g['best_peer']]}, {g['best_peer_tok_s']:.1f}): "
+            f"{thr:.2f}x: {'met' if g['throughput_met'] else f'NOT MET (gap {1 - thr:.2f}x)'}; at p99 TTFT <= its: "
+            f"{ttft:.2f}x: {'met' if g['ttft_met'] else f'NOT MET ({ttft:.2f}x its p99)'}"
+        )
+    lines.append(
+        f"goal at {c}: tokens/s >= 3x the old engine's {g['old_engine_tok_s']:g} = {g['target_tok_s']:g}: "
+        f"{g['runtime_tok_s']:.1f} ({g['old_engine_ratio']:.2f}x): "
+        + ("met" if g["old_engine_met"] else f"NOT MET (gap {g['old_engine_gap_tok_s']:.1f} tok/s)")
+    )
+    return lines
+
+
+STYLES = {
+    "runtime": ("o-", "tab:blue"),
+    "llama": ("D-", "tab:red"),
+    "hfcb": ("v-", "tab:purple"),
+    "static": ("s--", "tab:orange"),
+    "serial": ("^:", "tab:green"),
+}
+
+
 def plot(result: dict, path: Path) -> None:
-    """PNG per model: tokens/s, latency and TTFT against concurrency for each system; multi-turn bars."""
+    """PNG, a row per model and pass: tokens/s, TTFT p99, ITL p99 against concurrency; RSS over time."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = result["models"]
-    fig, axes = plt.subplots(len(runs), 4, figsize=(19, 4.3 * len(runs)), squeeze=False)
-    styles = {"runtime": ("o-", "tab:blue"), "static": ("s--", "tab:orange"), "serial": ("^:", "tab:green")}
-    for row, (name, run) in zip(axes, runs.items(), strict=True):
-        xs = sorted(int(c) for c in run["runtime"])
-        for system in SYSTEMS:
-            data, (style, color), label = run[system], styles[system], LABELS[system]
-            row[0].plot(xs, [data[str(c)]["tokens_per_s"] for c in xs], style, color=color, label=label)
-            for col, metric in ((1, "latency"), (2, "ttft")):
-                for q, alpha in (("p99", 1.0), ("p50", 0.4)):
+    rows = [(name, p, run) for name, run in result["models"].items() for p in run["passes"]]
+    fig, axes = plt.subplots(len(rows), 4, figsize=(20, 4.2 * len(rows)), squeeze=False)
+    for row, (name, pass_name, run) in zip(axes, rows, strict=True):
+        figures = run["passes"][pass_name]
+        for system, data in figures.items():
+            style, color = STYLES[system]
+            xs = sorted(int(c) for c in data)
+            row[0].plot(
+                xs, [data[str(c)]["tokens_per_s"] for c in xs], style, color=color, label=LABELS[system]
+            )
+            for col, metric in ((1, "ttft"), (2, "itl")):
+                for q, alpha in (("p99", 1.0), ("p50", 0.35)):
                     values = [data[str(c)][f"{metric}_ms_{q}"] for c in xs]
-                    row[col].plot(xs, values, style, color=color, alpha=alpha, label=f"{label} {q}")
+                    row[col].plot(xs, values, style, color=color, alpha=alpha, label=f"{LABELS[system]} {q}")
+            offset, ts, ms = 0.0, [], []
+            for level in run["memory"][pass_name][system]:
+                ts += [offset + t for t, _ in level["series"]]
+                ms += [m for _, m in level["series"]]
+                offset = ts[-1] if ts else offset
+            row[3].plot(ts, ms, "-", color=color, label=LABELS[system])
         for ax, title, unit in (
             (row[0], "throughput", "tokens/s"),
-            (row[1], "whole-response latency", "ms"),
-            (row[2], "time to first token", "ms"),
+            (row[1], "time to first token (streamed)", "ms"),
+            (row[2], "inter-token latency (streamed)", "ms"),
         ):
             ax.set_xscale("log", base=2)
-            ax.set_xticks(xs, [str(x) for x in xs])
-            ax.set_xlabel("concurrent clients")
+            ax.set_xlabel("concurrent conversations")
             ax.set_ylabel(unit)
-            ax.set_title(f"{name}: {title}")
+            ax.set_title(f"{name}, {pass_name}: {title}")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
         row[1].set_yscale("log")
-        row[2].set_yscale("log")
-        mt = run["multiturn"]
-        row[3].bar([0, 1], [mt["reuse_ms_p50"], mt["recompute_ms_p50"]], color=["tab:green", "tab:gray"])
-        row[3].set_xticks([0, 1], ["prefix reuse", "recompute"])
-        row[3].set_title(
-            f"{name}: 2nd turn, {mt['history_tokens']} tokens of history (p50)\n"
-            f"prefix reuse / recompute = {mt['ratio']:.2f}x"
-        )
-        row[3].set_ylabel("ms")
-    fig.suptitle("chatfleet runtime vs static-batched and one-at-a-time generate() - CPU only (no GPU lent)")
+        row[3].set_title(f"{name}, {pass_name}: RSS of the serving processes")
+        row[3].set_xlabel("seconds of that system's runs")
+        row[3].set_ylabel("MiB")
+        row[3].grid(alpha=0.3)
+        row[3].legend(fontsize=7)
+    fig.suptitle(
+        "chatfleet runtime vs llama-server, transformers continuous batching, static generate() - CPU only"
+    )
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=90)
     plt.close(fig)
 
 
+# ---- soak: the runtime for a long while ------------------------------------------------------------------
+
+
+def soak(model_dir: Path, args, seconds: float, out: Path) -> dict:
+    """SOAK_CLIENTS closed-loop chats (half streamed, 1 in 8 long) against the runtime for `seconds`.
+
+    Tokens are counted at each request's end; RSS of tritonserver (with its Python stub) and the chat API
+    every 0.5 s. Goals: RSS last quarter <= 1.1x the first, tokens/s last quarter >= 0.9x the first.
+    """
+    from chatfleet_runtime.loading import load_tokenizer
+
+    tokenizer = load_tokenizer(model_dir)
+    filler = history_filler(tokenizer)
+    eos = tokenizer.eos_token_id
+    cfg = model_config(
+        model_dir,
+        max_batch_size=MAX_BATCH,
+        max_queue_delay_us=args.queue_delay_us,
+        max_new_tokens=max(256, MAX_TOKENS),
+        torch_threads=args.threads,
+    )
+    done: list[tuple[float, int]] = []
+    sampling = PASSES["sampled"]
+
+    async def drive(url: str, t0: float) -> None:
+        import aiohttp
+
+        counter = itertools.count()
+        connector = aiohttp.TCPConnector(limit=SOAK_CLIENTS + 4, force_close=True)
+        async with aiohttp.ClientSession(
+            connector=connector, timeout=aiohttp.ClientTimeout(total=1800)
+        ) as client:
+
+            async def user() -> None:
+                while time.perf_counter() - t0 < seconds:
+                    k = next(counter)
+                    sample = await api_request(client, url, request_body("runtime", k, filler, eos, sampling))
+                    done.append((time.perf_counter() - t0, sample["tokens"]))
+
+            await asyncio.gather(*(user() for _ in range(SOAK_CLIENTS)))
+
+    with local_runtime(
+        Path(args.workdir) / "rt-soak",
+        model_dir=model_dir,
+        config=cfg,
+        api_env={"CHATFLEET_REQUEST_TIMEOUT_SECONDS": "1800", "CHATFLEET_MODEL_NAME": SERVED_NAME},
+    ) as rt:
+        asyncio.run(api_level(rt.api_url, "runtime", 4, 4, filler, eos, sampling))  # warm-up
+        with RssSampler([rt.triton.proc.pid, rt.api.proc.pid]) as mem:
+            t0 = time.perf_counter()
+            asyncio.run(drive(rt.api_url, t0))
+    tok_first, tok_last = quarters(done, seconds)
+    mem_first, mem_last = quarter_means(mem.series, seconds)
+    result = {
+        "seconds": seconds,
+        "clients": SOAK_CLIENTS,
+        "requests": len(done),
+        "tokens": sum(n for _, n in done),
+        "tokens_per_s_first_quarter": round(tok_first, 1),
+        "tokens_per_s_last_quarter": round(tok_last, 1),
+        "tokens_per_s_ratio": ratio(tok_last, tok_first),
+        "rss_mib_first_quarter": round(mem_first, 1),
+        "rss_mib_last_quarter": round(mem_last, 1),
+        "rss_ratio": ratio(mem_last, mem_first),
+        "rss_series": mem.series,
+    }
+    result["tokens_met"] = (result["tokens_per_s_ratio"] or 0) >= 0.9
+    result["rss_met"] = result["rss_ratio"] is not None and result["rss_ratio"] <= 1.1
+    (out / "runtime-soak.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(
+        f"soak {seconds:g} s, {SOAK_CLIENTS} chats, {len(done)} requests: tokens/s {tok_first:.1f} first quarter, "
+        f"{tok_last:.1f} last ({result['tokens_per_s_ratio']}x; goal >= 0.9x: "
+        f"{'met' if result['tokens_met'] else 'NOT MET'}); RSS {mem_first:.0f} MiB first quarter, {mem_last:.0f} MiB "
+        f"last ({result['rss_ratio']}x; goal <= 1.1x: {'met' if result['rss_met'] else 'NOT MET'})"
+    )
+    print(f"wrote {out / 'runtime-soak.json'}")
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run every system on each model, write the JSON and PNG, print the tables."""
+    """Run every system on each model, write the JSON and PNG, print the tables (or the soak)."""
     global MAX_TOKENS, SHAPED_LAYERS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="tiny,shaped", help="comma-separated: tiny, shaped")
+    parser.add_argument("--models", default="shaped", help="comma-separated: shaped, tiny")
+    parser.add_argument(
+        "--systems", default="runtime,llama,hfcb,static", help=f"comma-separated, of {','.join(SYSTEMS)}"
+    )
     parser.add_argument(
         "--layers", type=int, default=SHAPED_LAYERS, help="decoder layers of the shaped model"
     )
-    parser.add_argument("--levels", default=",".join(map(str, CONCURRENCY)), help="concurrency levels")
+    parser.add_argument(
+        "--levels",
+        default="1,8,32",
+        help="levels, sampled pass (64 too: --levels 1,8,32,64; about as long again as the 32 level)",
+    )
+    parser.add_argument("--greedy-levels", default="1,8,32", help="levels, greedy pass ('' skips it)")
     parser.add_argument("--workdir", default=str(ROOT / ".work" / "bench-runtime"))
     parser.add_argument("--out", default=str(ROOT / "bench-results"))
     parser.add_argument(
         "--threads",
         type=int,
         default=1,
-        help="torch threads, every system (1 is fastest on a busy 2-core box)",
+        help="torch and llama.cpp threads, every system (1: the 2-core default)",
     )
     parser.add_argument("--quick", action="store_true", help="one request per client, two at 1 (smoke run)")
     parser.add_argument(
@@ -564,37 +842,48 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--max-tokens", type=int, default=MAX_TOKENS, help="the answer-length cap (every system)"
     )
-    parser.add_argument("--no-precision", dest="precision", action="store_false", help="skip the int8 row")
     parser.add_argument(
-        "--precision-only", action="store_true", help="only the int8 vs fp32 row (in process, seconds)"
+        "--no-multiturn", dest="multiturn", action="store_false", help="skip the multi-turn row"
+    )
+    parser.add_argument("--no-precision", dest="precision", action="store_false", help="skip the int8 row")
+    parser.add_argument("--precision-only", action="store_true", help="only the int8 vs fp32 row (seconds)")
+    parser.add_argument(
+        "--soak", type=float, metavar="SECONDS", help="only the soak of the runtime, this long"
     )
     args = parser.parse_args(argv)
     MAX_TOKENS, SHAPED_LAYERS = args.max_tokens, args.layers
+    args.systems = [s for s in args.systems.split(",") if s]
+    if unknown := set(args.systems) - set(SYSTEMS):
+        parser.error(f"--systems: unknown {sorted(unknown)} ({', '.join(SYSTEMS)})")
     workdir, out = Path(args.workdir), Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tiny_dir = tiny_model(workdir, size="tiny")
     if args.precision_only:
         print("\n".join(precision_table(precision_rows(tiny_dir, args.threads))))
         return 0
-    levels = tuple(int(c) for c in args.levels.split(","))
+
+    def shaped_dir() -> Path:
+        from chatfleet_platform.localruntime.shaped import build_shaped_model
+
+        print(f"the shaped model (Qwen2-0.5B's configuration, {SHAPED_LAYERS} layers) ...", flush=True)
+        return build_shaped_model(workdir / f"shaped-{SHAPED_LAYERS}-model", layers=SHAPED_LAYERS)
+
+    if args.soak:
+        soak(shaped_dir(), args, args.soak, out)
+        return 0
+    passes = {"sampled": tuple(int(c) for c in args.levels.split(",") if c)}
+    if args.greedy_levels:
+        passes["greedy"] = tuple(int(c) for c in args.greedy_levels.split(",") if c)
     import torch
 
+    started = time.perf_counter()
     runs: dict[str, dict] = {}
     for name in args.models.split(","):
-        if name == "tiny":
-            model_dir = tiny_dir
-        elif name == "shaped":
-            from chatfleet_platform.localruntime.shaped import build_shaped_model
-
-            print(
-                f"building the shaped model (Qwen2-0.5B's configuration, {SHAPED_LAYERS} layers) ...",
-                flush=True,
-            )
-            model_dir = build_shaped_model(workdir / f"shaped-{SHAPED_LAYERS}-model", layers=SHAPED_LAYERS)
-        else:
-            parser.error(f"--models: unknown model {name!r} (tiny, shaped)")
-        print(f"{name} model: runtime, static batching, one at a time at {levels} concurrent ...", flush=True)
-        runs[name] = run_model(name, model_dir, args, levels)
+        if name not in ("tiny", "shaped"):
+            parser.error(f"--models: unknown model {name!r} (shaped, tiny)")
+        model_dir = tiny_dir if name == "tiny" else shaped_dir()
+        print(f"{name} model: {', '.join(LABELS[s] for s in args.systems)}; passes {passes} ...", flush=True)
+        runs[name] = run_model(name, model_dir, args, passes)
     precision = None
     if args.precision:
         print("precision: int8 vs fp32 (tiny model) ...", flush=True)
@@ -603,24 +892,36 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {
             "device": "cpu",
             "gpu": None,
-            "note": "CPU only: no GPU machine is lent to this task",
             "cpus": os.cpu_count(),
+            "cpu_model": cpu_model(),
             "platform": platform.platform(),
             "torch": torch.__version__,
+            "llama_cpp_python_source": engine_peers_version(),
         },
         "config": {
             "answer_lengths": describe(MAX_TOKENS),
-            "torch_threads": args.threads,
+            "threads": args.threads,
             "max_batch_size": MAX_BATCH,
             "max_queue_delay_us": args.queue_delay_us,
             "static_window_ms": args.queue_delay_us / 1000,
             "quick": args.quick,
-            "runtime_path": "HTTP chat API, stream=true (SSE) -> gRPC -> Triton chat_stream (in-flight batching)",
-            "static_path": "in-process model.generate() per static batch (left-padded), run for its longest answer",
-            "serial_path": "in-process model.generate(), one request at a time (FIFO)",
-            "latency": "static batching: a row is done at its own last token (as streamed); batch_end_ms is "
-            "the end of its batch",
+            "passes": {p: {"levels": list(v), **PASSES[p]} for p, v in passes.items()},
+            "streamed": "request k streams when (k + k // 8) is even (half)",
+            "long_history": f"request k carries ~{HISTORY_TOKENS} tokens of earlier conversation when k % 8 == 7",
+            "eos": "runtime: logit_bias -100 on EOS; llama-server: ignore_eos true; transformers CB: "
+            "eos_token_id -1; generate(): suppress_tokens (every special token)",
+            "paths": {
+                "runtime": "HTTP chat API (SSE when streamed) -> gRPC -> Triton chat (in-flight batching)",
+                "llama": "HTTP llama-server /v1/chat/completions (-np 32 slots, -cb), same client code",
+                "hfcb": "in process: transformers ContinuousBatchingManager (paged cache), a router thread",
+                "static": "in process: model.generate() per static batch (left-padded), run for its longest "
+                "answer; a batch is split by prompt length (under/over 256 tokens) so one long history does not "
+                "pad every short prompt",
+            },
+            "memory": "RSS of the serving process tree every 0.5 s; the in-process peers share the benchmark's "
+            "process (both in-process model copies and the client threads)",
         },
+        "wall_s": round(time.perf_counter() - started, 1),
         "models": runs,
         "precision": precision,
     }
@@ -628,8 +929,26 @@ def main(argv: list[str] | None = None) -> int:
     plot(result, out / "runtime.png")
     print()
     print(table(result))
-    print(f"\nwrote {out / 'runtime.json'} and {out / 'runtime.png'}")
+    print(f"\nwrote {out / 'runtime.json'} and {out / 'runtime.png'} ({result['wall_s']:.0f} s)")
     return 0
+
+
+def cpu_model() -> str:
+    """The CPU's model name as /proc/cpuinfo spells it ('' when unreadable)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def engine_peers_version() -> str:
+    """The llama-cpp-python source package the llama-server peer is built from."""
+    from engine_peers import llama_version
+
+    return llama_version()
 
 
 if __name__ == "__main__":

@@ -28,9 +28,9 @@ from typing import Any, Protocol
 
 from chatfleet_contract.parameters import ModelParameters, read_model_config
 from chatfleet_contract.tritonconfig import INVALID_REQUEST as INVALID
+from chatfleet_contract.tritonconfig import OVERLOADED
 
 from chatfleet_runtime import calibration, kvsizing
-from chatfleet_runtime.admission import OVERLOADED
 from chatfleet_runtime.calibration import Agreement
 from chatfleet_runtime.generation import BatchGenerator
 from chatfleet_runtime.inflight import InflightEngine

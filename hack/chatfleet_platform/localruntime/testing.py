@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from chatfleet_contract.tritonconfig import ChatModelConfig
-from chatfleet_runtime.tritonhome import TritonServer, free_port, local_repository, stop_process
+from chatfleet_runtime.launcher.tritonhome import TritonServer, free_port, local_repository, stop_process
 
 from chatfleet_platform.services import Redis
 

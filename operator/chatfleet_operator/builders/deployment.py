@@ -55,7 +55,7 @@ def _loopback_probe(path: str, period: int, failures: int) -> dict[str, Any]:
     """Exec probe of Triton's HTTP endpoint on the pod's loopback (the kubelet cannot reach it over HTTP)."""
     url = f"http://{LOOPBACK}:{HTTP_PORT}{path}"
     return {
-        "exec": {"command": ["python3", "-m", "chatfleet_runtime.probe", f"--url={url}"]},
+        "exec": {"command": ["python3", "-m", "chatfleet_runtime.launcher.probe", f"--url={url}"]},
         "periodSeconds": period,
         "timeoutSeconds": 10,
         "failureThreshold": failures,
@@ -126,7 +126,7 @@ def _triton_container(ref: ObjectRef, spec: ChatbotServiceSpec, pod: PodSettings
         "command": [
             "python3",
             "-m",
-            "chatfleet_runtime.launch",
+            "chatfleet_runtime.launcher.launch",
             f"--config-dir={CONFIG_DIR}",
             f"--repository={REPOSITORY_DIR}",
             f"--address={LOOPBACK}",

@@ -182,7 +182,7 @@ class TestTritonConfig:
 class TestDeployment:
     def test_pod_contract_containers(self):
         c = containers(deployment())
-        assert c["triton"]["command"][:3] == ["python3", "-m", "chatfleet_runtime.launch"]
+        assert c["triton"]["command"][:3] == ["python3", "-m", "chatfleet_runtime.launcher.launch"]
         assert "--config-dir=/etc/chatfleet/triton" in c["triton"]["command"]
         assert "ports" not in c["triton"]  # Triton listens on the pod's loopback only
         assert "--address=127.0.0.1" in c["triton"]["command"]
@@ -210,7 +210,7 @@ class TestDeployment:
             assert command == [
                 "python3",
                 "-m",
-                "chatfleet_runtime.probe",
+                "chatfleet_runtime.launcher.probe",
                 f"--url=http://127.0.0.1:8000/v2/health/{path}",
             ]
 

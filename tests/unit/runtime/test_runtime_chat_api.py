@@ -429,7 +429,7 @@ def test_metrics_re_export_triton(backend, fake_triton_metrics):
 
 
 def test_metrics_still_answer_when_triton_is_unreachable(backend):
-    from chatfleet_runtime.tritonhome import free_port
+    from chatfleet_runtime.launcher.tritonhome import free_port
 
     settings = ApiSettings(model_name="m1", triton_metrics_url=f"http://127.0.0.1:{free_port()}/metrics")
     with TestClient(create_app(settings, backend=backend)) as c:

@@ -29,7 +29,7 @@ from chatfleet_runtime import drain as drain_mod
 from chatfleet_runtime.api import ApiSettings, create_app
 from chatfleet_runtime.backend import Chunk
 from chatfleet_runtime.drain import Drain
-from chatfleet_runtime.tritonhome import free_port
+from chatfleet_runtime.launcher.tritonhome import free_port
 from fastapi.testclient import TestClient
 from test_runtime_chat_api import FakeBackend, U, metric, post
 

@@ -11,8 +11,9 @@ from chatfleet_contract.tritonconfig import (
     model_repository_configs,
     parse_parameters,
 )
-from chatfleet_runtime import launch, loading
-from chatfleet_runtime.tritonhome import Installation, Ports, command, write_repository
+from chatfleet_runtime import loading
+from chatfleet_runtime.launcher import launch
+from chatfleet_runtime.launcher.tritonhome import Installation, Ports, command, write_repository
 
 
 def test_parse_parameters_round_trip():

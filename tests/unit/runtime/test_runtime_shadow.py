@@ -23,8 +23,8 @@ import httpx
 import pytest
 from chatfleet_runtime import api, pipeline, shadow
 from chatfleet_runtime.api import ApiSettings, create_app
+from chatfleet_runtime.launcher.tritonhome import free_port
 from chatfleet_runtime.shadow import RECORDS_LIMIT, Shadow
-from chatfleet_runtime.tritonhome import free_port
 from fastapi.testclient import TestClient
 from test_runtime_chat_api import FakeBackend, U, metric
 from test_runtime_drain import Clock, wait_until

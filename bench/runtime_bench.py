@@ -271,7 +271,7 @@ def multiturn(triton_grpc: str, tokenizer, reps: int, max_tokens: int = 16) -> d
 
 def load_baseline_model(model_dir: Path):
     """The model and tokenizer for the in-process baselines, loaded as the runtime loads them (fp32, CPU)."""
-    from chatfleet_runtime.loading import choose_placement, load_model, load_tokenizer
+    from chatfleet_runtime.engine.loading import choose_placement, load_model, load_tokenizer
 
     tokenizer = load_tokenizer(model_dir)
     return load_model(model_dir, choose_placement("fp32", "KIND_CPU", cuda_available=False)), tokenizer
@@ -383,10 +383,10 @@ def precision_rows(
     One greedy batch of `batch` requests, `max_tokens` each, best of `reps` (after a warm-up batch).
     """
     import torch
-    from chatfleet_runtime.generation import BatchGenerator
-    from chatfleet_runtime.loading import choose_placement, load_model, load_tokenizer, weights_bytes
+    from chatfleet_runtime.engine.generation import BatchGenerator
+    from chatfleet_runtime.engine.loading import choose_placement, load_model, load_tokenizer, weights_bytes
+    from chatfleet_runtime.engine.rows import GenerationRequest
     from chatfleet_runtime.prompting import SamplingParams, render_prompt
-    from chatfleet_runtime.rows import GenerationRequest
 
     torch.set_num_threads(threads)
     tokenizer = load_tokenizer(model_dir)

@@ -462,7 +462,7 @@ def test_the_pipeline_answers_without_http(backend):
 
 def test_the_models_bad_request_error_reads_as_the_clients_fault_in_the_api():
     from chatfleet_runtime.backend import _classify
-    from chatfleet_runtime.service import error_message
+    from chatfleet_runtime.engine.service import error_message
 
     err = _classify(
         Exception(f"[StatusCode.INTERNAL] {error_message('invalid', 'messages: must not be empty')}")
@@ -473,7 +473,7 @@ def test_the_models_bad_request_error_reads_as_the_clients_fault_in_the_api():
 
 def test_the_models_overloaded_error_reads_as_overloaded_in_the_api():
     from chatfleet_runtime.backend import _classify
-    from chatfleet_runtime.service import error_message
+    from chatfleet_runtime.engine.service import error_message
 
     err = _classify(Exception(f"[StatusCode.INTERNAL] {error_message('overloaded', 'kv budget: full')}"))
     assert (err.kind, str(err)) == ("overloaded", "kv budget: full")

@@ -274,7 +274,7 @@ def load_int8_checked(path: str | Path, placement: Placement, tokenizer, prompts
     activation scales computed per batch at run time, so there are no static scales to calibrate and the
     prompts serve the check), on GPU it is freed and the bitsandbytes int8 model loaded.
     """
-    from chatfleet_runtime import calibration
+    from chatfleet_runtime.engine import calibration
 
     ids = calibration.prompt_ids(tokenizer, prompts)
     on_gpu = placement.device.startswith("cuda")

@@ -65,7 +65,9 @@ def _loopback_probe(path: str, period: int, failures: int) -> dict[str, Any]:
 #: Both containers' preStop hook (docs/pod-contract.md): start the chat API's drain and wait until its
 #: streams are done. The triton container runs it too, so Triton gets SIGTERM only after the last stream.
 DRAIN_HOOK = {
-    "exec": {"command": ["python3", "-m", "chatfleet_runtime.drain", f"--url=http://{LOOPBACK}:{ADMIN_PORT}"]}
+    "exec": {
+        "command": ["python3", "-m", "chatfleet_runtime.chat.drain", f"--url=http://{LOOPBACK}:{ADMIN_PORT}"]
+    }
 }
 
 
@@ -219,7 +221,7 @@ def _chat_api_container(ref: ObjectRef, spec: ChatbotServiceSpec, pod: PodSettin
         "command": [
             "python3",
             "-m",
-            "chatfleet_runtime.api",
+            "chatfleet_runtime.chat.api",
             "--host=0.0.0.0",
             f"--port={CHAT_PORT}",
             f"--shadow-port={SHADOW_PORT}",

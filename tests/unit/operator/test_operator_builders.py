@@ -186,7 +186,7 @@ class TestDeployment:
         assert "--config-dir=/etc/chatfleet/triton" in c["triton"]["command"]
         assert "ports" not in c["triton"]  # Triton listens on the pod's loopback only
         assert "--address=127.0.0.1" in c["triton"]["command"]
-        assert c["chat-api"]["command"][:3] == ["python3", "-m", "chatfleet_runtime.api"]
+        assert c["chat-api"]["command"][:3] == ["python3", "-m", "chatfleet_runtime.chat.api"]
         assert c["chat-api"]["ports"] == [
             {"name": "chat", "containerPort": 8080, "protocol": "TCP"},
             {"name": "shadow", "containerPort": 8081, "protocol": "TCP"},
@@ -371,7 +371,9 @@ class TestDeployment:
 
     def test_both_containers_drain_before_they_get_sigterm(self):
         hook = {
-            "exec": {"command": ["python3", "-m", "chatfleet_runtime.drain", "--url=http://127.0.0.1:8082"]}
+            "exec": {
+                "command": ["python3", "-m", "chatfleet_runtime.chat.drain", "--url=http://127.0.0.1:8082"]
+            }
         }
         for name, c in containers(deployment()).items():
             assert c["lifecycle"] == {"preStop": hook}, name

@@ -381,7 +381,7 @@ def test_the_service_sizes_its_engine_from_the_kv_memory_and_refuses_past_it(
     chat API turns into 429 + Retry-After."""
     import logging
 
-    from chatfleet_runtime.backend import _classify
+    from chatfleet_runtime.chat.backend import _classify
     from chatfleet_runtime.engine.service import ChatService, ServiceSettings, error_message
 
     tokens, typical = 8, 40

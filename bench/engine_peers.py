@@ -96,7 +96,7 @@ class LlamaServer:
     """llama-server on 127.0.0.1: `slots` parallel sequences with continuous batching, `threads` threads."""
 
     def __init__(self, gguf: Path, *, slots: int, threads: int, ctx_per_slot: int, log_path: Path):
-        from chatfleet_runtime.tritonhome import free_port
+        from chatfleet_runtime.launcher.tritonhome import free_port
 
         self.gguf, self.slots, self.threads = gguf, slots, threads
         self.ctx_per_slot, self.log_path = ctx_per_slot, log_path
@@ -139,7 +139,7 @@ class LlamaServer:
         raise TimeoutError(f"llama-server not ready after 180 s; see {self.log_path}")
 
     def __exit__(self, *_exc) -> None:
-        from chatfleet_runtime.tritonhome import stop_process
+        from chatfleet_runtime.launcher.tritonhome import stop_process
 
         stop_process(self.proc)
 

@@ -15,10 +15,10 @@ import time
 
 def run(model_dir: str, precision: str, batch: int, tokens: int) -> float:
     """Tokens per second of one greedy batch (after a one-row warm-up) in the given precision."""
-    from chatfleet_runtime.generation import BatchGenerator
-    from chatfleet_runtime.loading import Placement, load_model, load_tokenizer
+    from chatfleet_runtime.engine.generation import BatchGenerator
+    from chatfleet_runtime.engine.loading import Placement, load_model, load_tokenizer
+    from chatfleet_runtime.engine.rows import GenerationRequest
     from chatfleet_runtime.prompting import SamplingParams, render_prompt
-    from chatfleet_runtime.rows import GenerationRequest
 
     tokenizer = load_tokenizer(model_dir)
     generator = BatchGenerator(load_model(model_dir, Placement("cpu", precision)), tokenizer)
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
     import torch
-    from chatfleet_runtime.loading import cpu_bf16_flags, read_cpuinfo
+    from chatfleet_runtime.engine.loading import cpu_bf16_flags, read_cpuinfo
 
     torch.set_num_threads(args.threads)
     print(f"CPU bf16 flags: {cpu_bf16_flags(read_cpuinfo()) or 'none'}; threads {args.threads}")

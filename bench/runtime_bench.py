@@ -348,7 +348,7 @@ def multiturn(triton_grpc: str, tokenizer, reps: int, max_tokens: int = 16) -> d
 
 def load_baseline_model(model_dir: Path):
     """The model and tokenizer for the in-process peers, loaded as the runtime loads them (fp32, CPU)."""
-    from chatfleet_runtime.loading import choose_placement, load_model, load_tokenizer
+    from chatfleet_runtime.engine.loading import choose_placement, load_model, load_tokenizer
 
     tokenizer = load_tokenizer(model_dir)
     return load_model(model_dir, choose_placement("fp32", "KIND_CPU", cuda_available=False)), tokenizer
@@ -534,10 +534,10 @@ def precision_rows(
     One greedy batch of `batch` requests, `max_tokens` each, best of `reps` (after a warm-up batch).
     """
     import torch
-    from chatfleet_runtime.generation import BatchGenerator
-    from chatfleet_runtime.loading import choose_placement, load_model, load_tokenizer, weights_bytes
+    from chatfleet_runtime.engine.generation import BatchGenerator
+    from chatfleet_runtime.engine.loading import choose_placement, load_model, load_tokenizer, weights_bytes
+    from chatfleet_runtime.engine.rows import GenerationRequest
     from chatfleet_runtime.prompting import SamplingParams, render_prompt
-    from chatfleet_runtime.rows import GenerationRequest
 
     torch.set_num_threads(threads)
     tokenizer = load_tokenizer(model_dir)
@@ -737,7 +737,7 @@ def soak(model_dir: Path, args, seconds: float, out: Path) -> dict:
     Tokens are counted at each request's end; RSS of tritonserver (with its Python stub) and the chat API
     every 0.5 s. Goals: RSS last quarter <= 1.1x the first, tokens/s last quarter >= 0.9x the first.
     """
-    from chatfleet_runtime.loading import load_tokenizer
+    from chatfleet_runtime.engine.loading import load_tokenizer
 
     tokenizer = load_tokenizer(model_dir)
     filler = history_filler(tokenizer)

@@ -28,6 +28,9 @@ from chatfleet_contract.parameters import ModelParameters
 MODEL_NAME = "chat"
 #: How the chat model's error messages start when the request is at fault (the chat API answers 400).
 INVALID_REQUEST = "invalid_request: "
+#: How a refused request's error message starts when the replica's KV budget is full (the chat API answers
+#: 429 with Retry-After).
+OVERLOADED = "overloaded: "
 
 PRECISIONS = ("auto", "fp32", "fp16", "bf16", "int8")
 KINDS = ("KIND_GPU", "KIND_CPU")

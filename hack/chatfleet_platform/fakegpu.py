@@ -32,7 +32,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 RESOURCE = "nvidia.com/gpu"
-#: The env var that tells the runtime its GPU is simulated (read by chatfleet_runtime.launch).
+#: The env var that tells the runtime its GPU is simulated (read by chatfleet_runtime.launcher.launch).
 SIMULATED_ENV = "CHATFLEET_SIMULATED_GPU"
 API_VERSION = "v1beta1"
 

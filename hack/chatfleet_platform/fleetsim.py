@@ -54,7 +54,7 @@ from typing import Any
 
 import yaml
 
-#: The chat API's latency buckets (runtime/chatfleet_runtime/metrics.py), so quantiles match production.
+#: The chat API's latency buckets (runtime/chatfleet_runtime/chat/metrics.py), so quantiles match production.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
 LABEL_SERVICE = "chatfleet.io/service"
 LABEL_TRACK = "chatfleet.io/track"

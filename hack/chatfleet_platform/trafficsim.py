@@ -31,7 +31,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from . import procs
 
-#: The chat API's latency buckets (runtime/chatfleet_runtime/metrics.py), so quantiles match production.
+#: The chat API's latency buckets (runtime/chatfleet_runtime/chat/metrics.py), so quantiles match production.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
 TRACKS = ("stable", "canary", "preview")
 

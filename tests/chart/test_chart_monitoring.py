@@ -26,7 +26,7 @@ ALL_ON = [
     "monitoring.kubeStateMetrics.enabled=true",
     "monitoring.dashboard.enabled=true",
 ]
-#: Series the rules and the dashboard may read: the runtime's (runtime/chatfleet_runtime/metrics.py and the
+#: Series the rules and the dashboard may read: the runtime's (runtime/chatfleet_runtime/chat/metrics.py and the
 #: Triton model), Triton's built-ins, kube-state-metrics' ChatbotService series (files/kube-state-metrics.yaml),
 #: the operator's own (operator/chatfleet_operator/metrics.py) and the rules' own recordings.
 KNOWN_PREFIXES = ("chatfleet_", "nv_", "chatbotservice:")

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from chatfleet_contract.tritonconfig import ChatModelConfig
-from chatfleet_runtime.tritonhome import TritonServer, free_port, local_repository, stop_process
+from chatfleet_runtime.launcher.tritonhome import TritonServer, free_port, local_repository, stop_process
 
 from chatfleet_platform.services import Redis
 
@@ -46,7 +46,7 @@ def _wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None, w
 
 @dataclass
 class ChatApiProcess:
-    """``python -m chatfleet_runtime.api`` as a subprocess on 127.0.0.1."""
+    """``python -m chatfleet_runtime.chat.api`` as a subprocess on 127.0.0.1."""
 
     triton_grpc: str
     env: dict[str, str]
@@ -81,7 +81,7 @@ class ChatApiProcess:
             [
                 sys.executable,
                 "-m",
-                "chatfleet_runtime.api",
+                "chatfleet_runtime.chat.api",
                 "--host=127.0.0.1",
                 f"--port={self.port}",
                 f"--admin-port={self.admin_port}",

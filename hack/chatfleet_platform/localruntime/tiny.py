@@ -4,7 +4,7 @@ No weights can be downloaded where tests run, so the test setup, `make serve`, t
 benchmark build one locally: a byte-level BPE tokenizer trained on a small built-in corpus, with the
 special tokens and the Jinja chat template a real chat model carries, wrapped in
 `PreTrainedTokenizerFast`, and a random `LlamaForCausalLM` saved with `save_pretrained`. The result
-loads through the same code path as production weights (`chatfleet_runtime.loading`).
+loads through the same code path as production weights (`chatfleet_runtime.engine.loading`).
 
 CLI: ``python -m chatfleet_platform.localruntime.tiny OUTDIR [--size tiny|small]``.
 """

@@ -55,7 +55,7 @@ def _loopback_probe(path: str, period: int, failures: int) -> dict[str, Any]:
     """Exec probe of Triton's HTTP endpoint on the pod's loopback (the kubelet cannot reach it over HTTP)."""
     url = f"http://{LOOPBACK}:{HTTP_PORT}{path}"
     return {
-        "exec": {"command": ["python3", "-m", "chatfleet_runtime.probe", f"--url={url}"]},
+        "exec": {"command": ["python3", "-m", "chatfleet_runtime.launcher.probe", f"--url={url}"]},
         "periodSeconds": period,
         "timeoutSeconds": 10,
         "failureThreshold": failures,
@@ -65,7 +65,9 @@ def _loopback_probe(path: str, period: int, failures: int) -> dict[str, Any]:
 #: Both containers' preStop hook (docs/pod-contract.md): start the chat API's drain and wait until its
 #: streams are done. The triton container runs it too, so Triton gets SIGTERM only after the last stream.
 DRAIN_HOOK = {
-    "exec": {"command": ["python3", "-m", "chatfleet_runtime.drain", f"--url=http://{LOOPBACK}:{ADMIN_PORT}"]}
+    "exec": {
+        "command": ["python3", "-m", "chatfleet_runtime.chat.drain", f"--url=http://{LOOPBACK}:{ADMIN_PORT}"]
+    }
 }
 
 
@@ -126,7 +128,7 @@ def _triton_container(ref: ObjectRef, spec: ChatbotServiceSpec, pod: PodSettings
         "command": [
             "python3",
             "-m",
-            "chatfleet_runtime.launch",
+            "chatfleet_runtime.launcher.launch",
             f"--config-dir={CONFIG_DIR}",
             f"--repository={REPOSITORY_DIR}",
             f"--address={LOOPBACK}",
@@ -219,7 +221,7 @@ def _chat_api_container(ref: ObjectRef, spec: ChatbotServiceSpec, pod: PodSettin
         "command": [
             "python3",
             "-m",
-            "chatfleet_runtime.api",
+            "chatfleet_runtime.chat.api",
             "--host=0.0.0.0",
             f"--port={CHAT_PORT}",
             f"--shadow-port={SHADOW_PORT}",

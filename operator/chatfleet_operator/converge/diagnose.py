@@ -84,8 +84,9 @@ def secret_problems(spec: ChatbotServiceSpec, pods: Iterable[PodFacts]) -> list[
     return problems
 
 
-#: How the runtime's int8 check starts its termination message (chatfleet_runtime.calibration.FAILURE_PREFIX;
-#: the operator does not import the runtime, so the words are repeated here and tested against it).
+#: How the runtime's int8 check starts its termination message
+#: (chatfleet_runtime.engine.calibration.FAILURE_PREFIX; the operator does not import the runtime, so the
+#: words are repeated here and tested against it).
 PRECISION_CHECK_PREFIX = "precision check failed:"
 
 

@@ -16,7 +16,7 @@ import time
 import httpx
 import pytest
 from chatfleet_platform.localruntime.testing import ChatApiProcess, metric_value, post_json
-from chatfleet_runtime.tritonhome import TritonServer
+from chatfleet_runtime.launcher.tritonhome import TritonServer
 
 pytestmark = [pytest.mark.triton, pytest.mark.redis, pytest.mark.slow]
 
@@ -123,7 +123,7 @@ def test_fallback_when_triton_stops_and_recovery_when_it_returns(replica_b):
 
 
 def test_redis_down_answers_without_history(rt_workdir, triton, make_api_env):
-    from chatfleet_runtime.tritonhome import free_port
+    from chatfleet_runtime.launcher.tritonhome import free_port
 
     dead = f"redis://127.0.0.1:{free_port()}/0"
     api = ChatApiProcess(triton.grpc_url, make_api_env(dead), log_path=rt_workdir / "api-noredis.log")

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 from chatfleet_platform.localruntime.testing import ChatApiProcess, metric_value, model_config
-from chatfleet_runtime.tritonhome import TritonServer, local_repository
+from chatfleet_runtime.launcher.tritonhome import TritonServer, local_repository
 
 PREFIX = 2**20
 

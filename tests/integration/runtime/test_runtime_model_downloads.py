@@ -21,8 +21,10 @@ import pytest
 from chatfleet_contract.tritonconfig import ChatModelConfig, config_file_name, model_repository_configs
 from chatfleet_platform import procs
 from chatfleet_platform.objectstores import GcsEmulator, HttpsFileServer, ModelHub, OciRegistry, S3Server
-from chatfleet_runtime import launch, loading, model_sources
-from chatfleet_runtime.model_sources import ModelSourceError
+from chatfleet_runtime.engine import loading
+from chatfleet_runtime.launcher import launch
+from chatfleet_runtime.sources import model_sources
+from chatfleet_runtime.sources.model_sources import ModelSourceError
 
 # Every variable a fetcher reads: cleared before each launch so only the published environment counts.
 CREDENTIAL_VARS = (

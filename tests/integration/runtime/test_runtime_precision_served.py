@@ -13,7 +13,7 @@ import re
 import httpx
 import pytest
 from chatfleet_platform.localruntime.testing import ChatApiProcess, metric_value, model_config, post_json
-from chatfleet_runtime.tritonhome import TritonServer, local_repository
+from chatfleet_runtime.launcher.tritonhome import TritonServer, local_repository
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 

@@ -19,7 +19,7 @@ from chatfleet_operator.analysis.assess import FAILED, SUCCESSFUL, assess
 from chatfleet_operator.spec import QualitySpec
 from chatfleet_platform.localruntime.testing import ChatApiProcess, model_config
 from chatfleet_platform.localruntime.tiny import build_tiny_model
-from chatfleet_runtime.tritonhome import TritonServer, local_repository
+from chatfleet_runtime.launcher.tritonhome import TritonServer, local_repository
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 

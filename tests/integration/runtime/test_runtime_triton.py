@@ -15,7 +15,7 @@ import urllib.request
 import numpy as np
 import pytest
 from chatfleet_platform.localruntime.testing import metric_value, model_config, run_concurrently
-from chatfleet_runtime.tritonhome import TritonServer, local_repository
+from chatfleet_runtime.launcher.tritonhome import TritonServer, local_repository
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 

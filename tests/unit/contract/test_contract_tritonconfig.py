@@ -22,7 +22,7 @@ from chatfleet_contract.tritonconfig import (
 )
 from chatfleet_operator.builders.tritonconfig import chat_model_config
 from chatfleet_operator.spec import ChatbotServiceSpec
-from chatfleet_runtime.service import ServiceSettings
+from chatfleet_runtime.engine.service import ServiceSettings
 
 SPECS = [
     pytest.param({"model": {"uri": "hf://o/m"}}, id="minimal"),

@@ -182,11 +182,11 @@ class TestTritonConfig:
 class TestDeployment:
     def test_pod_contract_containers(self):
         c = containers(deployment())
-        assert c["triton"]["command"][:3] == ["python3", "-m", "chatfleet_runtime.launch"]
+        assert c["triton"]["command"][:3] == ["python3", "-m", "chatfleet_runtime.launcher.launch"]
         assert "--config-dir=/etc/chatfleet/triton" in c["triton"]["command"]
         assert "ports" not in c["triton"]  # Triton listens on the pod's loopback only
         assert "--address=127.0.0.1" in c["triton"]["command"]
-        assert c["chat-api"]["command"][:3] == ["python3", "-m", "chatfleet_runtime.api"]
+        assert c["chat-api"]["command"][:3] == ["python3", "-m", "chatfleet_runtime.chat.api"]
         assert c["chat-api"]["ports"] == [
             {"name": "chat", "containerPort": 8080, "protocol": "TCP"},
             {"name": "shadow", "containerPort": 8081, "protocol": "TCP"},
@@ -210,7 +210,7 @@ class TestDeployment:
             assert command == [
                 "python3",
                 "-m",
-                "chatfleet_runtime.probe",
+                "chatfleet_runtime.launcher.probe",
                 f"--url=http://127.0.0.1:8000/v2/health/{path}",
             ]
 
@@ -371,7 +371,9 @@ class TestDeployment:
 
     def test_both_containers_drain_before_they_get_sigterm(self):
         hook = {
-            "exec": {"command": ["python3", "-m", "chatfleet_runtime.drain", "--url=http://127.0.0.1:8082"]}
+            "exec": {
+                "command": ["python3", "-m", "chatfleet_runtime.chat.drain", "--url=http://127.0.0.1:8082"]
+            }
         }
         for name, c in containers(deployment()).items():
             assert c["lifecycle"] == {"preStop": hook}, name

@@ -3,7 +3,7 @@ refused to serve int8 shown as PrecisionCheckFailed with the measured agreement.
 
 Test design: builders from spec dicts (pure); the failure goes pod status fixture -> pod_facts ->
 diagnose -> compute_status -> status_events, the route a real pass takes, with the runtime's own message
-(chatfleet_runtime.calibration.failure_message) so the two sides cannot drift apart.
+(chatfleet_runtime.engine.calibration.failure_message) so the two sides cannot drift apart.
 """
 
 from __future__ import annotations
@@ -98,15 +98,15 @@ def failed_pod(name: str, message: str, where: str = "lastState") -> dict:
 
 
 def runtime_message(ratio_same: int = 93) -> str:
-    """The runtime's own failure message (chatfleet_runtime.calibration)."""
-    from chatfleet_runtime.calibration import Agreement, failure_message
+    """The runtime's own failure message (chatfleet_runtime.engine.calibration)."""
+    from chatfleet_runtime.engine.calibration import Agreement, failure_message
 
     return failure_message(Agreement(ratio_same, 100, 12, "built-in fallback set (12)"), 0.98)
 
 
 class TestPrecisionCheckFailed:
     def test_the_operator_matches_the_runtime_words(self):
-        from chatfleet_runtime.calibration import FAILURE_PREFIX
+        from chatfleet_runtime.engine.calibration import FAILURE_PREFIX
 
         assert PRECISION_CHECK_PREFIX == FAILURE_PREFIX
 

@@ -133,7 +133,7 @@ def test_device_plugin_registers_lists_and_allocates_with_the_simulated_marker(t
 
 
 def test_the_marker_is_the_one_the_runtime_reads():
-    from chatfleet_runtime import launch
+    from chatfleet_runtime.launcher import launch
 
     assert fakegpu.SIMULATED_ENV == launch.SIMULATED_GPU_ENV
 

@@ -18,7 +18,7 @@ def tiny_model_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tokenizer(tiny_model_dir):
     """The tiny model's tokenizer, loaded the production way."""
-    from chatfleet_runtime.loading import load_tokenizer
+    from chatfleet_runtime.engine.loading import load_tokenizer
 
     return load_tokenizer(tiny_model_dir)
 
@@ -28,7 +28,7 @@ def model(tiny_model_dir):
     """The tiny model on CPU, in fp32 (CHATFLEET_TEST_PRECISION=bf16 runs the engine's tests in bf16)."""
     import os
 
-    from chatfleet_runtime.loading import choose_placement, load_model
+    from chatfleet_runtime.engine.loading import choose_placement, load_model
 
     precision = os.environ.get("CHATFLEET_TEST_PRECISION", "fp32")
     placement = choose_placement(precision, "KIND_CPU", cuda_available=False, cpu_bf16=precision == "bf16")

@@ -21,9 +21,15 @@ from __future__ import annotations
 import threading
 
 import pytest
-from chatfleet_runtime.admission import Plan, batch_kv_bytes, fits, kv_bytes_per_position, plan_admission
+from chatfleet_runtime.engine.admission import (
+    Plan,
+    batch_kv_bytes,
+    fits,
+    kv_bytes_per_position,
+    plan_admission,
+)
+from chatfleet_runtime.engine.rows import GenerationRequest
 from chatfleet_runtime.prompting import SamplingParams, render_prompt
-from chatfleet_runtime.rows import GenerationRequest
 
 
 def test_kv_arithmetic():
@@ -94,8 +100,8 @@ def _submit_all(engine, requests, gate: threading.Event | None = None):
 @pytest.mark.parametrize("queue", [8, 1])
 def test_engine_holds_the_kv_budget_and_refuses_past_the_queue(model, tokenizer, queue):
     import torch
-    from chatfleet_runtime.generation import BatchGenerator
-    from chatfleet_runtime.inflight import InflightEngine
+    from chatfleet_runtime.engine.generation import BatchGenerator
+    from chatfleet_runtime.engine.inflight import InflightEngine
 
     ids = render_prompt(
         tokenizer, [{"role": "user", "content": "Hello there"}], max_context_tokens=512, max_new_tokens=24
@@ -184,7 +190,7 @@ SIZE = {
     ],
 )
 def test_kv_sizing(changes, memory, budget, prefix, rows):
-    from chatfleet_runtime.kvsizing import kv_sizing
+    from chatfleet_runtime.engine.kvsizing import kv_sizing
 
     sizing = kv_sizing(**{**SIZE, **changes})
     assert sizing.memory == memory and sizing.rows == rows
@@ -207,7 +213,7 @@ def test_kv_sizing(changes, memory, budget, prefix, rows):
     ],
 )
 def test_kv_sizing_refuses_what_cannot_work(changes, names):
-    from chatfleet_runtime.kvsizing import KvSizingError, kv_sizing
+    from chatfleet_runtime.engine.kvsizing import KvSizingError, kv_sizing
 
     with pytest.raises(KvSizingError, match=names):
         kv_sizing(**{**SIZE, **changes})
@@ -224,7 +230,7 @@ def test_kv_sizing_refuses_what_cannot_work(changes, names):
     ],
 )
 def test_container_memory_limit(tmp_path, files, limit):
-    from chatfleet_runtime.kvsizing import container_memory_limit
+    from chatfleet_runtime.engine.kvsizing import container_memory_limit
 
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
@@ -236,7 +242,7 @@ def test_container_memory_limit(tmp_path, files, limit):
 def test_resident_bytes_is_what_a_cpu_instance_holds(tmp_path):
     import os
 
-    from chatfleet_runtime.kvsizing import resident_bytes
+    from chatfleet_runtime.engine.kvsizing import resident_bytes
 
     (tmp_path / "statm").write_text("5000 1200 300 10 0 900 0\n")  # size resident shared text lib data dt
     assert resident_bytes(tmp_path / "statm") == 1200 * os.sysconf("SC_PAGE_SIZE")
@@ -258,8 +264,8 @@ def test_a_joint_prefill_with_cached_prefixes_is_no_wider_than_its_longest_promp
     """Rows prefilled together with cached prefixes of other lengths used to be padded inside
     ([cached | pad | new]), so the batch was pmax + nmax wide, wider than any row's prompt and outside
     what the KV budget counts (rows x longest prompt + max tokens). Now every row is right-aligned."""
-    from chatfleet_runtime.generation import BatchGenerator
-    from chatfleet_runtime.prefix_cache import PrefixCache
+    from chatfleet_runtime.engine.generation import BatchGenerator
+    from chatfleet_runtime.engine.prefix_cache import PrefixCache
 
     gen = BatchGenerator(model, tokenizer, prefix_cache=PrefixCache(8, 2**30))
     first = _ids(tokenizer, "Tell me a long story about a lighthouse keeper and the sea " * 3)
@@ -286,7 +292,7 @@ def test_a_joint_prefill_with_cached_prefixes_is_no_wider_than_its_longest_promp
 def test_a_merge_releases_the_old_caches_layer_by_layer(model, tokenizer):
     """Merging makes a new cache; the two it came from are dropped layer by layer as it goes, so the
     device holds the merged cache plus one layer at most, never the old and the new caches together."""
-    from chatfleet_runtime.generation import BatchGenerator
+    from chatfleet_runtime.engine.generation import BatchGenerator
 
     gen = BatchGenerator(model, tokenizer)
     a = gen.start(
@@ -306,10 +312,10 @@ def test_the_resolved_budget_holds_the_engine_kv_memory(model, tokenizer, queue)
     them a conversation's next turn with a cached prefix. With room to wait all 5 complete, 3 at a time;
     without, 2 are refused `overloaded` (the chat API's 429). The cache's bytes never exceed the budget."""
     import torch
-    from chatfleet_runtime.generation import BatchGenerator
-    from chatfleet_runtime.inflight import InflightEngine
-    from chatfleet_runtime.kvsizing import kv_sizing
-    from chatfleet_runtime.prefix_cache import PrefixCache
+    from chatfleet_runtime.engine.generation import BatchGenerator
+    from chatfleet_runtime.engine.inflight import InflightEngine
+    from chatfleet_runtime.engine.kvsizing import kv_sizing
+    from chatfleet_runtime.engine.prefix_cache import PrefixCache
 
     tokens = 8
     gen = BatchGenerator(model, tokenizer, prefix_cache=PrefixCache(8, 2**30))
@@ -375,8 +381,8 @@ def test_the_service_sizes_its_engine_from_the_kv_memory_and_refuses_past_it(
     chat API turns into 429 + Retry-After."""
     import logging
 
-    from chatfleet_runtime.backend import _classify
-    from chatfleet_runtime.service import ChatService, ServiceSettings, error_message
+    from chatfleet_runtime.chat.backend import _classify
+    from chatfleet_runtime.engine.service import ChatService, ServiceSettings, error_message
 
     tokens, typical = 8, 40
     per_position = BatchGenerator_per_position(model, tokenizer)
@@ -394,7 +400,7 @@ def test_the_service_sizes_its_engine_from_the_kv_memory_and_refuses_past_it(
         warmup=False,
         torch_threads=1,
     )
-    with caplog.at_level(logging.INFO, logger="chatfleet_runtime.service"):
+    with caplog.at_level(logging.INFO, logger="chatfleet_runtime.engine.service"):
         service = ChatService(settings, model=model, tokenizer=tokenizer)
     assert (service.kv.budget, service.kv.rows, service.prefix_cache.max_bytes) == (
         2 * (typical + tokens) * per_position,
@@ -426,7 +432,7 @@ def test_the_service_sizes_its_engine_from_the_kv_memory_and_refuses_past_it(
 
 def BatchGenerator_per_position(model, tokenizer) -> int:
     """KV bytes per position of the tiny model (as the service computes them)."""
-    from chatfleet_runtime.generation import BatchGenerator
+    from chatfleet_runtime.engine.generation import BatchGenerator
 
     return BatchGenerator(model, tokenizer).kv_bytes_per_position()
 
@@ -435,7 +441,7 @@ def test_the_worked_examples_in_the_docstrings_hold():
     """kv_sizing's and the planner's numeric examples (docs/runtime.md quotes them) are checked, not prose."""
     import doctest
 
-    from chatfleet_runtime import admission, kvsizing
+    from chatfleet_runtime.engine import admission, kvsizing
 
     for module in (kvsizing, admission):
         failed, tried = doctest.testmod(module)

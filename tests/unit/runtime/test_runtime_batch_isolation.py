@@ -17,10 +17,10 @@ import random
 import threading
 
 import pytest
-from chatfleet_runtime.generation import BatchGenerator
-from chatfleet_runtime.inflight import InflightEngine
+from chatfleet_runtime.engine.generation import BatchGenerator
+from chatfleet_runtime.engine.inflight import InflightEngine
+from chatfleet_runtime.engine.rows import GenerationRequest
 from chatfleet_runtime.prompting import SamplingParams, render_prompt
-from chatfleet_runtime.rows import GenerationRequest
 
 ROUNDS = 12
 
@@ -211,7 +211,7 @@ def test_service_raw_json_mixes_never_fail_good_rows(service, setup):
 
 @pytest.fixture(scope="module")
 def service(tiny_model_dir, model, tokenizer):
-    from chatfleet_runtime.service import ChatService, ServiceSettings
+    from chatfleet_runtime.engine.service import ChatService, ServiceSettings
 
     settings = ServiceSettings(
         model_dir=str(tiny_model_dir),

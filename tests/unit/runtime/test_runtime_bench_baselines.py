@@ -89,7 +89,7 @@ def test_row_sample_worked_example():
 
 
 def test_static_batches_give_exact_lengths_and_deliver_short_rows_early(tiny_model_dir):
-    from chatfleet_runtime.loading import choose_placement, load_model, load_tokenizer
+    from chatfleet_runtime.engine.loading import choose_placement, load_model, load_tokenizer
 
     tokenizer = load_tokenizer(tiny_model_dir)
     model = load_model(tiny_model_dir, choose_placement("fp32", "KIND_CPU", cuda_available=False))

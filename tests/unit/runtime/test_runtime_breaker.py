@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from chatfleet_runtime.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker, Fallback
+from chatfleet_runtime.chat.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker, Fallback
 
 
 class Clock:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from chatfleet_runtime import calibration
-from chatfleet_runtime.calibration import (
+from chatfleet_runtime.engine import calibration
+from chatfleet_runtime.engine.calibration import (
     BUILTIN_PROMPTS,
     Agreement,
     PrecisionCheckFailed,
@@ -101,7 +101,7 @@ def test_termination_message_is_not_written_off_pod(tmp_path, monkeypatch):
 
 
 def _settings(model_dir, **fields):
-    from chatfleet_runtime.service import ServiceSettings
+    from chatfleet_runtime.engine.service import ServiceSettings
 
     return ServiceSettings(
         model_dir=str(model_dir), tokenizer_dir=str(model_dir), precision="int8", warmup=False, **fields
@@ -111,7 +111,7 @@ def _settings(model_dir, **fields):
 def test_int8_below_the_threshold_does_not_serve_and_says_the_agreement(
     tiny_model_dir, tmp_path, monkeypatch
 ):
-    from chatfleet_runtime.service import ChatService
+    from chatfleet_runtime.engine.service import ChatService
 
     log = tmp_path / "termination-log"
     monkeypatch.setenv(calibration.TERMINATION_LOG_ENV, str(log))
@@ -128,7 +128,7 @@ def test_int8_below_the_threshold_does_not_serve_and_says_the_agreement(
 
 
 def test_int8_at_or_over_the_threshold_serves(tiny_model_dir, tmp_path, monkeypatch):
-    from chatfleet_runtime.service import ChatService
+    from chatfleet_runtime.engine.service import ChatService
 
     log = tmp_path / "termination-log"
     monkeypatch.setenv(calibration.TERMINATION_LOG_ENV, str(log))
@@ -141,7 +141,7 @@ def test_int8_at_or_over_the_threshold_serves(tiny_model_dir, tmp_path, monkeypa
 
 
 def test_a_missing_calibration_file_is_reported_like_a_failed_check(tiny_model_dir, tmp_path, monkeypatch):
-    from chatfleet_runtime.service import ChatService
+    from chatfleet_runtime.engine.service import ChatService
 
     log = tmp_path / "termination-log"
     monkeypatch.setenv(calibration.TERMINATION_LOG_ENV, str(log))

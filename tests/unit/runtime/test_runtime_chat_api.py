@@ -9,8 +9,8 @@ import asyncio
 import json
 
 import pytest
-from chatfleet_runtime.api import ApiSettings, create_app
-from chatfleet_runtime.backend import BackendError, Chunk
+from chatfleet_runtime.chat.api import ApiSettings, create_app
+from chatfleet_runtime.chat.backend import BackendError, Chunk
 from fastapi.testclient import TestClient
 
 
@@ -429,7 +429,7 @@ def test_metrics_re_export_triton(backend, fake_triton_metrics):
 
 
 def test_metrics_still_answer_when_triton_is_unreachable(backend):
-    from chatfleet_runtime.tritonhome import free_port
+    from chatfleet_runtime.launcher.tritonhome import free_port
 
     settings = ApiSettings(model_name="m1", triton_metrics_url=f"http://127.0.0.1:{free_port()}/metrics")
     with TestClient(create_app(settings, backend=backend)) as c:
@@ -439,7 +439,7 @@ def test_metrics_still_answer_when_triton_is_unreachable(backend):
 
 def test_the_pipeline_answers_without_http(backend):
     """ChatPipeline is plain Python: a reply (body or events) for raw bytes and headers, no app needed."""
-    from chatfleet_runtime.pipeline import ChatPipeline
+    from chatfleet_runtime.chat.pipeline import ChatPipeline
 
     async def run():
         pipeline = ChatPipeline(ApiSettings(model_name="m1", max_new_tokens=50), backend)
@@ -461,8 +461,8 @@ def test_the_pipeline_answers_without_http(backend):
 
 
 def test_the_models_bad_request_error_reads_as_the_clients_fault_in_the_api():
-    from chatfleet_runtime.backend import _classify
-    from chatfleet_runtime.service import error_message
+    from chatfleet_runtime.chat.backend import _classify
+    from chatfleet_runtime.engine.service import error_message
 
     err = _classify(
         Exception(f"[StatusCode.INTERNAL] {error_message('invalid', 'messages: must not be empty')}")
@@ -472,8 +472,8 @@ def test_the_models_bad_request_error_reads_as_the_clients_fault_in_the_api():
 
 
 def test_the_models_overloaded_error_reads_as_overloaded_in_the_api():
-    from chatfleet_runtime.backend import _classify
-    from chatfleet_runtime.service import error_message
+    from chatfleet_runtime.chat.backend import _classify
+    from chatfleet_runtime.engine.service import error_message
 
     err = _classify(Exception(f"[StatusCode.INTERNAL] {error_message('overloaded', 'kv budget: full')}"))
     assert (err.kind, str(err)) == ("overloaded", "kv budget: full")
@@ -573,7 +573,7 @@ def test_the_backend_asks_one_model_for_everything():
     """Readiness, the max_new_tokens lookup, streamed and non-streamed completions: all on `chat`, the
     one decoupled model; a non-streamed completion is `stream: false` on the same gRPC stream API."""
     from chatfleet_contract.tritonconfig import MODEL_NAME
-    from chatfleet_runtime.backend import TritonChat
+    from chatfleet_runtime.chat.backend import TritonChat
 
     async def run():
         chat = TritonChat("127.0.0.1:1")

@@ -12,10 +12,10 @@ from __future__ import annotations
 import threading
 
 import pytest
-from chatfleet_runtime.generation import BatchGenerator
-from chatfleet_runtime.inflight import InflightEngine
+from chatfleet_runtime.engine.generation import BatchGenerator
+from chatfleet_runtime.engine.inflight import InflightEngine
+from chatfleet_runtime.engine.rows import GenerationRequest
 from chatfleet_runtime.prompting import SamplingParams, render_prompt
-from chatfleet_runtime.rows import GenerationRequest
 
 CHUNK = 64
 STREAMS = 30

@@ -11,8 +11,8 @@ import json
 
 import pytest
 from chatfleet_contract.tritonconfig import ChatModelConfig, render_config_pbtxt
-from chatfleet_runtime import loading
-from chatfleet_runtime.service import ServiceSettings
+from chatfleet_runtime.engine import loading
+from chatfleet_runtime.engine.service import ServiceSettings
 
 
 def instance_group(text: str) -> str:

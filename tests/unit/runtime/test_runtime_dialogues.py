@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from chatfleet_runtime.api import ApiSettings, create_app
+from chatfleet_runtime.chat.api import ApiSettings, create_app
 from fastapi.testclient import TestClient
 from test_runtime_chat_api import FakeBackend, metric, post
 from test_runtime_sessions import FakePipeline, FakeRedis
@@ -169,8 +169,8 @@ def test_a_streamed_turn_is_stored_before_its_done_event():
     """A client sends its next turn as soon as it reads [DONE]: the turn must be in Redis by then."""
     import asyncio
 
-    from chatfleet_runtime import responses
-    from chatfleet_runtime.pipeline import ChatPipeline
+    from chatfleet_runtime.chat import responses
+    from chatfleet_runtime.chat.pipeline import ChatPipeline
 
     redis = FakeRedis()
     pipeline = ChatPipeline(

@@ -25,11 +25,11 @@ import time
 
 import httpx
 import pytest
-from chatfleet_runtime import drain as drain_mod
-from chatfleet_runtime.api import ApiSettings, create_app
-from chatfleet_runtime.backend import Chunk
-from chatfleet_runtime.drain import Drain
-from chatfleet_runtime.tritonhome import free_port
+from chatfleet_runtime.chat import drain as drain_mod
+from chatfleet_runtime.chat.api import ApiSettings, create_app
+from chatfleet_runtime.chat.backend import Chunk
+from chatfleet_runtime.chat.drain import Drain
+from chatfleet_runtime.launcher.tritonhome import free_port
 from fastapi.testclient import TestClient
 from test_runtime_chat_api import FakeBackend, U, metric, post
 
@@ -443,13 +443,13 @@ def test_the_client_timeout_comes_from_the_grace(env, timeout):
 
 
 def test_the_client_needs_only_the_standard_library():
-    """It runs as `python3 -m chatfleet_runtime.drain` in the image and must start fast."""
+    """It runs as `python3 -m chatfleet_runtime.chat.drain` in the image and must start fast."""
     code = textwrap.dedent(
         f"""
         import sys, runpy
         sys.argv = ["drain", "--url=http://127.0.0.1:{free_port()}"]
         try:
-            runpy.run_module("chatfleet_runtime.drain", run_name="__main__")
+            runpy.run_module("chatfleet_runtime.chat.drain", run_name="__main__")
         except SystemExit as exc:
             assert exc.code == 0, exc.code
         heavy = sorted({{"fastapi", "uvicorn", "httpx", "prometheus_client", "redis"}} & set(sys.modules))
@@ -465,8 +465,8 @@ def test_the_client_needs_only_the_standard_library():
 
 SERVER = """
 import asyncio, logging, sys
-from chatfleet_runtime.api import ApiSettings, create_app, serve
-from chatfleet_runtime.backend import Chunk
+from chatfleet_runtime.chat.api import ApiSettings, create_app, serve
+from chatfleet_runtime.chat.backend import Chunk
 
 class Slow:
     async def ready(self):

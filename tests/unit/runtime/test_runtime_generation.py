@@ -7,11 +7,11 @@ plain single-request path for identical token ids.
 from __future__ import annotations
 
 import pytest
-from chatfleet_runtime.generation import BatchGenerator
-from chatfleet_runtime.prefix_cache import PrefixCache
+from chatfleet_runtime.engine.generation import BatchGenerator
+from chatfleet_runtime.engine.prefix_cache import PrefixCache
+from chatfleet_runtime.engine.rows import GenerationRequest
+from chatfleet_runtime.engine.textstream import StopMatcher
 from chatfleet_runtime.prompting import SamplingParams, render_prompt
-from chatfleet_runtime.rows import GenerationRequest
-from chatfleet_runtime.textstream import StopMatcher
 
 
 @pytest.mark.parametrize(
@@ -202,7 +202,7 @@ def test_inflight_engine_joins_running_batch_with_identical_output(model, tokeni
     import threading
     import time
 
-    from chatfleet_runtime.inflight import InflightEngine
+    from chatfleet_runtime.engine.inflight import InflightEngine
 
     gen = BatchGenerator(model, tokenizer, prefix_cache=PrefixCache())
     texts = ["Hello there", "Tell me a long story about Kubernetes and pods", "Hi", "What is Triton?"]
@@ -243,7 +243,7 @@ def test_inflight_engine_joins_running_batch_with_identical_output(model, tokeni
 def test_inflight_engine_reports_errors_and_keeps_serving(model, tokenizer):
     import threading
 
-    from chatfleet_runtime.inflight import InflightEngine
+    from chatfleet_runtime.engine.inflight import InflightEngine
 
     gen = BatchGenerator(model, tokenizer)
     engine = InflightEngine(gen)
@@ -290,8 +290,8 @@ def test_logit_bias_forces_a_token(gen, tokenizer):
 )
 def test_penalties_follow_openai_arithmetic(gen, presence, frequency, generated, winner):
     import torch
-    from chatfleet_runtime.rows import Row
-    from chatfleet_runtime.sampling import sample
+    from chatfleet_runtime.engine.rows import Row
+    from chatfleet_runtime.engine.sampling import sample
 
     logits = torch.full((1, gen.vocab_size), -10.0)
     logits[0, 50], logits[0, 70], logits[0, 90] = 3.0, 2.5, 1.0

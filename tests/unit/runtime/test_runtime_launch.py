@@ -11,8 +11,9 @@ from chatfleet_contract.tritonconfig import (
     model_repository_configs,
     parse_parameters,
 )
-from chatfleet_runtime import launch, loading
-from chatfleet_runtime.tritonhome import Installation, Ports, command, write_repository
+from chatfleet_runtime.engine import loading
+from chatfleet_runtime.launcher import launch
+from chatfleet_runtime.launcher.tritonhome import Installation, Ports, command, write_repository
 
 
 def test_parse_parameters_round_trip():
@@ -119,7 +120,7 @@ def test_resolve_local_path_and_file_uri(tiny_model_dir):
 
 
 def test_tokenizer_given_as_uri_is_resolved_like_the_weights(tiny_model_dir):
-    from chatfleet_runtime.service import ServiceSettings
+    from chatfleet_runtime.engine.service import ServiceSettings
 
     settings = ServiceSettings.from_parameters(
         {"model_dir": "/models/weights", "tokenizer_uri": f"file://{tiny_model_dir}"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-from chatfleet_runtime.model_metrics import ModelObserver
+from chatfleet_runtime.engine.model_metrics import ModelObserver
 
 
 class Family:

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import yaml
 from chatfleet_contract.tritonconfig import model_repository_configs, parse_parameters
-from chatfleet_runtime import fetchers, model_sources
-from chatfleet_runtime.fetchers import oci_reference
-from chatfleet_runtime.model_uri import SCHEMES, ModelSourceError, ModelUri, parse_uri
-from chatfleet_runtime.service import ServiceSettings
+from chatfleet_runtime.engine.service import ServiceSettings
+from chatfleet_runtime.sources import fetchers, model_sources
+from chatfleet_runtime.sources.fetchers import oci_reference
+from chatfleet_runtime.sources.model_uri import SCHEMES, ModelSourceError, ModelUri, parse_uri
 
 REPO = Path(__file__).resolve().parents[3]
 CRD = REPO / "crds" / "chatfleet.io_chatbotservices.yaml"

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from chatfleet_runtime import api
-from chatfleet_runtime.api import ApiSettings, create_app, listening_ports
+from chatfleet_runtime.chat import api
+from chatfleet_runtime.chat.api import ApiSettings, create_app, listening_ports
 from fastapi.testclient import TestClient
 from test_runtime_chat_api import FakeBackend, U
 

@@ -10,17 +10,17 @@ from __future__ import annotations
 import logging
 
 import pytest
-from chatfleet_runtime.generation import BatchGenerator
-from chatfleet_runtime.loading import (
+from chatfleet_runtime.engine.generation import BatchGenerator
+from chatfleet_runtime.engine.loading import (
     choose_placement,
     int8_gpu_load_kwargs,
     load_model,
     load_tokenizer,
     weights_bytes,
 )
+from chatfleet_runtime.engine.rows import GenerationRequest, Row
+from chatfleet_runtime.engine.service import ChatService, ServiceSettings
 from chatfleet_runtime.prompting import SamplingParams, render_prompt
-from chatfleet_runtime.rows import GenerationRequest, Row
-from chatfleet_runtime.service import ChatService, ServiceSettings
 
 
 @pytest.fixture(scope="module")
@@ -105,14 +105,14 @@ class Recorder:
 @pytest.mark.parametrize("asked", ["fp16", "bf16"])
 def test_half_precision_asked_on_cpu_says_fp32_runs(tiny_model_dir, caplog, monkeypatch, asked):
     import torch
-    from chatfleet_runtime import loading
+    from chatfleet_runtime.engine import loading
 
     monkeypatch.setattr(loading, "read_cpuinfo", lambda: MILAN)  # no bf16 instructions
     recorder = Recorder()
     settings = ServiceSettings(
         model_dir=str(tiny_model_dir), tokenizer_dir=str(tiny_model_dir), precision=asked, warmup=False
     )
-    with caplog.at_level(logging.INFO, logger="chatfleet_runtime.service"):
+    with caplog.at_level(logging.INFO, logger="chatfleet_runtime.engine.service"):
         service = ChatService(settings, recorder)
     assert recorder.placements == [(asked, "fp32", "cpu")]
     assert next(service.model.parameters()).dtype == torch.float32
@@ -153,7 +153,7 @@ MILAN = "processor\t: 0\nflags\t\t: fpu avx avx2 f16c fma vaes\n"
     ],
 )
 def test_cpu_bf16_flags_are_read_from_cpuinfo_text(cpuinfo, flags):
-    from chatfleet_runtime.loading import cpu_bf16_flags
+    from chatfleet_runtime.engine.loading import cpu_bf16_flags
 
     assert cpu_bf16_flags(cpuinfo) == flags
 
@@ -191,7 +191,7 @@ def test_placement_table(asked, kind, cuda, gpu_bf16, cpu_bf16, runs):
 )
 def test_service_reads_the_cpu_flags_at_load(tiny_model_dir, monkeypatch, asked, cpuinfo, runs):
     import torch
-    from chatfleet_runtime import loading
+    from chatfleet_runtime.engine import loading
 
     monkeypatch.setattr(loading, "read_cpuinfo", lambda: cpuinfo)
     recorder = Recorder()
@@ -210,7 +210,7 @@ def test_service_reads_the_cpu_flags_at_load(tiny_model_dir, monkeypatch, asked,
 def test_the_engine_runs_bf16_on_cpu(tiny_model_dir):
     """bf16 weights: the KV budget counts 2 bytes per element, sampling works on float32 logits, rows finish."""
     import torch
-    from chatfleet_runtime import sampling
+    from chatfleet_runtime.engine import sampling
 
     tokenizer = load_tokenizer(tiny_model_dir)
     fp32 = BatchGenerator(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from chatfleet_runtime.prefix_cache import PrefixCache, common_prefix_len, session_key, system_key
+from chatfleet_runtime.engine.prefix_cache import PrefixCache, common_prefix_len, session_key, system_key
 
 
 class Blob:

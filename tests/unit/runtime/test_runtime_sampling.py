@@ -15,9 +15,9 @@ import threading
 from collections import Counter
 
 import pytest
+from chatfleet_runtime.engine.rows import GenerationRequest, Row
+from chatfleet_runtime.engine.sampling import sample
 from chatfleet_runtime.prompting import SamplingParams
-from chatfleet_runtime.rows import GenerationRequest, Row
-from chatfleet_runtime.sampling import sample
 
 ROWS = 4000
 #: Token probabilities of the test distribution: tokens 3, 5, 7, 9 hold 0.4, 0.3, 0.2, 0.1; the other
@@ -90,7 +90,7 @@ def test_rows_with_the_same_seed_draw_the_same_tokens(tokenizer):
 
 @pytest.fixture
 def seed_service(tiny_model_dir, model, tokenizer):
-    from chatfleet_runtime.service import ChatService, ServiceSettings
+    from chatfleet_runtime.engine.service import ChatService, ServiceSettings
 
     settings = ServiceSettings(
         model_dir=str(tiny_model_dir),

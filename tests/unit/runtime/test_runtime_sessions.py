@@ -6,7 +6,7 @@ import asyncio
 import json
 
 import pytest
-from chatfleet_runtime.sessions import ActiveSessions, History, SessionStore, compose, history_messages
+from chatfleet_runtime.chat.sessions import ActiveSessions, History, SessionStore, compose, history_messages
 
 
 class FakePipeline:

@@ -21,10 +21,10 @@ import sys
 
 import httpx
 import pytest
-from chatfleet_runtime import api, pipeline, shadow
-from chatfleet_runtime.api import ApiSettings, create_app
-from chatfleet_runtime.shadow import RECORDS_LIMIT, Shadow
-from chatfleet_runtime.tritonhome import free_port
+from chatfleet_runtime.chat import api, pipeline, shadow
+from chatfleet_runtime.chat.api import ApiSettings, create_app
+from chatfleet_runtime.chat.shadow import RECORDS_LIMIT, Shadow
+from chatfleet_runtime.launcher.tritonhome import free_port
 from fastapi.testclient import TestClient
 from test_runtime_chat_api import FakeBackend, U, metric
 from test_runtime_drain import Clock, wait_until
@@ -395,8 +395,8 @@ def test_bad_shadow_flags_are_refused(monkeypatch, argv):
 
 SERVER = """
 import sys
-from chatfleet_runtime.api import ApiSettings, create_app, serve
-from chatfleet_runtime.backend import Chunk
+from chatfleet_runtime.chat.api import ApiSettings, create_app, serve
+from chatfleet_runtime.chat.backend import Chunk
 
 class Echo:
     async def ready(self):

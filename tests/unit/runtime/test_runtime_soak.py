@@ -44,7 +44,7 @@ TEXTS = [
 def soak_service(tiny_model_dir, model, tokenizer):
     """A ChatService over the tiny model with the in-flight engine started (one torch thread)."""
     import torch
-    from chatfleet_runtime.service import ChatService, ServiceSettings
+    from chatfleet_runtime.engine.service import ChatService, ServiceSettings
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

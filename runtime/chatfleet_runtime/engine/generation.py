@@ -23,10 +23,17 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-from chatfleet_runtime.admission import kv_bytes_per_position
-from chatfleet_runtime.prefix_cache import PrefixCache, session_key, system_key
-from chatfleet_runtime.rows import Batch, GenerationRequest, GenerationResult, Prefill, Row, request_problem
-from chatfleet_runtime.sampling import sample
+from chatfleet_runtime.engine.admission import kv_bytes_per_position
+from chatfleet_runtime.engine.prefix_cache import PrefixCache, session_key, system_key
+from chatfleet_runtime.engine.rows import (
+    Batch,
+    GenerationRequest,
+    GenerationResult,
+    Prefill,
+    Row,
+    request_problem,
+)
+from chatfleet_runtime.engine.sampling import sample
 
 log = logging.getLogger(__name__)
 

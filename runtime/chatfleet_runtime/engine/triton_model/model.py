@@ -18,8 +18,8 @@ import logging
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from chatfleet_runtime.model_metrics import ModelObserver
-from chatfleet_runtime.service import ChatService, Prepared, ServiceSettings, error_message
+from chatfleet_runtime.engine.model_metrics import ModelObserver
+from chatfleet_runtime.engine.service import ChatService, Prepared, ServiceSettings, error_message
 
 log = logging.getLogger("chatfleet.model")
 

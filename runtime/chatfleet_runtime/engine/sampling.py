@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 
-from chatfleet_runtime.rows import Row
+from chatfleet_runtime.engine.rows import Row
 
 log = logging.getLogger(__name__)
 

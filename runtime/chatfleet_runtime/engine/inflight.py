@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from chatfleet_runtime.admission import batch_kv_bytes, plan_admission
-from chatfleet_runtime.generation import BatchGenerator
-from chatfleet_runtime.rows import Batch, GenerationRequest, GenerationResult, Prefill, Row, RowError
+from chatfleet_runtime.engine.admission import batch_kv_bytes, plan_admission
+from chatfleet_runtime.engine.generation import BatchGenerator
+from chatfleet_runtime.engine.rows import Batch, GenerationRequest, GenerationResult, Prefill, Row, RowError
 
 log = logging.getLogger(__name__)
 

@@ -28,13 +28,14 @@ from typing import Any, Protocol
 
 from chatfleet_contract.parameters import ModelParameters, read_model_config
 from chatfleet_contract.tritonconfig import INVALID_REQUEST as INVALID
+from chatfleet_contract.tritonconfig import OVERLOADED
 
-from chatfleet_runtime import calibration, kvsizing
-from chatfleet_runtime.admission import OVERLOADED
-from chatfleet_runtime.calibration import Agreement
-from chatfleet_runtime.generation import BatchGenerator
-from chatfleet_runtime.inflight import InflightEngine
-from chatfleet_runtime.prefix_cache import PrefixCache
+from chatfleet_runtime.engine import calibration, kvsizing
+from chatfleet_runtime.engine.calibration import Agreement
+from chatfleet_runtime.engine.generation import BatchGenerator
+from chatfleet_runtime.engine.inflight import InflightEngine
+from chatfleet_runtime.engine.prefix_cache import PrefixCache
+from chatfleet_runtime.engine.rows import GenerationRequest, GenerationResult
 from chatfleet_runtime.prompting import (
     RequestError,
     parse_sampling,
@@ -42,7 +43,6 @@ from chatfleet_runtime.prompting import (
     validate_messages,
     validate_session_id,
 )
-from chatfleet_runtime.rows import GenerationRequest, GenerationResult
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ class ChatService:
     def __init__(
         self, settings: ServiceSettings, observer: Observer | None = None, *, model=None, tokenizer=None
     ):
-        from chatfleet_runtime import loading
+        from chatfleet_runtime.engine import loading
 
         self.settings = settings
         self.observer = observer or NullObserver()
@@ -223,7 +223,7 @@ class ChatService:
 
     def _load_int8_checked(self):
         """The int8 model, after its agreement with full precision passed; else report it and raise."""
-        from chatfleet_runtime import loading
+        from chatfleet_runtime.engine import loading
 
         settings = self.settings
         try:

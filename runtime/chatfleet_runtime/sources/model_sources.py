@@ -1,8 +1,8 @@
 """Fetch model weights named by `spec.model.uri` into the pod's weights folder, one fetcher per scheme.
 
 Every scheme the CRD admits (`hf|s3|gs|oci|http|https`, plus `file://` and plain paths for local runs) has
-one entry in `FETCHERS` (``chatfleet_runtime.fetchers``); `fetch(uri, dest)` parses the URI
-(``chatfleet_runtime.model_uri``) and picks it. Credentials come from the environment, which in a
+one entry in `FETCHERS` (``chatfleet_runtime.sources.fetchers``); `fetch(uri, dest)` parses the URI
+(``chatfleet_runtime.sources.model_uri``) and picks it. Credentials come from the environment, which in a
 pod is the Triton container's: the keys of `spec.model.credentialsSecret` become environment variables
 (docs/api.md, "Model URIs"):
 
@@ -26,8 +26,8 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
-from chatfleet_runtime.fetchers import FETCHERS
-from chatfleet_runtime.model_uri import FIELD, ModelSourceError, parse_uri
+from chatfleet_runtime.sources.fetchers import FETCHERS
+from chatfleet_runtime.sources.model_uri import FIELD, ModelSourceError, parse_uri
 
 __all__ = ["FETCHERS", "MARKER", "STAGING", "ModelSourceError", "fetch", "parse_uri"]
 

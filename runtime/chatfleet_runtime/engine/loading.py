@@ -32,7 +32,7 @@ def resolve_model_path(uri: str, *, revision: str | None = None, cache_dir: str 
     hf:// goes through the hub cache; s3://, gs://, oci:// and http(s):// are fetched once into a folder
     under cache_dir (default $CHATFLEET_MODEL_CACHE or /tmp/chatfleet-models) keyed by URI and revision.
     """
-    from chatfleet_runtime import model_sources
+    from chatfleet_runtime.sources import model_sources
 
     source = model_sources.parse_uri(uri)
     if source.scheme == "file":
@@ -274,7 +274,7 @@ def load_int8_checked(path: str | Path, placement: Placement, tokenizer, prompts
     activation scales computed per batch at run time, so there are no static scales to calibrate and the
     prompts serve the check), on GPU it is freed and the bitsandbytes int8 model loaded.
     """
-    from chatfleet_runtime import calibration
+    from chatfleet_runtime.engine import calibration
 
     ids = calibration.prompt_ids(tokenizer, prompts)
     on_gpu = placement.device.startswith("cuda")

@@ -18,9 +18,8 @@ from typing import Any
 
 from chatfleet_contract.parameters import ModelParameters, read_model_config
 from chatfleet_contract.tritonconfig import INVALID_REQUEST as INVALID
-from chatfleet_contract.tritonconfig import MODEL_NAME
+from chatfleet_contract.tritonconfig import MODEL_NAME, OVERLOADED
 
-from chatfleet_runtime.admission import OVERLOADED
 from chatfleet_runtime.prompting import SamplingParams
 
 

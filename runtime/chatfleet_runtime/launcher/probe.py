@@ -1,6 +1,6 @@
 """A kubelet exec probe for a server bound to the pod's loopback (Triton's HTTP port).
 
-``python3 -m chatfleet_runtime.probe --url=http://127.0.0.1:8000/v2/health/ready``: exit 0 when the URL
+``python3 -m chatfleet_runtime.launcher.probe --url=http://127.0.0.1:8000/v2/health/ready``: exit 0 when the URL
 answers 200 within the time-out, 1 otherwise, with one line saying why. Triton listens on 127.0.0.1 only
 (docs/security.md "Ports"), so the kubelet, which probes from the node, cannot reach it with an HTTP
 probe. Standard library only: it runs every few seconds and must start fast.

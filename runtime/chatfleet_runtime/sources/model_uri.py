@@ -12,7 +12,7 @@ from urllib.parse import urlparse
 
 FIELD = "spec.model.uri"
 ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".zip")
-#: The schemes there is a fetcher for (chatfleet_runtime.fetchers.FETCHERS has exactly these keys).
+#: The schemes there is a fetcher for (chatfleet_runtime.sources.fetchers.FETCHERS has exactly these keys).
 SCHEMES = ("file", "hf", "s3", "gs", "oci", "http", "https")
 
 

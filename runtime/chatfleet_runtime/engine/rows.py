@@ -11,8 +11,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from chatfleet_runtime.engine.textstream import IncrementalDetokenizer, StopMatcher
 from chatfleet_runtime.prompting import SamplingParams
-from chatfleet_runtime.textstream import IncrementalDetokenizer, StopMatcher
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """The pod's `triton` container entrypoint (docs/pod-contract.md).
 
-``python3 -m chatfleet_runtime.launch --config-dir=/etc/chatfleet/triton --repository=/tmp/model-repository
+``python3 -m chatfleet_runtime.launcher.launch --config-dir=/etc/chatfleet/triton --repository=/tmp/model-repository
 --http-port=8000 --grpc-port=8001 --metrics-port=8002``
 
 1. Read one ``<model>.config.pbtxt`` per model from the config folder (``tritonconfig.config_file_name``),
@@ -9,7 +9,7 @@
    ``CHATFLEET_SIMULATED_GPU=1``) serves with ``KIND_CPU``; a ``KIND_GPU`` config with no CUDA device visible
    and no such marker stops here with a message, never silently serving from the CPU (``place_instances``).
 3. If ``CHATFLEET_MODEL_URI`` is set and the weights folder (the ``model_dir`` parameter) is empty, fill it
-   from the URI (``chatfleet_runtime.model_sources``: hf, s3, gs, oci, http(s), file, at
+   from the URI (``chatfleet_runtime.sources.model_sources``: hf, s3, gs, oci, http(s), file, at
    ``CHATFLEET_MODEL_REVISION``), with the credentials the pod's environment carries.
 4. Write the model repository: each model's config.pbtxt plus the shipped ``model.py`` adapter.
 5. Exec tritonserver (NGC image or the pytriton wheel) on the given ports; Triton's readiness then means
@@ -33,8 +33,14 @@ from chatfleet_contract.tritonconfig import (
     parse_parameters,
 )
 
-from chatfleet_runtime.model_sources import ModelSourceError, fetch
-from chatfleet_runtime.tritonhome import Ports, command, environment, find_installation, write_repository
+from chatfleet_runtime.launcher.tritonhome import (
+    Ports,
+    command,
+    environment,
+    find_installation,
+    write_repository,
+)
+from chatfleet_runtime.sources.model_sources import ModelSourceError, fetch
 
 SUFFIX = config_file_name("")  # ".config.pbtxt"
 #: Set by the local platform's fake GPU device plugin on every container it allocates a GPU to.

@@ -12,9 +12,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-#: How a refused request's error message starts (the chat API answers 429 with Retry-After).
-OVERLOADED = "overloaded: "
-
 
 def kv_bytes_per_position(layers: int, kv_heads: int, head_dim: int, element_size: int) -> int:
     """Bytes one position of one row takes in the KV cache (keys and values of every layer).

@@ -1,6 +1,6 @@
 """One fetcher per model-URI scheme: each downloads into a folder with the credentials in `env`.
 
-The table of schemes, libraries and environment variables is in ``chatfleet_runtime.model_sources``,
+The table of schemes, libraries and environment variables is in ``chatfleet_runtime.sources.model_sources``,
 which picks the fetcher (``FETCHERS``) and makes the download atomic.
 """
 
@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from urllib.parse import urlparse
 
-from chatfleet_runtime.model_uri import FIELD, ModelSourceError, ModelUri, safe_join
+from chatfleet_runtime.sources.model_uri import FIELD, ModelSourceError, ModelUri, safe_join
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The chat API: OpenAI-shaped chat completions over Triton, with sessions, a deadline and a breaker.
 
-``python -m chatfleet_runtime.api --host=0.0.0.0 --port=8080 --triton-grpc=127.0.0.1:8001`` (pod contract).
+``python -m chatfleet_runtime.chat.api --host=0.0.0.0 --port=8080 --triton-grpc=127.0.0.1:8001`` (pod contract).
 
 Per request: validate (4xx naming the field) -> load the conversation's history from Redis (if a
 session id is given) -> breaker and in-flight limit -> Triton over gRPC (the one decoupled model
@@ -27,7 +27,7 @@ request arrived on (the ASGI scope's ``server``), and nothing else there (404):
   answered as a mirrored request (``ChatPipeline.shadow_chat``).
 
 Draining (docs/runtime.md "Draining"): ``POST /drain`` on the admin port (the pod's preStop hook,
-``python3 -m chatfleet_runtime.drain``) or a SIGTERM that comes without it starts the drain: ``/readyz``
+``python3 -m chatfleet_runtime.chat.drain``) or a SIGTERM that comes without it starts the drain: ``/readyz``
 answers 503, every response carries ``Connection: close``, chat requests are served while they can
 finish before the pod must exit and refused with a 503 after that; running streams are never cut.
 ``GET /drain`` says whether it is drained. On SIGTERM the server exits once drained (at once when the
@@ -51,11 +51,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from chatfleet_runtime.apisettings import ApiSettings
-from chatfleet_runtime.backend import TritonChat
-from chatfleet_runtime.drain import Drain
-from chatfleet_runtime.pipeline import ChatPipeline
-from chatfleet_runtime.responses import Reply
+from chatfleet_runtime.chat.apisettings import ApiSettings
+from chatfleet_runtime.chat.backend import TritonChat
+from chatfleet_runtime.chat.drain import Drain
+from chatfleet_runtime.chat.pipeline import ChatPipeline
+from chatfleet_runtime.chat.responses import Reply
 
 __all__ = ["ApiSettings", "create_app", "main", "serve"]
 

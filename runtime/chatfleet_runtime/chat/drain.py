@@ -2,7 +2,7 @@
 
 A pod that is terminated (scale-down, rollback, promotion, node drain) stops taking new work
 gracefully, finishes its streams, then exits. The operator gives both containers of the pod the same
-preStop hook, ``python3 -m chatfleet_runtime.drain --url=http://127.0.0.1:8082`` (the admin port): it
+preStop hook, ``python3 -m chatfleet_runtime.chat.drain --url=http://127.0.0.1:8082`` (the admin port): it
 starts the drain (``POST /drain``, accepted from the pod's loopback only) and waits until the chat API says it is drained (``GET /drain``), so the ``triton``
 container gets its SIGTERM only once the chat API no longer needs it. See docs/runtime.md "Draining".
 
@@ -114,7 +114,7 @@ class Drain:
         }
 
 
-# ---- the preStop client: python3 -m chatfleet_runtime.drain --url=http://127.0.0.1:8082 ----------
+# ---- the preStop client: python3 -m chatfleet_runtime.chat.drain --url=http://127.0.0.1:8082 ----------
 
 #: Seconds the client waits when neither --timeout nor CHATFLEET_DRAIN_GRACE_SECONDS says.
 DEFAULT_TIMEOUT_S = 120.0

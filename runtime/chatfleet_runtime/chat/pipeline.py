@@ -12,7 +12,7 @@
 5. answer and save the turn with the revision that answered it (a stream saves it after its last chunk
    and before its [DONE], so a client that saw a turn end finds it in the next turn's history); a turn whose previous one another revision answered counts a revision switch.
 
-Before step 1 the drain (``chatfleet_runtime.drain.Drain``) is asked whether a new request can still
+Before step 1 the drain (``chatfleet_runtime.chat.drain.Drain``) is asked whether a new request can still
 finish before the pod must exit; when it cannot, the request is refused with a 503 at once.
 
 ``ChatPipeline.shadow_chat`` runs a mirrored request of a canary's shadow phase (the shadow port) through
@@ -20,9 +20,9 @@ the same steps, with these differences: it is refused at once (503) while draini
 ``--shadow-concurrency`` mirrored ones are in flight; only its messages and max_tokens matter (greedy,
 seed 0, max_tokens capped at ``--shadow-max-tokens``, never streamed); the history is read but nothing is
 saved and the active-session gauges are not touched; and every one the model was asked about leaves a
-record (``chatfleet_runtime.shadow.Shadow``), a fallback answer recorded as an error.
+record (``chatfleet_runtime.chat.shadow.Shadow``), a fallback answer recorded as an error.
 
-It returns a ``Reply`` (``chatfleet_runtime.responses``); ``chatfleet_runtime.api`` sends it.
+It returns a ``Reply`` (``chatfleet_runtime.chat.responses``); ``chatfleet_runtime.chat.api`` sends it.
 """
 
 from __future__ import annotations
@@ -39,12 +39,15 @@ from typing import Any
 from chatfleet_contract.parameters import ModelParameters
 from prometheus_client import generate_latest
 
-from chatfleet_runtime import responses
-from chatfleet_runtime.apisettings import ApiSettings
-from chatfleet_runtime.backend import BackendError, Chunk, triton_params
-from chatfleet_runtime.breaker import STATE_VALUE, CircuitBreaker, Fallback
-from chatfleet_runtime.drain import EXIT_MARGIN_S, Drain
-from chatfleet_runtime.metrics import ApiMetrics
+from chatfleet_runtime.chat import responses
+from chatfleet_runtime.chat.apisettings import ApiSettings
+from chatfleet_runtime.chat.backend import BackendError, Chunk, triton_params
+from chatfleet_runtime.chat.breaker import STATE_VALUE, CircuitBreaker, Fallback
+from chatfleet_runtime.chat.drain import EXIT_MARGIN_S, Drain
+from chatfleet_runtime.chat.metrics import ApiMetrics
+from chatfleet_runtime.chat.responses import Reply
+from chatfleet_runtime.chat.sessions import ActiveSessions, History, SessionStore, compose
+from chatfleet_runtime.chat.shadow import Shadow
 from chatfleet_runtime.prompting import (
     RequestError,
     SamplingParams,
@@ -54,9 +57,6 @@ from chatfleet_runtime.prompting import (
     validate_messages,
     validate_session_id,
 )
-from chatfleet_runtime.responses import Reply
-from chatfleet_runtime.sessions import ActiveSessions, History, SessionStore, compose
-from chatfleet_runtime.shadow import Shadow
 
 log = logging.getLogger("chatfleet.api")
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from chatfleet_contract.tritonconfig import ChatModelConfig, model_repository_configs
 
-MODEL_CODE = Path(__file__).resolve().parent / "triton_model" / "model.py"
+MODEL_CODE = Path(__file__).resolve().parents[1] / "engine" / "triton_model" / "model.py"
 
 
 @dataclass(frozen=True)

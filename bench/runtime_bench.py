@@ -346,6 +346,17 @@ def multiturn(triton_grpc: str, tokenizer, reps: int, max_tokens: int = 16) -> d
 # ---- one model: every system side by side ------------------------------------------------------------
 
 
+def runtime_config(model_dir: Path, args):
+    """The runtime's model config for a run: the benchmark's batch cap, queue delay, answer cap and threads."""
+    return model_config(
+        model_dir,
+        max_batch_size=MAX_BATCH,
+        max_queue_delay_us=args.queue_delay_us,
+        max_new_tokens=max(256, MAX_TOKENS),
+        torch_threads=args.threads,
+    )
+
+
 def load_baseline_model(model_dir: Path):
     """The model and tokenizer for the in-process peers, loaded as the runtime loads them (fp32, CPU)."""
     from chatfleet_runtime.engine.loading import choose_placement, load_model, load_tokenizer
@@ -418,13 +429,7 @@ def run_model(name: str, model_dir: Path, args, passes: dict[str, tuple[int, ...
         conversation(LONG_EVERY - 1, filler), tokenize=False, add_generation_prompt=True
     )
     history_tokens = len(tokenizer(text, add_special_tokens=False)["input_ids"])
-    cfg = model_config(
-        model_dir,
-        max_batch_size=MAX_BATCH,
-        max_queue_delay_us=args.queue_delay_us,
-        max_new_tokens=max(256, MAX_TOKENS),
-        torch_threads=args.threads,
-    )
+    cfg = runtime_config(model_dir, args)
     figures = {p: {s: {} for s in systems} for p in passes}
     memory = {p: {s: [] for s in systems} for p in passes}
     counts = {s: {} for s in systems}
@@ -742,13 +747,7 @@ def soak(model_dir: Path, args, seconds: float, out: Path) -> dict:
     tokenizer = load_tokenizer(model_dir)
     filler = history_filler(tokenizer)
     eos = tokenizer.eos_token_id
-    cfg = model_config(
-        model_dir,
-        max_batch_size=MAX_BATCH,
-        max_queue_delay_us=args.queue_delay_us,
-        max_new_tokens=max(256, MAX_TOKENS),
-        torch_threads=args.threads,
-    )
+    cfg = runtime_config(model_dir, args)
     done: list[tuple[float, int]] = []
     sampling = PASSES["sampled"]
 

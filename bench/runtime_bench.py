@@ -933,13 +933,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cpu_model() -> str:
-    """The CPU's model name as /proc/cpuinfo spells it ('' when unreadable)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
+    """The CPU's model name as /proc/cpuinfo spells it ('' when unreadable), read as the runtime reads it."""
+    from chatfleet_runtime.engine.loading import read_cpuinfo
+
+    for line in read_cpuinfo().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
     return ""
 
 

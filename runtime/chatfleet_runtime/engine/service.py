@@ -24,7 +24,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 from chatfleet_contract.parameters import ModelParameters, read_model_config
 from chatfleet_contract.tritonconfig import INVALID_REQUEST as INVALID
@@ -173,9 +173,7 @@ class ChatService:
             self.placement.device,
             settings.precision,
         )
-        observe_placement = getattr(self.observer, "placement", None)
-        if observe_placement is not None:
-            observe_placement(settings.precision, self.placement.precision, self.placement.device)
+        self.observer.placement(settings.precision, self.placement.precision, self.placement.device)
         self.tokenizer = tokenizer or loading.load_tokenizer(
             settings.tokenizer_source, settings.chat_template
         )
@@ -216,9 +214,7 @@ class ChatService:
             max_rows=s.max_batch_size,
         )
         log.info("kv cache: %s", sizing.describe())
-        observe = getattr(self.observer, "kv_sizing", None)
-        if observe is not None:
-            observe(sizing)
+        self.observer.kv_sizing(sizing)
         return sizing
 
     def _load_int8_checked(self):
@@ -231,19 +227,13 @@ class ChatService:
                 settings.calibration_prompts, settings.calibration_file
             )
         except (calibration.PrecisionCheckFailed, ValueError) as exc:
-            message = f"{calibration.FAILURE_PREFIX} {exc}"
-            calibration.write_termination_message(message)
-            raise calibration.PrecisionCheckFailed(message) from exc
+            _refuse_to_serve(f"{calibration.FAILURE_PREFIX} {exc}", cause=exc)
         model, measured = loading.load_int8_checked(
             settings.model_dir, self.placement, self.tokenizer, prompts, source
         )
         self.precision_check = measured
         if measured.ratio < settings.int8_min_agreement:
-            message = calibration.failure_message(measured, settings.int8_min_agreement)
-            # The kubelet copies this file into lastState.terminated.message; the operator reads it there.
-            calibration.write_termination_message(message)
-            log.error("%s", message)
-            raise calibration.PrecisionCheckFailed(message)
+            _refuse_to_serve(calibration.failure_message(measured, settings.int8_min_agreement))
         log.info(
             "int8 agreement %.3f >= %.3f (%d/%d next-token positions, prompts: %s)",
             measured.ratio,
@@ -373,3 +363,13 @@ class ChatService:
                 self.observer.finished(result)
         self.observer.cache(self.prefix_cache)
         return results
+
+
+def _refuse_to_serve(message: str, cause: Exception | None = None) -> NoReturn:
+    """End the load of a replica that must not serve: the message to the termination log and the log, raised.
+
+    The kubelet copies the termination log into the container's lastState.terminated.message, where the
+    operator reads it (PrecisionCheckFailed)."""
+    calibration.write_termination_message(message)
+    log.error("%s", message)
+    raise calibration.PrecisionCheckFailed(message) from cause

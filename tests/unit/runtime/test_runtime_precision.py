@@ -19,7 +19,7 @@ from chatfleet_runtime.engine.loading import (
     weights_bytes,
 )
 from chatfleet_runtime.engine.rows import GenerationRequest, Row
-from chatfleet_runtime.engine.service import ChatService, ServiceSettings
+from chatfleet_runtime.engine.service import ChatService, NullObserver, ServiceSettings
 from chatfleet_runtime.prompting import SamplingParams, render_prompt
 
 
@@ -85,18 +85,9 @@ def test_int8_gpu_path_builds_an_8bit_bitsandbytes_config():
     assert choose_placement("int8", "KIND_GPU", cuda_available=True).precision == "int8"
 
 
-class Recorder:
+class Recorder(NullObserver):
     def __init__(self):
         self.placements = []
-
-    def batch(self, rows, generate_s, tokens):
-        pass
-
-    def finished(self, result):
-        pass
-
-    def cache(self, cache):
-        pass
 
     def placement(self, requested, precision, device):
         self.placements.append((requested, precision, device))

@@ -92,6 +92,10 @@ class ModelParameters:
     prefill_chunk_tokens: int = 256
     """A prompt longer than this is prefilled in chunks of this many tokens between decode steps (in-flight
     batching), so a long prompt never stalls the running streams for its whole length. 0: in one pass."""
+    load_handshake_timeout_s: int = 120
+    """Seconds Triton may take to mark the model ready after the last instance's initialize() returned;
+    past them the load is judged hung and the instance ends its stub, so tritonserver fails the load and the
+    container restarts (``chatfleet_runtime.engine.load_watch``). 0: no watch."""
 
     calibration_prompts: str | None = None
     """int8 only: the calibration prompts as a JSON list of strings (spec.runtime.calibration.prompts)."""

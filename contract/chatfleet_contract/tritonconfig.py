@@ -32,6 +32,9 @@ INVALID_REQUEST = "invalid_request: "
 #: 429 with Retry-After).
 OVERLOADED = "overloaded: "
 
+#: The environment variable carrying the chat model's readiness URL on the pod's loopback: the launcher sets
+#: it for tritonserver, whose model instances watch their load handshake with it.
+READY_URL_ENV = "CHATFLEET_TRITON_READY_URL"
 PRECISIONS = ("auto", "fp32", "fp16", "bf16", "int8")
 KINDS = ("KIND_GPU", "KIND_CPU")
 

@@ -24,8 +24,8 @@ class PodSettings:
     """Seconds of the grace period beyond settle + the longest generation: the drain hook's own start and exit."""
     startup_failure_threshold: int = int(os.environ.get("CHATFLEET_STARTUP_FAILURE_THRESHOLD", "60"))
     """Startup probe failures allowed (period 10 s), i.e. up to 10 minutes for weights to load (env
-    CHATFLEET_STARTUP_FAILURE_THRESHOLD). It also bounds a load that hangs: the kubelet restarts Triton
-    once it is spent, so where models are small (the local real node's) it is set much lower."""
+    CHATFLEET_STARTUP_FAILURE_THRESHOLD); the kubelet restarts Triton once it is spent. A load that hangs
+    in Triton's Python backend after initialize() ends sooner, through the runtime's load watch."""
     tmp_size: str = "1Gi"
     """Size limit of the writable /tmp emptyDir (root filesystem is read-only), quantity."""
     weights_cache_size: str = "100Gi"

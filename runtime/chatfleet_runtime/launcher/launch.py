@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     repo = write_repository(Path(args.repository), configs)
     inst = find_installation(Path(args.triton_home))
     cmd = command(inst, repo, Ports(args.http_port, args.grpc_port, args.metrics_port), args.address, extra)
-    env = environment(inst)
+    env = environment(inst, http=f"{args.address}:{args.http_port}")
     if args.dry_run:
         print(" ".join(cmd))
         return 0

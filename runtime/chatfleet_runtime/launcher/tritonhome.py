@@ -4,7 +4,7 @@ Two installations are supported:
 
 - the NGC image (``/opt/tritonserver``, or ``$TRITONSERVER_HOME``): used as is in the pod;
 - the ``nvidia-pytriton`` wheel (local runs, tests, benchmark): its bundled ``tritonserver`` with the
-  Python backend assembled into a home folder, following ``shared/notes/triton-on-cpu.md``: the
+  Python backend assembled into a home folder (docs/runtime.md, "Notes on the Triton recipe"): the
   matching stub copied into ``backends/python``, ``LD_LIBRARY_PATH`` with this interpreter's libpython
   first and ``nvidia_pytriton.libs``, the venv's ``bin`` first on ``PATH`` (the stub runs isolated and
   finds the venv through it), and cwd ``/`` (the stub puts cwd on ``sys.path``).
@@ -26,7 +26,12 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chatfleet_contract.tritonconfig import ChatModelConfig, model_repository_configs
+from chatfleet_contract.tritonconfig import (
+    MODEL_NAME,
+    READY_URL_ENV,
+    ChatModelConfig,
+    model_repository_configs,
+)
 
 MODEL_CODE = Path(__file__).resolve().parents[1] / "engine" / "triton_model" / "model.py"
 
@@ -156,10 +161,17 @@ def command(
     return cmd + list(extra or [])
 
 
-def environment(inst: Installation, base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Process environment for tritonserver (base environment plus the installation's needs)."""
+def environment(
+    inst: Installation, base: Mapping[str, str] | None = None, *, http: str | None = None
+) -> dict[str, str]:
+    """Process environment for tritonserver (base environment plus the installation's needs).
+
+    With ``http`` (Triton's HTTP address, host:port), the chat model's readiness URL for its load watch
+    (``chatfleet_runtime.engine.load_watch``)."""
     env = dict(os.environ if base is None else base)
     env.update(inst.env)
+    if http is not None:
+        env[READY_URL_ENV] = f"http://{http}/v2/models/{MODEL_NAME}/ready"
     return env
 
 
@@ -216,7 +228,7 @@ class TritonServer:
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         self.proc = subprocess.Popen(
             command(self.inst, self.repo, self.ports, extra=self.extra_args),
-            env=environment(self.inst),
+            env=environment(self.inst, http=f"127.0.0.1:{self.ports.http}"),
             cwd="/",
             stdout=out,
             stderr=subprocess.STDOUT,

@@ -18,6 +18,7 @@ import logging
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from chatfleet_runtime.engine import load_watch
 from chatfleet_runtime.engine.model_metrics import ModelObserver
 from chatfleet_runtime.engine.service import ChatService, Prepared, ServiceSettings, error_message
 
@@ -53,6 +54,8 @@ class TritonPythonModel:
             )
         # Loads on the GPU Triton assigned this instance (args['model_instance_device_id']).
         settings = ServiceSettings.from_triton_args(args)
+        marks = load_watch.LoadMarks.for_server()
+        marks.begin(args["model_instance_name"])
         observer = ModelObserver(pb_utils.MetricFamily, args["model_name"], args.get("model_version", "1"))
         self.service = ChatService(settings, observer)
         # Into Triton's log (the stub's Python logging has no handler): what the KV cache was sized to.
@@ -60,6 +63,8 @@ class TritonPythonModel:
         self.inflight = settings.inflight_batching
         if self.inflight:
             self.service.start_inflight()
+        # From here a load that Triton never completes ends this stub (see load_watch).
+        load_watch.start_watch(args["model_instance_name"], marks, settings.load_handshake_timeout_s)
 
     def execute(self, requests):
         """Answer every request of the batch exactly once: deltas (unless `stream: false`), then a final flag."""

@@ -354,6 +354,7 @@ def runtime_config(model_dir: Path, args):
         max_queue_delay_us=args.queue_delay_us,
         max_new_tokens=max(256, MAX_TOKENS),
         torch_threads=args.threads,
+        extra_parameters=dict(args.runtime_param),
     )
 
 
@@ -846,6 +847,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-precision", dest="precision", action="store_false", help="skip the int8 row")
     parser.add_argument("--precision-only", action="store_true", help="only the int8 vs fp32 row (seconds)")
+    parser.add_argument(
+        "--runtime-param",
+        action="append",
+        default=[],
+        type=lambda text: tuple(text.split("=", 1)),
+        metavar="NAME=VALUE",
+        help="a chat model parameter for the runtime (repeatable), e.g. prefill_chunk_tokens=512",
+    )
     parser.add_argument(
         "--soak", type=float, metavar="SECONDS", help="only the soak of the runtime, this long"
     )

@@ -89,7 +89,7 @@ class ModelParameters:
     """Requests that may wait for room in the KV budget; one more is refused at once."""
     admission_wait_ms: int = 10_000
     """How long a request may wait for room in the KV budget before it is refused."""
-    prefill_chunk_tokens: int = 256
+    prefill_chunk_tokens: int = 1024
     """A prompt longer than this is prefilled in chunks of this many tokens between decode steps (in-flight
     batching), so a long prompt never stalls the running streams for its whole length. 0: in one pass."""
     load_handshake_timeout_s: int = 120

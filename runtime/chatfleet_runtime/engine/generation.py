@@ -156,11 +156,12 @@ class BatchGenerator:
     def prefill_chunk(self, prefill: Prefill, tokens: int) -> Batch | None:
         """Compute the next `tokens` prompt tokens of a chunked prefill; the row's one-row batch once done.
 
-        A 1,000-token prompt in chunks of 128 takes 8 calls, and the running batch decodes between them.
+        A 1,000-token prompt in chunks of at most 128 takes 8 calls of 125 (``chunk_end``), and the running
+        batch decodes between them.
         """
         torch, row = self.torch, prefill.row
         ids = row.req.prompt_ids
-        end = min(len(ids), prefill.done + max(1, tokens))
+        end = chunk_end(prefill.done, len(ids), tokens)
         chunk = torch.tensor([ids[prefill.done : end]], dtype=torch.long, device=self.device)
         out = self.model(
             input_ids=chunk,
@@ -514,3 +515,20 @@ def _vocab_size(model) -> int:
         return int(weight.shape[0])
     out = getattr(head, "out_features", None)
     return int(out) if out is not None else int(model.config.get_text_config().vocab_size)
+
+
+def chunk_end(done: int, total: int, tokens: int) -> int:
+    """Where the next prefill chunk ends: the remaining prompt split into equal chunks of at most `tokens`.
+
+    As few chunks as `tokens` allows, all of about the same size, so no chunk is a sliver and none pauses
+    the running batch longer than the others: 1,027 tokens in chunks of at most 1,024 are 514 + 513, not
+    1,024 + 3.
+
+    >>> chunk_end(0, 1027, 1024), chunk_end(514, 1027, 1024)
+    (514, 1027)
+    >>> chunk_end(0, 1000, 256), chunk_end(0, 100, 256), chunk_end(0, 5, 0)
+    (250, 100, 1)
+    """
+    remaining = total - done
+    chunks = -(-remaining // max(1, tokens))
+    return done + -(-remaining // max(1, chunks))

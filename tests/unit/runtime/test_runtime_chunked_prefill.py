@@ -12,8 +12,8 @@ from __future__ import annotations
 import threading
 
 import pytest
-from chatfleet_runtime.engine.generation import BatchGenerator
-from chatfleet_runtime.engine.inflight import InflightEngine
+from chatfleet_runtime.engine.generation import BatchGenerator, chunk_end
+from chatfleet_runtime.engine.inflight import InflightEngine, length_groups
 from chatfleet_runtime.engine.rows import GenerationRequest
 from chatfleet_runtime.prompting import SamplingParams, render_prompt
 
@@ -103,3 +103,72 @@ def test_a_long_prompt_delays_running_streams_by_one_chunk_at_most(model, tokeni
     between = [c for c in recorder.calls[chunks[0] : chunks[-1]] if c[0] == 1 and c[1] > 1]
     assert len(between) >= len(chunks) - 1  # the streams decoded between the chunks
     assert max(gaps) <= CHUNK, max(gaps)
+
+
+@pytest.mark.parametrize(
+    ("total", "tokens", "chunks"),
+    [
+        (1027, 1024, [514, 513]),  # not 1,024 + a 3-token sliver
+        (1000, 256, [250, 250, 250, 250]),
+        (100, 256, [100]),
+        (513, 256, [171, 171, 171]),
+        (7, 0, [1] * 7),  # a zero chunk size still makes progress
+    ],
+)
+def test_a_prompt_is_cut_into_the_fewest_equal_chunks_the_chunk_size_allows(total, tokens, chunks):
+    done, sizes = 0, []
+    while done < total:
+        end = chunk_end(done, total, tokens)
+        sizes.append(end - done)
+        done = end
+    assert sizes == chunks
+
+
+def test_prompts_of_unlike_length_joining_together_prefill_apart(model, tokenizer, one_thread):
+    """Ten short prompts and one of ~600 tokens (under the chunk size) arrive at once: no pass pads the
+    short ones to 600 (one joint pass would compute 11 x 600 tokens for about 800 real ones)."""
+    long_ids = ids_of(tokenizer, "Tell me a long story about Kubernetes and pods. " * 25)
+    short = [ids_of(tokenizer, f"Hello number {i}") for i in range(10)]
+    assert 500 < len(long_ids) < 1024
+    recorder = Recorder(model)
+    gen = BatchGenerator(recorder, tokenizer)
+    engine = InflightEngine(gen, max_rows=16, prefill_chunk_tokens=1024)
+    done = threading.Semaphore(0)
+    errors: list = []
+
+    def on_done(result, error):
+        errors.append(error)
+        done.release()
+
+    # Queued before the engine looks (it blocks on its queue while idle): all eleven join in one pass of
+    # its loop, which is the case length grouping is for.
+    with engine._queue.mutex:
+        for ids in [*short, long_ids]:
+            request = GenerationRequest(ids, SamplingParams(max_new_tokens=2), use_prefix_cache=False)
+            engine._queue.queue.append((request, on_done, gen.clock()))
+        engine._queue.not_empty.notify()
+    try:
+        for _ in range(11):
+            assert done.acquire(timeout=60)
+    finally:
+        engine.close()
+    assert errors == [None] * 11
+    real = len(long_ids) + sum(len(ids) for ids in short)
+    computed = sum(tokens * rows for tokens, rows in recorder.calls if tokens > 1)
+    assert computed <= 1.25 * real, (computed, real)
+
+
+@pytest.mark.parametrize(
+    ("lengths", "groups"),
+    [
+        ([30, 900, 28, 32], [[2, 0, 3], [1]]),
+        ([100, 100, 100], [[0, 1, 2]]),
+        ([10, 100, 1000], [[0], [1], [2]]),
+        ([], []),
+    ],
+)
+def test_length_groups_bound_the_padding_of_a_joint_prefill(lengths, groups):
+    assert length_groups(lengths) == groups
+    for group in groups:
+        padded = max(lengths[i] for i in group) * len(group)
+        assert padded - sum(lengths[i] for i in group) <= 0.25 * padded

@@ -13,7 +13,7 @@ from chatfleet_contract.tritonconfig import (
 )
 from chatfleet_runtime.engine import loading
 from chatfleet_runtime.launcher import launch
-from chatfleet_runtime.launcher.tritonhome import Installation, Ports, command, write_repository
+from chatfleet_runtime.launcher.tritonhome import Installation, Ports, command, environment, write_repository
 
 
 def test_parse_parameters_round_trip():
@@ -38,6 +38,13 @@ def test_command_binds_given_address_and_ports(tmp_path):
     cmd = command(inst, tmp_path / "repo", Ports(1, 2, 3), "0.0.0.0")
     assert "--http-port=1" in cmd and "--grpc-port=2" in cmd and "--metrics-port=3" in cmd
     assert "--grpc-address=0.0.0.0" in cmd and "--disable-auto-complete-config" in cmd
+
+
+def test_tritonserver_gets_the_chat_models_readiness_url_for_its_load_watch(tmp_path):
+    inst = Installation(tmp_path / "tritonserver", tmp_path / "backends", None)
+    env = environment(inst, {}, http="127.0.0.1:8000")
+    assert env["CHATFLEET_TRITON_READY_URL"] == "http://127.0.0.1:8000/v2/models/chat/ready"
+    assert "CHATFLEET_TRITON_READY_URL" not in environment(inst, {})
 
 
 def test_launch_dry_run_builds_repository_and_fetches_weights(tmp_path, tiny_model_dir, capsys, monkeypatch):

@@ -174,7 +174,7 @@ bench-operator: setup ## Operator: 200 and 1,000 ChatbotServices to Ready beside
 	$(PY) bench/operator_bench.py
 
 .PHONY: bench-runtime
-bench-runtime: setup ## Runtime vs llama-server (built on first use), transformers continuous batching and static generate() on the Qwen2-0.5B-shaped model: tokens/s, TTFT, ITL, RSS at 1/8/32, sampled and greedy (37 min measured on 2 shared cores; first llama-server build up to 30 min more)
+bench-runtime: setup ## Runtime vs llama-server (built on first use), transformers continuous batching and static generate() on the Qwen2-0.5B-shaped model: tokens/s, TTFT, ITL, RSS at 1/8/32, sampled and greedy (30 to 37 min measured on 2 shared cores; first llama-server build up to 30 min more)
 	@bash hack/build-llama-server.sh
 	$(PY) bench/runtime_bench.py $(BENCH_ARGS)
 

@@ -8,14 +8,13 @@ same token. 0.98 means the int8 model's greedy choice differs from the full-prec
 positions. Ties and sampling play no part: it is the greedy next token, position by position.
 
 Pure parts (unit-tested): ``read_prompts``, ``agreement``, ``failure_message``, ``parse_failure``. The model
-work is ``reference_predictions`` / ``measure``; ``write_termination_message`` is the one side effect: the
-kubelet copies that file into the container's ``lastState.terminated.message``, where the operator reads it.
+work is ``reference_predictions`` / ``measure``. A failure is reported through the termination message
+(``engine.termination``), where the operator reads it.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -40,10 +39,6 @@ BUILTIN_PROMPTS: tuple[str, ...] = (
 
 #: Default agreement an int8 model must reach (a loss under 2 % of next-token choices).
 DEFAULT_MIN_AGREEMENT = 0.98
-#: Where the kubelet reads the termination message (the container's terminationMessagePath default).
-TERMINATION_LOG = "/dev/termination-log"
-#: Environment variable overriding TERMINATION_LOG (tests; a pod never sets it).
-TERMINATION_LOG_ENV = "CHATFLEET_TERMINATION_LOG"
 #: First words of the failure message; the operator's diagnosis matches on them.
 FAILURE_PREFIX = "precision check failed:"
 _FAILURE = re.compile(
@@ -184,17 +179,3 @@ def measure(
     """The int8 model's agreement with the reference predictions on the same prompt ids."""
     same, positions = agreement(reference, predictions(model, ids))
     return Agreement(same, positions, len(ids), source)
-
-
-def write_termination_message(message: str) -> Path | None:
-    """Write the message where the kubelet reads it; None off-pod (the kubelet creates the file in a pod, and
-    nothing here creates /dev/termination-log where it does not exist)."""
-    override = os.environ.get(TERMINATION_LOG_ENV)
-    path = Path(override or TERMINATION_LOG)
-    if not override and not path.exists():
-        return None
-    try:
-        path.write_text(message[:4000], encoding="utf-8")
-    except OSError:
-        return None
-    return path

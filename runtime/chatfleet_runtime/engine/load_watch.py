@@ -36,6 +36,8 @@ from pathlib import Path
 
 from chatfleet_contract.tritonconfig import READY_URL_ENV
 
+from chatfleet_runtime.engine.termination import write_termination_message
+
 #: Where the instances of one tritonserver process mark their initialize(); a tritonserver restarted in
 #: the same container gets its own folder (its PID and start time name it).
 MARKS_ROOT = Path(tempfile.gettempdir()) / "chatfleet-load"
@@ -111,8 +113,6 @@ def model_ready(url: str) -> bool:
 
 def end_this_stub(message: str) -> None:
     """Report why, then end this process: tritonserver's wait for it returns and the load fails."""
-    from chatfleet_runtime.engine.calibration import write_termination_message
-
     write_termination_message(message)
     print(f"chatfleet: {message}", file=sys.stderr, flush=True)  # the stub's stderr is the container log
     os._exit(3)

@@ -36,6 +36,7 @@ from chatfleet_runtime.engine.generation import BatchGenerator
 from chatfleet_runtime.engine.inflight import InflightEngine
 from chatfleet_runtime.engine.prefix_cache import PrefixCache
 from chatfleet_runtime.engine.rows import GenerationRequest, GenerationResult
+from chatfleet_runtime.engine.termination import write_termination_message
 from chatfleet_runtime.prompting import (
     RequestError,
     parse_sampling,
@@ -370,6 +371,6 @@ def _refuse_to_serve(message: str, cause: Exception | None = None) -> NoReturn:
 
     The kubelet copies the termination log into the container's lastState.terminated.message, where the
     operator reads it (PrecisionCheckFailed)."""
-    calibration.write_termination_message(message)
+    write_termination_message(message)
     log.error("%s", message)
     raise calibration.PrecisionCheckFailed(message) from cause

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from chatfleet_runtime.engine import calibration
+from chatfleet_runtime.engine import calibration, termination
 from chatfleet_runtime.engine.calibration import (
     BUILTIN_PROMPTS,
     Agreement,
@@ -94,9 +94,9 @@ def test_bad_prompts_are_refused(tmp_path, inline, content, match):
 
 
 def test_termination_message_is_not_written_off_pod(tmp_path, monkeypatch):
-    monkeypatch.delenv(calibration.TERMINATION_LOG_ENV, raising=False)
-    monkeypatch.setattr(calibration, "TERMINATION_LOG", str(tmp_path / "absent"))
-    assert calibration.write_termination_message("x") is None
+    monkeypatch.delenv(termination.TERMINATION_LOG_ENV, raising=False)
+    monkeypatch.setattr(termination, "TERMINATION_LOG", str(tmp_path / "absent"))
+    assert termination.write_termination_message("x") is None
     assert not (tmp_path / "absent").exists()
 
 
@@ -114,7 +114,7 @@ def test_int8_below_the_threshold_does_not_serve_and_says_the_agreement(
     from chatfleet_runtime.engine.service import ChatService
 
     log = tmp_path / "termination-log"
-    monkeypatch.setenv(calibration.TERMINATION_LOG_ENV, str(log))
+    monkeypatch.setenv(termination.TERMINATION_LOG_ENV, str(log))
     prompts = ["How do I reset my password?", "What is 2 + 2?", "Write a haiku about rain."]
     with pytest.raises(PrecisionCheckFailed) as failed:
         ChatService(
@@ -131,7 +131,7 @@ def test_int8_at_or_over_the_threshold_serves(tiny_model_dir, tmp_path, monkeypa
     from chatfleet_runtime.engine.service import ChatService
 
     log = tmp_path / "termination-log"
-    monkeypatch.setenv(calibration.TERMINATION_LOG_ENV, str(log))
+    monkeypatch.setenv(termination.TERMINATION_LOG_ENV, str(log))
     prompts = tmp_path / "prompts"
     prompts.write_text("How do I reset my password?\nWhat is 2 + 2?\n")
     service = ChatService(_settings(tiny_model_dir, calibration_file=str(prompts), int8_min_agreement=0.5))
@@ -144,7 +144,7 @@ def test_a_missing_calibration_file_is_reported_like_a_failed_check(tiny_model_d
     from chatfleet_runtime.engine.service import ChatService
 
     log = tmp_path / "termination-log"
-    monkeypatch.setenv(calibration.TERMINATION_LOG_ENV, str(log))
+    monkeypatch.setenv(termination.TERMINATION_LOG_ENV, str(log))
     with pytest.raises(PrecisionCheckFailed):
         ChatService(_settings(tiny_model_dir, calibration_file=str(tmp_path / "none")))
     assert log.read_text().startswith(f"{calibration.FAILURE_PREFIX} int8 calibration file")

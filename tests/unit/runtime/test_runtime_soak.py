@@ -8,10 +8,13 @@ RSS and the tokens generated every half second.
 
 The run is cut into quarters. Memory must plateau: the last quarter's highest RSS stays within 16 MiB
 of the first quarter's (the KV cache is bounded by the live rows). Speed must hold: tokens per CPU second
-in the last quarter are at least 90 % of the first quarter's. CPU seconds (this process's user + system
+in the last quarter are at least 75 % of the first quarter's. CPU seconds (this process's user + system
 time, one torch thread) rather than wall seconds, because other processes share the machine; the wall
-figures are printed alongside. A KV cache that grows with the batch's age fails both: every step then
-attends over, and copies, more columns than the live rows need.
+figures are printed alongside. The 75 % is wide on purpose: the random traffic mix alone moves the rate a
+lot (10-second windows of one steady 3-minute run ranged 2,183-2,869 tokens per CPU second with no trend,
+and a 2-core CI runner measured a last/first quarter ratio of 0.88), while a KV cache that grows with the
+batch's age adds about a hundred columns a second here, so that every step attends over, and copies,
+thousands of columns more than the live rows need by the last quarter: it fails both checks by far.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ SAMPLE_S = 0.5
 #: Growth allowed between the first and the last quarter's peak RSS (allocator noise; about 2 % of the
 #: process). A cache that grows with the batch's age adds about 24 KiB per step here: 60 MiB in two minutes.
 RSS_SLACK = 16 * 2**20
+#: Last quarter's tokens per CPU second over the first's, at least (see the module's docstring).
+SPEED_FLOOR = 0.75
 TEXTS = [
     "Hello there",
     "Tell me a long story about Kubernetes and pods",
@@ -141,4 +146,4 @@ def test_memory_and_speed_plateau_under_steady_overlapping_traffic(soak_service)
     assert rss_last <= rss_first + RSS_SLACK, (
         f"RSS grew {rss_first / 2**20:.0f} -> {rss_last / 2**20:.0f} MiB"
     )
-    assert cpu_last >= cpu_first * 0.90, f"tokens per CPU second fell {cpu_first:.0f} -> {cpu_last:.0f}"
+    assert cpu_last >= cpu_first * SPEED_FLOOR, f"tokens per CPU second fell {cpu_first:.0f} -> {cpu_last:.0f}"

@@ -78,7 +78,10 @@ class BatchGenerator:
             else None
         )
         self.num_layers = model.config.get_text_config().num_hidden_layers
-        self.stats = {"batches": 0, "rows": 0, "tokens": 0}
+        #: Counters since start. ``attended``: KV positions the decode steps attended over, rows x width summed
+        #: over steps; per generated token it is the work a step does beyond the weights, and it stays flat
+        #: while the cache is bounded by the live rows (it grows with the batch's age when it is not).
+        self.stats = {"batches": 0, "rows": 0, "tokens": 0, "attended": 0}
 
     # ---- public -------------------------------------------------------------------------------
 
@@ -262,6 +265,7 @@ class BatchGenerator:
             tokens = [tokens[b] for b in keep]
         input_ids = torch.tensor(tokens, dtype=torch.long, device=self.device).unsqueeze(-1)
         mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
+        self.stats["attended"] += mask.shape[0] * mask.shape[1]
         out = self.model(
             input_ids=input_ids,
             attention_mask=mask,

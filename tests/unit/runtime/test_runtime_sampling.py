@@ -88,6 +88,64 @@ def test_rows_with_the_same_seed_draw_the_same_tokens(tokenizer):
     assert len(set(out[0::2])) == 1 and len(set(out[1::2])) == 1 and out[0] != out[1]
 
 
+def _nucleus_by_sort(torch, logprobs, top_p: float):
+    """The reference: sort, keep the tokens whose mass before them is under top_p (always the first)."""
+    values, ids = torch.sort(logprobs, dim=-1, descending=True)
+    probs = values.exp()
+    keep = (torch.cumsum(probs, dim=-1) - probs) < top_p
+    keep[:, 0] = True
+    return torch.zeros_like(keep).scatter_(1, ids, keep)
+
+
+@pytest.mark.parametrize("scale", [0.05, 0.7, 3.0, 12.0], ids=["flat", "random-model", "peaked", "sharp"])
+@pytest.mark.parametrize("top_p", [0.3, 0.9, 0.99])
+def test_histogram_nucleus_is_the_sorted_nucleus(scale, top_p):
+    """The histogram nucleus (no sort of the vocabulary) keeps exactly the tokens a full sort keeps.
+
+    Float64 logits, so both sums agree to the last token; a few tokens suppressed (-inf) in every row.
+    """
+    import torch
+    from chatfleet_runtime.engine.sampling import nucleus
+
+    gen = torch.Generator().manual_seed(int(scale * 100 + top_p * 10))
+    logits = torch.randn((12, 50_000), generator=gen, dtype=torch.float64) * scale
+    logits[:, :7] = float("-inf")
+    logprobs = logits - torch.logsumexp(logits, dim=-1, keepdim=True)
+    got = nucleus(torch, logprobs, [top_p] * 12)
+    want = _nucleus_by_sort(torch, logprobs, top_p)
+    assert got.sum(dim=-1).tolist() == want.sum(dim=-1).tolist()
+    assert torch.equal(got, want)
+
+
+def test_a_flat_distributions_nucleus_is_sampled_by_its_probabilities(tokenizer):
+    """Top-p over a nearly flat vocabulary (the nucleus holds thousands of tokens, past every candidate
+    count, so the histogram draws it): every draw lies in the sorted nucleus, they reach both of its ends,
+    and their mean token id is the nucleus's own mean (token i has probability ~ e^(-i / 10,000)) within
+    four standard errors."""
+    import torch
+
+    vocab, rows, rounds = 20_000, 64, 40
+    logits = -torch.arange(vocab, dtype=torch.float32)[None, :].repeat(rows, 1) * 1e-4  # token 0 best
+    logprobs = torch.log_softmax(logits[:1].double(), dim=-1)
+    reference = _nucleus_by_sort(torch, logprobs, 0.5)[0]
+    size = int(reference.sum())
+    assert size > 4096 and reference[:size].all()  # the nucleus is the first `size` tokens
+    weights = logprobs[0, :size].exp()
+    ids = torch.arange(size, dtype=torch.float64)
+    mean = float((weights * ids).sum() / weights.sum())
+    sd = float(((weights * (ids - mean) ** 2).sum() / weights.sum()).sqrt())
+    drawn: list[int] = []
+    for _ in range(rounds):
+        batch = [
+            Row(GenerationRequest([1], SamplingParams(4, 1.0, top_p=0.5)), tokenizer, 0.0)
+            for _ in range(rows)
+        ]
+        drawn += sample(torch, logits.clone(), batch)
+    assert max(drawn) < size
+    assert max(drawn) > size * 0.95 and min(drawn) < size * 0.05
+    assert abs(sum(drawn) / len(drawn) - mean) < 4 * sd / len(drawn) ** 0.5, (sum(drawn) / len(drawn), mean)
+
+
 @pytest.fixture
 def seed_service(tiny_model_dir, model, tokenizer):
     from chatfleet_runtime.engine.service import ChatService, ServiceSettings

@@ -8,8 +8,8 @@ generator, which keeps a seeded row reproducible whatever batch it runs in.
 Sampling draws by the Gumbel-max trick (``_draw``): the noise of one row is independent of the others,
 and top-p looks for each row's nucleus among its best few hundred logits, then, for a flat distribution,
 by a histogram of its log-probabilities (``nucleus``), drawn from by inverse CDF: the whole vocabulary
-is never sorted for top-p. A row whose logits are not finite (a broken model output) is marked failed (``Row.fail``);
-the others get their token.
+is never sorted for top-p. A row whose logits are not finite (a broken model output) is marked failed
+(``Row.fail``); the others get their token.
 """
 
 from __future__ import annotations
@@ -105,8 +105,9 @@ def _draw(torch, logits, rows: list[Row]):
     turn: among the best CANDIDATES logits; for a row with a top-k of at most TOP_K_CANDIDATES, among its
     best top-k; for a top-p-only row whose nucleus is larger (a flat distribution), by a histogram of its
     log-probabilities and one uniform draw (``_draw_in_nucleus``: inverse CDF, no noise per token); the
-    rest (a top-k above TOP_K_CANDIDATES with a large nucleus) by a full sort. Which way a row goes, and how many draws it takes from its generator, depends on the row's
-    own logits only, so a seeded row draws the same in any batch.
+    rest (a top-k above TOP_K_CANDIDATES with a large nucleus) by a full sort. Which way a row goes, and
+    how many draws it takes from its generator, depends on the row's own logits only, so a seeded row
+    draws the same in any batch.
     """
     device, vocab = logits.device, logits.shape[1]
     params = [row.req.params for row in rows]

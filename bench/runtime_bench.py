@@ -352,6 +352,14 @@ def multiturn(triton_grpc: str, tokenizer, reps: int, max_tokens: int = 16) -> d
 # ---- one model: every system side by side ------------------------------------------------------------
 
 
+def precision_of(system: str, args) -> str:
+    """What a system serves in: the runtime's from its ``precision`` parameter when ``--runtime-param`` sets it."""
+    chosen = dict(args.runtime_param).get("precision")
+    if system == "runtime" and chosen:
+        return f"{chosen} (--runtime-param precision={chosen})"
+    return PRECISION[system]
+
+
 def runtime_config(model_dir: Path, args):
     """The runtime's model config for a run: the benchmark's batch cap, queue delay, answer cap, threads and
     admission wait (``--runtime-param`` overrides)."""
@@ -526,7 +534,7 @@ def run_model(name: str, model_dir: Path, args, passes: dict[str, tuple[int, ...
             "long_history_prompt_tokens": history_tokens,
         },
         "systems": systems,
-        "precision": {s: PRECISION[s] for s in systems},
+        "precision": {s: precision_of(s, args) for s in systems},
         "notes": notes,
         "requests": counts,
         "passes": figures,
@@ -920,6 +928,7 @@ def main(argv: list[str] | None = None) -> int:
             "max_queue_delay_us": args.queue_delay_us,
             "static_window_ms": args.queue_delay_us / 1000,
             "quick": args.quick,
+            "runtime_parameters": {"admission_wait_ms": str(ADMISSION_WAIT_MS), **dict(args.runtime_param)},
             "passes": {p: {"levels": list(v), **PASSES[p]} for p, v in passes.items()},
             "streamed": "request k streams when (k + k // 8) is even (half)",
             "long_history": f"request k carries ~{HISTORY_TOKENS} tokens of earlier conversation when k % 8 == 7",

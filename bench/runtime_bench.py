@@ -354,10 +354,15 @@ def multiturn(triton_grpc: str, tokenizer, reps: int, max_tokens: int = 16) -> d
 
 def precision_of(system: str, args) -> str:
     """What a system serves in: the runtime's from its ``precision`` parameter when ``--runtime-param`` sets it."""
-    chosen = dict(args.runtime_param).get("precision")
+    chosen = runtime_parameters(args).get("precision")
     if system == "runtime" and chosen:
         return f"{chosen} (--runtime-param precision={chosen})"
     return PRECISION[system]
+
+
+def runtime_parameters(args) -> dict[str, str]:
+    """The runtime's model parameters set by the benchmark: its admission wait, then ``--runtime-param``."""
+    return {"admission_wait_ms": str(ADMISSION_WAIT_MS), **dict(args.runtime_param)}
 
 
 def runtime_config(model_dir: Path, args):
@@ -369,7 +374,7 @@ def runtime_config(model_dir: Path, args):
         max_queue_delay_us=args.queue_delay_us,
         max_new_tokens=max(256, MAX_TOKENS),
         torch_threads=args.threads,
-        extra_parameters={"admission_wait_ms": str(ADMISSION_WAIT_MS), **dict(args.runtime_param)},
+        extra_parameters=runtime_parameters(args),
     )
 
 
@@ -928,7 +933,7 @@ def main(argv: list[str] | None = None) -> int:
             "max_queue_delay_us": args.queue_delay_us,
             "static_window_ms": args.queue_delay_us / 1000,
             "quick": args.quick,
-            "runtime_parameters": {"admission_wait_ms": str(ADMISSION_WAIT_MS), **dict(args.runtime_param)},
+            "runtime_parameters": runtime_parameters(args),
             "passes": {p: {"levels": list(v), **PASSES[p]} for p, v in passes.items()},
             "streamed": "request k streams when (k + k // 8) is even (half)",
             "long_history": f"request k carries ~{HISTORY_TOKENS} tokens of earlier conversation when k % 8 == 7",

@@ -15,6 +15,7 @@ is never sorted for top-p. A row whose logits are not finite (a broken model out
 from __future__ import annotations
 
 import logging
+from typing import Any, NamedTuple
 
 from chatfleet_runtime.engine.rows import Row
 
@@ -31,16 +32,15 @@ def sample(torch, logits, rows: list[Row], suppress=None) -> list[int]:
     hot = [i for i, row in enumerate(rows) if row.req.params.temperature > 0 and row.error is None]
     if len(hot) == len(rows):  # every row samples: no greedy pick, no copy of the batch's logits
         out, bad = _draw(torch, logits, rows)
-        for i in bad:
-            rows[i].fail("internal", "sampling failed: probabilities are not finite")
-        return out.tolist()
-    out = torch.argmax(logits, dim=-1)
-    if hot:
-        index = torch.tensor(hot, dtype=torch.long, device=logits.device)
-        drawn, bad = _draw(torch, logits[index], [rows[i] for i in hot])
-        out[index] = drawn
-        for i in bad:
-            rows[hot[i]].fail("internal", "sampling failed: probabilities are not finite")
+    else:
+        out, bad = torch.argmax(logits, dim=-1), []
+        if hot:
+            index = torch.tensor(hot, dtype=torch.long, device=logits.device)
+            drawn, bad_hot = _draw(torch, logits[index], [rows[i] for i in hot])
+            out[index] = drawn
+            bad = [hot[i] for i in bad_hot]
+    for i in bad:
+        rows[i].fail("internal", "sampling failed: probabilities are not finite")
     return out.tolist()
 
 
@@ -120,7 +120,7 @@ def _draw(torch, logits, rows: list[Row]):
     top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
     top_p = [p.top_p for p in params]
     cut = [i for i in range(len(rows)) if top_p[i] < 1.0 or top_k[i] < vocab]
-    whole = [i for i in range(len(rows)) if i not in set(cut)]
+    whole = sorted(set(range(len(rows))) - set(cut))
 
     def draw_all(chosen: list[int]) -> None:
         """Gumbel-max over the whole vocabulary of the chosen rows."""
@@ -143,7 +143,8 @@ def _draw(torch, logits, rows: list[Row]):
     likely = [i for i in large if covered.get(i, 0.0) >= top_p[i] / 2]
     if likely:
         missed, _ = _draw_among_best(torch, logits, lse, rows, likely, TOP_K_CANDIDATES, top_k, top_p, out)
-        large = [i for i in large if i not in set(likely) - set(missed)]
+        settled = set(likely) - set(missed)
+        large = [i for i in large if i not in settled]
     flat = [i for i in large if top_k[i] == vocab and i not in bad]
     if flat:
         uniform = torch.stack([_uniform(torch, rows[i], logits.dtype, device) for i in flat])
@@ -153,10 +154,10 @@ def _draw(torch, logits, rows: list[Row]):
             [top_p[i] for i in flat],
             uniform,
         )
-        drawn = [i for i, f in zip(flat, found.tolist(), strict=True) if f]
+        drawn = {i for i, f in zip(flat, found.tolist(), strict=True) if f}
         if drawn:
-            out[torch.tensor(drawn, dtype=torch.long, device=device)] = ids[found]
-        large = [i for i in large if i not in set(drawn)]
+            out[torch.tensor(sorted(drawn), dtype=torch.long, device=device)] = ids[found]
+        large = [i for i in large if i not in drawn]
     if large:  # a top-k above TOP_K_CANDIDATES, or a nucleus the histogram did not find: sort them
         _draw_among_best(torch, logits, lse, rows, large, vocab, top_k, top_p, out)
     return out, bad
@@ -207,11 +208,20 @@ def nucleus(torch, logprobs, top_p: list[float]):
 
     See ``_histogram``, which finds it.
     """
-    return _histogram(torch, logprobs, top_p)[0]
+    return _histogram(torch, logprobs, top_p).keep
 
 
-def _histogram(torch, logprobs, top_p: list[float]):
-    """Each row's nucleus by a histogram: (keep mask, bucket per token, bucket masses summed from the top).
+class _Nucleus(NamedTuple):
+    """Each row's nucleus: the mask over the vocabulary, each token's bucket, each bucket's kept mass."""
+
+    keep: Any  #: (rows, vocabulary) bool
+    bucket: Any  #: (rows, vocabulary) long: bucket 0 holds the best tokens
+    kept_mass: Any  #: (rows, BUCKETS): the mass of each bucket's kept tokens (0 past the nucleus)
+    found: Any  #: (rows,) bool: False where the nucleus reaches past SPAN (keep all False)
+
+
+def _histogram(torch, logprobs, top_p: list[float]) -> _Nucleus:
+    """Each row's nucleus by a histogram of its log-probabilities, without sorting the vocabulary.
 
     The same set as sorting and keeping the tokens whose mass before them is under top_p: each row's
     log-probabilities go into BUCKETS equal buckets from its best down to SPAN below it (or its worst);
@@ -225,6 +235,7 @@ def _histogram(torch, logprobs, top_p: list[float]):
     """
     rows, device = logprobs.shape[0], logprobs.device
     p = torch.tensor(top_p, dtype=logprobs.dtype, device=device)
+    depth = torch.arange(BUCKETS, device=device)
     best = logprobs.max(dim=-1).values
     worst = torch.maximum(logprobs.min(dim=-1).values, best - SPAN)
     scale = (BUCKETS - 1) / (best - worst).clamp_min(1e-12)
@@ -245,8 +256,14 @@ def _histogram(torch, logprobs, top_p: list[float]):
     tail = v.exp()
     take = (before[r] + _before_in_row(torch, tail, r, rows)) < p[r]
     keep[r[take], c[take]] = True
-    keep[end >= BUCKETS - 1] = False  # the nucleus reaches past SPAN: not found here
-    return keep, bucket, above
+    found = end < BUCKETS - 1  # else the nucleus reaches past SPAN: not found here
+    keep[~found] = False
+    # kept mass: whole buckets above the end, the taken part of the end bucket, nothing below
+    kept_mass = mass.masked_fill_(depth[None, :] >= end[:, None], 0.0)
+    taken = torch.zeros(rows, dtype=logprobs.dtype, device=device).index_add_(0, r[take], tail[take])
+    kept_mass.scatter_(1, end[:, None], taken[:, None])
+    kept_mass[~found] = 0.0
+    return _Nucleus(keep, bucket, kept_mass, found)
 
 
 def _before_in_row(torch, values, r, rows: int):
@@ -267,17 +284,15 @@ def _draw_in_nucleus(torch, logprobs, top_p: list[float], uniform):
     second bucket, 0.1 into it.
     """
     rows = logprobs.shape[0]
-    keep, bucket, above = _histogram(torch, logprobs, top_p)
-    found = keep.any(dim=-1)
-    probs = logprobs.exp().masked_fill_(~keep, 0.0)
-    target = uniform * probs.sum(dim=-1)
+    keep, bucket, kept_mass, found = _histogram(torch, logprobs, top_p)
+    target = uniform * kept_mass.sum(dim=-1)
     # the first bucket whose running mass passes the target (buckets past the nucleus hold none of it)
-    kept_mass = torch.zeros_like(above).scatter_add_(1, bucket, probs)
     kept_above = torch.cumsum(kept_mass, dim=-1)
     chosen = torch.searchsorted(kept_above, target[:, None], right=True).clamp_(max=BUCKETS - 1)
     left = target - (kept_above - kept_mass).gather(1, chosen).squeeze(1)  # u past the buckets above
     r, c = ((bucket == chosen) & keep).nonzero(as_tuple=True)
-    passed = _before_in_row(torch, probs[r, c], r, rows) + probs[r, c] > left[r]
+    probs = logprobs[r, c].exp()  # the chosen bucket's kept tokens only
+    passed = _before_in_row(torch, probs, r, rows) + probs > left[r]
     place = torch.arange(len(r), device=r.device)
     last = torch.full((rows,), -1, dtype=torch.long, device=r.device).scatter_reduce_(0, r, place, "amax")
     first = torch.full((rows,), len(r), dtype=torch.long, device=r.device).scatter_reduce_(

@@ -78,6 +78,9 @@ class BatchGenerator:
             else None
         )
         self.num_layers = model.config.get_text_config().num_hidden_layers
+        from chatfleet_runtime.engine import kvcache
+
+        self._kv = kvcache
         #: Counters since start. ``attended``: KV positions the decode steps attended over, rows x width summed
         #: over steps; per generated token it is the work a step does beyond the weights, and it stays flat
         #: while the cache is bounded by the live rows (it grows with the batch's age when it is not).
@@ -146,15 +149,12 @@ class BatchGenerator:
 
     def begin_prefill(self, row: Row) -> Prefill:
         """Start prefilling one row in chunks (``prefill_chunk``): its cached prefix, if any, is the start."""
-        from transformers import DynamicCache
-
         hit = self._lookup(row)
         row.cached = hit.length if hit else 0
-        cache = DynamicCache(config=self.model.config)
-        if hit:
-            layers = [(k[:, :, : hit.length], v[:, :, : hit.length]) for k, v in hit.entry.layers]
-            cache = DynamicCache(ddp_cache_data=layers, config=self.model.config)
-        return Prefill(row, cache, done=row.cached)
+        layers = (
+            [(k[:, :, : hit.length], v[:, :, : hit.length]) for k, v in hit.entry.layers] if hit else None
+        )
+        return Prefill(row, self._new_cache(layers), done=row.cached)
 
     def prefill_chunk(self, prefill: Prefill, tokens: int) -> Batch | None:
         """Compute the next `tokens` prompt tokens of a chunked prefill; the row's one-row batch once done.
@@ -166,6 +166,10 @@ class BatchGenerator:
         ids = row.req.prompt_ids
         end = chunk_end(prefill.done, len(ids), tokens)
         chunk = torch.tensor([ids[prefill.done : end]], dtype=torch.long, device=self.device)
+        # room for the rest of the prompt and the first steps (never past prompt + max tokens): the chunks
+        # write in place
+        rest = len(ids) - end
+        self._kv.set_room(prefill.cache, min(rest + self._kv.ROOM, rest + row.req.params.max_new_tokens))
         out = self.model(
             input_ids=chunk,
             attention_mask=torch.ones((1, end), dtype=torch.long, device=self.device),
@@ -188,11 +192,10 @@ class BatchGenerator:
         Positions are explicit per row, so padding on the left changes nothing for the running rows.
         Consumes both: their caches' tensors are released layer by layer.
         """
-        torch = self.torch
-        from transformers import DynamicCache
-
+        torch, kvcache = self.torch, self._kv
         la, lb = a.mask.shape[1], b.mask.shape[1]
         width = max(la, lb)
+        room = self._room(a.rows + b.rows, width)
 
         def pad(t, n: int, dim: int):
             if n == 0:
@@ -203,20 +206,29 @@ class BatchGenerator:
 
         layers = []
         for x, y in zip(a.cache.layers, b.cache.layers, strict=True):
-            layers.append(
-                (
-                    torch.cat([pad(x.keys, width - la, 2), pad(y.keys, width - lb, 2)]),
-                    torch.cat([pad(x.values, width - la, 2), pad(y.values, width - lb, 2)]),
+            if x.keys.shape[2] == la and y.keys.shape[2] == lb:  # one column per position: into roomy buffers
+                layers.append(
+                    (
+                        kvcache.joined(x.keys, y.keys, width, room),
+                        kvcache.joined(x.values, y.values, width, room),
+                    )
                 )
-            )
+            else:
+                layers.append(
+                    (
+                        torch.cat([pad(x.keys, width - la, 2), pad(y.keys, width - lb, 2)]),
+                        torch.cat([pad(x.values, width - la, 2), pad(y.values, width - lb, 2)]),
+                    )
+                )
             # Both batches are consumed: drop each old layer as soon as its merged copy exists, so memory
             # peaks at the merged cache plus one layer, not at the old and the merged caches together
             # (the KV budget leaves the device room for a layer, not for a second cache).
-            x.keys = x.values = y.keys = y.values = None
+            kvcache.release(x)
+            kvcache.release(y)
         return Batch(
             a.rows + b.rows,
             torch.cat([a.logits, b.logits]),
-            DynamicCache(ddp_cache_data=layers, config=self.model.config),
+            kvcache.adopted(self.model.config, layers, width),
             torch.cat([pad(a.mask, width - la, 1), pad(b.mask, width - lb, 1)]),
             torch.cat([a.next_pos, b.next_pos]),
             last_check=min(a.last_check, b.last_check),
@@ -260,11 +272,12 @@ class BatchGenerator:
             return None, finished
         if len(keep) < len(active):
             index = torch.tensor(keep, dtype=torch.long, device=self.device)
-            mask, next_pos = self._select(cache, mask, index), next_pos[index]
             active = [active[b] for b in keep]
+            mask, next_pos = self._select(cache, mask, index, active), next_pos[index]
             tokens = [tokens[b] for b in keep]
         input_ids = torch.tensor(tokens, dtype=torch.long, device=self.device).unsqueeze(-1)
         mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
+        self._kv.set_room(cache, self._room(active, mask.shape[1]))
         self.stats["attended"] += mask.shape[0] * mask.shape[1]
         out = self.model(
             input_ids=input_ids,
@@ -320,7 +333,6 @@ class BatchGenerator:
     def _prefill(self, rows: list[Row]):
         """Build the padded batch (reusing cached prefixes) and run the prompt forward pass."""
         torch = self.torch
-        from transformers import DynamicCache
 
         hits = [self._lookup(row) for row in rows]
         past_lens = [h.length if h else 0 for h in hits]
@@ -328,7 +340,7 @@ class BatchGenerator:
             row.cached = p
         new_ids = [row.req.prompt_ids[p:] for row, p in zip(rows, past_lens, strict=True)]
         pmax, nmax, bsz = max(past_lens), max(len(n) for n in new_ids), len(rows)
-        cache = DynamicCache(config=self.model.config)
+        layers = None
         if pmax:
             template = next(h for h in hits if h).entry.layers
             layers = []
@@ -346,7 +358,7 @@ class BatchGenerator:
                     ks.append(k)
                     vs.append(v)
                 layers.append((torch.cat(ks), torch.cat(vs)))
-            cache = DynamicCache(ddp_cache_data=layers, config=self.model.config)
+        cache = self._new_cache(layers)
         input_ids = torch.full((bsz, nmax), self.pad_id, dtype=torch.long)
         mask = torch.zeros((bsz, pmax + nmax), dtype=torch.long)
         positions = torch.zeros((bsz, nmax), dtype=torch.long)
@@ -388,8 +400,11 @@ class BatchGenerator:
         keep = int(mask.sum(dim=1).max())
         order = torch.sort(mask, dim=1, stable=True).indices[:, -keep:]  # pads first, real columns in order
         for layer in layers:
-            layer.keys = layer.keys.gather(2, _column_index(order, layer.keys))
-            layer.values = layer.values.gather(2, _column_index(order, layer.values))
+            self._kv.replace(
+                layer,
+                layer.keys.gather(2, _column_index(order, layer.keys)),
+                layer.values.gather(2, _column_index(order, layer.values)),
+            )
         return cache, mask.gather(1, order)
 
     def _row_kv(self, cache, mask, b: int, length: int | None = None):
@@ -424,7 +439,17 @@ class BatchGenerator:
         if layers and layers[0][0].shape[2] == len(ids):
             self.prefix_cache.put(session_key(row.req.session_id), ids, layers)
 
-    def _select(self, cache, mask, index):
+    def _new_cache(self, layers=None):
+        """A KV cache with room to grow in place (``kvcache``), holding a copy of `layers` if given."""
+        return self._kv.new_cache(self.model.config, layers)
+
+    def _room(self, rows: list[Row], width: int) -> int:
+        """Spare columns for a cache `width` wide: up to ``kvcache.ROOM``, never past the widest these rows
+        can make it (prompt + max tokens), which is what the KV budget counted when they joined."""
+        widest = max(len(r.req.prompt_ids) + r.req.params.max_new_tokens for r in rows)
+        return max(0, min(self._kv.ROOM, widest - width))
+
+    def _select(self, cache, mask, index, rows: list[Row]):
         """Keep the rows at `index` and drop the leading columns none of them attends to; returns the mask.
 
         Left-padded rows share one width, so the columns before the oldest live row's first token hold
@@ -434,15 +459,14 @@ class BatchGenerator:
         """
         mask = mask[index]
         first = int(mask.any(dim=0).int().argmax())
-        layers = cache.layers
-        # Nothing to drop, or a layer that is not one column per position (a sliding window): select only.
-        if first == 0 or any(layer.keys.shape[-2] != mask.shape[1] for layer in layers):
+        # A layer that is not one column per position (a sliding window): select rows only.
+        if any(layer.keys.shape[-2] != mask.shape[1] for layer in cache.layers):
             cache.batch_select_indices(index)
             return mask
-        for layer in layers:
-            layer.keys = layer.keys[index, :, first:]
-            layer.values = layer.values[index, :, first:]
-        return mask[:, first:].contiguous()
+        mask = mask[:, first:].contiguous()
+        # One copy into buffers with room: the next steps write their columns in place.
+        self._kv.select(cache, index, first, self._room(rows, mask.shape[1]))
+        return mask
 
     def _run(self, rows: list[Row]) -> None:
         batch = self.start(rows)

@@ -256,8 +256,11 @@ def _ids(tokenizer, text: str, new: int = 8) -> list[int]:
 
 
 def _cache_bytes(batch) -> int:
-    """The running batch's KV cache: every layer's key and value tensors."""
-    return sum(layer.keys.nbytes + layer.values.nbytes for layer in batch.cache.layers)
+    """The running batch's KV cache: the bytes every layer's key and value tensors hold, spare columns
+    included (the cache's views widen into buffers with room to grow, ``kvcache``)."""
+    from chatfleet_runtime.engine.kvcache import storage_bytes
+
+    return storage_bytes(batch.cache)
 
 
 def test_a_joint_prefill_with_cached_prefixes_is_no_wider_than_its_longest_prompt(model, tokenizer):

@@ -366,6 +366,42 @@ def _steady_traffic(engine, tokenizer):
     assert all(engine.result(row).token_ids == expected[id(row.req)] for row in done)
 
 
+def test_a_decode_step_writes_its_column_in_place(model, tokenizer):
+    """Steps with no row joining or leaving copy nothing: each layer's keys stay views of the same buffer,
+    widening by one column (``torch.cat`` copied the whole cache every step, every layer). The buffer
+    never holds more columns than prompt + max tokens, what the KV budget counts, and the tokens are
+    those of the batch before (checked in the tests above against each row alone)."""
+    import torch
+    from chatfleet_runtime.engine.kvcache import storage_bytes
+
+    engine = BatchGenerator(model, tokenizer)
+    reqs = [
+        GenerationRequest(
+            prompt(tokenizer, text).ids, SamplingParams(max_new_tokens=12), use_prefix_cache=False
+        )
+        for text in ("Hello there", "Tell me a story about a dragon")
+    ]
+    widest = max(len(r.prompt_ids) for r in reqs) + 12
+    per_row = engine.kv_bytes_per_position() * widest
+    with torch.inference_mode():
+        batch, _ = engine.step(engine.start([engine.new_row(r, 0.0) for r in reqs]))
+        seen = []
+        while batch is not None and len(batch.rows) == 2:
+            seen.append(
+                (
+                    batch.mask.shape[1],
+                    [layer.keys.untyped_storage().data_ptr() for layer in batch.cache.layers],
+                )
+            )
+            assert all(layer.keys.shape[2] == batch.mask.shape[1] for layer in batch.cache.layers)
+            assert storage_bytes(batch.cache) <= 2 * per_row
+            batch, _ = engine.step(batch)
+    assert len(seen) >= 8, seen
+    widths = [w for w, _ in seen]
+    assert widths == list(range(widths[0], widths[0] + len(widths)))
+    assert all(ptrs == seen[0][1] for _, ptrs in seen), "a step copied the cache"
+
+
 @pytest.mark.parametrize("streamed", [False, True], ids=["plain", "streamed"])
 def test_an_answer_ending_inside_a_character_keeps_its_text(gen, tokenizer, streamed):
     """Token 100 is one byte of a multi-byte character: the detokenizer holds such text back until the

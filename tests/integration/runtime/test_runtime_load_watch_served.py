@@ -19,6 +19,7 @@ import time
 import pytest
 from chatfleet_platform.localruntime.testing import model_config
 from chatfleet_runtime.engine.load_watch import LOADING, MARKS_ROOT, LoadMarks
+from chatfleet_runtime.engine.termination import TERMINATION_LOG_ENV
 from chatfleet_runtime.launcher.tritonhome import TritonServer, local_repository
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
@@ -30,7 +31,7 @@ def start(rt_workdir, tiny_model_dir, name: str, timeout_s: int, monkeypatch) ->
     base = rt_workdir / f"load-watch-{name}"
     base.mkdir(parents=True, exist_ok=True)
     log = base / "termination-log"
-    monkeypatch.setenv("CHATFLEET_TERMINATION_LOG", str(log))  # /dev/termination-log in a pod
+    monkeypatch.setenv(TERMINATION_LOG_ENV, str(log))  # /dev/termination-log in a pod
     repo = local_repository(
         base / "repo",
         model_config(

@@ -13,6 +13,7 @@ import re
 import httpx
 import pytest
 from chatfleet_platform.localruntime.testing import ChatApiProcess, metric_value, model_config, post_json
+from chatfleet_runtime.engine.termination import TERMINATION_LOG_ENV
 from chatfleet_runtime.launcher.tritonhome import TritonServer, local_repository
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
@@ -79,7 +80,7 @@ def test_int8_below_its_agreement_threshold_never_turns_ready_and_says_why(
     base = rt_workdir / "precision-int8-refused"
     log = base / "termination-log"
     base.mkdir(parents=True, exist_ok=True)
-    monkeypatch.setenv("CHATFLEET_TERMINATION_LOG", str(log))  # /dev/termination-log in a pod
+    monkeypatch.setenv(TERMINATION_LOG_ENV, str(log))  # /dev/termination-log in a pod
     prompts = json.dumps(["How do I reset my password?", "What is 17 times 23?", "Write a haiku about rain."])
     repo = local_repository(
         base / "repo",

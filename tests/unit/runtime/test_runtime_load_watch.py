@@ -16,6 +16,7 @@ import threading
 import pytest
 from chatfleet_runtime.engine import load_watch
 from chatfleet_runtime.engine.load_watch import LoadMarks, model_ready, verdict, watch
+from chatfleet_runtime.engine.termination import TERMINATION_LOG_ENV
 
 
 @pytest.mark.parametrize(
@@ -138,7 +139,7 @@ def test_ending_the_stub_reports_why_and_ends_the_process_at_once(tmp_path):
     )
     proc = subprocess.run(
         [sys.executable, "-c", code],
-        env={**_env(), "CHATFLEET_TERMINATION_LOG": str(log)},
+        env={**_env(), TERMINATION_LOG_ENV: str(log)},
         capture_output=True,
         text=True,
         timeout=20,

@@ -37,17 +37,6 @@ class RoomyLayer(DynamicLayer):
         self._kbuf: torch.Tensor | None = None
         self._vbuf: torch.Tensor | None = None
 
-    @classmethod
-    def of(cls, layer: DynamicLayer) -> RoomyLayer:
-        """The same keys and values in a roomy layer (no copy; the first update makes the buffers)."""
-        roomy = cls()
-        roomy.is_initialized = layer.is_initialized
-        for name in ("dtype", "device"):
-            if hasattr(layer, name):
-                setattr(roomy, name, getattr(layer, name))
-        roomy.keys, roomy.values = layer.keys, layer.values
-        return roomy
-
     def update(self, key_states, value_states, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
@@ -59,8 +48,7 @@ class RoomyLayer(DynamicLayer):
             self.place(keys, values, width + n + self.room, like=key_states)
         self._kbuf[:, :, width : width + n].copy_(key_states)
         self._vbuf[:, :, width : width + n].copy_(value_states)
-        self.keys = self._kbuf[:, :, : width + n]
-        self.values = self._vbuf[:, :, : width + n]
+        self.adopt(self._kbuf, self._vbuf, width + n)
         return self.keys, self.values
 
     def place(self, keys, values, capacity: int, like: torch.Tensor | None = None) -> None:
@@ -75,6 +63,10 @@ class RoomyLayer(DynamicLayer):
         if width:
             kbuf[:, :, :width].copy_(keys)
             vbuf[:, :, :width].copy_(values)
+        self.adopt(kbuf, vbuf, width)
+
+    def adopt(self, kbuf: torch.Tensor, vbuf: torch.Tensor, width: int) -> None:
+        """Make `kbuf` / `vbuf` the layer's buffers, their first `width` columns its keys and values."""
         self._kbuf, self._vbuf = kbuf, vbuf
         self.keys, self.values = kbuf[:, :, :width], vbuf[:, :, :width]
 
@@ -92,9 +84,11 @@ class RoomyLayer(DynamicLayer):
         )
 
 
-def roomy(cache: DynamicCache) -> DynamicCache:
-    """The cache with its plain dynamic layers made roomy (sliding-window and other layers stay as they are)."""
-    cache.layers = [RoomyLayer.of(layer) if type(layer) is DynamicLayer else layer for layer in cache.layers]
+def _empty_cache(config) -> DynamicCache:
+    """An empty cache for `config` whose plain dynamic layers are roomy (sliding-window and other layers stay
+    as transformers makes them)."""
+    cache = DynamicCache(config=config)
+    cache.layers = [RoomyLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
     return cache
 
 
@@ -129,7 +123,7 @@ def joined(a, b, width: int, room: int) -> torch.Tensor:
 
 def new_cache(config, layers=None) -> DynamicCache:
     """A cache for `config` with roomy layers, holding a copy of `layers` ((keys, values) per layer) if given."""
-    cache = roomy(DynamicCache(config=config))
+    cache = _empty_cache(config)
     for layer, (keys, values) in zip(cache.layers, layers or [], strict=False):
         layer.update(keys, values)
     return cache
@@ -138,12 +132,11 @@ def new_cache(config, layers=None) -> DynamicCache:
 def adopted(config, buffers, width: int) -> DynamicCache:
     """A cache for `config` whose roomy layers take `buffers` ((keys, values) per layer, from ``joined``) as
     their own, `width` columns of them live; no copy."""
-    cache = roomy(DynamicCache(config=config))
+    cache = _empty_cache(config)
     for layer, (kbuf, vbuf) in zip(cache.layers, buffers, strict=True):
         if isinstance(layer, RoomyLayer):
             layer.lazy_initialization(kbuf, vbuf)
-            layer._kbuf, layer._vbuf = kbuf, vbuf
-            layer.keys, layer.values = kbuf[:, :, :width], vbuf[:, :, :width]
+            layer.adopt(kbuf, vbuf, width)
         else:  # a layer that is not one column per position (a sliding window) holds what it was given
             layer.update(kbuf, vbuf)
     return cache

@@ -239,10 +239,17 @@ class TritonServer:
         return self
 
     def ready(self) -> bool:
-        """Whether /v2/health/ready answers 200."""
+        """Whether /v2/health/ready answers 200 and the metrics port listens.
+
+        tritonserver opens its metrics port after the HTTP endpoint: ready-by-HTTP alone lets a scrape
+        right after it be refused.
+        """
         try:
             with urllib.request.urlopen(f"{self.http_url}/v2/health/ready", timeout=1) as resp:
-                return resp.status == 200
+                if resp.status != 200:
+                    return False
+            with socket.create_connection(("127.0.0.1", self.ports.metrics), timeout=1):
+                return True
         except OSError:
             return False
 

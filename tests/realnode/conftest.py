@@ -25,6 +25,15 @@ from operator_process import OperatorProcess
 #: Namespaces the real-pod operator watches (the other suites' operators leave them alone).
 REAL_NAMESPACES = "real-*"
 
+#: Tests of a real node's own life on a scratch cluster: they run first, before the session's real node
+#: joins (only one cluster per host may run real nodes).
+FIRST = "test_realnode_lifecycle.py"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Put the real node's life-cycle tests first (a stable sort: the others keep their order)."""
+    items.sort(key=lambda item: item.path.name != FIRST)
+
 
 @pytest.fixture(scope="session")
 def image_refs() -> dict[str, dict]:

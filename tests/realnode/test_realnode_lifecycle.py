@@ -2,8 +2,9 @@
 
 Test design: a cluster of its own (one kwok node, one real node with 2 fake GPUs, only the pause image
 imported) so that `down` can be checked against the host's state before `up`: links, iptables chains,
-cgroups, mounts, network namespaces and processes. This runs before the real-pod layer starts the
-session's real node; only one cluster per host may run real nodes.
+cgroups, mounts, network namespaces and processes. The layer's conftest runs this module first, before the
+session's real node joins; only one cluster per host may run real nodes (and no other layer adds one, so
+the layers that run beside this one never touch what it checks).
 """
 
 from __future__ import annotations

@@ -10,8 +10,10 @@ PLATFORM := $(PY) -m chatfleet_platform.cli
 NODES   ?= 4
 REAL_NODES ?= 1
 GATEWAY ?= 0
-# the layers in order: fast and pure first, then the platform, the release scenarios, real pods last
-TEST_LAYERS := tests/unit tests/admission tests/chart tests/integration tests/e2e tests/realnode
+# the layers, cheapest first: unit and admission; then the chart, platform and release layers in one lane
+# beside the real-pod layer in another (each lane its own clusters; both wait on pods and clusters more than
+# they compute). hack/test-layers.sh says how the stages and lanes run and stop.
+TEST_STAGES := "tests/unit tests/admission" "tests/chart tests/integration tests/e2e | tests/realnode"
 export PYTHONUNBUFFERED := 1
 
 ##@ Start here
@@ -22,11 +24,11 @@ demo: setup ## The main job on the local platform: GPU nodes, the fleet, a chat,
 
 .PHONY: test
 test: setup lint contracts ## Everything: install, lint, layering contracts, then each test layer (cheapest first, stops at the first that fails)
-	@bash hack/test-layers.sh $(PYTEST) $(TEST_LAYERS)
+	@bash hack/test-layers.sh $(PYTEST) $(TEST_STAGES)
 
 .PHONY: check
 check: venv lint contracts ## The fast inner loop (minutes): lint, layering contracts, unit tests; no platform
-	$(PYTEST) -q tests/unit
+	$(PYTEST) -q -n 2 tests/unit
 
 .PHONY: help
 help: ## This list

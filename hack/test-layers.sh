@@ -1,25 +1,42 @@
 #!/usr/bin/env bash
-# Run the test layers one pytest session each, cheapest first, and stop at the first layer that fails:
-# a unit failure is reported in minutes, not after the real-pod layer. Each layer prints its duration; the
-# last lines are a table of the layers and the whole run's "N passed, N failed".
-#   hack/test-layers.sh PYTEST LAYER...      e.g. hack/test-layers.sh .venv/bin/pytest tests/unit tests/e2e
+# Run the test layers, one pytest session each, and stop at the first layer that fails.
+#
+#   hack/test-layers.sh PYTEST STAGE...
+#
+# A STAGE is a quoted list of lanes separated by "|"; a lane is layers run one after another. The stages
+# run in order; the lanes of a stage run side by side (each layer's output goes to its own log, printed
+# whole when the layer ends, so lanes never interleave). When a layer fails, the layers after it do not
+# start and the other lanes are interrupted (SIGINT: their fixtures still tear down).
+#   e.g. hack/test-layers.sh .venv/bin/pytest "tests/unit tests/admission" "tests/e2e | tests/realnode"
+#
+# Each layer prints its duration; the last lines are a table of the layers and the whole run's
+# "N passed, N failed". Layers whose tests wait on clusters and pods more than they compute run their test
+# files on several pytest-xdist workers (each worker starts its own cluster); see xdist_args.
 set -uo pipefail
 pytest="$1"; shift
 results=".work/test-results"
 mkdir -p "$results"
-rm -f "$results"/*.xml
-declare -a rows=()
-total_passed=0; total_failed=0; rc=0
+rm -f "$results"/*.xml "$results"/*.row "$results"/*.log "$results/interrupted"
 started=$(date +%s)
-for layer in "$@"; do
-  name="${layer#tests/}"
-  echo "[layers] ${name}: starting"
-  t0=$(date +%s)
-  "$pytest" --durations=15 --junitxml="$results/${name}.xml" "$layer"
-  rc=$?
-  secs=$(( $(date +%s) - t0 ))
-  # passed/failed from the layer's JUnit XML (failures + errors count as failed)
-  read -r passed failed < <(python3 - "$results/${name}.xml" <<'EOF'
+say() { echo "[layers] $*"; }
+
+# Workers per layer, chosen on 2 cores: the unit tests compute (one worker per core); the platform layers
+# mostly wait on their clusters (measured: integration 20 % of the machine busy on one worker), so three
+# clusters side by side. A test file stays on one worker (--dist loadfile): its module fixtures (a gateway,
+# KEDA) are set up once. The real-pod layer runs on one worker: only one cluster per host may run real
+# nodes.
+xdist_args() {
+  case "$1" in
+    tests/unit) echo "-n 2 --dist load" ;;
+    tests/chart) echo "-n 2 --dist loadfile" ;;
+    tests/integration | tests/e2e) echo "-n 3 --dist loadfile" ;;
+    *) echo "" ;;
+  esac
+}
+
+# passed/failed of a layer from its JUnit XML (failures + errors + skips count as failed)
+counts() {
+  python3 - "$1" <<'EOF'
 import sys, xml.etree.ElementTree as ET
 try:
     root = ET.parse(sys.argv[1]).getroot()
@@ -31,16 +48,94 @@ bad = sum(int(s.get("failures", 0)) + int(s.get("errors", 0)) for s in suites)
 skipped = sum(int(s.get("skipped", 0)) for s in suites)
 print(tests - bad - skipped, bad + skipped)
 EOF
-)
-  total_passed=$((total_passed + passed)); total_failed=$((total_failed + failed))
-  rows+=("$(printf '%-12s %6d passed %4d failed %6d s' "$name" "$passed" "$failed" "$secs")")
-  echo "[layers] ${name}: ${passed} passed, ${failed} failed in ${secs} s"
-  if [ "$rc" -ne 0 ]; then
-    echo "[layers] ${name} failed (pytest exit ${rc}): the layers after it did not run"
-    break
+}
+
+# run one layer: its log printed whole at the end, its row written for the table
+run_layer() {
+  local layer="$1" name="${1#tests/}" t0 rc secs passed failed
+  say "${name}: starting${2:+ ($2)}"
+  t0=$(date +%s)
+  # shellcheck disable=SC2046
+  "$pytest" --durations=15 --junitxml="$results/${name}.xml" $(xdist_args "$layer") "$layer" \
+    >"$results/${name}.log" 2>&1
+  rc=$?
+  secs=$(( $(date +%s) - t0 ))
+  read -r passed failed < <(counts "$results/${name}.xml")
+  echo "----- ${name}: pytest's output -----"
+  cat "$results/${name}.log"
+  local how=""
+  [ "$rc" -ne 0 ] && [ -e "$results/interrupted" ] && how=" (interrupted)"
+  printf '%-12s %6d passed %4d failed %6d s%s\n' "$name" "$passed" "$failed" "$secs" "$how" \
+    >"$results/${name}.row"
+  say "${name}: ${passed} passed, ${failed} failed in ${secs} s${how}"
+  if [ "$rc" -ne 0 ] && [ -z "$how" ]; then
+    say "${name} failed (pytest exit ${rc}): the layers after it do not run"
+  fi
+  return "$rc"
+}
+
+run_lane() {
+  local beside="$1"; shift
+  for layer in "$@"; do
+    run_layer "$layer" "$beside" || return 1
+  done
+}
+
+# every minute, where each running layer is (the last line of its log)
+ticker() {
+  while sleep 60; do
+    for log in "$results"/*.log; do
+      [ -e "$log" ] || continue
+      name=$(basename "$log" .log)
+      [ -e "$results/${name}.row" ] && continue
+      line=$(tail -c 2000 "$log" | tr '\r' '\n' | grep -v '^\s*$' | tail -1 | cut -c1-110)
+      say "${name}: ${line}"
+    done
+  done
+}
+
+rc=0
+declare -a order=()
+for stage in "$@"; do
+  IFS='|' read -r -a lanes <<<"$stage"
+  declare -a pids=()
+  for lane in "${lanes[@]}"; do
+    read -r -a layers <<<"$lane"
+    order+=("${layers[@]}")
+    others=""
+    [ "${#lanes[@]}" -gt 1 ] && others="beside the other lanes of this stage"
+    set -m  # each lane in its own process group, so a failure elsewhere can interrupt it whole
+    run_lane "$others" "${layers[@]}" &
+    pids+=($!)
+    set +m
+  done
+  ticker & tick=$!
+  remaining=("${pids[@]}")
+  while [ "${#remaining[@]}" -gt 0 ]; do
+    wait -n -p done_pid "${remaining[@]}"; lane_rc=$?
+    remaining=("${remaining[@]/$done_pid}"); remaining=(${remaining[@]})
+    if [ "$lane_rc" -ne 0 ] && [ "$rc" -eq 0 ]; then
+      rc=$lane_rc
+      touch "$results/interrupted"
+      for p in "${remaining[@]}"; do kill -INT -- "-$p" 2>/dev/null; done
+      [ "${#remaining[@]}" -gt 0 ] && say "interrupting the other lanes (their fixtures tear down)"
+    fi
+  done
+  kill "$tick" 2>/dev/null; wait "$tick" 2>/dev/null
+  [ "$rc" -ne 0 ] && break
+done
+
+total_passed=0; total_failed=0
+say "the run, $(( $(date +%s) - started )) s:"
+for layer in "${order[@]}"; do
+  name="${layer#tests/}"
+  if [ -e "$results/${name}.row" ]; then
+    say "  $(cat "$results/${name}.row")"
+    read -r passed failed < <(counts "$results/${name}.xml")
+    total_passed=$((total_passed + passed)); total_failed=$((total_failed + failed))
+  else
+    say "  $(printf '%-12s did not run' "$name")"
   fi
 done
-echo "[layers] the run, $(( $(date +%s) - started )) s:"
-printf '[layers]   %s\n' "${rows[@]}"
 echo "${total_passed} passed, ${total_failed} failed"
 exit "$rc"

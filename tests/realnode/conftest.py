@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -104,9 +105,47 @@ def pod_prometheus(cluster, real_node, tmp_path_factory) -> Iterator[services.Pr
         prom.stop()
 
 
+class Reaper:
+    """Deletes the tests' namespaces in the background, each as `Cluster.delete_namespace` does (its
+    ChatbotServices, then its pods waited for, then the namespace): the next test starts while the last
+    one's pods drain (about 16 s a test), and the scheduler holds back what their CPU still needs.
+    `finish` waits for every deletion and names the namespaces left."""
+
+    def __init__(self, cluster: Any) -> None:
+        self.cluster = cluster
+        self.pool = ThreadPoolExecutor(4, thread_name_prefix="reaper")
+        self.pending: list[tuple[str, Future]] = []
+
+    def delete(self, ns: str) -> None:
+        """Start deleting ns."""
+        self.pending.append(
+            (ns, self.pool.submit(self.cluster.delete_namespace, ns, first=[CHATBOT_CRD_NAME]))
+        )
+
+    def finish(self) -> list[str]:
+        """Wait for every deletion; the namespaces that still exist."""
+        for _, done in self.pending:
+            done.result()
+        self.pool.shutdown()
+        return [
+            ns
+            for ns, _ in self.pending
+            if self.cluster.kubectl("get", "namespace", ns, "-o", "name", check=False).returncode == 0
+        ]
+
+
+@pytest.fixture(scope="session")
+def reaper(cluster) -> Iterator[Reaper]:
+    """The session's background namespace deletions; at the end, an error naming any namespace left."""
+    r = Reaper(cluster)
+    yield r
+    left = r.finish()
+    assert not left, f"namespaces not deleted: {left}"
+
+
 @pytest.fixture
-def real_ns(cluster, real_node) -> Iterator[str]:
-    """A fresh real-* namespace; deleted afterwards and waited for, so its pods free the node's memory."""
+def real_ns(cluster, real_node, reaper) -> Iterator[str]:
+    """A fresh real-* namespace; deleted afterwards in the background (`Reaper`)."""
     name = f"real-{uuid.uuid4().hex[:8]}"
     cluster.kubectl("create", "namespace", name)
     assert services.wait_until(
@@ -115,7 +154,7 @@ def real_ns(cluster, real_node) -> Iterator[str]:
     try:
         yield name
     finally:
-        cluster.delete_namespace(name, first=[CHATBOT_CRD_NAME])
+        reaper.delete(name)
 
 
 @dataclass

@@ -3,8 +3,8 @@ Service.
 
 Test design: every example that admits a ChatbotService is put on the real node's CPU (`on_real_node`: the
 tiny model by hostPath, the locally built image, fp32, CPU-sized resources) and applied in its own
-namespace, in waves of two: a runtime pod requests 0.75 CPU (Triton 250m + the chat API's 500m), and the
-real node has two. Each must turn Ready, which needs the real kubelet's probes on the real Triton and
+namespace, in waves of two: a runtime pod requests 0.55 CPU (Triton 250m + the chat API's 300m), the
+real node has two, and a rolling update's surge pod needs room beside its wave. Each must turn Ready, which needs the real kubelet's probes on the real Triton and
 the real chat API. Each must then answer a chat through its Service's ClusterIP (kube-proxy's rules), with
 the Triton instances on the CPU because the device plugin marked the GPU simulated. Before the CPU path,
 the Triton container died on KIND_GPU with no GPU, and no example turned Ready.

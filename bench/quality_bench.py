@@ -11,8 +11,9 @@ Rows, one bot, in this order:
 2. A bad release, gate on: the chat template drops the roles (fluent, 200, fast, wrong). Timed from the
    first Ready canary pod (when its answers can first be judged) to the rollback, in seconds and in
    analysis intervals (goal: within 2 intervals of failureLimit 2).
-3. The same bad release, gate off: the baseline, what HTTP-metric gates give (Argo Rollouts, Flagger and
-   KServe judge the same error rate and latency): promoted or rolled back, and when.
+3. The same bad release with Chatfleet's quality gate off: the product-off baseline (this operator judging
+   HTTP metrics only: error rate and latency, the kind of checks an Argo Rollouts, Flagger or KServe user
+   configures; those tools are not run here): promoted or rolled back, and when.
 
 Then through the real gateway (Traefik serving the operator's HTTPRoute; the users move to it), shadow
 traffic (spec.analysis.quality.shadow, 50 % mirrored, golden prompts off) against the golden-prompt gate:

@@ -10,10 +10,11 @@ PLATFORM := $(PY) -m chatfleet_platform.cli
 NODES   ?= 4
 REAL_NODES ?= 1
 GATEWAY ?= 0
-# the layers, cheapest first: unit and admission; then the chart, platform and release layers in one lane
-# beside the real-pod layer in another (each lane its own clusters; both wait on pods and clusters more than
-# they compute). hack/test-layers.sh says how the stages and lanes run and stop.
-TEST_STAGES := "tests/unit tests/admission" "tests/chart tests/integration tests/e2e | tests/realnode"
+# two lanes side by side, each with its own clusters: the layers cheapest first in one, and in the other the
+# real-pod layer, the longest (it mostly waits on real pods), from the start, so that its cluster, real node
+# and image import come up while the cheap layers run. A failing layer stops both lanes.
+# hack/test-layers.sh says how stages and lanes run and stop.
+TEST_STAGES := "tests/unit tests/admission tests/chart tests/integration tests/e2e | tests/realnode"
 export PYTHONUNBUFFERED := 1
 
 ##@ Start here

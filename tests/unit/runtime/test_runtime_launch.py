@@ -215,3 +215,36 @@ def test_launch_on_simulated_gpu_writes_kind_cpu(tmp_path, tiny_model_dir, monke
     argv = [f"--config-dir={tmp_path / 'cm'}", f"--repository={tmp_path / 'repo'}"]
     assert launch.main([*argv, f"--triton-home={tmp_path / 'home'}", "--dry-run"]) == 0
     assert "kind: KIND_CPU" in (tmp_path / "repo" / "chat" / "config.pbtxt").read_text()
+
+
+def test_triton_is_ready_only_once_its_metrics_port_listens(tmp_path, monkeypatch):
+    """tritonserver answers /v2/health/ready before its metrics port opens; a scrape right after "ready" was
+    refused. Ready means both: the HTTP endpoint says 200 and the metrics port accepts a connection."""
+    import http.server
+    import socket
+    import threading
+
+    from chatfleet_runtime.launcher.tritonhome import TritonServer, free_port
+
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "tritonserver").touch()
+    monkeypatch.setenv("TRITONSERVER_HOME", str(tmp_path))
+
+    class Ready(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/v2/health/ready" else 404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    health = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Ready)
+    threading.Thread(target=health.serve_forever, daemon=True).start()
+    metrics_port = free_port("127.0.0.1")
+    server = TritonServer(tmp_path / "repo", ports=Ports(health.server_address[1], 0, metrics_port))
+    try:
+        assert not server.ready(), "ready while the metrics port is still closed"
+        with socket.create_server(("127.0.0.1", metrics_port)):
+            assert server.ready()
+    finally:
+        health.shutdown()

@@ -81,9 +81,13 @@ run_lane() {
   done
 }
 
-# every minute, where each running layer is (the last line of its log)
+# every minute, where each running layer is (the last line of its log); its sleep holds no output open
 ticker() {
-  while sleep 60; do
+  local nap
+  trap 'kill "$nap" 2>/dev/null; exit 0' TERM
+  while :; do
+    sleep 60 >/dev/null 2>&1 & nap=$!
+    wait "$nap"
     for log in "$results"/*.log; do
       [ -e "$log" ] || continue
       name=$(basename "$log" .log)
@@ -94,11 +98,23 @@ ticker() {
   done
 }
 
+# Ctrl-C or a TERM (CI cancelling): the lanes run in their own process groups, so pass it on and wait
+# for their teardown
+declare -a pids=()
+stop() {
+  touch "$results/interrupted"
+  say "stopping the lanes (their fixtures tear down)"
+  for p in "${pids[@]}"; do kill -INT -- "-$p" 2>/dev/null; done
+  wait
+  exit 130
+}
+trap stop INT TERM
+
 rc=0
 declare -a order=()
 for stage in "$@"; do
   IFS='|' read -r -a lanes <<<"$stage"
-  declare -a pids=()
+  pids=()
   for lane in "${lanes[@]}"; do
     read -r -a layers <<<"$lane"
     order+=("${layers[@]}")

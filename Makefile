@@ -24,7 +24,7 @@ demo: setup ## The main job on the local platform: GPU nodes, the fleet, a chat,
 	@$(PY) -m chatfleet_platform.demo
 
 .PHONY: test
-test: setup lint contracts ## Everything: install, lint, layering contracts, then each test layer (cheapest first, stops at the first that fails)
+test: setup lint contracts ## Everything: install, lint, layering contracts, then the test layers (cheapest first, the real-pod layer beside them; stops at the first that fails)
 	@bash hack/test-layers.sh $(PYTEST) $(TEST_STAGES)
 
 .PHONY: check

@@ -10,6 +10,7 @@ failure). The one-call entry point is ``local_runtime()``::
 from __future__ import annotations
 
 import contextlib
+import http.server
 import json
 import os
 import subprocess
@@ -225,6 +226,28 @@ def metric_value(url: str, name: str, **labels: str) -> float:
         if all(f'{k}="{v}"' in head for k, v in labels.items()):
             total += float(value)
     return total
+
+
+@contextlib.contextmanager
+def readiness_stub(path: str) -> Iterator[str]:
+    """An HTTP server on 127.0.0.1 answering GET `path` with 200 and any other path with 404, as Triton's
+    readiness routes answer; yields its base URL (http://127.0.0.1:<port>) and is closed on exit."""
+
+    class Ready(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == path else 404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Ready)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def run_concurrently(fn, n: int) -> list:

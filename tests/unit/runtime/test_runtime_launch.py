@@ -220,31 +220,19 @@ def test_launch_on_simulated_gpu_writes_kind_cpu(tmp_path, tiny_model_dir, monke
 def test_triton_is_ready_only_once_its_metrics_port_listens(tmp_path, monkeypatch):
     """tritonserver answers /v2/health/ready before its metrics port opens; a scrape right after "ready" was
     refused. Ready means both: the HTTP endpoint says 200 and the metrics port accepts a connection."""
-    import http.server
     import socket
-    import threading
+    import urllib.parse
 
+    from chatfleet_platform.localruntime.testing import readiness_stub
     from chatfleet_runtime.launcher.tritonhome import TritonServer, free_port
 
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "tritonserver").touch()
     monkeypatch.setenv("TRITONSERVER_HOME", str(tmp_path))
-
-    class Ready(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_response(200 if self.path == "/v2/health/ready" else 404)
-            self.end_headers()
-
-        def log_message(self, *args):
-            pass
-
-    health = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Ready)
-    threading.Thread(target=health.serve_forever, daemon=True).start()
     metrics_port = free_port("127.0.0.1")
-    server = TritonServer(tmp_path / "repo", ports=Ports(health.server_address[1], 0, metrics_port))
-    try:
+    with readiness_stub("/v2/health/ready") as base:
+        http_port = urllib.parse.urlsplit(base).port
+        server = TritonServer(tmp_path / "repo", ports=Ports(http_port, 0, metrics_port))
         assert not server.ready(), "ready while the metrics port is still closed"
         with socket.create_server(("127.0.0.1", metrics_port)):
             assert server.ready()
-    finally:
-        health.shutdown()

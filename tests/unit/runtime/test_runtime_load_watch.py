@@ -8,12 +8,11 @@ tests/integration/runtime/test_runtime_load_watch_served.py.
 
 from __future__ import annotations
 
-import http.server
 import subprocess
 import sys
-import threading
 
 import pytest
+from chatfleet_platform.localruntime.testing import readiness_stub
 from chatfleet_runtime.engine import load_watch
 from chatfleet_runtime.engine.load_watch import LoadMarks, model_ready, verdict, watch
 from chatfleet_runtime.engine.termination import TERMINATION_LOG_ENV
@@ -107,25 +106,10 @@ def test_the_watch_gives_up_timeout_seconds_after_the_last_initialize_returned(t
     assert len(given_up) == 1 and "60 s after the last model instance's initialize() returned" in given_up[0]
 
 
-class Ready(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200 if self.path == "/v2/models/chat/ready" else 400)
-        self.end_headers()
-
-    def log_message(self, *args):
-        pass
-
-
 def test_model_ready_asks_triton_over_http():
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Ready)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    base = f"http://127.0.0.1:{server.server_address[1]}"
-    try:
+    with readiness_stub("/v2/models/chat/ready") as base:
         assert model_ready(f"{base}/v2/models/chat/ready")
         assert not model_ready(f"{base}/v2/models/other/ready")
-    finally:
-        server.shutdown()
-        server.server_close()
     assert not model_ready(f"{base}/v2/models/chat/ready")  # not listening (Triton still loading): not ready
 
 

@@ -18,6 +18,7 @@ import subprocess
 import time
 import urllib.request
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -512,6 +513,32 @@ class Cluster:
             "--kube-api-burst=400",
             "--profiling=false",
             "--v=0",
+        ]
+
+
+class NamespaceReaper:
+    """Deletes namespaces in the background, each as `Cluster.delete_namespace` does (`first` kinds, then
+    the workloads with their pods waited for, then the namespace), so that a caller goes on while their pods
+    drain. `finish` waits for every deletion and returns the namespaces that still exist."""
+
+    def __init__(self, cluster: Cluster, first: Sequence[str] = ()) -> None:
+        self.cluster, self.first = cluster, tuple(first)
+        self.pool = ThreadPoolExecutor(4, thread_name_prefix="reaper")
+        self.pending: list[tuple[str, Future]] = []
+
+    def delete(self, ns: str) -> None:
+        """Start deleting ns."""
+        self.pending.append((ns, self.pool.submit(self.cluster.delete_namespace, ns, first=self.first)))
+
+    def finish(self) -> list[str]:
+        """Wait for every deletion; the namespaces that still exist."""
+        for _, done in self.pending:
+            done.result()
+        self.pool.shutdown()
+        return [
+            ns
+            for ns, _ in self.pending
+            if self.cluster.kubectl("get", "namespace", ns, "-o", "name", check=False).returncode == 0
         ]
 
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 from chatfleet_platform import images, scrape, services
+from chatfleet_platform.cluster import NamespaceReaper
 from chatfleet_platform.config import CHATBOT_CRD_NAME, REAL_NODE_OPERATOR_ENV, REPO_ROOT
 from chatfleet_platform.gateway import GATEWAY_NAME, SHARED_NAMESPACE
 from chatfleet_platform.realnode import NodePlan
@@ -105,39 +105,11 @@ def pod_prometheus(cluster, real_node, tmp_path_factory) -> Iterator[services.Pr
         prom.stop()
 
 
-class Reaper:
-    """Deletes the tests' namespaces in the background, each as `Cluster.delete_namespace` does (its
-    ChatbotServices, then its pods waited for, then the namespace): the next test starts while the last
-    one's pods drain (about 16 s a test), and the scheduler holds back what their CPU still needs.
-    `finish` waits for every deletion and names the namespaces left."""
-
-    def __init__(self, cluster: Any) -> None:
-        self.cluster = cluster
-        self.pool = ThreadPoolExecutor(4, thread_name_prefix="reaper")
-        self.pending: list[tuple[str, Future]] = []
-
-    def delete(self, ns: str) -> None:
-        """Start deleting ns."""
-        self.pending.append(
-            (ns, self.pool.submit(self.cluster.delete_namespace, ns, first=[CHATBOT_CRD_NAME]))
-        )
-
-    def finish(self) -> list[str]:
-        """Wait for every deletion; the namespaces that still exist."""
-        for _, done in self.pending:
-            done.result()
-        self.pool.shutdown()
-        return [
-            ns
-            for ns, _ in self.pending
-            if self.cluster.kubectl("get", "namespace", ns, "-o", "name", check=False).returncode == 0
-        ]
-
-
 @pytest.fixture(scope="session")
-def reaper(cluster) -> Iterator[Reaper]:
-    """The session's background namespace deletions; at the end, an error naming any namespace left."""
-    r = Reaper(cluster)
+def reaper(cluster) -> Iterator[NamespaceReaper]:
+    """The session's background namespace deletions (the next test starts while the last one's pods drain,
+    and the scheduler holds back what their CPU still needs); at the end, an error naming any left."""
+    r = NamespaceReaper(cluster, first=[CHATBOT_CRD_NAME])
     yield r
     left = r.finish()
     assert not left, f"namespaces not deleted: {left}"
@@ -145,7 +117,7 @@ def reaper(cluster) -> Iterator[Reaper]:
 
 @pytest.fixture
 def real_ns(cluster, real_node, reaper) -> Iterator[str]:
-    """A fresh real-* namespace; deleted afterwards in the background (`Reaper`)."""
+    """A fresh real-* namespace; deleted afterwards in the background (`reaper`)."""
     name = f"real-{uuid.uuid4().hex[:8]}"
     cluster.kubectl("create", "namespace", name)
     assert services.wait_until(

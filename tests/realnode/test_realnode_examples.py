@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import json
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import yaml
+from chatfleet_platform.cluster import NamespaceReaper
 from chatfleet_platform.config import CHATBOT_CRD_NAME, REPO_ROOT
 from chatfleet_platform.realpods import chat_once, on_real_node, service_url
 from chatfleet_platform.services import wait_until
@@ -111,10 +111,11 @@ def test_examples_serve_a_chat_on_the_real_node(cluster, real_operator, runtime_
             # the pods still draining made the namespace controller come back only after their grace
             # period (48-64 s per wave, measured; the pods drain in about 10 s).
             t0 = time.monotonic()
-            spaces = sorted({ns for ns, _ in created})
-            with ThreadPoolExecutor(max(1, len(spaces))) as pool:
-                list(pool.map(lambda ns: cluster.delete_namespace(ns, first=[CHATBOT_CRD_NAME]), spaces))
-            for ns in spaces:
-                left = cluster.kubectl("get", "namespace", ns, "-o", "name", check=False)
-                print(f"[examples] {ns} deleted={left.returncode != 0} after {time.monotonic() - t0:.0f}s")
-                assert left.returncode != 0, f"{ns} was not deleted in 90 s:\n{_what_holds(cluster, ns)}"
+            reaper = NamespaceReaper(cluster, first=[CHATBOT_CRD_NAME])
+            for ns in sorted({ns for ns, _ in created}):
+                reaper.delete(ns)
+            left = reaper.finish()
+            print(f"[examples] wave deleted, {left or 'none'} left, after {time.monotonic() - t0:.0f}s")
+            assert not left, "\n".join(
+                f"{ns} was not deleted in 90 s:\n{_what_holds(cluster, ns)}" for ns in left
+            )

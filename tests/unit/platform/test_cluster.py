@@ -1,11 +1,12 @@
-"""Cluster.delete_namespace: the order of its deletions (the API calls themselves run in the real-pod suites)."""
+"""Cluster.delete_namespace and the NamespaceReaper: the order of their deletions (the API calls themselves run
+in the real-pod suites)."""
 
 from __future__ import annotations
 
 import subprocess
 
 import pytest
-from chatfleet_platform.cluster import Cluster
+from chatfleet_platform.cluster import Cluster, NamespaceReaper
 
 pytestmark = pytest.mark.harness
 
@@ -33,3 +34,31 @@ def test_a_namespace_is_emptied_of_its_custom_resources_then_workloads_before_it
         ("real-1", ("delete", "deployments,statefulsets,replicasets,pods", "--all", *wait)),
         (None, ("delete", "namespace", "real-1", *wait)),
     ]
+
+
+class StayingCluster(RecordingCluster):
+    """A RecordingCluster in which namespace `stays` is still there after its deletion."""
+
+    stays = "real-2"
+
+    def kubectl(self, *args: str, namespace: str | None = None, **kw: object) -> subprocess.CompletedProcess:
+        res = super().kubectl(*args, namespace=namespace, **kw)
+        if args[:3] == ("get", "namespace", self.stays):
+            return subprocess.CompletedProcess(args, 0, f"namespace/{self.stays}", "")
+        return res
+
+
+def test_the_reaper_deletes_each_namespace_as_delete_namespace_does_and_names_those_left(tmp_path):
+    cluster = StayingCluster(tmp_path)
+    reaper = NamespaceReaper(cluster, first=["chatbotservices.chatfleet.io"])
+    reaper.delete("real-1")
+    reaper.delete("real-2")
+    assert reaper.finish() == ["real-2"]
+    for ns in ("real-1", "real-2"):
+        mine = [args for where, args in cluster.calls if where == ns or ns in args]
+        assert [args[:2] for args in mine] == [
+            ("delete", "chatbotservices.chatfleet.io"),
+            ("delete", "deployments,statefulsets,replicasets,pods"),
+            ("delete", "namespace"),
+            ("get", "namespace"),
+        ], mine

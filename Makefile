@@ -181,6 +181,10 @@ bench-runtime: setup ## Runtime vs llama-server (built on first use), transforme
 	@bash hack/build-llama-server.sh
 	$(PY) bench/runtime_bench.py $(BENCH_ARGS)
 
+.PHONY: bench-gpu
+bench-gpu: setup ## GPU sheet (needs an NVIDIA GPU): the engine on Qwen2-0.5B- and 7B-shaped models at 1/32/128/256+ conversations, fp16/bf16/int8/fp32/auto: tokens/s, TTFT, ITL, memory vs KV budget, HBM share (~7 min)
+	$(PY) bench/gpu_sheet.py $(BENCH_ARGS)
+
 .PHONY: bench-runtime-soak
 bench-runtime-soak: setup ## Runtime soak: 24 overlapping streamed and non-streamed chats for SOAK_SECONDS (600): RSS and tokens/s, last vs first quarter (12 min measured)
 	$(PY) bench/runtime_bench.py --soak $(or $(SOAK_SECONDS),600)

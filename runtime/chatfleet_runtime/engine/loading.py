@@ -252,6 +252,23 @@ def weights_bytes(model) -> int:
     return total
 
 
+def use_attention_kernels(device: str) -> None:
+    """On a GPU, leave cuDNN's fused attention out of torch's choice of attention kernel (SDPA).
+
+    Measured on an H100 (torch 2.11, docs/runtime.md "The GPU sheet"): in fp16 and bf16 torch chose
+    cuDNN's attention, which spends ~2.2 ms of CPU on every call whose shape it has not planned before;
+    a decode step's KV is one column longer than the last one's, so every call is new: 24 layers x 2.15 ms
+    was 52 ms of the Qwen2-0.5B shape's ~87 ms step while the GPU sat idle 97 % of the time (transformers'
+    own ``generate()`` ran 63.5 ms a token too; fp32, which cuDNN's attention does not take, 22 ms).
+    Flash and memory-efficient attention, which torch picks without it, plan nothing per shape. Process-wide,
+    as a pod serves one model.
+    """
+    if device.startswith("cuda"):
+        import torch
+
+        torch.backends.cuda.enable_cudnn_sdp(False)
+
+
 def load_model(path: str | Path, placement: Placement):
     """Load the causal LM in eval mode on the placement's device and precision."""
     from transformers import AutoModelForCausalLM

@@ -175,6 +175,7 @@ class ChatService:
             settings.precision,
         )
         self.observer.placement(settings.precision, self.placement.precision, self.placement.device)
+        loading.use_attention_kernels(self.placement.device)
         self.tokenizer = tokenizer or loading.load_tokenizer(
             settings.tokenizer_source, settings.chat_template
         )

@@ -89,3 +89,31 @@ def test_settings_from_triton_args_carry_the_assigned_device():
     args = {"model_config": json.dumps(config), "model_instance_kind": "GPU", "model_instance_device_id": "1"}
     s = ServiceSettings.from_triton_args(args)
     assert (s.kind, s.device_id, s.model_dir, s.max_batch_size) == ("KIND_GPU", 1, "/w", 8)
+
+
+@pytest.fixture
+def cudnn_attention():
+    """torch's cuDNN-attention switch, put back as it was after the test."""
+    import torch
+
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    yield torch.backends.cuda
+    torch.backends.cuda.enable_cudnn_sdp(before)
+
+
+@pytest.mark.parametrize(("device", "cudnn_after"), [("cuda", False), ("cuda:1", False), ("cpu", True)])
+def test_gpu_placements_leave_cudnn_attention_out(cudnn_attention, device, cudnn_after):
+    """cuDNN's attention plans every new shape on the CPU (~2.2 ms a call on an H100, every decode step):
+    a GPU replica serves with flash / memory-efficient attention instead; a CPU replica changes nothing."""
+    loading.use_attention_kernels(device)
+    assert cudnn_attention.cudnn_sdp_enabled() is cudnn_after
+
+
+def test_the_service_sets_the_attention_kernels_for_its_placement(tiny_model_dir, monkeypatch):
+    from chatfleet_runtime.engine.service import ChatService
+
+    seen: list[str] = []
+    monkeypatch.setattr(loading, "use_attention_kernels", seen.append)
+    ChatService(ServiceSettings(model_dir=str(tiny_model_dir), kind="KIND_GPU", warmup=False))
+    assert seen == ["cpu"]  # no GPU here: the placement falls back to the CPU, and says so

@@ -17,8 +17,8 @@ when the pod knows them (``CHATFLEET_TRACK``, ``CHATFLEET_REVISION``, set by the
 Ports (docs/security.md "Ports"): each listening socket serves its own routes, told apart by the port a
 request arrived on (the ASGI scope's ``server``), and nothing else there (404):
 
-- chat (``--port``, 8080; end users, through the Service and the gateway): ``POST /v1/chat/completions``
-  and ``GET /v1/models``, nothing that reads or changes the replica's state;
+- chat (``--port``, 8080; end users, through the Service and the gateway): ``POST /v1/chat/completions``,
+  ``GET /v1/models`` and ``GET /health`` (200 or 503, nothing more), nothing that changes the replica's state;
 - admin (``--admin-port``, 8082; the kubelet, the pod itself, the operator): ``GET /healthz``,
   ``GET /readyz``, ``POST|GET /drain`` (from the pod's own loopback only: the preStop hook), and
   ``POST /shadow/records`` (the operator); no Service and no route carries it;
@@ -276,6 +276,16 @@ def create_app(settings: ApiSettings, backend=None, redis_client=None, clock=tim
     app.state.pipeline, app.state.settings, app.state.metrics = pipeline, settings, pipeline.metrics
     app.state.drain = pipeline.drain
     app.state.breaker, app.state.backend = pipeline.breaker, backend
+
+    @app.get("/health")
+    async def health():
+        """Whether this replica takes chats now, for the clients and benchmark tools that ask first (guidellm;
+        vLLM, SGLang and TGI serve the same path): 200 ``{"status": "ok"}``, else 503
+        ``{"status": "unavailable"}`` (waiting for Triton, or draining). Nothing more: the reason, the breaker
+        and the drain's counts are the admin port's."""
+        if pipeline.ready and not pipeline.drain.draining:
+            return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "unavailable"}, status_code=503)
 
     @app.get("/v1/models")
     async def models():

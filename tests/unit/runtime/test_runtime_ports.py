@@ -77,6 +77,21 @@ def test_the_chat_port_serves_the_chat(app):
         assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "echo: hello"
 
 
+def test_the_chat_port_says_whether_the_replica_takes_chats_and_nothing_more(app):
+    """GET /health, as stock OpenAI-compatible clients ask first (guidellm): 200 while it serves, 503 once it
+    drains; the body says only that (the drain's counts and the breaker stay on the admin port)."""
+    with caller(app, USER) as user, caller(app, LOOPBACK) as pod:
+        r = user.get(url(CHAT, "/health"))
+        assert (r.status_code, r.json()) == (200, {"status": "ok"})
+        assert user.post(url(CHAT, "/health")).status_code == 405  # reads only
+        assert pod.post(url(ADMIN, "/drain")).status_code == 200
+        r = user.get(url(CHAT, "/health"))
+        assert (r.status_code, r.json()) == (503, {"status": "unavailable"})
+    for port in (ADMIN, METRICS, SHADOW):  # the chat port's alone
+        with caller(app, NETWORK) as other:
+            assert other.get(url(port, "/health")).status_code == 404
+
+
 @pytest.mark.parametrize("method", ["POST", "GET"])
 def test_the_drain_refuses_anyone_but_the_pod_itself(app, method):
     with caller(app, NETWORK) as other:

@@ -264,6 +264,66 @@ def test_install_upgrade_uninstall(cluster, release_ns: str) -> None:
     assert cluster.kubectl("get", "crd", CRD_NAME, check=False).returncode == 0
 
 
+def can_i(cluster, user: str, verb: str, resource: str, namespace: str) -> bool:
+    """`kubectl auth can-i` as a user: the API server's RBAC decision."""
+    res = cluster.kubectl("auth", "can-i", verb, resource, "--as", user, namespace=namespace, check=False)
+    return res.stdout.strip() == "yes"
+
+
+def test_tenants_bound_to_the_default_roles_reach_chatbotservices(cluster, release_ns: str) -> None:
+    """The chart's tenant ClusterRoles, aggregated by the API server's controller into `view` and `edit`:
+    a user bound to `edit` in a namespace creates, changes and scales ChatbotServices there, never writes
+    their status, and nothing elsewhere; one bound to `view` reads them only."""
+    apply_chart_crds(cluster)
+    docs = [
+        d
+        for d in yaml.safe_load_all(render_text())
+        if d
+        and d["kind"] == "ClusterRole"
+        and d["metadata"]["labels"].get("chatfleet.io/rbac-for") == "tenants"
+    ]
+    suffix = unique("t")
+    for doc in docs:  # a name of this test's own (cluster-scoped); aggregation goes by the labels
+        doc["metadata"]["name"] += f"-{suffix}"
+    names = [d["metadata"]["name"] for d in docs]
+    assert len(names) == 2, names
+    alice, bob = f"alice-{suffix}", f"bob-{suffix}"
+    try:
+        cluster.kubectl(
+            "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": docs})
+        )
+        cluster.kubectl(
+            "create",
+            "rolebinding",
+            "alice-edit",
+            "--clusterrole=edit",
+            f"--user={alice}",
+            namespace=release_ns,
+        )
+        cluster.kubectl(
+            "create", "rolebinding", "bob-view", "--clusterrole=view", f"--user={bob}", namespace=release_ns
+        )
+        cbs = "chatbotservices.chatfleet.io"
+        deadline = time.monotonic() + 60
+        while not (
+            can_i(cluster, alice, "create", cbs, release_ns) and can_i(cluster, bob, "get", cbs, release_ns)
+        ):
+            assert time.monotonic() < deadline, "the tenant rules never reached the edit and view roles"
+            time.sleep(1)
+        for verb in ("create", "update", "patch", "delete", "list", "watch"):
+            assert can_i(cluster, alice, verb, cbs, release_ns), verb
+        assert can_i(cluster, alice, "patch", f"{cbs}/scale", release_ns)
+        assert not can_i(cluster, alice, "patch", f"{cbs}/status", release_ns)
+        assert not can_i(cluster, alice, "create", cbs, "default")  # bound in one namespace only
+        assert can_i(cluster, bob, "list", cbs, release_ns) and can_i(
+            cluster, bob, "get", f"{cbs}/status", release_ns
+        )
+        for verb in ("create", "patch", "delete"):
+            assert not can_i(cluster, bob, verb, cbs, release_ns), verb
+    finally:
+        cluster.kubectl("delete", "clusterrole", *names, "--ignore-not-found", check=False)
+
+
 def test_bad_values_are_refused_by_helm_install(cluster, release_ns: str) -> None:
     proc = helm(
         "install",

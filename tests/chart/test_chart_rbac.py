@@ -69,9 +69,58 @@ def operator_permissions(*, scope: str, peering: bool) -> set[Perm]:
     return used
 
 
+#: The label of the tenants' ClusterRoles (aggregated into view/edit/admin), which are not the operator's.
+TENANTS = ("chatfleet.io/rbac-for", "tenants")
+
+
+def is_tenants(doc: dict[str, Any]) -> bool:
+    return doc["metadata"].get("labels", {}).get(TENANTS[0]) == TENANTS[1]
+
+
 def rules_of(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    """All rules of all Roles or ClusterRoles."""
-    return [rule for doc in find(docs, kind) for rule in doc["rules"]]
+    """All rules of all the operator's Roles or ClusterRoles (not the tenants')."""
+    return [rule for doc in find(docs, kind) if not is_tenants(doc) for rule in doc["rules"]]
+
+
+def tenant_roles(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The tenants' ClusterRoles by the default role they give to first: view, edit."""
+    return {
+        doc["metadata"]["name"].rsplit("-", 1)[1]: doc for doc in find(docs, "ClusterRole") if is_tenants(doc)
+    }
+
+
+def test_tenants_get_chatbotservices_through_the_default_roles() -> None:
+    """view reads ChatbotServices (status and scale too); edit and admin also write and scale them; no
+    tenant role writes the status (the operator's) or reaches anything else."""
+    roles = tenant_roles(render([]))
+    assert set(roles) == {"view", "edit"}
+    aggregate = "rbac.authorization.k8s.io/aggregate-to-"
+    into = {
+        name: {
+            k[len(aggregate) :]
+            for k, v in doc["metadata"]["labels"].items()
+            if k.startswith(aggregate) and v == "true"
+        }
+        for name, doc in roles.items()
+    }
+    assert into == {"view": {"view", "edit", "admin"}, "edit": {"edit", "admin"}}
+    view, edit = (granted(roles[name]["rules"]) for name in ("view", "edit"))
+    cbs = "chatbotservices"
+    assert view == {
+        ("chatfleet.io", r, v)
+        for r in (cbs, f"{cbs}/status", f"{cbs}/scale")
+        for v in ("get", "list", "watch")
+    }
+    writes = {"create", "update", "patch", "delete", "deletecollection"}
+    assert edit == {("chatfleet.io", cbs, v) for v in writes} | {
+        ("chatfleet.io", f"{cbs}/scale", v) for v in ("update", "patch")
+    }
+    assert not {p for p in view | edit if p[1] == f"{cbs}/status" and p[2] in writes}
+
+
+@pytest.mark.parametrize("off", ["rbac.aggregateToDefaultRoles=false", "rbac.create=false"])
+def test_tenant_roles_can_be_left_out(off: str) -> None:
+    assert tenant_roles(render([off])) == {}
 
 
 CASES = [

@@ -38,14 +38,19 @@ _lock = threading.Lock()
 _client: ApiClient | None = None
 
 
-def configure(kubeconfig: str | None = None, pool_size: int = 32) -> None:
-    """Load credentials once: in-cluster if available, else the kubeconfig (KUBECONFIG or ~/.kube/config)."""
+def configure(kubeconfig: str | None = None, pool_size: int = 32, context: str | None = None) -> None:
+    """Load credentials once: in-cluster if available (and no context is named), else the kubeconfig
+    (KUBECONFIG or ~/.kube/config) at its current context or the one named."""
     global _client
     config = Configuration()
     try:
+        if context or kubeconfig:
+            raise kubernetes.config.ConfigException("a kubeconfig or context was named")
         kubernetes.config.load_incluster_config(client_configuration=config)
     except kubernetes.config.ConfigException:
-        kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=config)
+        kubernetes.config.load_kube_config(
+            config_file=kubeconfig, context=context, client_configuration=config
+        )
     config.connection_pool_maxsize = pool_size
     _client = ApiClient(configuration=config)
 
@@ -104,9 +109,14 @@ def _count(verb: str, kind: str) -> None:
         WRITES[f"{verb} {kind}"] += 1
 
 
-def object_path(kind: str, namespace: str, name: str | None = None) -> str:
-    """REST path of a namespaced object (or its collection when name is None)."""
+def object_path(kind: str, namespace: str | None, name: str | None = None) -> str:
+    """REST path of a namespaced object (or its collection when name is None; in every namespace when
+    namespace is None too)."""
     prefix, plural = KINDS[kind]
+    if namespace is None:
+        if name:
+            raise ValueError(f"{kind} {name}: a namespaced object needs a namespace")
+        return f"{prefix}/{plural}"
     path = f"{prefix}/namespaces/{quote(namespace)}/{plural}"
     return f"{path}/{quote(name)}" if name else path
 

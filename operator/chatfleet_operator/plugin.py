@@ -17,6 +17,8 @@ import argparse
 import json
 import os
 import sys
+import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -24,18 +26,18 @@ from typing import Any
 import yaml
 
 from chatfleet_operator import api, kube
-from chatfleet_operator.release.state import ReleasePhase
+from chatfleet_operator.release.state import ACTIVE_PHASES, ReleasePhase
 from chatfleet_operator.spec import Strategy
 
 
-def current_namespace() -> str:
-    """Namespace of the kubeconfig's current context (default when none)."""
+def current_namespace(context: str | None = None) -> str:
+    """Namespace of the kubeconfig's context (the current one unless named; default when none)."""
     path = os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or str(Path.home() / ".kube" / "config")
     try:
         cfg = yaml.safe_load(Path(path).read_text()) or {}
     except OSError:
         return "default"
-    current = cfg.get("current-context")
+    current = context or cfg.get("current-context")
     for ctx in cfg.get("contexts") or []:
         if ctx.get("name") == current:
             return (ctx.get("context") or {}).get("namespace") or "default"
@@ -204,6 +206,45 @@ def render_tree(body: dict[str, Any], pods: list[dict[str, Any]], now: datetime 
     return "\n".join(lines)
 
 
+#: `status --timeout` exit codes, as `kubectl argo rollouts status` users script them.
+DONE, FAILED, TIMED_OUT = 0, 1, 2
+
+
+def rollout_outcome(body: dict[str, Any]) -> tuple[str, str]:
+    """Where a ChatbotService's rollout of its spec stands (pure): ("done" | "failed" | "progressing", why).
+
+    done: the status is of the current generation, Ready is True, nothing reconciles, no release runs and
+    the stable revision is the spec's. failed: Stalled is True (a problem only a spec change ends), or the
+    release of the spec's revision was rolled back. Anything else is still progressing.
+    """
+    meta, st = body.get("metadata") or {}, body.get("status") or {}
+    rel = st.get("release") or {}
+    update = st.get("updateRevision")
+    stalled = _cond(st, api.COND_STALLED)
+    if stalled.get("status") == "True":
+        return "failed", f"Stalled: {stalled.get('reason', '')}: {stalled.get('message', '')}".rstrip(": ")
+    if rel.get("phase") == ReleasePhase.ROLLED_BACK and rel.get("revision") == update:
+        return "failed", f"revision {update} was rolled back: {rel.get('message', '')}".rstrip(": ")
+    if st.get("observedGeneration") != meta.get("generation"):
+        return (
+            "progressing",
+            f"status is of generation {st.get('observedGeneration')}, spec {meta.get('generation')}",
+        )
+    if rel.get("phase") in ACTIVE_PHASES:
+        return (
+            "progressing",
+            f"release of {rel.get('revision')}: {rel.get('phase')}, traffic {rel.get('traffic')}",
+        )
+    ready, reconciling = _cond(st, api.COND_READY), _cond(st, api.COND_RECONCILING)
+    if reconciling.get("status") == "True":
+        return "progressing", f"Reconciling: {reconciling.get('reason', '')}"
+    if ready.get("status") != "True":
+        return "progressing", f"not Ready: {ready.get('reason', '')}"
+    if st.get("stableRevision") != update:
+        return "progressing", f"stable {st.get('stableRevision')}, spec {update}"
+    return "done", f"revision {update} is stable and Ready"
+
+
 def render_history(body: dict[str, Any]) -> str:
     """status.releaseHistory as a table, newest first."""
     rows = [("REVISION", "RESULT", "AT", "MESSAGE")]
@@ -237,6 +278,46 @@ def render_config(deployments: list[dict[str, Any]]) -> str:
     return "\n".join(out) if out else "no Triton config found (no Deployment yet?)"
 
 
+def show_status(ns: str, name: str, body: dict[str, Any], output: str) -> str:
+    """`status` once: the tree (with the pods) or the status as JSON."""
+    if output == "json":
+        return json.dumps(body.get("status") or {}, indent=2)
+    selector = f"{api.LABEL_SERVICE}={name}"
+    pods = kube.request("GET", f"/api/v1/namespaces/{ns}/pods", query={"labelSelector": selector}, kind="Pod")
+    return render_tree(body, pods.get("items", []))
+
+
+def follow(
+    ns: str,
+    name: str,
+    output: str,
+    watch: bool,
+    timeout: float | None,
+    interval: float,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    """`status --watch` / `--timeout`: poll every `interval` seconds; print the status whenever it changes
+    (--watch) and stop at the rollout's outcome (--timeout: its exit code; --watch alone: never, Ctrl-C)."""
+    deadline = None if timeout is None else clock() + timeout
+    shown = None
+    while True:
+        body = get_service(ns, name)
+        state, why = rollout_outcome(body)
+        if watch:
+            text = show_status(ns, name, body, output)
+            if text != shown:
+                print(text + "\n", flush=True)
+                shown = text
+        if timeout is not None and state != "progressing":
+            print(f"chatbotservice {ns}/{name}: {'rolled out' if state == 'done' else 'failed'}: {why}")
+            return DONE if state == "done" else FAILED
+        if deadline is not None and clock() >= deadline:
+            print(f"chatbotservice {ns}/{name}: still progressing after {timeout:g}s: {why}", file=sys.stderr)
+            return TIMED_OUT
+        sleep(interval)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `kubectl chatbot` (installed as kubectl-chatbot)."""
     parser = argparse.ArgumentParser(prog="kubectl chatbot", description="Chatfleet releases from kubectl")
@@ -245,19 +326,32 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("name", nargs="?")
     parser.add_argument("-n", "--namespace", default=None)
+    parser.add_argument("-A", "--all-namespaces", action="store_true", help="get: every namespace")
     parser.add_argument("-o", "--output", choices=["tree", "json"], default="tree")
     parser.add_argument("--kubeconfig", default=None)
+    parser.add_argument("--context", default=None, help="the kubeconfig context to use")
+    parser.add_argument("-w", "--watch", action="store_true", help="status: show it again at every change")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help=f"status: wait up to this many seconds for the rollout; exit {DONE} when the spec's revision is "
+        f"stable and Ready, {FAILED} when it failed (rolled back, Stalled), {TIMED_OUT} when time ran out",
+    )
+    parser.add_argument("--interval", type=float, default=2.0, help=argparse.SUPPRESS)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    if args.kubeconfig:
-        kube.configure(args.kubeconfig)
-    ns = args.namespace or current_namespace()
+    if args.kubeconfig or args.context:
+        kube.configure(args.kubeconfig, context=args.context)
+    ns = args.namespace or current_namespace(args.context)
     if args.command == "get" or not args.name:
-        items = kube.request("GET", kube.object_path(api.KIND, ns), kind=api.KIND).get("items", [])
-        for b in items:
+        where = kube.object_path(api.KIND, None if args.all_namespaces else ns)
+        for b in kube.request("GET", where, kind=api.KIND).get("items", []):
             st = b.get("status") or {}
+            scope = f"{b['metadata']['namespace']:<20} " if args.all_namespaces else ""
             print(
-                f"{b['metadata']['name']:<30} {st.get('phase', '?'):<12} stable={st.get('stableRevision', '-')}"
-                f" canary={st.get('canaryRevision', '-')} weight={st.get('canaryWeight', 0)}%"
+                f"{scope}{b['metadata']['name']:<30} {st.get('phase', '?'):<12} "
+                f"stable={st.get('stableRevision', '-')} canary={st.get('canaryRevision', '-')} "
+                f"weight={st.get('canaryWeight', 0)}%"
             )
         return 0
     body = get_service(ns, args.name)
@@ -265,14 +359,9 @@ def main(argv: list[str] | None = None) -> int:
     rel = st.get("release") or {}
     revision = rel.get("revision") if rel.get("phase") not in (None, ReleasePhase.ROLLED_BACK) else None
     if args.command == "status":
-        if args.output == "json":
-            print(json.dumps(st, indent=2))
-            return 0
-        selector = f"{api.LABEL_SERVICE}={args.name}"
-        pods = kube.request(
-            "GET", f"/api/v1/namespaces/{ns}/pods", query={"labelSelector": selector}, kind="Pod"
-        )
-        print(render_tree(body, pods.get("items", [])))
+        if args.watch or args.timeout is not None:
+            return follow(ns, args.name, args.output, args.watch, args.timeout, args.interval)
+        print(show_status(ns, args.name, body, args.output))
         return 0
     if args.command == "history":
         print(render_history(body))

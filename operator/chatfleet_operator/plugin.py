@@ -221,10 +221,10 @@ def rollout_outcome(body: dict[str, Any]) -> tuple[str, str]:
     rel = st.get("release") or {}
     update = st.get("updateRevision")
     stalled = _cond(st, api.COND_STALLED)
-    if stalled.get("status") == "True":
-        return "failed", f"Stalled: {stalled.get('reason', '')}: {stalled.get('message', '')}".rstrip(": ")
     if rel.get("phase") == ReleasePhase.ROLLED_BACK and rel.get("revision") == update:
         return "failed", f"revision {update} was rolled back: {rel.get('message', '')}".rstrip(": ")
+    if stalled.get("status") == "True":
+        return "failed", f"Stalled: {stalled.get('reason', '')}: {stalled.get('message', '')}".rstrip(": ")
     if st.get("observedGeneration") != meta.get("generation"):
         return (
             "progressing",

@@ -145,8 +145,8 @@ class Release:
             )
         return value
 
-    def plugin(self, *args: str) -> str:
-        """Run `kubectl chatbot ARGS -n NS` (the plugin) and return its output."""
+    def plugin(self, *args: str, expect: int = 0) -> str:
+        """Run `kubectl chatbot ARGS -n NS` (the plugin); its output, once it exited with `expect`."""
         env = {**os.environ, **self.cluster.env}
         res = subprocess.run(
             [sys.executable, "-m", "chatfleet_operator.plugin", *args, "-n", self.ns],
@@ -156,7 +156,7 @@ class Release:
             timeout=60,
             cwd=REPO,
         )
-        assert res.returncode == 0, res.stderr
+        assert res.returncode == expect, (res.returncode, res.stdout, res.stderr)
         return res.stdout
 
 

@@ -56,8 +56,9 @@ def test_healthy_canary_promotes_through_every_step(bot, prometheus, traffic):
     assert bot.deployment("bot-canary")["spec"]["replicas"] == 0
     assert bot.cond("Ready")["status"] == "True" and stable != new
     assert bot.events("ReleasePromoted")
-    # the plugin shows the history
+    # the plugin shows the history, and says to CI that the rollout is done (exit 0)
     assert "Promoted" in bot.plugin("history", "bot")
+    assert f"rolled out: revision {new} is stable and Ready" in bot.plugin("status", "bot", "--timeout", "30")
 
 
 def test_error_rate_regression_rolls_back(bot, prometheus, traffic):
@@ -156,6 +157,9 @@ def test_manual_abort_from_the_plugin(bot, prometheus, traffic):
     assert new in out
     bot.wait(rolled_back, 30, "abort")
     assert "aborted by spec.rollout.abort" in bot.status()["abortReason"]
+    # CI waiting on the rollout hears that it failed (exit 1), at once
+    out = bot.plugin("status", "bot", "--timeout", "30", expect=1)
+    assert f"failed: revision {new} was rolled back" in out
 
 
 def test_manual_promote_and_pause_from_the_plugin(bot, prometheus, traffic):

@@ -52,8 +52,12 @@ def cbs(
         pytest.param(cbs(reconciling="True"), "progressing", "Reconciling", id="reconciling"),
         pytest.param(cbs(stable="r1"), "progressing", "stable r1, spec r2", id="not-yet-stable"),
         pytest.param(cbs(stalled="True"), "failed", "Stalled: BadImage: image not found", id="stalled"),
-        pytest.param(
-            cbs(stable="r1", release={"phase": "RolledBack", "revision": "r2", "message": "error rate 0.4"}),
+        pytest.param(  # the operator marks it Stalled (RolledBack) too: the release's own words win
+            cbs(
+                stable="r1",
+                stalled="True",
+                release={"phase": "RolledBack", "revision": "r2", "message": "error rate 0.4"},
+            ),
             "failed",
             "revision r2 was rolled back: error rate 0.4",
             id="rolled-back",

@@ -7,6 +7,26 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
 TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 TPS_BUCKETS = (1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000)
+#: The bucket boundaries OpenTelemetry's GenAI semantic conventions advise for their server metrics.
+GEN_AI_LATENCY_BUCKETS = (
+    0.01,
+    0.02,
+    0.04,
+    0.08,
+    0.16,
+    0.32,
+    0.64,
+    1.28,
+    2.56,
+    5.12,
+    10.24,
+    20.48,
+    40.96,
+    81.92,
+)
+GEN_AI_TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+#: Attributes of the GenAI server metrics, as Prometheus labels (dots become underscores).
+GEN_AI_LABELS = ["gen_ai_operation_name", "gen_ai_request_model", "gen_ai_response_model"]
 
 
 class ApiMetrics:
@@ -117,9 +137,48 @@ class ApiMetrics:
             ["model", "outcome"],
             registry=r,
         )
+        # OpenTelemetry's GenAI server metrics (semantic conventions, development status), under the names
+        # their OpenTelemetry-to-Prometheus translation gives, so that dashboards and tools built on them
+        # (gen_ai.server.request.duration, .time_to_first_token, .time_per_output_token) read this pod too.
+        self.gen_ai_duration = Histogram(
+            "gen_ai_server_request_duration_seconds",
+            "GenAI server request duration (to the last output token); error_type set when it failed",
+            [*GEN_AI_LABELS, "error_type"],
+            buckets=GEN_AI_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.gen_ai_ttft = Histogram(
+            "gen_ai_server_time_to_first_token_seconds",
+            "Time to generate the first token, for successful responses",
+            GEN_AI_LABELS,
+            buckets=GEN_AI_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.gen_ai_tpot = Histogram(
+            "gen_ai_server_time_per_output_token_seconds",
+            "Time per output token generated after the first token, for successful streamed responses",
+            GEN_AI_LABELS,
+            buckets=GEN_AI_TPOT_BUCKETS,
+            registry=r,
+        )
         self.disconnects = Counter(
             "chatfleet_client_disconnects",
             "Streams whose client went away before the end",
             ["model"],
             registry=r,
         )
+
+    def gen_ai(
+        self, model: str, elapsed: float, *, ttft: float | None = None, tokens: int = 0, error: str = ""
+    ) -> None:
+        """Record one chat request in the GenAI server metrics: its duration (with `error` when it failed),
+        and for a success its time to first token and, given the first token's time and more than one
+        token, its time per output token after the first. Both model labels are the served model's name,
+        never the request's `model` text (a user's string would make a label of unbounded cardinality)."""
+        labels = ("chat", model, model)
+        self.gen_ai_duration.labels(*labels, error).observe(elapsed)
+        if error or ttft is None:
+            return
+        self.gen_ai_ttft.labels(*labels).observe(ttft)
+        if tokens > 1 and elapsed > ttft:
+            self.gen_ai_tpot.labels(*labels).observe((elapsed - ttft) / (tokens - 1))

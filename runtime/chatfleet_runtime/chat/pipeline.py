@@ -390,7 +390,9 @@ class ChatPipeline:
         text, source = self.fallback.answer(messages)
         self.metrics.fallbacks.labels(self.name, reason, source).inc()
         self._count("fallback", 200, turn.stream)
-        self.metrics.duration.labels(self.name, str(turn.stream).lower()).observe(time.monotonic() - turn.t0)
+        elapsed = time.monotonic() - turn.t0
+        self.metrics.duration.labels(self.name, str(turn.stream).lower()).observe(elapsed)
+        self.metrics.gen_ai(self.name, elapsed, error=f"fallback_{reason}")
         meta = {"fallback": True, "reason": reason, "source": source, **turn.info}
         headers = {"X-Chatfleet-Fallback": source}
         if not turn.stream:
@@ -407,6 +409,8 @@ class ChatPipeline:
     def _failed(self, turn: Turn, exc: BackendError) -> Reply:
         """Triton failed before any answer: the client's fault is a 400 and a full KV budget a 429 with
         Retry-After (neither a breaker failure), anything else a breaker failure and a fallback answer."""
+        if exc.kind in ("invalid", "overloaded"):
+            self.metrics.gen_ai(self.name, time.monotonic() - turn.t0, error=exc.kind)
         if exc.kind == "invalid":
             self.breaker.record_success()
             self._count("client_error", 400, turn.stream)
@@ -440,6 +444,9 @@ class ChatPipeline:
         self.metrics.duration.labels(self.name, "false").observe(elapsed)
         self.metrics.ttft.labels(self.name, "false").observe(elapsed)
         self.metrics.tokens.labels(self.name).inc(result.num_tokens)
+        # not streamed: the first token's time is unknown here, so time to first token is the whole
+        # response (as chatfleet_time_to_first_token_seconds) and no time per output token is recorded
+        self.metrics.gen_ai(self.name, elapsed, ttft=elapsed)
         self._count("success", 200, False)
         await self._remember(turn, result.text)
         head = responses.envelope(self.name, "chat.completion", turn.session_id, turn.info)
@@ -516,6 +523,7 @@ class ChatPipeline:
             yield responses.sse(head, {}, "stop")
             yield responses.DONE
             completed = True
+            self.metrics.gen_ai(self.name, time.monotonic() - turn.t0, error="backend_error")
             self._count("error", 200, True)
             return
         finally:
@@ -529,8 +537,10 @@ class ChatPipeline:
         self.metrics.duration.labels(self.name, "true").observe(elapsed)
         self.metrics.tokens.labels(self.name).inc(num_tokens)
         if timed_out:
+            self.metrics.gen_ai(self.name, elapsed, error="timeout")
             self._count("error", 200, True)
             return
+        self.metrics.gen_ai(self.name, elapsed, ttft=ttft, tokens=num_tokens)
         if num_tokens > 1 and elapsed > ttft:
             self.metrics.tps.labels(self.name).observe(num_tokens / (elapsed - ttft))
         self._count("success", 200, True)

@@ -142,6 +142,10 @@ serve: venv system-deps ## Run the runtime locally (Triton + chat API + Redis) o
 
 HELM = $(shell $(PY) -c 'from chatfleet_platform.config import binaries; print(binaries().helm)' 2>/dev/null)
 
+.PHONY: chart-readme
+chart-readme: venv ## Regenerate the chart's README (its values table) from Chart.yaml, values.schema.json and values.yaml
+	$(PY) hack/chart_readme.py
+
 .PHONY: chart-lint
 chart-lint: venv platform-build ## helm lint --strict and helm template
 	$(HELM) lint --strict charts/chatfleet-operator

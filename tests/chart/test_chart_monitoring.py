@@ -262,3 +262,65 @@ def test_monitoring_is_off_by_default() -> None:
     kinds = {d["kind"] for d in render()}
     assert not kinds & {"PodMonitor", "ServiceMonitor", "PrometheusRule"}
     assert all(not d["metadata"]["name"].endswith(("-dashboard", "-kube-state-metrics")) for d in render())
+
+
+def test_kedas_gpu_average_reads_the_serving_pods_the_podmonitor_labels(tmp_path: Path) -> None:
+    """The operator's KEDA GPU query over series labelled as the chart's PodMonitor labels them: two busy
+    serving pods (90 %) and two idle warm-pool standbys give 90, not the 45 that would keep a busy fleet
+    with a pool from ever scaling up. Evaluated by promtool on Prometheus' own engine."""
+    from chatfleet_operator.builders.scaledobject import trigger_queries
+    from chatfleet_operator.spec import Autoscale, AutoscaleTargets, ObjectRef
+
+    docs = render(["monitoring.fleetPodMonitor.enabled=true", "monitoring.operatorPodMonitor.enabled=false"])
+    monitor = one(docs, "PodMonitor")
+    relabel = monitor["spec"]["podMetricsEndpoints"][0]["relabelings"]
+    assert {
+        "sourceLabels": ["__meta_kubernetes_pod_label_chatfleet_io_serving"],
+        "targetLabel": "serving",
+    } in relabel
+
+    ((_, _, query, _),) = trigger_queries(
+        ObjectRef("shop", "bot", "uid"), Autoscale(1, 8, AutoscaleTargets(gpu_utilization_percent=70), 60)
+    )
+    (tmp_path / "rules.yaml").write_text(
+        yaml.safe_dump({"groups": [{"name": "keda", "rules": [{"record": "keda_gpu", "expr": query}]}]})
+    )
+    series = [
+        ("bot-5d9f8c7b6-abcde", "true", "0.9"),
+        ("bot-5d9f8c7b6-fghij", "true", "0.9"),
+        ("bot-5d9f8c7b6-klmno", "false", "0"),
+        ("bot-5d9f8c7b6-pqrst", "false", "0"),
+        ("other-5d9f8c7b6-uvwxy", "true", "0.1"),  # another ChatbotService: not counted
+    ]
+    test = {
+        "rule_files": ["rules.yaml"],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    {
+                        "series": f'nv_gpu_utilization{{namespace="shop",pod="{pod}",serving="{serving}"}}',
+                        "values": f"{value}x5",
+                    }
+                    for pod, serving, value in series
+                ],
+                "promql_expr_test": [
+                    {
+                        "expr": "keda_gpu",
+                        "eval_time": "2m",
+                        "exp_samples": [{"labels": "keda_gpu", "value": 90}],
+                    }
+                ],
+            }
+        ],
+    }
+    (tmp_path / "keda_test.yaml").write_text(yaml.safe_dump(test))
+    proc = subprocess.run(
+        [promtool(), "test", "rules", "keda_test.yaml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -4,7 +4,8 @@ KEDA turns it into an HPA on external metrics that its own metrics adapter serve
 queries, so the real HPA controller scales the ChatbotService (its scale subresource, as the operator's
 own HPA does) with no per-pod adapter rules. Each target is one prometheus trigger (docs/metrics.md,
 "KEDA"): in-flight requests as a fleet sum averaged per replica (AverageValue), the latencies and GPU
-utilization as fleet averages (Value). The minimum is the forecast floor when forecasting.
+utilization as fleet averages (Value; the GPU average over serving pods only, warm-pool standbys left
+out). The minimum is the forecast floor when forecasting.
 """
 
 from __future__ import annotations
@@ -27,6 +28,11 @@ def _labels(ref: ObjectRef) -> str:
 def _pods(ref: ObjectRef) -> str:
     """PromQL matchers of Triton's series of this ChatbotService's pods (their model label is Triton's)."""
     return f'namespace="{ref.namespace}",pod=~"{ref.name}-(canary-|preview-)?[a-z0-9]+-[a-z0-9]+"'
+
+
+#: PromQL matcher leaving warm-pool standbys out: their pods carry chatfleet.io/serving "false", which the
+#: chart's PodMonitor attaches to their series as `serving` (pods without a pool have none: kept).
+NOT_STANDBY = 'serving!="false"'
 
 
 def trigger_queries(ref: ObjectRef, autoscale: Autoscale) -> list[tuple[str, str, str, str]]:
@@ -53,7 +59,9 @@ def trigger_queries(ref: ObjectRef, autoscale: Autoscale) -> list[tuple[str, str
         )
         out.append(("latency-ms", "Value", q, str(t.request_latency_milliseconds)))
     if t.gpu_utilization_percent is not None:
-        q = f"100 * avg(nv_gpu_utilization{{{pods}}})"
+        # an average over pods: idle standbys would pull it down (a busy fleet with a pool never scaling
+        # up), so they are left out; the sums and rates above get nothing from a pod that serves nothing
+        q = f"100 * avg(nv_gpu_utilization{{{pods},{NOT_STANDBY}}})"
         out.append(("gpu-utilization", "Value", q, str(t.gpu_utilization_percent)))
     return out
 

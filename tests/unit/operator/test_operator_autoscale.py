@@ -20,6 +20,7 @@ from chatfleet_operator.autoscale.modelload import load_seconds, model_load_stat
 from chatfleet_operator.autoscale.state import forecast_status, forecast_wait, scaling_condition
 from chatfleet_operator.autoscale.warmpool import PodLabel, plan_serving, pool_size, pool_status, pool_waits
 from chatfleet_operator.builders import build_scaledobject
+from chatfleet_operator.builders.scaledobject import trigger_queries
 from chatfleet_operator.cache import Snapshot, World
 from chatfleet_operator.converge.changes import diff_children
 from chatfleet_operator.converge.diagnose import Problem
@@ -309,6 +310,14 @@ class TestScaledObject:
             inflight["metadata"]["query"] == 'sum(chatfleet_inflight_requests{namespace="shop",model="bot"})'
         )
         assert latency["metricType"] == "Value" and latency["metadata"]["threshold"] == "300"
+
+    def test_the_gpu_average_leaves_warm_pool_standbys_out(self):
+        """Idle standbys (serving "false") would pull the fleet's GPU average down: a busy fleet with a warm
+        pool would never scale up. Sums and rates need no such matcher (a standby adds nothing)."""
+        a = Autoscale(1, 6, AutoscaleTargets(gpu_utilization_percent=70), 120)
+        ((name, kind, query, threshold),) = trigger_queries(REF, a)
+        assert (name, kind, threshold) == ("gpu-utilization", "Value", "70")
+        assert query.startswith("100 * avg(nv_gpu_utilization{") and 'serving!="false"' in query
 
     def test_the_hpa_keda_controls_is_never_deleted(self):
         keda_hpa = {

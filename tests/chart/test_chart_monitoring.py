@@ -184,7 +184,12 @@ def test_fleet_podmonitor_scrapes_the_pods_scrape_port_with_service_labels() -> 
     assert [(e["port"], e["path"]) for e in endpoints] == [(SCRAPE_PORT_NAME, SCRAPE_PATH)]
     for e in endpoints:
         targets = {r["targetLabel"] for r in e["relabelings"]}
-        assert targets == {"chatbotservice", "track", "revision"}
+        assert targets == {
+            "chatbotservice",
+            "track",
+            "revision",
+            "serving",
+        }  # serving: KEDA leaves standbys out
     scoped = render(
         ["monitoring.fleetPodMonitor.enabled=true", "watch.scope=namespaces", "watch.namespaces={a,b}"]
     )

@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import random
+import re
 import resource
 import signal
 import sys
@@ -142,6 +143,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="do not verify Prometheus' TLS certificate (default off, env "
         "CHATFLEET_PROMETHEUS_INSECURE_SKIP_VERIFY=true); not with --prometheus-ca-file",
     )
+    run.add_argument(
+        "--runtime-image",
+        default=None,
+        metavar="IMAGE",
+        help="the runtime image of every ChatbotService that names none in spec.runtime.image (env "
+        "CHATFLEET_RUNTIME_IMAGE); a change starts a release of each such fleet",
+    )
+    run.add_argument(
+        "--prometheus-address",
+        default=None,
+        metavar="URL",
+        help="the Prometheus of every ChatbotService that names none in spec.analysis.prometheusAddress "
+        "(env CHATFLEET_PROMETHEUS_ADDRESS)",
+    )
     sub.add_parser("version", help="print the version")
     return parser.parse_args(argv)
 
@@ -151,6 +166,25 @@ def build_settings(args: argparse.Namespace) -> Settings:
     runtime = RuntimeSettings(namespaces=tuple(args.namespace))
     if args.workers:
         runtime = replace(runtime, workers=args.workers)
+    if args.runtime_image or args.prometheus_address:
+        d = runtime.defaults
+        runtime = replace(
+            runtime,
+            defaults=replace(
+                d,
+                runtime_image=args.runtime_image or d.runtime_image,
+                prometheus_address=args.prometheus_address or d.prometheus_address,
+            ),
+        )
+    if not re.fullmatch(r"https?://\S+", runtime.defaults.prometheus_address):
+        raise SystemExit(
+            f"--prometheus-address (CHATFLEET_PROMETHEUS_ADDRESS): {runtime.defaults.prometheus_address!r} "
+            "is not an http(s) URL"
+        )
+    if not re.fullmatch(r"\S+", runtime.defaults.runtime_image):
+        raise SystemExit(
+            f"--runtime-image (CHATFLEET_RUNTIME_IMAGE): {runtime.defaults.runtime_image!r} is not an image"
+        )
     pod = PodSettings()
     if args.allowed_host_path is not None:
         pod = replace(pod, allowed_host_paths=tuple(args.allowed_host_path))

@@ -36,6 +36,7 @@ from chatfleet_operator.converge.status import (
     refused_status,
     status_patch,
 )
+from chatfleet_operator.defaults import effective_spec
 from chatfleet_operator.release.children import (
     desired_children,
     plan_pass,
@@ -79,7 +80,9 @@ def gather_context(
 ) -> PassContext:
     """Step 0: what the pass knows, gathered once (the object, the snapshot, and what follows). Pure."""
     ref = ObjectRef.from_body(body)
-    spec = ChatbotServiceSpec.from_dict(body.get("spec"))
+    # the fields the spec leaves to the operator (image, Prometheus) filled in: built from and hashed
+    effective = effective_spec(body.get("spec"), settings.runtime.defaults)
+    spec = ChatbotServiceSpec.from_dict(effective)
     old_status = body.get("status") or {}
     children = dict(snap.children)  # the pass's own view: applies below update the snapshot, not this
     stable = children.get(("Deployment", deployment_name(ref)))
@@ -93,7 +96,7 @@ def gather_context(
         nodes=tuple(snap.nodes),
         now=now,
         settings=settings,
-        update_revision=revision_hash(body.get("spec") or {}),
+        update_revision=revision_hash(effective),
         total=desired_total(spec, old_status, stable),
         traffic=traffic,
         stable=observe_track(stable, snap.pods, api.TRACK_STABLE),

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from chatfleet_operator.defaults import ClusterDefaults
+
 
 @dataclass(frozen=True)
 class PodSettings:
@@ -84,8 +86,16 @@ class RuntimeSettings:
     """Namespaces to watch; empty means cluster-wide."""
     workers: int = int(os.environ.get("CHATFLEET_WORKERS", "16"))
     """Threads for blocking API calls (env CHATFLEET_WORKERS, default 16)."""
-    default_image: str = "ghcr.io/chatfleet/chatfleet-runtime:0.1.0"
-    """Triton+runtime image used when spec.runtime.image is empty (must match the CRD default)."""
+    defaults: ClusterDefaults = field(
+        default_factory=lambda: ClusterDefaults(
+            runtime_image=os.environ.get("CHATFLEET_RUNTIME_IMAGE") or ClusterDefaults.runtime_image,
+            prometheus_address=os.environ.get("CHATFLEET_PROMETHEUS_ADDRESS")
+            or ClusterDefaults.prometheus_address,
+        )
+    )
+    """What a spec that leaves out spec.runtime.image or spec.analysis.prometheusAddress gets (flags
+    --runtime-image and --prometheus-address, env CHATFLEET_RUNTIME_IMAGE and CHATFLEET_PROMETHEUS_ADDRESS;
+    chatfleet_operator.defaults)."""
     cluster_domain: str = "cluster.local"
     """DNS domain of the cluster, used in status.endpoint."""
 

@@ -197,7 +197,11 @@ class TestPrometheusConnection:
 
     def test_default_verifies_with_the_system_cas_and_sends_no_token(self) -> None:
         pod = pod_of(render())
-        assert not [a for a in pod["containers"][0]["args"] if a.startswith("--prometheus")]
+        assert not [
+            a
+            for a in pod["containers"][0]["args"]
+            if a.startswith("--prometheus") and not a.startswith("--prometheus-address")
+        ]
         assert [v["name"] for v in pod["volumes"]] == ["tmp"]
 
     def test_ca_from_a_config_map_and_the_projected_service_account_token(self) -> None:
@@ -255,9 +259,11 @@ class TestPrometheusConnection:
 
     def test_insecure_skip_verify_is_a_flag_and_mounts_nothing(self) -> None:
         pod = pod_of(render(["operator.prometheus.insecureSkipVerify=true"]))
-        assert [a for a in pod["containers"][0]["args"] if a.startswith("--prometheus")] == [
-            "--prometheus-insecure-skip-verify"
-        ]
+        assert [
+            a
+            for a in pod["containers"][0]["args"]
+            if a.startswith("--prometheus") and not a.startswith("--prometheus-address")
+        ] == ["--prometheus-insecure-skip-verify"]
         assert [v["name"] for v in pod["volumes"]] == ["tmp"]
 
     @pytest.mark.parametrize(
@@ -367,3 +373,43 @@ def render_default_args() -> list[str]:
 def test_render_text_has_no_crds_unless_asked() -> None:
     assert "CustomResourceDefinition" not in render_text()
     assert "kind: CustomResourceDefinition" in render_text(crds=True)
+
+
+class TestClusterDefaults:
+    """operator.defaults: what a ChatbotService that names none gets, passed to the operator as flags."""
+
+    def test_the_runtime_image_follows_the_charts_app_version_unless_set(self) -> None:
+        chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+        args = pod_of(render([]))["containers"][0]["args"]
+        assert f"--runtime-image=ghcr.io/chatfleet/chatfleet-runtime:{chart['appVersion']}" in args
+        assert "--prometheus-address=http://prometheus.monitoring.svc:9090" in args
+        args = pod_of(
+            render(
+                [
+                    "operator.defaults.runtimeImage=registry.example/rt@sha256:" + "a" * 64,
+                    "operator.defaults.prometheusAddress=https://prom.example:9091",
+                ]
+            )
+        )["containers"][0]["args"]
+        assert "--runtime-image=registry.example/rt@sha256:" + "a" * 64 in args
+        assert "--prometheus-address=https://prom.example:9091" in args
+
+    def test_the_operator_takes_them_as_its_defaults(self) -> None:
+        from chatfleet_operator.cli import build_settings, parse_args
+
+        args = pod_of(render(["operator.defaults.runtimeImage=registry.example/rt:2"]))["containers"][0][
+            "args"
+        ]
+        settings = build_settings(parse_args(args))  # the args begin with `run`
+        assert settings.runtime.defaults.runtime_image == "registry.example/rt:2"
+        assert settings.runtime.defaults.prometheus_address == "http://prometheus.monitoring.svc:9090"
+
+    def test_a_bad_address_is_refused_naming_the_value(self) -> None:
+        proc = helm(
+            "template",
+            "cf",
+            str(CHART),
+            *set_flags(["operator.defaults.prometheusAddress=prom:9090"]),
+            check=False,
+        )
+        assert proc.returncode != 0 and "operator/defaults/prometheusAddress" in proc.stderr

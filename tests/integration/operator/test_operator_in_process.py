@@ -90,3 +90,41 @@ def test_a_pass_never_asks_for_a_secret(api, monkeypatch):
     assert not [p for p in paths if "/secrets" in p], paths
     dep = api.get("deployment", "bot")
     assert dep["spec"]["template"]["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
+
+
+def test_the_image_a_spec_leaves_out_follows_the_operator_through_a_release(api):
+    """The CRD no longer writes a default image into the object; the operator's default builds the pods,
+    and a new default (an operator upgrade) is a new revision, rolled out as a spec change is. An object
+    stored with the old CRD's default follows too; one naming its own image does not."""
+    from dataclasses import replace
+
+    from chatfleet_operator.defaults import IMAGE, LEGACY_STORED, ClusterDefaults
+    from chatfleet_operator.settings import RuntimeSettings
+
+    def operator(image: str) -> Controller:
+        runtime = replace(RuntimeSettings(), defaults=replace(ClusterDefaults(), runtime_image=image))
+        return Controller(replace(Settings(), runtime=runtime), kube)
+
+    def images(name: str) -> set[str]:
+        dep = api.get("deployment", name)
+        return {c["image"] for c in dep["spec"]["template"]["spec"]["containers"]} if dep else set()
+
+    api.apply(chatbot("bot"))
+    api.apply(chatbot("legacy", runtime={"image": LEGACY_STORED[IMAGE]}))
+    api.apply(chatbot("pinned", runtime={"image": "registry.example/mine:1"}))
+    assert "image" not in (api.get("chatbotservice", "bot")["spec"].get("runtime") or {})  # nothing stored
+    for name in ("bot", "legacy", "pinned"):
+        body = api.get("chatbotservice", name)
+        asyncio.run(operator("registry.example/rt:1").attempt((body["metadata"]["namespace"], name), body))
+    assert images("bot") == images("legacy") == {"registry.example/rt:1"}
+    assert images("pinned") == {"registry.example/mine:1"}
+    first = {name: api.get("chatbotservice", name)["status"]["updateRevision"] for name in ("bot", "pinned")}
+
+    for name in ("bot", "pinned"):  # the operator upgraded, with a new default image
+        body = api.get("chatbotservice", name)
+        asyncio.run(operator("registry.example/rt:2").attempt((body["metadata"]["namespace"], name), body))
+    now = {name: api.get("chatbotservice", name)["status"]["updateRevision"] for name in ("bot", "pinned")}
+    # a new revision, rolled out as any spec change is (here no revision was stable yet, so in place;
+    # with a stable one, a release: tests/unit/operator/test_operator_defaults.py, the release tests)
+    assert now["bot"] != first["bot"] and images("bot") | images("bot-canary") >= {"registry.example/rt:2"}
+    assert now["pinned"] == first["pinned"] and images("pinned") == {"registry.example/mine:1"}

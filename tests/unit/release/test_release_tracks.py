@@ -7,7 +7,6 @@ from types import SimpleNamespace
 
 import pytest
 from chatfleet_operator.api import Reason
-from chatfleet_operator.builders import revision_hash
 from chatfleet_operator.converge.diagnose import Problem
 from chatfleet_operator.converge.facts import PodFacts
 from chatfleet_operator.converge.status import Gate, Observation, apply_gate, compute_status
@@ -21,8 +20,10 @@ NEW = {**OLD, "model": {"uri": "hf://org/m", "revision": "v2"}}
 
 def observed(raw):
     """The children as the cluster holds them after a steady state on `raw`."""
-    _, desired = pass_children(context(raw))
-    return {(m["kind"], m["metadata"]["name"]): copy.deepcopy(m) for m in desired}, revision_hash(raw)
+    ctx = context(raw)
+    _, desired = pass_children(ctx)
+    # the revision hashes the effective spec (with the operator's defaults filled in: defaults.py)
+    return {(m["kind"], m["metadata"]["name"]): copy.deepcopy(m) for m in desired}, ctx.update_revision
 
 
 def run(raw, children, pods, status, traffic="ReplicaRatio"):
@@ -46,7 +47,7 @@ def test_release_keeps_stable_template_and_adds_the_canary():
     children, old_rev = observed(OLD)
     pods = [PodFacts(f"bot-{i}", old_rev, "stable", "Running", True) for i in range(2)]
     new_rev, out = run(NEW, children, pods, {"stableRevision": old_rev})
-    assert new_rev != old_rev == revision_hash(OLD)
+    assert new_rev != old_rev == context(OLD).update_revision
     d = by_key(out.desired)
     stable = d[("Deployment", "bot")]
     assert stable["spec"]["template"]["metadata"]["labels"]["chatfleet.io/revision"] == old_rev
@@ -137,3 +138,31 @@ def test_a_problem_outranks_a_release_gate(kind):
     )
     assert (conds["Ready"]["status"], conds["Ready"]["reason"]) == ("False", Reason.INVALID_ANALYSIS_TARGET)
     assert conds["Reconciling"]["reason"] == gate.reason  # the release's own state is still shown
+
+
+def test_a_new_operator_default_image_is_released_like_a_spec_change():
+    """A fleet that names no image, stable on the operator's old default: an operator with a new default
+    image starts a canary release of it (stable kept on the old image), as a spec change would."""
+    from dataclasses import replace
+
+    from chatfleet_operator.defaults import ClusterDefaults
+    from chatfleet_operator.settings import RuntimeSettings, Settings
+
+    children, rev = observed(OLD)
+    runtime = replace(
+        RuntimeSettings(), defaults=replace(ClusterDefaults(), runtime_image="registry.example/rt:2")
+    )
+    ctx = context(
+        OLD, children=children, status={"stableRevision": rev}, settings=replace(Settings(), runtime=runtime)
+    )
+    plan, desired = pass_children(ctx)
+    assert ctx.update_revision != rev and plan.in_release
+    d = by_key(desired)
+    images = {
+        k[1]: {c["image"] for c in v["spec"]["template"]["spec"]["containers"]}
+        for k, v in d.items()
+        if k[0] == "Deployment"
+    }
+    assert images["bot"] == {ClusterDefaults().runtime_image} and images["bot-canary"] == {
+        "registry.example/rt:2"
+    }

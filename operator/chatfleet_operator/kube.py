@@ -22,6 +22,7 @@ from kubernetes.client import ApiClient, Configuration
 from chatfleet_operator import api, metrics
 from chatfleet_operator.api import ApiError
 from chatfleet_operator.kinds import API_PATHS
+from chatfleet_operator.timefmt import rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -226,7 +227,7 @@ def post_event(
 ) -> None:
     """Post a core/v1 Event about a ChatbotService (failures are logged, never raised)."""
     meta = involved["metadata"]
-    stamp = (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    stamp = rfc3339(now or datetime.now(UTC))
     event = {
         "apiVersion": "v1",
         "kind": "Event",

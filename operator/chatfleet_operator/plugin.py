@@ -28,6 +28,7 @@ import yaml
 from chatfleet_operator import api, kube
 from chatfleet_operator.release.state import ACTIVE_PHASES, ReleasePhase
 from chatfleet_operator.spec import Strategy
+from chatfleet_operator.timefmt import parse_time
 
 
 def current_namespace(context: str | None = None) -> str:
@@ -67,9 +68,8 @@ def _ago(value: Any, now: datetime) -> str:
     """'12s ago' from an RFC 3339 timestamp ('' when absent)."""
     if not value:
         return ""
-    try:
-        t = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-    except ValueError:
+    t = parse_time(value)
+    if t is None:
         return str(value)
     return f"{max(0, int((now - t).total_seconds()))}s ago"
 

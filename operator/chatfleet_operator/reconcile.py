@@ -46,10 +46,10 @@ from chatfleet_operator.release.children import (
 )
 from chatfleet_operator.release.measure import Releases
 from chatfleet_operator.release.planner import strategy_of
-from chatfleet_operator.release.state import parse_time
 from chatfleet_operator.release.strategy import ReleasePlan, ReleaseReason
 from chatfleet_operator.settings import Settings
 from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
+from chatfleet_operator.timefmt import parse_time
 
 log = logging.getLogger("chatfleet")
 

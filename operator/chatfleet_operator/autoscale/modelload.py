@@ -13,19 +13,10 @@ from datetime import datetime
 from typing import Any
 
 from chatfleet_operator.converge.facts import PodFacts
+from chatfleet_operator.timefmt import parse_time
 
 #: Most recent pods (by creation) measured per revision.
 RECENT = 20
-
-
-def parse_time(value: str) -> datetime | None:
-    """An RFC 3339 timestamp, e.g. '2026-01-01T10:00:00Z'; None when empty or unparsable."""
-    if not value:
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
 
 
 def load_seconds(pods: Sequence[PodFacts], revision: str) -> tuple[float, int] | None:

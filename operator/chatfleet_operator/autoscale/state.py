@@ -18,8 +18,8 @@ from typing import Any
 
 from chatfleet_operator import api
 from chatfleet_operator.autoscale.forecast import Demand, replica_floor
-from chatfleet_operator.autoscale.modelload import parse_time
 from chatfleet_operator.spec import Autoscale
+from chatfleet_operator.timefmt import parse_time, rfc3339
 
 #: Longest wait between two forecasts after errors, seconds.
 MAX_FORECAST_WAIT = 600.0
@@ -54,7 +54,7 @@ def forecast_status(
     and the reason names the error.
     """
     old = dict(old or {})
-    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    stamp = rfc3339(now)
     if error:
         fc: dict[str, Any] = {
             "computedAt": stamp,

@@ -24,13 +24,9 @@ from chatfleet_operator.api import (
 )
 from chatfleet_operator.converge.diagnose import Problem, crashlooping
 from chatfleet_operator.converge.facts import DeploymentFacts, PodFacts
+from chatfleet_operator.timefmt import rfc3339
 
 CONDITION_ORDER = (COND_READY, COND_RECONCILING, COND_STALLED, COND_DEGRADED)
-
-
-def rfc3339(now: datetime) -> str:
-    """Kubernetes timestamp with second precision, e.g. 2026-11-21T10:00:00Z."""
-    return now.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def condition(ctype: str, status: bool, reason: str, message: str, generation: int) -> dict[str, Any]:

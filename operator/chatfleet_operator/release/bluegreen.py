@@ -8,8 +8,8 @@ from typing import Any
 from chatfleet_operator import api
 from chatfleet_operator.builders.service import build_service
 from chatfleet_operator.context import PassContext
-from chatfleet_operator.converge.status import EventIntent, Gate, GateKind, rfc3339
-from chatfleet_operator.release.state import HistoryEntry, ReleasePhase, ReleaseState, since
+from chatfleet_operator.converge.status import EventIntent, Gate, GateKind
+from chatfleet_operator.release.state import HistoryEntry, ReleasePhase, ReleaseState
 from chatfleet_operator.release.strategy import (
     ReleaseInput,
     ReleasePlan,
@@ -25,6 +25,7 @@ from chatfleet_operator.release.strategy import (
     track_service,
 )
 from chatfleet_operator.spec import ObjectRef, Strategy
+from chatfleet_operator.timefmt import rfc3339, since
 
 
 class BlueGreen:

@@ -33,8 +33,8 @@ from chatfleet_operator.builders.httproute import (
 )
 from chatfleet_operator.builders.service import build_service
 from chatfleet_operator.context import PassContext
-from chatfleet_operator.converge.status import EventIntent, Gate, GateKind, rfc3339
-from chatfleet_operator.release.state import HistoryEntry, ReleasePhase, ReleaseState, since
+from chatfleet_operator.converge.status import EventIntent, Gate, GateKind
+from chatfleet_operator.release.state import HistoryEntry, ReleasePhase, ReleaseState
 from chatfleet_operator.release.strategy import (
     ReleaseInput,
     ReleasePlan,
@@ -51,6 +51,7 @@ from chatfleet_operator.release.strategy import (
 )
 from chatfleet_operator.release.traffic import HTTPROUTE, REPLACE_IN_PLACE, SURGE, split
 from chatfleet_operator.spec import CanaryStep, ChatbotServiceSpec, ObjectRef, Strategy
+from chatfleet_operator.timefmt import rfc3339, since
 
 #: Phases in which the canary's pods are watched for health (and can roll the release back without metrics).
 HEALTH_WATCHED = frozenset({ReleasePhase.SHADOWING, ReleasePhase.STEPPING, ReleasePhase.DRAINING})

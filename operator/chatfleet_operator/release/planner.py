@@ -27,7 +27,7 @@ from typing import Any
 
 from chatfleet_operator.analysis.assess import ROLLBACK, empty_counters, fold
 from chatfleet_operator.converge.facts import IMAGE_PULL_REASONS
-from chatfleet_operator.converge.status import EventIntent, Gate, GateKind, rfc3339
+from chatfleet_operator.converge.status import EventIntent, Gate, GateKind
 from chatfleet_operator.release.bluegreen import BlueGreen
 from chatfleet_operator.release.canary import Canary
 from chatfleet_operator.release.state import (
@@ -37,8 +37,6 @@ from chatfleet_operator.release.state import (
     ReleaseState,
     ReleaseStatus,
     Result,
-    parse_time,
-    since,
     with_entry,
 )
 from chatfleet_operator.release.strategy import (
@@ -52,6 +50,7 @@ from chatfleet_operator.release.strategy import (
 )
 from chatfleet_operator.release.traffic import AUTO, SURGE
 from chatfleet_operator.spec import ChatbotServiceSpec, Strategy
+from chatfleet_operator.timefmt import parse_time, rfc3339, since
 
 #: The strategies, by spec.rollout.strategy.
 STRATEGIES: dict[Strategy, ReleaseStrategy] = {Strategy.CANARY: Canary(), Strategy.BLUE_GREEN: BlueGreen()}

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from enum import StrEnum
 from typing import Any, TypeVar
 
@@ -78,22 +77,6 @@ def int_or_none(value: Any) -> int | None:
     if isinstance(value, str) and value.strip().lstrip("-").isdigit():
         return int(value)
     return None
-
-
-def parse_time(value: Any) -> datetime | None:
-    """Parse an RFC 3339 timestamp from status (None when absent or malformed)."""
-    if not value:
-        return None
-    try:
-        return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-    except ValueError:
-        return None
-
-
-def since(value: Any, now: datetime) -> float:
-    """Seconds since a status timestamp (0 when absent)."""
-    t = parse_time(value)
-    return max(0.0, (now - t).total_seconds()) if t else 0.0
 
 
 @dataclass(frozen=True)

@@ -19,18 +19,17 @@ from chatfleet_operator.analysis.queries import window_seconds
 from chatfleet_operator.builders.service import build_service, track_service_name
 from chatfleet_operator.context import DialogueCheck, PassContext
 from chatfleet_operator.converge.facts import Track
-from chatfleet_operator.converge.status import EventIntent, Gate, GateKind, ReleaseFields, rfc3339
+from chatfleet_operator.converge.status import EventIntent, Gate, GateKind, ReleaseFields
 from chatfleet_operator.release.state import (
     HistoryEntry,
     ReleasePhase,
     ReleaseState,
     Result,
     mirror_fields,
-    parse_time,
-    since,
     with_entry,
 )
 from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef, Strategy
+from chatfleet_operator.timefmt import parse_time, rfc3339, since
 
 
 class ReleaseReason:

@@ -22,7 +22,7 @@ from chatfleet_operator.analysis.assess import Sample
 from chatfleet_operator.cache import Snapshot, World
 from chatfleet_operator.controller import Controller
 from chatfleet_operator.converge.facts import NodeFacts, PodFacts
-from chatfleet_operator.converge.status import rfc3339
+from chatfleet_operator.timefmt import rfc3339
 from chatfleet_operator.kinds import BY_NAME
 from chatfleet_operator.reconcile import reconcile_pass
 from chatfleet_operator.release.measure import Releases

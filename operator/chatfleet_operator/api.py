@@ -10,8 +10,6 @@ API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "ChatbotService"
 PLURAL = "chatbotservices"
 SINGULAR = "chatbotservice"
-SHORT_NAMES = ("cbs",)
-CATEGORY = "chatfleet"
 
 #: Field manager name used for server-side apply and status writes.
 FIELD_MANAGER = "chatfleet-operator"
@@ -47,14 +45,12 @@ STANDBY_DELETION_COST = "-100"
 # GPU node labels (NVIDIA GPU feature discovery) and the extended resource.
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
-GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
 
 # Condition types (adjectives, Kubernetes conventions; kstatus reads Ready/Reconciling/Stalled).
 COND_READY = "Ready"
 COND_RECONCILING = "Reconciling"
 COND_STALLED = "Stalled"
 COND_DEGRADED = "Degraded"
-COND_AVAILABLE = "Available"
 #: Whether the autoscaler can read its metrics (HPA ScalingActive / KEDA ScaledObject Ready).
 COND_SCALING_ACTIVE = "ScalingActive"
 

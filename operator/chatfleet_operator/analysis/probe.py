@@ -18,8 +18,6 @@ from dataclasses import dataclass
 log = logging.getLogger("chatfleet.analysis")
 
 DEFAULT_PROMPTS = ("Hello! What can you do?", "Summarize our refund policy in one sentence.")
-#: Where the probe goes: the canary's chat API inside the cluster (settings may override, e.g. in tests).
-DEFAULT_URL_TEMPLATE = "http://{service}-{track}.{namespace}.svc.{domain}:8080/v1/chat/completions"
 
 
 @dataclass(frozen=True)

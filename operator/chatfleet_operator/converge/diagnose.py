@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from chatfleet_operator import api
@@ -223,11 +223,3 @@ def crashlooping(pods: Iterable[PodFacts], revision: str) -> list[PodFacts]:
         and not p.ready
         and (p.waiting_reason == "CrashLoopBackOff" or p.restarts > 0)
     ]
-
-
-def group_pods(pods: Iterable[PodFacts]) -> Mapping[str, list[PodFacts]]:
-    """Pods by revision."""
-    out: dict[str, list[PodFacts]] = {}
-    for p in pods:
-        out.setdefault(p.revision, []).append(p)
-    return out

@@ -22,11 +22,11 @@ from chatfleet_operator.analysis.assess import Sample
 from chatfleet_operator.cache import Snapshot, World
 from chatfleet_operator.controller import Controller
 from chatfleet_operator.converge.facts import NodeFacts, PodFacts
-from chatfleet_operator.timefmt import rfc3339
 from chatfleet_operator.kinds import BY_NAME
 from chatfleet_operator.reconcile import reconcile_pass
 from chatfleet_operator.release.measure import Releases
 from chatfleet_operator.settings import Settings
+from chatfleet_operator.timefmt import rfc3339
 from operator_helpers import as_observed, cbs_body
 from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families

@@ -62,6 +62,7 @@ for sub in ("runtime", "contract", "hack"):
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from answer_lengths import answer_length  # noqa: E402
+from serving_stats import inter_token_gaps  # noqa: E402
 
 #: Qwen2-7B-Instruct's configuration (its config.json), the dimensions that set the cost of a token.
 QWEN2_7B = {
@@ -74,6 +75,7 @@ QWEN2_7B = {
     # model can emit decodes (the cost differs by 0.08 %).
     "vocab_size": 151_936,
     "max_position_embeddings": 32_768,
+    "rope_theta": 1_000_000.0,
     "rms_norm_eps": 1e-6,
     "hidden_act": "silu",
     "tie_word_embeddings": False,
@@ -259,7 +261,7 @@ class ClosedLoop:
         ok = [r for r in counted if r.error is None]
         refused = [r for r in counted if r.error is not None]
         ttft = [r.texts[0] - r.sent for r in ok if r.texts]
-        gaps = [b - a for r in ok for a, b in zip(r.texts, r.texts[1:], strict=False)]
+        gaps = [gap for r in ok for gap in inter_token_gaps(r.texts)]
         # tokens produced inside the window, by every request (at full concurrency throughout)
         produced = sum(1 for r in self.records for t in r.texts if window_start <= t < self.stop_at)
         return {
@@ -275,34 +277,6 @@ class ClosedLoop:
             "mean_answer_tokens": round(statistics.fmean([r.tokens for r in ok]), 1) if ok else None,
             "peak_allocated_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
         }
-
-
-def build_direct(dims: dict, tokenizer, precision: str, device: str, layers: int):
-    """A random Qwen2ForCausalLM of `dims` (first `layers` layers), built on `device` in the precision."""
-    import torch
-    from chatfleet_runtime.engine.loading import torch_dtype
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    dims = {k: v for k, v in dims.items() if k != "rope_theta"}
-    config = Qwen2Config(
-        **{**dims, "num_hidden_layers": layers},
-        rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    dtype = torch_dtype(precision)
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):
-            model = Qwen2ForCausalLM(config)
-    finally:
-        torch.set_default_dtype(previous)
-    for key in ("eos_token_id", "pad_token_id", "bos_token_id"):
-        setattr(model.generation_config, key, getattr(tokenizer, key))
-    return model.eval()
 
 
 def copy_bandwidth(device: str) -> float | None:
@@ -464,8 +438,8 @@ class Sheet:
         if shape == "0.5b" and not self.args.direct:
             return ChatService(settings)
         import torch
-        from chatfleet_platform.localruntime.shaped import QWEN2_0_5B
-        from chatfleet_runtime.engine.loading import choose_placement
+        from chatfleet_platform.localruntime.shaped import QWEN2_0_5B, build_model
+        from chatfleet_runtime.engine.loading import choose_placement, torch_dtype
 
         tokenizer = load_tokenizer(model_dir)
 
@@ -480,7 +454,9 @@ class Sheet:
         dims, layers = (
             (QWEN2_7B, self.args.layers_7b) if shape == "7b" else (QWEN2_0_5B, self.args.layers_05b)
         )
-        model = build_direct(dims, tokenizer, placement.precision, placement.device, layers)
+        model = build_model(
+            tokenizer, layers, dims=dims, dtype=torch_dtype(placement.precision), device=placement.device
+        )
         return ChatService(settings, model=model, tokenizer=tokenizer)
 
     def case(self, shape: str, precision: str, model_dir: Path, levels: list[int], climb: bool) -> None:

@@ -80,23 +80,30 @@ def pad_vocabulary(tokenizer, vocab_size: int):
     return padded
 
 
-def build_model(tokenizer, layers: int, seed: int = 0):
-    """A random Qwen2ForCausalLM with QWEN2_0_5B's configuration and its first `layers` decoder layers."""
+def build_model(tokenizer, layers: int, seed: int = 0, *, dims=QWEN2_0_5B, dtype=None, device=None):
+    """A random Qwen2ForCausalLM with `dims`' configuration (QWEN2_0_5B's unless given) and its first
+    `layers` decoder layers, made on `device` (the CPU unless given) in `dtype` (torch's default unless
+    given: a model built on a GPU in half precision never passes through fp32 on the host)."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    if not 1 <= layers <= QWEN2_0_5B["num_hidden_layers"]:
-        raise ValueError(f"layers: {layers} is outside 1..{QWEN2_0_5B['num_hidden_layers']}")
+    if not 1 <= layers <= dims["num_hidden_layers"]:
+        raise ValueError(f"layers: {layers} is outside 1..{dims['num_hidden_layers']}")
     torch.manual_seed(seed)
-    dims = {k: v for k, v in QWEN2_0_5B.items() if k != "rope_theta"}
     config = Qwen2Config(
-        **{**dims, "num_hidden_layers": layers},
-        rope_parameters={"rope_type": "default", "rope_theta": QWEN2_0_5B["rope_theta"]},
+        **{**{k: v for k, v in dims.items() if k != "rope_theta"}, "num_hidden_layers": layers},
+        rope_parameters={"rope_type": "default", "rope_theta": dims["rope_theta"]},
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    model = Qwen2ForCausalLM(config)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype or previous)
+    try:
+        with torch.device(device or "cpu"):
+            model = Qwen2ForCausalLM(config)
+    finally:
+        torch.set_default_dtype(previous)
     for key in ("eos_token_id", "pad_token_id", "bos_token_id"):
         setattr(model.generation_config, key, getattr(tokenizer, key))
     return model.eval()

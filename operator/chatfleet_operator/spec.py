@@ -12,9 +12,12 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-DEFAULT_IMAGE = "ghcr.io/chatfleet/chatfleet-runtime:0.1.0"
+from chatfleet_operator.defaults import ClusterDefaults
+
+#: What a spec parsed on its own (not the pass's effective spec, chatfleet_operator.defaults) falls back to.
+DEFAULT_IMAGE = ClusterDefaults.runtime_image
 DEFAULT_FALLBACK_TEXT = "Sorry, I cannot answer right now. Please try again in a moment."
-DEFAULT_PROMETHEUS = "http://prometheus.monitoring.svc:9090"
+DEFAULT_PROMETHEUS = ClusterDefaults.prometheus_address
 
 
 def _m(d: Mapping[str, Any] | None, key: str) -> Mapping[str, Any]:

@@ -100,9 +100,7 @@ def uninstall(cluster, release: str, namespace: str) -> None:
 
 def apply_chart_crds(cluster) -> None:
     """The chart's CRDs, Established (idempotent; shared by every suite)."""
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds"))
-    for name in (CRD_NAME, "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"):
-        cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+    cluster.install_crds(CHART / "crds", (CRD_NAME, "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"))
 
 
 DRY_RUN_SETS = [
@@ -151,16 +149,7 @@ def test_monitoring_objects_pass_server_side_dry_run(cluster, namespace: str) ->
     """PodMonitors and the PrometheusRule against the real monitoring.coreos.com CRDs (strict fields)."""
     crds = prometheus_operator_crds()
     for kind in ("podmonitors", "prometheusrules"):
-        cluster.kubectl(
-            "apply",
-            "--server-side",
-            "--force-conflicts",
-            "-f",
-            str(crds / f"monitoring.coreos.com_{kind}.yaml"),
-        )
-        cluster.kubectl(
-            "wait", "--for=condition=Established", f"crd/{kind}.monitoring.coreos.com", "--timeout=60s"
-        )
+        cluster.install_crd(crds / f"monitoring.coreos.com_{kind}.yaml", f"{kind}.monitoring.coreos.com")
     text = render_text(VALUE_SETS["monitoring"], namespace=namespace, release=unique("mon"))
     proc = cluster.kubectl(
         "apply", "--dry-run=server", "--validate=strict", "-f", "-", input=text, check=False

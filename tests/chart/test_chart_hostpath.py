@@ -105,10 +105,7 @@ def bound_ns(cluster) -> Iterator[str]:
     """A namespace of this test's own, with the chart's CRDs served."""
     name = f"hp-{uuid.uuid4().hex[:6]}"
     cluster.kubectl("create", "namespace", name)
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds"))
-    cluster.kubectl(
-        "wait", "--for=condition=Established", "crd/chatbotservices.chatfleet.io", "--timeout=60s"
-    )
+    cluster.install_crds(CHART / "crds", ("chatbotservices.chatfleet.io",))
     try:
         yield name
     finally:

@@ -318,16 +318,56 @@ class Cluster:
         appears, gets 404 and stops the whole operator (its orchestrator fails). A CRD event of the group
         once discovery has settled makes them rescan and see the group gone.
         """
-        self.kubectl("delete", "crd", "--ignore-not-found", "--wait=true", *names, check=False)
+        self._delete_crds(names, timeout)
         procs.wait_for(
             f"the API to stop serving {group} once its CRDs are deleted",
             lambda: self.kubectl("get", "--raw", f"/apis/{group}", check=False).returncode != 0,
             timeout=timeout,
             interval=0.5,
         )
-        placeholder = placeholder_crd(group)
-        self.apply([placeholder])
-        self.kubectl("delete", "crd", placeholder["metadata"]["name"], "--wait=true", check=False)
+        placeholder = placeholder_crd(group)["metadata"]["name"]
+        self.apply([placeholder_crd(group)])
+        self.kubectl(
+            "wait", "--for=condition=Established", "--timeout=30s", f"crd/{placeholder}", check=False
+        )
+        self._delete_crds([placeholder], timeout, no_instances=True)
+
+    def _delete_crds(self, names: Sequence[str], timeout: float, *, no_instances: bool = False) -> None:
+        """Delete CRDs and wait until they are gone; PlatformError naming their conditions if they stay.
+
+        `no_instances`: CRDs that never had objects (the placeholder). If one is still there after half of
+        `timeout`, its cleanup finalizer (which only deletes the CRD's objects) is removed: once, under a
+        loaded API server, such a deletion stayed pending for over two minutes.
+        """
+        self.kubectl("delete", "crd", "--ignore-not-found", "--wait=false", *names, check=False)
+
+        def left() -> list[str]:
+            res = self.kubectl("get", "crd", *names, "--ignore-not-found", "-o", "name", check=False)
+            return res.stdout.split()
+
+        deadline = time.monotonic() + timeout
+        unstuck = not no_instances
+        while remaining := left():
+            if not unstuck and time.monotonic() > deadline - timeout / 2:
+                for name in remaining:
+                    self.kubectl(
+                        "patch", name, "--type=merge", "-p", '{"metadata":{"finalizers":null}}', check=False
+                    )
+                unstuck = True
+            if time.monotonic() > deadline:
+                res = self.kubectl("get", "crd", *names, "--ignore-not-found", "-o", "json", check=False)
+                found = json.loads(res.stdout or "{}")  # a List for several names, the object for one
+                items = found.get("items", [found] if found else [])
+                conditions = "; ".join(
+                    f"{o['metadata']['name']} "
+                    + ", ".join(
+                        f"{c['type']}={c['status']} ({c.get('message', '')})"
+                        for c in o.get("status", {}).get("conditions", [])
+                    )
+                    for o in items
+                )
+                raise PlatformError(f"CRDs still present {timeout:.0f}s after their deletion: {conditions}")
+            time.sleep(0.5)
 
     def delete_namespace(self, name: str, *, first: Sequence[str] = (), timeout: float = 90) -> None:
         """Delete namespace `name` and wait (up to `timeout` per step) until it is gone.

@@ -214,3 +214,24 @@ def test_prometheus_scrapes_itself_on_loopback(make_prometheus):
         return result and result[0]["value"][1] == "1"
 
     assert wait_until(up, 30)
+
+
+def test_a_crd_deletion_that_stays_pending_is_finished_only_for_crds_without_objects(cluster):
+    """Cluster._delete_crds, which uninstall_crds uses: a held CRD is reported by name with its conditions;
+    with no_instances (the placeholder) the cleanup finalizer is removed and the CRD goes."""
+    from chatfleet_platform.cluster import placeholder_crd
+    from chatfleet_platform.config import PlatformError
+
+    crd = placeholder_crd("held.chatfleet.test")
+    crd["metadata"]["finalizers"] = ["chatfleet.test/hold"]  # stands in for a cleanup that never ends
+    name = crd["metadata"]["name"]
+    cluster.apply([crd])
+    try:
+        with pytest.raises(PlatformError, match=name):
+            cluster._delete_crds([name], timeout=4)
+        cluster._delete_crds([name], timeout=4, no_instances=True)
+        assert not cluster.kubectl("get", "crd", name, "--ignore-not-found", "-o", "name").stdout.strip()
+    finally:
+        cluster.kubectl(
+            "patch", "crd", name, "--type=merge", "-p", '{"metadata":{"finalizers":null}}', check=False
+        )

@@ -50,13 +50,25 @@ from chatfleet_platform.gateway import SHARED_NAMESPACE, Gateway  # noqa: E402
 from chatfleet_platform.localruntime.tiny import build_tiny_model  # noqa: E402
 from chatfleet_platform.realnode import CLIENT_ADDRESSES  # noqa: E402
 from chatfleet_platform.realpods import fleet_podmonitor, service_url  # noqa: E402
-from chatfleet_platform.releasetraffic import Bot, Scenario, traffic_spec  # noqa: E402
+from chatfleet_platform.releasetraffic import (  # noqa: E402
+    Bot,
+    PlainScenario,
+    Scenario,
+    make_plain,
+    traffic_spec,
+)
 
 USERS = int(os.environ.get("USERS", "32"))
 PROMOTIONS = int(os.environ.get("PROMOTIONS", "5"))
 ROLLBACKS = int(os.environ.get("ROLLBACKS", "5"))
 SCALE_DOWNS = int(os.environ.get("SCALE_DOWNS", "5"))
 DIALOGUES = int(os.environ.get("DIALOGUES", "1000"))
+ALL_ROWS = ("plain", "service", "gateway", "gateway-default", "pinned", "unpinned")
+ROWS = set(os.environ.get("ROWS", ",".join(ALL_ROWS)).split(","))
+"""Which rows to run (default all, in ALL_ROWS' order): e.g. ROWS=service,plain for table 1's Service
+path and its plain-Deployment baseline alone."""
+if ROWS - set(ALL_ROWS):
+    raise SystemExit(f"ROWS: unknown {sorted(ROWS - set(ALL_ROWS))}; choose from {', '.join(ALL_ROWS)}")
 THINK_SECONDS = (2.0, 4.0)
 """Table 2's think time between turns."""
 OUT = REPO / "bench-results" / "release-traffic.json"
@@ -120,6 +132,8 @@ class Platform:
         """Traefik and the Gateway API CRDs (from now on releases use HTTPRoutes); once up, Traefik is
         restarted on the same port when asked for the other proxy."""
         first = self.gateway is None
+        if self.gateway is not None and self.gateway.fast_proxy == fast_proxy:
+            return self.gateway
         self.gateway = Gateway(self.cluster, fast_proxy=fast_proxy).up()
         if first:
             time.sleep(12)  # the operator's Gateway API discovery is cached 10 s
@@ -166,9 +180,17 @@ class Platform:
 
 
 def zero_drop(platform: Platform, path: str, label: str = "") -> dict[str, Any]:
-    """Table 1's row for one path ("service" or "gateway"): the interleaved operations under USERS users."""
+    """Table 1's row for one path ("service", "plain" or "gateway"): the interleaved operations under USERS
+    users. "plain" is the baseline without Chatfleet: the operator's pods in a plain Deployment with no
+    drain (releasetraffic.plain_deployment), changed by kubectl alone, through the same Service."""
     bot = platform.bot()
     try:
+        scenario: Scenario | PlainScenario
+        if path == "plain":
+            say("plain: the ChatbotService's objects orphaned, the stable Deployment made plain (no drain)")
+            scenario = make_plain(bot)
+        else:
+            scenario = Scenario(bot)
         if path == "gateway":
             assert platform.gateway is not None
             load = DialogueLoad(platform.gateway.url, concurrency=USERS, pin=True, max_seconds=7200)
@@ -176,7 +198,6 @@ def zero_drop(platform: Platform, path: str, label: str = "") -> dict[str, Any]:
             url = service_url(platform.cluster, bot.ns, bot.name)
             load = DialogueLoad(url, concurrency=USERS, pin=False, sources=CLIENT_ADDRESSES, max_seconds=7200)
         load.start()
-        scenario = Scenario(bot)
         bot.wait(lambda: load.summary()["ok"] >= 20, 300, "dialogues under way")
         t0 = time.monotonic()
         t0_wall = time.time()
@@ -202,7 +223,7 @@ def zero_drop(platform: Platform, path: str, label: str = "") -> dict[str, Any]:
         platform.drop(bot)
 
 
-def placed(load: DialogueLoad, scenario: Scenario, t0: float) -> list[dict[str, Any]]:
+def placed(load: DialogueLoad, scenario: Scenario | PlainScenario, t0: float) -> list[dict[str, Any]]:
     """Each turn not answered well, with when it began (seconds into the scenario) and the operation
     then under way (with how far into it), so a cut can be traced to what the release was doing."""
     out = []
@@ -318,25 +339,40 @@ def table(rows: list[dict[str, Any]], cols: list[tuple[str, str]]) -> str:
 def main() -> int:
     """Run both tables in one session of the platform; print them and write the JSON."""
     platform = Platform()
-    results: dict[str, Any] = {"users": USERS, "dialogues": DIALOGUES}
+    results: dict[str, Any] = {
+        "users": USERS,
+        "dialogues": DIALOGUES,
+        "operations": {"promotions": PROMOTIONS, "rollbacks": ROLLBACKS, "scale_downs": SCALE_DOWNS},
+        "rows": sorted(ROWS),
+        "zero_drop": [],
+        "pinning": [],
+    }
+    zero, pins = results["zero_drop"], results["pinning"]
     try:
         platform.up()
-        say(
-            f"table 1 through the Service: {PROMOTIONS} promotions, {ROLLBACKS} rollbacks, {SCALE_DOWNS} scale-downs"
-        )
-        service = zero_drop(platform, "service")
-        platform.gateway_up()
-        say("table 1 through the gateway (Traefik's fast proxy, HTTPRoute, sticky dialogues)")
-        gateway = zero_drop(platform, "gateway", "gateway (Traefik fast proxy)")
-        platform.gateway_up(fast_proxy=False)
-        say("table 1 through the gateway with Traefik's default proxy (baseline)")
-        baseline = zero_drop(platform, "gateway", "gateway (Traefik default proxy, baseline)")
-        platform.gateway_up()
-        say(f"table 2: {DIALOGUES} dialogues through a 10/50/100 release, pinned")
-        pinned = pinning(platform, True)
-        say(f"table 2: {DIALOGUES} dialogues through a 10/50/100 release, not pinned (baseline)")
-        unpinned = pinning(platform, False)
-        results.update(zero_drop=[service, gateway, baseline], pinning=[pinned, unpinned])
+        ops = f"{PROMOTIONS} promotions, {ROLLBACKS} rollbacks, {SCALE_DOWNS} scale-downs"
+        if "plain" in ROWS:
+            say(f"table 1 through the Service, plain Deployment without the drain (baseline): {ops}")
+            zero.append(zero_drop(platform, "plain", "Service, plain Deployment, no drain (baseline)"))
+        if "service" in ROWS:
+            say(f"table 1 through the Service: {ops}")
+            zero.append(zero_drop(platform, "service", "Service (Chatfleet, replica ratio)"))
+        if "gateway" in ROWS:
+            platform.gateway_up()
+            say("table 1 through the gateway (Traefik's fast proxy, HTTPRoute, sticky dialogues)")
+            zero.append(zero_drop(platform, "gateway", "gateway (Traefik fast proxy)"))
+        if "gateway-default" in ROWS:
+            platform.gateway_up(fast_proxy=False)
+            say("table 1 through the gateway with Traefik's default proxy (baseline)")
+            zero.append(zero_drop(platform, "gateway", "gateway (Traefik default proxy, baseline)"))
+        if "pinned" in ROWS:
+            platform.gateway_up()
+            say(f"table 2: {DIALOGUES} dialogues through a 10/50/100 release, pinned")
+            pins.append(pinning(platform, True))
+        if "unpinned" in ROWS:
+            platform.gateway_up()
+            say(f"table 2: {DIALOGUES} dialogues through a 10/50/100 release, not pinned (baseline)")
+            pins.append(pinning(platform, False))
     finally:
         OUT.parent.mkdir(parents=True, exist_ok=True)
         OUT.write_text(json.dumps(results, indent=1, default=str))

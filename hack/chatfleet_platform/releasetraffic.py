@@ -217,3 +217,143 @@ class Scenario:
         self.bot.patch({"scaling": {"replicas": n}})
         self.bot.wait(lambda: len(self.bot.pods("stable")) == n, 180, f"back to {n} pods")
         self._timed("scale-down", t0)
+
+
+#: The plain baseline's chat API: the runtime's own app and settings served by uvicorn's stock Server
+#: (on SIGTERM it stops accepting at once and finishes the requests in flight), not DrainingServer.
+STOCK_UVICORN = (
+    "import sys, uvicorn\n"
+    "from chatfleet_runtime.chat import api\n"
+    "api.DrainingServer = lambda config, pipeline: uvicorn.Server(config)\n"
+    "raise SystemExit(api.main(sys.argv[1:]))\n"
+)
+#: What a careful team writes without an operator: a preStop sleep for the endpoints to drop the pod,
+#: and Kubernetes' default grace period.
+PLAIN_PRESTOP_SECONDS = 5
+PLAIN_GRACE_SECONDS = 30
+PLAIN_RELEASE = "bench.chatfleet.io/release"
+
+
+def plain_deployment(deployment: dict[str, Any]) -> dict[str, Any]:
+    """The operator's stable Deployment as a team would run it without Chatfleet's drain. Pure.
+
+    Same pods (image, probes, resources, sessions), but: the drain hook replaced by a preStop sleep of
+    PLAIN_PRESTOP_SECONDS in both containers, the default grace period, the chat API on uvicorn's stock
+    SIGTERM handling (STOCK_UVICORN; its graceful shutdown bounded by the grace left after the sleep),
+    Kubernetes' default RollingUpdate, and nothing of the server's (status, owner, resourceVersion).
+    """
+    d = copy.deepcopy(deployment)
+    meta = d["metadata"]
+    d["metadata"] = {k: meta[k] for k in ("name", "namespace", "labels") if k in meta}
+    d.pop("status", None)
+    d["spec"].pop("strategy", None)
+    pod = d["spec"]["template"]["spec"]
+    pod["terminationGracePeriodSeconds"] = PLAIN_GRACE_SECONDS
+    for c in pod["containers"]:
+        c["lifecycle"] = {"preStop": {"sleep": {"seconds": PLAIN_PRESTOP_SECONDS}}}
+        if c["name"] != "chat-api":
+            continue
+        cmd = c["command"]
+        i = cmd.index("-m")
+        if cmd[i + 1] != "chatfleet_runtime.chat.api":
+            raise ValueError(f"chat-api container runs {cmd[i + 1]}, not chatfleet_runtime.chat.api")
+        c["command"] = [*cmd[:i], "-c", STOCK_UVICORN, *cmd[i + 2 :]]
+        grace = str(PLAIN_GRACE_SECONDS - PLAIN_PRESTOP_SECONDS)
+        c["env"] = [
+            {**e, "value": grace} if e["name"] == "CHATFLEET_DRAIN_GRACE_SECONDS" else e for e in c["env"]
+        ]
+    return d
+
+
+@dataclass
+class PlainScenario:
+    """Table 1's operations on a plain Deployment (the baseline): the same changes by kubectl alone.
+
+    `promote`: a template change, rolled out (RollingUpdate); `roll_back`: a template change rolled back
+    by `kubectl rollout undo` once a new pod is Ready and served a while; `scale_down`: one more replica,
+    Ready, then one fewer. Same `log` and `spans` as Scenario.
+    """
+
+    bot: Bot
+    deployment: str
+    timeout: float = 600.0
+    log: list[tuple[str, float]] = field(default_factory=list)
+    spans: list[tuple[str, float, float]] = field(default_factory=list)
+    _n: int = 0
+
+    _timed = Scenario._timed
+
+    def _get(self) -> dict[str, Any]:
+        return json.loads(self.bot.kubectl("get", "deployment", self.deployment, "-o", "json").stdout)
+
+    def _release(self) -> None:
+        self._n += 1
+        patch = {"spec": {"template": {"metadata": {"annotations": {PLAIN_RELEASE: str(self._n)}}}}}
+        self.bot.kubectl("patch", "deployment", self.deployment, "--type=merge", "-p", json.dumps(patch))
+
+    def _rolled_out(self) -> bool:
+        d = self._get()
+        s, want = d.get("status", {}), d["spec"]["replicas"]
+        return (
+            s.get("observedGeneration", 0) >= d["metadata"]["generation"]
+            and s.get("updatedReplicas") == want
+            and s.get("readyReplicas") == want
+            and s.get("replicas") == want
+            and len(self.bot.pods("stable")) == want
+        )
+
+    def promote(self) -> None:
+        """A template change, rolled out until only the new pods are left."""
+        t0 = time.monotonic()
+        self._release()
+        self.bot.wait(self._rolled_out, self.timeout, "the rollout of the plain Deployment")
+        self._timed("promotion", t0)
+
+    def roll_back(self) -> None:
+        """A template change, `kubectl rollout undo` once a new pod has served a while, rolled out."""
+        t0 = time.monotonic()
+        self._release()
+        hash_before = {p["metadata"]["labels"].get("pod-template-hash") for p in self.bot.pods("stable")}
+
+        def new_pod_ready() -> bool:
+            return any(
+                p["metadata"]["labels"].get("pod-template-hash") not in hash_before
+                and not p["metadata"].get("deletionTimestamp")
+                and all(s.get("ready") for s in p.get("status", {}).get("containerStatuses") or [{}])
+                for p in self.bot.pods("stable")
+            )
+
+        self.bot.wait(new_pod_ready, self.timeout, "a Ready pod of the new template")
+        time.sleep(10)  # the new pod takes its share of the dialogues before it goes
+        self.bot.kubectl("rollout", "undo", f"deployment/{self.deployment}")
+        self.bot.wait(self._rolled_out, self.timeout, "the rollback of the plain Deployment")
+        self._timed("rollback", t0)
+
+    def scale_down(self) -> None:
+        """One more replica until it is Ready, then back to one fewer (a pod goes away)."""
+        t0 = time.monotonic()
+        n = int(self._get()["spec"]["replicas"])
+        self.bot.kubectl("scale", "deployment", self.deployment, f"--replicas={n + 1}")
+        self.bot.wait(lambda: ready_pods(self.bot, "stable") >= n + 1, self.timeout, f"{n + 1} Ready pods")
+        time.sleep(5)  # the new pod takes its share of the dialogues
+        self.bot.kubectl("scale", "deployment", self.deployment, f"--replicas={n}")
+        self.bot.wait(lambda: len(self.bot.pods("stable")) == n, 180, f"back to {n} pods")
+        self._timed("scale-down", t0)
+
+
+def make_plain(bot: Bot, timeout: float = 600.0) -> PlainScenario:
+    """Turn a Ready bot into the plain baseline: the ChatbotService deleted with its objects orphaned (the
+    operator lets go of them), its stable Deployment replaced by plain_deployment's and rolled out."""
+    bot.kubectl("delete", "cbs", bot.name, "--cascade=orphan", "--wait=true")
+
+    def orphaned() -> dict[str, Any] | None:
+        res = bot.kubectl("get", "deployments", "-l", "chatfleet.io/track=stable", "-o", "json")
+        (d,) = json.loads(res.stdout)["items"]
+        return None if d["metadata"].get("ownerReferences") else d
+
+    deployment = bot.wait(orphaned, 60, "the stable Deployment orphaned")
+    name = deployment["metadata"]["name"]
+    bot.kubectl("replace", "-f", "-", input=json.dumps(plain_deployment(deployment)))
+    scenario = PlainScenario(bot, name, timeout)
+    bot.wait(scenario._rolled_out, timeout, "the plain Deployment rolled out")
+    return scenario

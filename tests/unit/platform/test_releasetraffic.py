@@ -1,0 +1,77 @@
+"""The plain-Deployment baseline of `make bench-release-traffic` is the operator's pods without the drain.
+
+Test design: the operator's own builder makes the stable Deployment of the benchmark's spec; the pure
+conversion must keep the pods (image, probes, resources, sessions) and change exactly the drain: the
+preStop hook, the grace period, the chat API's SIGTERM handling (checked by running the replaced
+command's server swap in a subprocess) and the rollout strategy.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from chatfleet_operator.builders import build_deployment
+from chatfleet_operator.builders.deployment import DRAIN_HOOK
+from chatfleet_operator.settings import PodSettings
+from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
+from chatfleet_platform.releasetraffic import (
+    PLAIN_GRACE_SECONDS,
+    PLAIN_PRESTOP_SECONDS,
+    plain_deployment,
+    traffic_spec,
+)
+
+pytestmark = pytest.mark.harness
+
+
+@pytest.fixture
+def operators():
+    spec = traffic_spec("http://prom:9090", image="chatfleet/runtime:x", model_dir=Path("/models/tiny"))
+    dep = build_deployment(
+        ObjectRef("ns", "bot", "u", 1), ChatbotServiceSpec.from_dict(spec), PodSettings(), revision="r"
+    )
+    dep["metadata"].update(resourceVersion="7", ownerReferences=[{"kind": "ChatbotService"}])
+    dep["status"] = {"replicas": 1}
+    return dep
+
+
+def containers(dep):
+    return {c["name"]: c for c in dep["spec"]["template"]["spec"]["containers"]}
+
+
+def test_the_drain_is_replaced_and_nothing_else_of_the_pods_changes(operators):
+    plain = plain_deployment(operators)
+    before, after = containers(operators), containers(plain)
+    assert set(before) == set(after) == {"triton", "chat-api"}
+    assert all(c["lifecycle"]["preStop"] == DRAIN_HOOK for c in before.values())  # the operator's drain
+    for name, c in after.items():
+        assert c["lifecycle"] == {"preStop": {"sleep": {"seconds": PLAIN_PRESTOP_SECONDS}}}
+        for key in ("image", "resources", "readinessProbe", "livenessProbe", "volumeMounts", "ports"):
+            assert c.get(key) == before[name].get(key), (name, key)
+    assert after["triton"]["command"] == before["triton"]["command"]
+    assert plain["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == PLAIN_GRACE_SECONDS
+    env = {e["name"]: e for e in after["chat-api"]["env"]}
+    assert env["CHATFLEET_DRAIN_GRACE_SECONDS"]["value"] == str(PLAIN_GRACE_SECONDS - PLAIN_PRESTOP_SECONDS)
+    assert "CHATFLEET_REDIS_URL" in env  # the sessions stay in Redis
+    assert "strategy" not in plain["spec"] and "status" not in plain
+    assert set(plain["metadata"]) <= {"name", "namespace", "labels"}
+    assert plain["spec"]["template"]["metadata"] == operators["spec"]["template"]["metadata"]
+    assert "preStop" in operators["spec"]["template"]["spec"]["containers"][0]["lifecycle"]  # input kept
+
+
+def test_the_chat_api_runs_the_same_arguments_on_uvicorns_stock_server(operators):
+    before, after = (
+        containers(operators)["chat-api"]["command"],
+        containers(plain_deployment(operators))["chat-api"]["command"],
+    )
+    i = before.index("-m")
+    assert after[:i] == before[:i] and after[i] == "-c" and after[i + 2 :] == before[i + 2 :]
+    probe = after[i + 1].replace(
+        "raise SystemExit(api.main(sys.argv[1:]))",
+        "print(type(api.DrainingServer(__import__('uvicorn').Config(None), None)).__name__)",
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "Server"  # uvicorn's own, not DrainingServer

@@ -312,8 +312,8 @@ class PlainScenario:
     def roll_back(self) -> None:
         """A template change, `kubectl rollout undo` once a new pod has served a while, rolled out."""
         t0 = time.monotonic()
-        self._release()
         hash_before = {p["metadata"]["labels"].get("pod-template-hash") for p in self.bot.pods("stable")}
+        self._release()
 
         def new_pod_ready() -> bool:
             return any(

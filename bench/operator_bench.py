@@ -5,8 +5,11 @@ Figures: time for 200 and for 1,000 ChatbotServices applied at once to all be Re
 (goal <= 4) and per minute at steady state (goal: 0); operator memory; where the time went (CPU seconds
 of each platform process and of the operator, and the API server's requests by verb and resource, from
 the creation to all Ready). Side by side, in the same run, with no operator running: the same number of
-single-GPU Deployments becoming available, and of Deployments plus a Service each (what the operator
-creates).
+single-GPU Deployments becoming available, and of Deployments plus a Service each; and the fair floor:
+the operator's own objects for the same ChatbotServices (copied from what it wrote for one, renamed),
+created directly with no operator running, reported as the operator's time and machine CPU over the
+floor's. Readiness is seen through one watch (not a kubectl poll), and the machine's whole CPU (every
+process, /proc/stat) is counted beside each platform component's.
 
 Writes are counted two ways and added: the operator's own counter (every apply, delete, status patch,
 event; read through SIGUSR1 -> --stats-file) plus kopf's bookkeeping patches on ChatbotServices (from
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -98,9 +102,7 @@ def create_all(cluster: Cluster, namespace: str, docs: list[dict], tmp: Path) ->
     def create(doc: dict) -> None:
         group_version = doc["apiVersion"]
         prefix = f"/apis/{group_version}" if "/" in group_version else f"/api/{group_version}"
-        plural = {"ChatbotService": "chatbotservices", "Deployment": "deployments", "Service": "services"}[
-            doc["kind"]
-        ]
+        plural = doc["kind"].lower() + "s"  # every kind created here pluralises so
         _, url, headers, body, _ = api.param_serialize(
             "POST",
             f"{prefix}/namespaces/{namespace}/{plural}",
@@ -119,30 +121,48 @@ def create_all(cluster: Cluster, namespace: str, docs: list[dict], tmp: Path) ->
     return time.monotonic() - t0
 
 
-def count_ready(cluster: Cluster, namespace: str, kind: str) -> int:
-    """How many objects of the kind are ready (ChatbotService Ready=True, Deployment available)."""
+def is_ready(kind: str, obj: dict) -> bool:
+    """A ChatbotService with Ready=True, a Deployment with its one replica available."""
+    status = obj.get("status") or {}
     if kind == "chatbotservices":
-        path = '{range .items[*]}{.status.conditions[?(@.type=="Ready")].status}{"\\n"}{end}'
-        out = cluster.kubectl("get", kind, "-o", f"jsonpath={path}", namespace=namespace, check=False).stdout
-        return sum(1 for line in out.splitlines() if line.strip() == "True")
-    path = '{range .items[*]}{.status.availableReplicas}{"\\n"}{end}'
-    out = cluster.kubectl("get", kind, "-o", f"jsonpath={path}", namespace=namespace, check=False).stdout
-    return sum(1 for line in out.splitlines() if line.strip() == "1")
+        return any(
+            c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions", [])
+        )
+    return status.get("availableReplicas") == 1
 
 
 def wait_all_ready(
     cluster: Cluster, namespace: str, kind: str, n: int, t0: float, timeout: float
 ) -> float | None:
-    """Seconds from t0 until all n are ready (polled every 2 s); None on timeout."""
+    """Seconds from t0 until all n are ready, seen through one watch (a list, then events: no polling
+    that would load the API server); None on timeout."""
+    api = kubernetes.config.new_client_from_config(config_file=str(cluster.kubeconfig))
+    if kind == "chatbotservices":
+        custom = kubernetes.client.CustomObjectsApi(api)
+        args = ("chatfleet.io", "v1alpha1", namespace, "chatbotservices")
+        lister = lambda **kw: custom.list_namespaced_custom_object(*args, **kw)  # noqa: E731
+    else:
+        apps = kubernetes.client.AppsV1Api(api)
+        lister = lambda **kw: apps.list_namespaced_deployment(namespace, **kw)  # noqa: E731
+    ready: set[str] = set()
     last = -1
+    watch = kubernetes.watch.Watch()
     while time.monotonic() - t0 < timeout:
-        ready = count_ready(cluster, namespace, kind)
-        if ready != last:
-            log(f"{namespace}: {ready}/{n} ready after {time.monotonic() - t0:.1f}s")
-            last = ready
-        if ready >= n:
-            return time.monotonic() - t0
-        time.sleep(2.0)
+        remaining = max(1, int(timeout - (time.monotonic() - t0)))
+        for event in watch.stream(lister, timeout_seconds=min(remaining, 60), _preload_content=True):
+            obj = event["object"]
+            obj = obj if isinstance(obj, dict) else api.sanitize_for_serialization(obj)
+            name = obj["metadata"]["name"]
+            if event["type"] != "DELETED" and is_ready(kind, obj):
+                ready.add(name)
+            else:
+                ready.discard(name)
+            if len(ready) != last and (len(ready) % max(1, n // 10) == 0 or len(ready) >= n):
+                log(f"{namespace}: {len(ready)}/{n} ready after {time.monotonic() - t0:.1f}s")
+            last = len(ready)
+            if len(ready) >= n:
+                watch.stop()
+                return time.monotonic() - t0
     return None
 
 
@@ -192,6 +212,14 @@ def cpu_seconds(marker: str) -> dict[str, float]:
         if name is not None and marker in cmd and "operator_bench" not in cmd:
             out[name] += (int(fields[11]) + int(fields[12])) / tick
     return out
+
+
+def machine_cpu_seconds() -> float:
+    """CPU seconds the whole machine has been busy (every process: the benchmark's client and its
+    watches too), from /proc/stat: all but idle and iowait."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    busy = sum(fields[:8]) - fields[3] - fields[4]  # user nice system idle iowait irq softirq steal
+    return busy / os.sysconf("SC_CLK_TCK")
 
 
 def delta(after: dict, before: dict, top: int | None = None) -> dict:
@@ -300,11 +328,11 @@ def run_fleet(cluster: Cluster, op: Operator, n: int, tmp: Path, steady_s: float
     ns = f"bench-{n}"
     cluster.kubectl("create", "namespace", ns)
     s0, k0 = op.stats(), cbs_kopf_patches(cluster)
-    r0, c0 = api_requests(cluster), cpu_seconds(str(tmp))
+    r0, c0, m0 = api_requests(cluster), cpu_seconds(str(tmp)), machine_cpu_seconds()
     t0 = time.monotonic()
     apply_s = create_all(cluster, ns, [chatbot(f"bot-{i}") for i in range(n)], tmp)
     ready_s = wait_all_ready(cluster, ns, "chatbotservices", n, t0, timeout)
-    r1, c1 = api_requests(cluster), cpu_seconds(str(tmp))
+    r1, c1, m1 = api_requests(cluster), cpu_seconds(str(tmp)), machine_cpu_seconds()
     stages = stage_seconds(cluster, ns)
     time.sleep(5)  # late status writes belong to creation
     s1, k1 = op.stats(), cbs_kopf_patches(cluster)
@@ -325,6 +353,7 @@ def run_fleet(cluster: Cluster, op: Operator, n: int, tmp: Path, steady_s: float
         "passes": s2["passes"] - s0["passes"],
         # where the time went, from the creation to all Ready: CPU seconds per process, API requests
         "cpu_seconds_to_ready": delta(c1, c0),
+        "machine_cpu_seconds_to_ready": round(m1 - m0, 1),
         "api_requests_to_ready": delta(r1, r0, top=15),
         "stage_seconds": stages,
     }
@@ -335,22 +364,106 @@ def baseline(cluster: Cluster, n: int, tmp: Path, timeout: float, services: bool
     Deployments are available."""
     ns = f"baseline-{n}{'-svc' if services else ''}"
     cluster.kubectl("create", "namespace", ns)
-    r0, c0 = api_requests(cluster), cpu_seconds(str(tmp))
+    r0, c0, m0 = api_requests(cluster), cpu_seconds(str(tmp)), machine_cpu_seconds()
     t0 = time.monotonic()
     docs = [bare_deployment(f"bare-{i}") for i in range(n)]
     if services:  # interleaved, as a GitOps sync of n (Deployment, Service) pairs would send them
         docs = [d for i, dep in enumerate(docs) for d in (dep, bare_service(f"bare-{i}"))]
     apply_s = create_all(cluster, ns, docs, tmp)
     ready_s = wait_all_ready(cluster, ns, "deployments", n, t0, timeout)
-    r1, c1 = api_requests(cluster), cpu_seconds(str(tmp))
+    r1, c1, m1 = api_requests(cluster), cpu_seconds(str(tmp)), machine_cpu_seconds()
     return {
         "deployments": n,
         "services": n if services else 0,
         "client_create_s": round(apply_s, 1),
         "all_ready_s": round(ready_s, 1) if ready_s else None,
         "cpu_seconds_to_ready": delta(c1, c0),
+        "machine_cpu_seconds_to_ready": round(m1 - m0, 1),
         "api_requests_to_ready": delta(r1, r0, top=15),
     }
+
+
+#: Server-written metadata and status left out when the operator's objects are created again directly.
+SERVER_FIELDS = (
+    "uid",
+    "resourceVersion",
+    "generation",
+    "creationTimestamp",
+    "managedFields",
+    "ownerReferences",
+)
+
+
+def fair_manifests(cluster: Cluster, namespace: str, owner: str) -> list[dict]:
+    """What the operator wrote for one ChatbotService (`owner` in `namespace`), as it would be created
+    again without it: every object it owns, server fields, status and the Service's allocated addresses
+    dropped. Pods and ReplicaSets are the Deployments' (the controllers make them in both runs)."""
+    kinds = "deployments,services,configmaps,poddisruptionbudgets,horizontalpodautoscalers"
+    items = json.loads(cluster.kubectl("get", kinds, "-o", "json", namespace=namespace).stdout)["items"]
+    out = []
+    for obj in items:
+        if not any(ref.get("name") == owner for ref in obj["metadata"].get("ownerReferences", [])):
+            continue
+        meta = {k: v for k, v in obj["metadata"].items() if k not in SERVER_FIELDS and k != "namespace"}
+        meta.get("annotations", {}).pop("deployment.kubernetes.io/revision", None)
+        spec = dict(obj.get("spec", {}))
+        for key in ("clusterIP", "clusterIPs"):
+            spec.pop(key, None)
+        out.append({k: v for k, v in {**obj, "metadata": meta, "spec": spec}.items() if k != "status"})
+    if not any(o["kind"] == "Deployment" for o in out):
+        raise RuntimeError(f"no Deployment of {namespace}/{owner} to copy for the fair floor")
+    return out
+
+
+def renamed(docs: list[dict], old: str, new: str) -> list[dict]:
+    """The documents with the ChatbotService's name replaced wherever it stands as a whole name part."""
+    text = re.sub(rf"\b{re.escape(old)}\b(?![0-9])", new, json.dumps(docs))
+    return json.loads(text)
+
+
+def fair_floor(cluster: Cluster, template: list[dict], n: int, tmp: Path, timeout: float) -> dict:
+    """The operator's own manifests for n ChatbotServices, created directly with no operator (and no
+    ChatbotService): seconds until all their Deployments are available, CPU, API requests."""
+    ns = f"fair-{n}"
+    cluster.kubectl("create", "namespace", ns)
+    docs = [d for i in range(n) for d in renamed(template, "bot-0", f"fair-{i}")]
+    r0, c0, m0 = api_requests(cluster), cpu_seconds(str(tmp)), machine_cpu_seconds()
+    t0 = time.monotonic()
+    apply_s = create_all(cluster, ns, docs, tmp)
+    ready_s = wait_all_ready(cluster, ns, "deployments", n, t0, timeout)
+    r1, c1, m1 = api_requests(cluster), cpu_seconds(str(tmp)), machine_cpu_seconds()
+    return {
+        "chatbotservices": n,
+        "objects_per_cbs": len(template),
+        "kinds": sorted(d["kind"] for d in template),
+        "deployment_bytes": len(json.dumps(next(d for d in template if d["kind"] == "Deployment"))),
+        "client_create_s": round(apply_s, 1),
+        "all_ready_s": round(ready_s, 1) if ready_s else None,
+        "cpu_seconds_to_ready": delta(c1, c0),
+        "machine_cpu_seconds_to_ready": round(m1 - m0, 1),
+        "api_requests_to_ready": delta(r1, r0, top=15),
+    }
+
+
+def operator_template(cluster: Cluster, tmp: Path, timeout: float) -> list[dict]:
+    """Run the operator on one ChatbotService ("bot-0", as the fleets name it) until Ready; its objects
+    (fair_manifests); the operator stopped and the namespace deleted again."""
+    op = Operator(cluster, tmp)
+    try:
+        cluster.kubectl("create", "namespace", "template")
+        create_all(cluster, "template", [chatbot("bot-0")], tmp)
+        if wait_all_ready(cluster, "template", "chatbotservices", 1, time.monotonic(), timeout) is None:
+            raise RuntimeError("the template ChatbotService never turned Ready")
+        template = fair_manifests(cluster, "template", "bot-0")
+    finally:
+        op.stop()
+    delete_namespace(cluster, "template")
+    return template
+
+
+def delete_namespace(cluster: Cluster, ns: str) -> None:
+    """Delete a namespace and wait (the next row starts on an API server without its objects)."""
+    cluster.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=300s", check=False, timeout=320)
 
 
 def platform_figure() -> dict | None:
@@ -410,6 +523,36 @@ def table(result: dict) -> str:
         )
         cpu = base["cpu_seconds_to_ready"]
         rows.append(("  its CPU s (all components)", str(round(sum(cpu.values()), 1)), ""))
+    fair = {f["chatbotservices"]: f for f in result.get("fair_floor", [])}
+    if fair:
+        row("machine CPU s to all Ready", "machine_cpu_seconds_to_ready")
+        floors = [fair.get(r["chatbotservices"], {}) for r in fleets]
+        rows.append(
+            (
+                "fair floor (operator's objects, no operator) all available (s)",
+                *[str(f.get("all_ready_s")) for f in floors],
+            )
+        )
+        rows.append(("  its machine CPU s", *[str(f.get("machine_cpu_seconds_to_ready")) for f in floors]))
+
+        def ratio(a, b):
+            return f"{a / b:.2f}x" if a and b else "-"
+
+        rows.append(
+            (
+                "operator / fair floor, time to all Ready",
+                *[ratio(r["all_ready_s"], f.get("all_ready_s")) for r, f in zip(fleets, floors, strict=True)],
+            )
+        )
+        rows.append(
+            (
+                "operator / fair floor, machine CPU s",
+                *[
+                    ratio(r["machine_cpu_seconds_to_ready"], f.get("machine_cpu_seconds_to_ready"))
+                    for r, f in zip(fleets, floors, strict=True)
+                ],
+            )
+        )
     rows.append(
         (
             "host load average at start / end",
@@ -450,15 +593,15 @@ def main(argv: list[str] | None = None) -> int:
                     what = "Deployments and Services" if services else "Deployments"
                     log(f"baseline: {max(sizes)} {what} without the operator")
                     result[key] = baseline(cluster, max(sizes), tmp, args.timeout, services=services)
-                    cluster.kubectl(
-                        "delete",
-                        "namespace",
-                        f"baseline-{max(sizes)}{'-svc' if services else ''}",
-                        "--wait=true",
-                        "--timeout=300s",
-                        check=False,
-                        timeout=320,
-                    )
+                    delete_namespace(cluster, f"baseline-{max(sizes)}{'-svc' if services else ''}")
+            if not args.no_baseline:
+                log("fair floor: the operator's objects for one ChatbotService, to create again without it")
+                template = operator_template(cluster, tmp, args.timeout)
+                result["fair_floor"] = []
+                for n in sizes:
+                    log(f"fair floor: the operator's objects for {n} ChatbotServices, no operator")
+                    result["fair_floor"].append(fair_floor(cluster, template, n, tmp, args.timeout))
+                    delete_namespace(cluster, f"fair-{n}")
             op = Operator(cluster, tmp)
             try:
                 for n in sizes:

@@ -1,0 +1,84 @@
+"""The operator benchmark's fair floor (bench/operator_bench.py) copies what the operator wrote, checked
+without a cluster.
+
+Test design: a stand-in for the cluster's kubectl answers with the objects of two ChatbotServices as the
+API server returns them; the floor's template must hold exactly bot-0's objects, without what the server
+writes, and renaming must reach every name part of bot-0 and none of bot-01's. No speed is asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from chatfleet_platform.config import REPO_ROOT
+
+sys.path.insert(0, str(REPO_ROOT / "bench"))
+
+import operator_bench as ob
+
+pytestmark = pytest.mark.harness
+
+
+def served(kind: str, name: str, owner: str, **spec) -> dict:
+    return {
+        "apiVersion": "v1" if kind in ("Service", "ConfigMap") else "apps/v1",
+        "kind": kind,
+        "metadata": {
+            "name": name,
+            "namespace": "template",
+            "uid": "u",
+            "resourceVersion": "9",
+            "generation": 2,
+            "creationTimestamp": "2026-11-27T00:00:00Z",
+            "managedFields": [{}],
+            "labels": {"app.kubernetes.io/instance": owner},
+            "annotations": {"deployment.kubernetes.io/revision": "1", "chatfleet.io/desired-hash": "h"},
+            "ownerReferences": [{"kind": "ChatbotService", "name": owner}],
+        },
+        "spec": spec,
+        "status": {"availableReplicas": 1},
+    }
+
+
+class FakeCluster:
+    def __init__(self, items):
+        self.items = items
+
+    def kubectl(self, *args, **kw):
+        return subprocess.CompletedProcess(args, 0, json.dumps({"items": self.items}), "")
+
+
+def test_the_template_is_bot_0s_objects_without_server_fields():
+    items = [
+        served("Deployment", "bot-0-stable", "bot-0", replicas=1),
+        served("Service", "bot-0", "bot-0", clusterIP="10.96.0.9", clusterIPs=["10.96.0.9"], ports=[]),
+        served("Deployment", "bot-01-stable", "bot-01", replicas=1),
+        served("ConfigMap", "unowned", "nobody"),
+    ]
+    items[-1]["metadata"]["ownerReferences"] = []
+    template = ob.fair_manifests(FakeCluster(items), "template", "bot-0")
+    assert [(d["kind"], d["metadata"]["name"]) for d in template] == [
+        ("Deployment", "bot-0-stable"),
+        ("Service", "bot-0"),
+    ]
+    for d in template:
+        assert "status" not in d and set(d["metadata"]) == {"name", "labels", "annotations"}
+        assert d["metadata"]["annotations"] == {"chatfleet.io/desired-hash": "h"}
+    assert template[1]["spec"] == {"ports": []}
+
+
+def test_renaming_reaches_every_name_part_of_bot_0_only():
+    docs = [{"metadata": {"name": "bot-0-stable", "labels": {"a": "bot-0", "b": "bot-01", "c": "xbot-0"}}}]
+    (got,) = ob.renamed(docs, "bot-0", "fair-7")
+    assert got["metadata"] == {
+        "name": "fair-7-stable",
+        "labels": {"a": "fair-7", "b": "bot-01", "c": "xbot-0"},
+    }
+
+
+def test_a_template_without_a_deployment_is_refused():
+    with pytest.raises(RuntimeError, match="no Deployment"):
+        ob.fair_manifests(FakeCluster([served("Service", "bot-0", "bot-0")]), "template", "bot-0")

@@ -277,12 +277,21 @@ class Cluster:
         self, count: int, *, gpus: int = 4, image_names: Sequence[str] | None = None
     ) -> list[realnode.NodePlan]:
         """Start `count` real nodes (kubelet + containerd) with images imported (all built ones by default)."""
-        from . import images
+        from . import images, nodestore
+
+        names = list(image_names or images.LOAD_ORDER)
+        refs = images.read_refs()
 
         def load(socket: Path) -> None:
-            images.load_images(socket, image_names or images.LOAD_ORDER, progress=self.progress)
+            images.load_images(socket, names, progress=self.progress)
 
-        return self.realnodes.up(count, gpus=gpus, images=load)
+        missing = [n for n in names if n not in refs]
+        if missing:
+            raise PlatformError(f"images {', '.join(missing)} not built yet: run `make images`")
+        node_images = nodestore.NodeImages(
+            nodestore.key_for(refs, names), nodestore.refs_for(refs, names), load
+        )
+        return self.realnodes.up(count, gpus=gpus, images=node_images)
 
     def install_crd(self, path: Path, name: str, timeout: float = 60) -> None:
         """Apply a CRD file (server-side) and wait until the API serves it (Established)."""

@@ -52,8 +52,9 @@ from pathlib import Path
 
 import yaml
 
-from . import pki, procs
+from . import nodestore, pki, procs
 from .config import Binaries, PlatformError, read_json, require_tool, write_json
+from .nodestore import NodeImages
 
 REAL_LABEL = "chatfleet.io/real-node"
 #: Pods that tolerate this taint (and select REAL_LABEL) run on a real node; nothing else lands there.
@@ -400,8 +401,9 @@ class RealNodes:
         return Path("/run/chatfleet-real-nodes.owner")
 
     # ---- up ------------------------------------------------------------------------------------
-    def up(self, count: int, *, gpus: int, images: Callable[[Path], None] | None) -> list[NodePlan]:
-        """Start `count` real nodes; `images(socket)` imports the sandbox and project images into a node."""
+    def up(self, count: int, *, gpus: int, images: NodeImages | None) -> list[NodePlan]:
+        """Start `count` real nodes with `images` (the sandbox and project images) in each node's
+        containerd: a kept store of the same images (nodestore) when there is one, else imported."""
         if count == 0:
             return []
         tools = require_host_tools()
@@ -489,6 +491,7 @@ class RealNodes:
             json.dumps(node.cni_config(), indent=1)
         )
         # 2. containerd, then the images (the sandbox image before any pod)
+        reused = images is not None and nodestore.take(images.key, node.dir / "containerd" / "root")
         cfg = node.dir / "containerd" / "config.toml"
         cfg.write_text(node.containerd_config(tools["runc"]))
         ctrd = self._start(
@@ -502,7 +505,7 @@ class RealNodes:
             proc=ctrd,
         )
         if images:
-            images(node.socket)
+            self._images(node, state, tools, images, reused)
         # 3. identities: the node's and kube-proxy's client certificates
         cpki = self.cluster.workdir / "pki"
         pki.client_identity(cpki, node.name, f"system:node:{node.name}", "system:nodes")
@@ -542,6 +545,22 @@ class RealNodes:
         if node.primary:
             self._primary_extras(node, state, bins)
         self.progress(f"real node {node.name} Ready at {node.ip} ({time.monotonic() - t0:.1f}s)")
+
+    def _images(self, node: NodePlan, state: dict, tools: dict, images: NodeImages, reused: bool) -> None:
+        """Import the images unless the kept store just put back lists them all; record the key, so that
+        down keeps this node's store for the next run."""
+        if reused:
+            listed = _run(tools["ctr"], "--address", str(node.socket), "-n", "k8s.io", "images", "ls", "-q")
+            missing = set(images.refs) - set(listed.stdout.split())
+            if not missing:
+                self.progress(f"{node.name}: images from the kept store, no import ({images.key})")
+            else:
+                self.progress(f"{node.name}: the kept store lacks {', '.join(sorted(missing))}: importing")
+                images.load(node.socket)
+        else:
+            images.load(node.socket)
+        state.setdefault("image_keys", {})[node.name] = images.key
+        self._save(state)
 
     def _primary_extras(self, node: NodePlan, state: dict, bins: Binaries) -> None:
         """kube-proxy, the fake GPU device plugin and the API forwarder (once per host, on node 0)."""
@@ -643,6 +662,10 @@ class RealNodes:
         # 2. whatever containers are left: kill every process in our cgroups, then containerd and its shims
         for n in nodes:
             _kill_cgroup_tree(n.cgroup_root)
+        keys = state.get("image_keys", {})
+        for n in nodes:
+            if n.name in keys:  # a store to keep holds images only: the pods' containers go
+                keys[n.name] = keys[n.name] if _remove_containers(n.socket) else None
         for n in nodes:
             stop(f"{n.name}/containerd")
             _kill_shims(n.socket)
@@ -656,6 +679,8 @@ class RealNodes:
             _unmount_under(n.dir)
         _remove_netns_in(PODS_CIDR)
         for n in nodes:
+            if keys.get(n.name) and nodestore.keep(keys[n.name], n.dir / "containerd" / "root"):
+                self.progress(f"kept {n.name}'s images for the next run ({keys[n.name]})")
             shutil.rmtree(n.dir, ignore_errors=True)
         with contextlib.suppress(OSError):
             NODES_ROOT.rmdir()  # only when no other cluster's node folder is left
@@ -789,6 +814,23 @@ def _remove_cgroup_tree(root: str) -> None:
             top.rmdir()
         except OSError:
             pass
+
+
+def _remove_containers(socket: Path) -> bool:
+    """Delete every task and container in the containerd at socket (Kubernetes' namespace), leaving its
+    images; True when none is left. Their snapshots go at containerd's next garbage collection."""
+    ctr = shutil.which("ctr")
+    if ctr is None or not socket.exists():
+        return False
+    base = [ctr, "--address", str(socket), "-n", "k8s.io"]
+    listed = _run(*base, "containers", "ls", "-q", check=False)
+    if listed.returncode != 0:
+        return False
+    for cid in listed.stdout.split():
+        _run(*base, "tasks", "rm", "-f", cid, check=False)
+        _run(*base, "containers", "rm", cid, check=False)
+    left = _run(*base, "containers", "ls", "-q", check=False)
+    return left.returncode == 0 and not left.stdout.split()
 
 
 def _kill_shims(socket: Path) -> None:

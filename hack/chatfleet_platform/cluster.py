@@ -281,16 +281,14 @@ class Cluster:
 
         names = list(image_names or images.LOAD_ORDER)
         refs = images.read_refs()
-
-        def load(socket: Path) -> None:
-            images.load_images(socket, names, progress=self.progress)
-
         missing = [n for n in names if n not in refs]
         if missing:
             raise PlatformError(f"images {', '.join(missing)} not built yet: run `make images`")
-        node_images = nodestore.NodeImages(
-            nodestore.key_for(refs, names), nodestore.refs_for(refs, names), load
-        )
+
+        def load(socket: Path, which: Sequence[str]) -> None:
+            images.load_images(socket, [n for n in names if n in which], progress=self.progress)
+
+        node_images = nodestore.NodeImages(nodestore.refs_for(refs, names), load)
         return self.realnodes.up(count, gpus=gpus, images=node_images)
 
     def install_crd(self, path: Path, name: str, timeout: float = 60) -> None:

@@ -3,18 +3,18 @@
 Importing the project's images into a new node's containerd unpacks them (the runtime image: 5.8 GB,
 two to three minutes on two cores) on every `up`. `down` keeps the node's containerd root instead (once
 every container in it is removed and nothing under it is mounted), moved whole into the binary cache
-under a key naming the images and their IDs; the next node of the same images moves it back before its
-containerd starts and checks that every image is there (else it imports as before). A rebuilt image
-has another ID, hence another key: the older entry for the same image names is deleted when the new one
-is kept, so the cache holds one unpacked copy per set of names (the real-pod tests' set, and the
-life-cycle test's sandbox image alone).
+under a key naming the images (not their versions); the next node of the same image names moves it back
+before its containerd starts, imports only the images whose references it does not list (a rebuilt
+operator image: its own import alone; layers it shares with what is there are not unpacked again), and
+removes every image no current reference points at, so the store holds one version of each image. The
+cache holds one entry per set of names (the real-pod tests' set, and the life-cycle test's sandbox
+image alone).
 
 A move (rename) costs nothing on one file system; where the cache is on another one, nothing is kept.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 from collections.abc import Callable, Mapping, Sequence
@@ -23,18 +23,41 @@ from pathlib import Path
 
 from .config import cache_dir
 
-#: Between the image names and the hash of their IDs in an entry's folder name.
-SEP = "@"
-
 
 @dataclass(frozen=True)
 class NodeImages:
-    """What a real node gets: `load(socket)` imports the images; `key` names them with their IDs (the
-    store's entry); `refs` are the references every node's containerd must list."""
+    """What a real node gets: `refs` per image name (the references its containerd must list), and
+    `load(socket, names)`, which imports the named images into the containerd at socket."""
 
-    key: str
-    refs: tuple[str, ...]
-    load: Callable[[Path], None]
+    refs: Mapping[str, tuple[str, ...]]
+    load: Callable[[Path, Sequence[str]], None]
+
+    @property
+    def key(self) -> str:
+        """The store's entry for these images: their names."""
+        return "+".join(sorted(self.refs))
+
+    def missing(self, listing: str) -> list[str]:
+        """Names of the images that `ctr images ls` output does not list every reference of. Pure."""
+        listed = set(listed_digests(listing))
+        return [name for name, refs in self.refs.items() if not set(refs) <= listed]
+
+    def stale(self, listing: str) -> list[str]:
+        """References in `ctr images ls` output that point at no image of ours: older builds, and their
+        digest and ID references. Pure."""
+        digests = listed_digests(listing)
+        current = {digests[r] for refs in self.refs.values() for r in refs if r in digests}
+        return sorted(r for r, d in digests.items() if d not in current)
+
+
+def listed_digests(listing: str) -> dict[str, str]:
+    """`ctr images ls` output (REF TYPE DIGEST ...) as {reference: manifest digest}. Pure."""
+    out = {}
+    for line in listing.splitlines()[1:]:
+        cols = line.split()
+        if len(cols) >= 3:
+            out[cols[0]] = cols[2]
+    return out
 
 
 def store_dir() -> Path:
@@ -42,22 +65,9 @@ def store_dir() -> Path:
     return cache_dir() / "realnode-images"
 
 
-def key_for(entries: Mapping[str, Mapping[str, object]], names: Sequence[str]) -> str:
-    """The entry name of a set of images. Pure.
-
-    e.g. key_for({"pause": {"id": "sha256:1"}}, ["pause"]) == "pause@" + sha1("pause=sha256:1")[:16]
-    """
-    ordered = sorted(set(names))
-    ids = "\n".join(f"{n}={entries[n]['id']}" for n in ordered)
-    return "+".join(ordered) + SEP + hashlib.sha1(ids.encode()).hexdigest()[:16]
-
-
-def refs_for(entries: Mapping[str, Mapping[str, object]], names: Sequence[str]) -> tuple[str, ...]:
-    """Every reference (content ref and alias) the images of `names` have in a node. Pure."""
-    out: list[str] = []
-    for n in names:
-        out += [str(entries[n][k]) for k in ("ref", "alias") if entries[n].get(k)]
-    return tuple(out)
+def refs_for(entries: Mapping[str, Mapping[str, object]], names: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """Per image name, its references in a node (the content ref and the alias), from refs.json. Pure."""
+    return {n: tuple(str(entries[n][k]) for k in ("ref", "alias") if entries[n].get(k)) for n in names}
 
 
 def take(key: str, root: Path, store: Path | None = None) -> bool:
@@ -74,16 +84,13 @@ def take(key: str, root: Path, store: Path | None = None) -> bool:
 
 
 def keep(key: str, root: Path, store: Path | None = None) -> bool:
-    """Move `root` into the store as `key`, after deleting the entries of the same image names with
-    other IDs; False (and nothing moved) when root is missing or the store is on another file system."""
+    """Move `root` into the store as `key` (replacing the entry there); False (and nothing moved) when
+    root is missing or the store is on another file system."""
     store = store or store_dir()
     if not root.is_dir():
         return False
     store.mkdir(parents=True, exist_ok=True)
-    names = key.split(SEP, 1)[0]
-    for old in store.iterdir():
-        if old.name.split(SEP, 1)[0] == names:
-            shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(store / key, ignore_errors=True)
     try:
         os.rename(root, store / key)
     except OSError:

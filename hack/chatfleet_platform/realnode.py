@@ -547,18 +547,21 @@ class RealNodes:
         self.progress(f"real node {node.name} Ready at {node.ip} ({time.monotonic() - t0:.1f}s)")
 
     def _images(self, node: NodePlan, state: dict, tools: dict, images: NodeImages, reused: bool) -> None:
-        """Import the images unless the kept store just put back lists them all; record the key, so that
-        down keeps this node's store for the next run."""
+        """Import the images the containerd does not list (all of them unless the kept store was put
+        back), drop the older versions a kept store holds, and record the store's key for down."""
+        ctr = [tools["ctr"], "--address", str(node.socket), "-n", "k8s.io", "images"]
+        listing = _run(*ctr, "ls").stdout if reused else ""
+        missing = images.missing(listing)
         if reused:
-            listed = _run(tools["ctr"], "--address", str(node.socket), "-n", "k8s.io", "images", "ls", "-q")
-            missing = set(images.refs) - set(listed.stdout.split())
-            if not missing:
-                self.progress(f"{node.name}: images from the kept store, no import ({images.key})")
-            else:
-                self.progress(f"{node.name}: the kept store lacks {', '.join(sorted(missing))}: importing")
-                images.load(node.socket)
-        else:
-            images.load(node.socket)
+            kept = sorted(set(images.refs) - set(missing))
+            self.progress(f"{node.name}: from the kept store: {', '.join(kept) or 'no image'}")
+        if missing:
+            images.load(node.socket, missing)
+        if reused:
+            stale = images.stale(_run(*ctr, "ls").stdout)
+            if stale:
+                _run(*ctr, "rm", *stale)
+                self.progress(f"{node.name}: removed {len(stale)} older image reference(s)")
         state.setdefault("image_keys", {})[node.name] = images.key
         self._save(state)
 

@@ -177,7 +177,7 @@ bench-platform: setup ## Platform: cold build, warm start-to-ready, memory at re
 	$(PY) bench/platform_bench.py
 
 .PHONY: bench-operator
-bench-operator: setup ## Operator: 200 and 1,000 ChatbotServices to Ready beside the no-operator floor, API writes, where the time goes
+bench-operator: setup ## Operator: 200 and 1,000 ChatbotServices to Ready beside the no-operator floors (bare Deployments; the operator's own objects, no operator), API writes, machine CPU, where the time goes
 	$(PY) bench/operator_bench.py
 
 .PHONY: bench-runtime
@@ -203,7 +203,7 @@ bench-autoscale: setup ## Autoscaling: a compressed day + 5x surge; static vs re
 	$(PY) bench/autoscale_bench.py $(BENCH_ARGS)
 
 .PHONY: bench-release-traffic
-bench-release-traffic: setup ## Releases on real pods: streams cut, non-2xx, lost histories (Service, Traefik); sticky vs unpinned dialogues
+bench-release-traffic: setup ## Releases on real pods: streams cut, non-2xx, lost histories (plain Deployment without the drain, Service, Traefik); sticky vs unpinned dialogues (ROWS= picks rows)
 	$(PY) bench/release_traffic_bench.py
 
 .PHONY: bench-quality

@@ -96,7 +96,6 @@ OPERATOR = ImageBuild(
     repo="docker.io/chatfleet/chatfleet-operator",
     inputs=(
         "pyproject.toml",
-        "README.md",
         ".dockerignore",
         "operator/Dockerfile",
         "contract/chatfleet_contract",
@@ -110,7 +109,6 @@ RUNTIME = ImageBuild(
     repo="docker.io/chatfleet/chatfleet-runtime",
     inputs=(
         "pyproject.toml",
-        "README.md",
         ".dockerignore",
         "runtime/Dockerfile",
         "contract/chatfleet_contract",

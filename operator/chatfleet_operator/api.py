@@ -53,6 +53,8 @@ COND_STALLED = "Stalled"
 COND_DEGRADED = "Degraded"
 #: Whether the autoscaler can read its metrics (HPA ScalingActive / KEDA ScaledObject Ready).
 COND_SCALING_ACTIVE = "ScalingActive"
+#: Whether the parent Gateway serves the canary's HTTPRoute (its Accepted and ResolvedRefs; release/route.py).
+COND_ROUTE_SERVED = "RouteServed"
 
 #: status.autoscaling.metricsSource values.
 METRICS_KEDA = "KEDA"
@@ -90,6 +92,13 @@ class Reason:
     METRICS_AVAILABLE = "MetricsAvailable"
     METRICS_UNAVAILABLE = "MetricsUnavailable"
     AUTOSCALER_PENDING = "AutoscalerPending"
+    # RouteServed (False keeps the Gateway's own reason, e.g. NotAllowedByListeners, BackendNotFound)
+    ROUTE_ACCEPTED = "Accepted"
+    ROUTE_PENDING = "Pending"
+    ROUTE_NOT_ACCEPTED = "RouteNotAccepted"
+    """False without a reason of the Gateway's: its Accepted is False."""
+    REFS_NOT_RESOLVED = "RefsNotResolved"
+    """False without a reason of the Gateway's: its ResolvedRefs is False."""
     # Degraded
     CRASH_LOOP = "CrashLoopBackOff"
     PODS_NOT_READY = "PodsNotReady"

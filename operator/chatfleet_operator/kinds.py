@@ -86,7 +86,16 @@ KINDS: tuple[Kind, ...] = (
     Kind("PodDisruptionBudget", "policy", "v1", "poddisruptionbudgets", Watch.CHILD, "pdb_index", True),
     # Written when the cluster serves Gateway API (release/measure.py discovers it); watched only once its
     # CRD is there, like the ScaledObject. Unwatched, every pass of a release saw it missing and applied it.
-    Kind("HTTPRoute", "gateway.networking.k8s.io", "v1", "httproutes", Watch.CHILD, "httproute_index"),
+    # Its signature holds the Gateways' Accepted and ResolvedRefs (condition RouteServed, release/route.py).
+    Kind(
+        "HTTPRoute",
+        facts.GATEWAY_GROUP,
+        "v1",
+        "httproutes",
+        Watch.CHILD,
+        "httproute_index",
+        signature=facts.httproute_signature,
+    ),
     # Traefik's mirror of a release's shadow phase (--gateway-mirror TraefikService): written only then, and
     # deleted after; watched once Traefik's CRDs are there.
     Kind(

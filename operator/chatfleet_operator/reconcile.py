@@ -46,6 +46,7 @@ from chatfleet_operator.release.children import (
 )
 from chatfleet_operator.release.measure import Releases
 from chatfleet_operator.release.planner import strategy_of
+from chatfleet_operator.release.route import observed_route
 from chatfleet_operator.release.strategy import ReleasePlan, ReleaseReason
 from chatfleet_operator.settings import Settings
 from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
@@ -296,6 +297,7 @@ def reconcile_pass(
         standby_pods=sum(1 for p in stable_pods if p.serving == "false" and not p.deleting),
         autoscaling=_autoscaling_status(ctx, pool, stable_pods),
         scaling_active=_scaling_active(ctx),
+        route_served=_route_served(ctx, snap),
     )
     new_status = compute_status(ctx.old_status, obs, now, plan.status_fields(ctx.update_revision))
 
@@ -412,6 +414,12 @@ def _scaling_active(ctx: PassContext) -> dict[str, Any] | None:
         )
     hpa = ctx.observed("HorizontalPodAutoscaler", name)
     return scaling_condition(ctx.metrics_source, hpa, None, ctx.ref.generation)
+
+
+def _route_served(ctx: PassContext, snap: Snapshot) -> dict[str, Any] | None:
+    """The RouteServed condition from the freshest view of the HTTPRoute (None where the pass writes none)."""
+    route = observed_route(ctx, snap.children.get(("HTTPRoute", ctx.ref.name)))
+    return route.condition(ctx.ref.generation) if route is not None else None
 
 
 class PassFailed(Exception):

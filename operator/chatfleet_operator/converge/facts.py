@@ -1,4 +1,4 @@
-"""Small, immutable summaries of what the operator observes (nodes, pods, Deployments).
+"""Small, immutable summaries of what the operator observes (nodes, pods, Deployments, a route's parents).
 
 Watch handlers reduce full objects to these so the in-memory indexes stay small at 1,000s of objects.
 """
@@ -248,6 +248,92 @@ def autoscaler_signature(body: Mapping[str, Any]) -> tuple[Any, ...]:
         )
     )
     return (content_signature(body), conditions)
+
+
+#: Gateway API's group, and the conditions a Gateway controller writes per parentRef of a route that say
+#: whether it serves it: Accepted (attached: a listener allows the route, its hostnames match) and
+#: ResolvedRefs (every backendRef resolves).
+GATEWAY_GROUP = "gateway.networking.k8s.io"
+ROUTE_CONDITIONS = ("Accepted", "ResolvedRefs")
+
+
+@dataclass(frozen=True)
+class GatewayCondition:
+    """One condition a Gateway wrote on a route; all '' when it wrote none of that type."""
+
+    status: str = ""
+    reason: str = ""
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class RouteParent:
+    """One Gateway's word on an HTTPRoute (an entry of status.parents): which Gateway, which controller,
+    and its Accepted and ResolvedRefs conditions."""
+
+    namespace: str
+    """The parent Gateway's namespace (the route's own when the parentRef names none)."""
+    name: str
+    section: str
+    """parentRef.sectionName ('' when the route attaches to every listener)."""
+    controller: str
+    accepted: GatewayCondition = GatewayCondition()
+    resolved_refs: GatewayCondition = GatewayCondition()
+
+
+def route_parents(body: Mapping[str, Any]) -> tuple[RouteParent, ...]:
+    """The Gateways' words on an HTTPRoute, from status.parents (parents of other kinds left out), sorted.
+
+    e.g. status.parents [{parentRef: {name: gw}, controllerName: c, conditions: [Accepted False
+    NotAllowedByListeners "no listener"]}] of a route in shop -> (RouteParent("shop", "gw", "", "c",
+    accepted=GatewayCondition("False", "NotAllowedByListeners", "no listener")),). No status: ().
+    """
+    own_namespace = (body.get("metadata") or {}).get("namespace") or ""
+    parents = []
+    for entry in (body.get("status") or {}).get("parents") or []:
+        ref = entry.get("parentRef") or {}
+        if (ref.get("group") or GATEWAY_GROUP, ref.get("kind") or "Gateway") != (GATEWAY_GROUP, "Gateway"):
+            continue
+        found = {
+            c.get("type"): GatewayCondition(
+                str(c.get("status") or ""), str(c.get("reason") or ""), str(c.get("message") or "")
+            )
+            for c in entry.get("conditions") or []
+            if c.get("type") in ROUTE_CONDITIONS
+        }
+        parents.append(
+            RouteParent(
+                namespace=str(ref.get("namespace") or own_namespace),
+                name=str(ref.get("name") or ""),
+                section=str(ref.get("sectionName") or ""),
+                controller=str(entry.get("controllerName") or ""),
+                accepted=found.get("Accepted", GatewayCondition()),
+                resolved_refs=found.get("ResolvedRefs", GatewayCondition()),
+            )
+        )
+    return tuple(sorted(parents, key=lambda p: (p.namespace, p.name, p.section, p.controller)))
+
+
+def httproute_signature(body: Mapping[str, Any]) -> tuple[Any, ...]:
+    """Change signature of an HTTPRoute: its content and, per parent Gateway, the status and reason of its
+    Accepted and ResolvedRefs conditions.
+
+    So a Gateway accepting or refusing the route triggers a pass that shows it (condition RouteServed),
+    while its rewrites of the same conditions (a new observedGeneration and lastTransitionTime after each
+    weight change, or only a new message) trigger nothing.
+    """
+    parents = tuple(
+        (
+            p.namespace,
+            p.name,
+            p.section,
+            p.controller,
+            (p.accepted.status, p.accepted.reason),
+            (p.resolved_refs.status, p.resolved_refs.reason),
+        )
+        for p in route_parents(body)
+    )
+    return (content_signature(body), parents)
 
 
 def pod_signature(body: Mapping[str, Any]) -> tuple[Any, ...]:

@@ -17,6 +17,7 @@ from chatfleet_operator.api import (
     COND_DEGRADED,
     COND_READY,
     COND_RECONCILING,
+    COND_ROUTE_SERVED,
     COND_SCALING_ACTIVE,
     COND_STALLED,
     Phase,
@@ -135,6 +136,8 @@ class Observation:
     """status.autoscaling (autoscale/state.py), None without spec.scaling.autoscale."""
     scaling_active: Mapping[str, Any] | None = None
     """The ScalingActive condition (without timestamp), None without spec.scaling.autoscale."""
+    route_served: Mapping[str, Any] | None = None
+    """The RouteServed condition (without timestamp), None where no HTTPRoute carries the traffic."""
 
 
 def _ready_and_reconciling(obs: Observation) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -259,6 +262,8 @@ def compute_status(
         computed = apply_gate(computed, release.gate, obs.generation)
     if obs.scaling_active is not None:
         computed = [*computed, dict(obs.scaling_active)]
+    if obs.route_served is not None:
+        computed = [*computed, dict(obs.route_served)]
     conditions = merge_conditions(old.get("conditions") or [], computed, now)
     stable = (release.promoted if release else None) or (
         obs.revision if ready else old.get("stableRevision", "")
@@ -434,13 +439,18 @@ class EventIntent:
 def status_events(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list[EventIntent]:
     """Events from the old -> new difference: one Warning per newly appeared problem (nothing else).
 
-    Problems are Stalled or Degraded True, and ScalingActive False (the autoscaler cannot read its metrics).
+    Problems are Stalled or Degraded True, ScalingActive False (the autoscaler cannot read its metrics)
+    and RouteServed False (the Gateway refuses the HTTPRoute), each with the condition's reason: posted
+    when it turns so or its reason changes, never again while it stays.
     """
     events = []
-    before, after = get_condition(old, COND_SCALING_ACTIVE), get_condition(new, COND_SCALING_ACTIVE) or {}
-    flipped = before is None or before.get("status") != "False" or before.get("reason") != after.get("reason")
-    if after.get("status") == "False" and flipped:
-        events.append(EventIntent("Warning", after["reason"], after["message"]))
+    for ctype in (COND_SCALING_ACTIVE, COND_ROUTE_SERVED):
+        before, after = get_condition(old, ctype), get_condition(new, ctype) or {}
+        flipped = (
+            before is None or before.get("status") != "False" or before.get("reason") != after.get("reason")
+        )
+        if after.get("status") == "False" and flipped:
+            events.append(EventIntent("Warning", after["reason"], after["message"]))
     for ctype in (COND_STALLED, COND_DEGRADED):
         before, after = get_condition(old, ctype), get_condition(new, ctype)
         if after is None or after.get("status") != "True":

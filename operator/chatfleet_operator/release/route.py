@@ -1,0 +1,119 @@
+"""Whether the parent Gateway serves a canary's HTTPRoute: the Gateways' word in the route's status. Pure.
+
+Gateway API has each Gateway controller write, per parentRef of a route it manages (status.parents[]),
+`Accepted` (the Gateway attached the route: a listener allows it, its hostnames match) and `ResolvedRefs`
+(every backendRef resolves to a Service it may use). The operator reads them for the Gateway its routes
+name (--gateway, --gateway-namespace) into:
+- the ChatbotService's condition `RouteServed`: True once that Gateway accepted the route with its
+  backends resolved; False with the Gateway's own reason and message when it refuses the route or cannot
+  resolve a backend (a Warning event follows from the old -> new difference, converge/status.py);
+  Unknown while no controller has answered for that Gateway -- a route just written, or a Gateway that
+  does not exist or whose GatewayClass has no controller (then no one ever answers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from chatfleet_operator import api
+from chatfleet_operator.context import PassContext
+from chatfleet_operator.converge.facts import route_parents
+from chatfleet_operator.release.traffic import HTTPROUTE
+from chatfleet_operator.spec import Strategy
+
+TRUE, FALSE, UNKNOWN = "True", "False", "Unknown"
+#: Longest part of a Gateway's message put into the condition's.
+MESSAGE_LIMIT = 1000
+
+
+@dataclass(frozen=True)
+class RouteState:
+    """The parent Gateway's word on the route, as condition RouteServed says it."""
+
+    status: str
+    """True, False or Unknown."""
+    reason: str
+    message: str
+
+    @property
+    def refused(self) -> bool:
+        """The Gateway refuses the route or cannot resolve a backend: users reach the canary through it no more."""
+        return self.status == FALSE
+
+    def condition(self, generation: int) -> dict[str, Any]:
+        """The RouteServed condition (no timestamp)."""
+        return {
+            "type": api.COND_ROUTE_SERVED,
+            "status": self.status,
+            "reason": self.reason,
+            "message": self.message,
+            "observedGeneration": generation,
+        }
+
+
+def _detail(message: str) -> str:
+    """A Gateway's message, bounded; '' when it gave none."""
+    return f": {message[:MESSAGE_LIMIT]}" if message else ""
+
+
+def route_state(
+    route: Mapping[str, Any] | None, route_name: str, gateway_namespace: str, gateway_name: str
+) -> RouteState:
+    """RouteServed of HTTPRoute `route_name` (its observed body, None before it exists) on one Gateway.
+
+    Only status.parents entries for that Gateway count (one per listener section or controller); one
+    False outranks the others. e.g. Accepted False NotAllowedByListeners "no listener allows the route"
+    -> False, NotAllowedByListeners, "Gateway shop/chatfleet does not accept HTTPRoute bot: no listener
+    allows the route"; Accepted True with ResolvedRefs False BackendNotFound -> False, BackendNotFound;
+    Accepted True -> True, Accepted; no entry for that Gateway (no status yet) -> Unknown, Pending.
+    """
+    gateway = f"{gateway_namespace}/{gateway_name}"
+    if route is None:
+        return RouteState(UNKNOWN, api.Reason.ROUTE_PENDING, f"HTTPRoute {route_name} is not written yet")
+    mine = [p for p in route_parents(route) if (p.namespace, p.name) == (gateway_namespace, gateway_name)]
+    for p in mine:
+        if p.accepted.status == FALSE:
+            return RouteState(
+                FALSE,
+                p.accepted.reason or api.Reason.ROUTE_NOT_ACCEPTED,
+                f"Gateway {gateway} does not accept HTTPRoute {route_name}{_detail(p.accepted.message)}",
+            )
+    for p in mine:
+        if p.resolved_refs.status == FALSE:
+            return RouteState(
+                FALSE,
+                p.resolved_refs.reason or api.Reason.REFS_NOT_RESOLVED,
+                f"Gateway {gateway} cannot resolve the backends of HTTPRoute {route_name}"
+                f"{_detail(p.resolved_refs.message)}",
+            )
+    if any(p.accepted.status == TRUE for p in mine):
+        return RouteState(TRUE, api.Reason.ROUTE_ACCEPTED, f"Gateway {gateway} serves HTTPRoute {route_name}")
+    answered = next((p.accepted for p in mine if p.accepted.status), None)
+    if answered is not None:  # Accepted Unknown (e.g. Pending: the Gateway has not decided yet)
+        return RouteState(
+            UNKNOWN,
+            answered.reason or api.Reason.ROUTE_PENDING,
+            f"Gateway {gateway} has not accepted HTTPRoute {route_name} yet{_detail(answered.message)}",
+        )
+    return RouteState(
+        UNKNOWN,
+        api.Reason.ROUTE_PENDING,
+        f"No controller of Gateway {gateway} has answered for HTTPRoute {route_name} yet: "
+        "check that the Gateway exists and that its GatewayClass has a controller",
+    )
+
+
+def routed(ctx: PassContext) -> bool:
+    """Whether this pass's traffic runs through an HTTPRoute: a canary in a cluster serving Gateway API."""
+    return ctx.traffic == HTTPROUTE and ctx.spec.rollout.strategy == Strategy.CANARY
+
+
+def observed_route(ctx: PassContext, route: Mapping[str, Any] | None) -> RouteState | None:
+    """RouteServed of the ChatbotService's HTTPRoute as `route` shows it; None where the pass writes no route."""
+    if not routed(ctx):
+        return None
+    release = ctx.settings.release
+    gateway_namespace = release.gateway_namespace or ctx.ref.namespace
+    return route_state(route, ctx.ref.name, gateway_namespace, release.gateway_name)

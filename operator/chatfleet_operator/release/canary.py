@@ -16,6 +16,10 @@ its mirrored share needs, takes weight 0, and the gateway mirrors that share of 
 shadow port (builders/httproute.py); the analysis compares its answers with stable's on the same
 messages (release/measure.py). A passing analysis moves the release to step 1; a failing one rolls it
 back like any other -- before the canary ever answered a user.
+
+While the Gateway refuses the HTTPRoute (condition RouteServed False, release/route.py), users reach
+neither track through it: a step (or the shadow phase) waits with reason RouteNotServed, its pause clock
+stopped, and resumes once the Gateway accepts the route.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from chatfleet_operator.builders.httproute import (
 from chatfleet_operator.builders.service import build_service
 from chatfleet_operator.context import PassContext
 from chatfleet_operator.converge.status import EventIntent, Gate, GateKind
+from chatfleet_operator.release.route import not_served
 from chatfleet_operator.release.state import HistoryEntry, ReleasePhase, ReleaseState
 from chatfleet_operator.release.strategy import (
     ReleaseInput,
@@ -147,14 +152,18 @@ class Canary:
             step = steps[idx]
             s = split(inp.total, weight, inp.traffic, capacity)
             canary_ready = inp.canary.ready >= s.canary and inp.canary.revision == revision
-            if not canary_ready:
+            refused = route_hold(inp, f"at step {idx + 1}/{len(steps)}")
+            # The step's clock (its pause, the analysis it needs after) runs while its pods are Ready and
+            # users reach them: a route the Gateway refuses stops it, and it starts again once served.
+            serving = canary_ready and refused is None
+            if not serving:
                 rel.canary_ready_at = None
             elif not rel.canary_ready_at:
                 rel.canary_ready_at = rfc3339(inp.now)
             if canary_ready:
                 mark_analysis_start(inp, rel)
-            waited = since(rel.canary_ready_at, inp.now) if canary_ready else 0.0
-            pause_left = step.pause_seconds - waited if canary_ready else None
+            waited = since(rel.canary_ready_at, inp.now) if serving else 0.0
+            pause_left = step.pause_seconds - waited if serving else None
             hold = analysis_hold(rel, verdict)
             if rollout.paused:
                 gate = Gate(
@@ -164,6 +173,8 @@ class Canary:
                 )
             elif inp.canary.waiting_for_gpus:
                 gate = waiting_for_gpus(inp, rel, capacity)
+            elif refused is not None:
+                gate = refused
             elif not canary_ready:
                 gate = Gate(
                     GateKind.ADVANCING,
@@ -251,6 +262,24 @@ class Canary:
         return plan
 
 
+def route_hold(inp: ReleaseInput, where: str) -> Gate | None:
+    """The gate while the Gateway refuses the HTTPRoute (condition RouteServed False); None while it serves
+    it, has not answered yet, or no route carries the traffic.
+
+    Users then reach neither track through the Gateway, so the release does not move: e.g. "Release
+    paused at step 1/3: the canary gets no user traffic: the route is not served (NotAllowedByListeners:
+    Gateway shop/chatfleet does not accept HTTPRoute bot: ...)". It resumes when the Gateway accepts it.
+    """
+    route = inp.route
+    if inp.traffic != HTTPROUTE or route is None or not route.refused:
+        return None
+    return Gate(
+        GateKind.PAUSED,
+        ReleaseReason.ROUTE_NOT_SERVED,
+        f"Release paused {where}: the canary gets no user traffic: {not_served(route)}",
+    )
+
+
 def waiting_for_gpus(inp: ReleaseInput, rel: ReleaseState, capacity: str) -> Gate:
     """The gate while canary pods cannot be scheduled for lack of GPUs; the wait does not count against
     progressDeadlineSeconds (its clock restarts now)."""
@@ -284,7 +313,8 @@ def _shadow(
     routed = inp.traffic == HTTPROUTE
     s = split(inp.total, shadow.percent if routed else 0, inp.traffic, capacity)
     canary_ready = routed and inp.canary.ready >= s.canary and inp.canary.revision == rel.revision
-    if not canary_ready:
+    refused = route_hold(inp, "in the shadow phase")
+    if not canary_ready or refused is not None:  # a refused route mirrors nothing: the phase waits
         rel.canary_ready_at = None
     elif not rel.canary_ready_at:
         rel.canary_ready_at = now
@@ -304,6 +334,8 @@ def _shadow(
         )
     elif inp.canary.waiting_for_gpus:
         gate = waiting_for_gpus(inp, rel, capacity)
+    elif refused is not None:
+        gate = refused
     elif not canary_ready:
         gate = Gate(
             GateKind.ADVANCING,

@@ -31,16 +31,16 @@ from chatfleet_operator.builders.pdb import pdb_wanted
 from chatfleet_operator.context import PassContext
 from chatfleet_operator.converge.facts import PodFacts, deployment_facts
 from chatfleet_operator.release.planner import ReleaseInput, ReleasePlan, plan_release, strategy_of
+from chatfleet_operator.release.route import observed_route, routed
 from chatfleet_operator.release.strategy import selector_text, service_selector
-from chatfleet_operator.release.traffic import HTTPROUTE, REPLACE_IN_PLACE, SURGE
-from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef, Strategy
+from chatfleet_operator.release.traffic import REPLACE_IN_PLACE, SURGE
+from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
 
 
 def route_settle_seconds(ctx: PassContext) -> float:
     """How long a canary's pods outlive the route change that moves traffic off them: the operator's
     setting behind an HTTPRoute, 0 where no route carries the split (replica ratio, blue-green's Services)."""
-    routed = ctx.traffic == HTTPROUTE and ctx.spec.rollout.strategy == Strategy.CANARY
-    return ctx.settings.release.route_settle_seconds if routed else 0.0
+    return ctx.settings.release.route_settle_seconds if routed(ctx) else 0.0
 
 
 def plan_pass(ctx: PassContext) -> ReleasePlan:
@@ -56,6 +56,7 @@ def plan_pass(ctx: PassContext) -> ReleasePlan:
         ctx.measurement,
         ctx.dialogue_check,
         route_settle_seconds(ctx),
+        observed_route(ctx, ctx.observed("HTTPRoute", ctx.ref.name)),
     )
     return plan_release(inp, ctx.old_status)
 

@@ -10,7 +10,8 @@ One pass, in order (`plan_release`):
   1. intents from the spec (abort, promote, paused) are read from spec.rollout, folded in below;
   2. health of the canary/preview pods: crash-looping, restarting, image pulls, the progress deadline --
      each rolls back at once, without waiting for metrics;
-  3. the analysis measurement of this pass (if one was due), folded into the counters;
+  3. the analysis measurement of this pass (if one was due), folded into the counters (never a pass
+     while the Gateway refuses the canary's HTTPRoute);
   4. one predicate, `rollback_reason`, decides a rollback from 1-3;
   5. otherwise the strategy moves the release (STRATEGIES: canary.py, bluegreen.py).
 
@@ -30,6 +31,7 @@ from chatfleet_operator.converge.facts import IMAGE_PULL_REASONS
 from chatfleet_operator.converge.status import EventIntent, Gate, GateKind
 from chatfleet_operator.release.bluegreen import BlueGreen
 from chatfleet_operator.release.canary import Canary
+from chatfleet_operator.release.route import route_gated
 from chatfleet_operator.release.state import (
     ACTIVE_PHASES,
     HistoryEntry,
@@ -116,11 +118,16 @@ def health_reason(spec: ChatbotServiceSpec, rel: ReleaseState, canary: Track, no
 
 
 def fold_measurement(inp: ReleaseInput, rel: ReleaseState) -> Verdict:
-    """Step 3: fold this pass's measurement into status.release.analysis; the decision and its reason."""
+    """Step 3: fold this pass's measurement into status.release.analysis; the decision and its reason.
+
+    Behind an HTTPRoute the Gateway refuses, a passing measurement counts as Inconclusive (route.route_gated):
+    users reach no track through it, so the figures are the probe's alone.
+    """
     if inp.measurement is None:
         return Verdict()
     a = inp.spec.analysis
-    folded = fold(rel.analysis, inp.measurement, a.failure_limit, a.consecutive_error_limit, rfc3339(inp.now))
+    measurement = route_gated(inp.measurement, inp.route)
+    folded = fold(rel.analysis, measurement, a.failure_limit, a.consecutive_error_limit, rfc3339(inp.now))
     rel.analysis = folded.counters
     return Verdict(folded.decision, folded.reason)
 

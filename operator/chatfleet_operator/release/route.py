@@ -8,16 +8,20 @@ name (--gateway, --gateway-namespace) into:
   backends resolved; False with the Gateway's own reason and message when it refuses the route or cannot
   resolve a backend (a Warning event follows from the old -> new difference, converge/status.py);
   Unknown while no controller has answered for that Gateway -- a route just written, or a Gateway that
-  does not exist or whose GatewayClass has no controller (then no one ever answers).
+  does not exist or whose GatewayClass has no controller (then no one ever answers);
+- the release (canary.py, planner.py): while the route is refused, users reach neither track through
+  the Gateway, so a canary step neither advances nor counts its pause, and a passing measurement (the
+  probe's traffic alone) is no pass.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from chatfleet_operator import api
+from chatfleet_operator.analysis.assess import INCONCLUSIVE, SUCCESSFUL, Measurement
 from chatfleet_operator.context import PassContext
 from chatfleet_operator.converge.facts import route_parents
 from chatfleet_operator.release.traffic import HTTPROUTE
@@ -117,3 +121,27 @@ def observed_route(ctx: PassContext, route: Mapping[str, Any] | None) -> RouteSt
     release = ctx.settings.release
     gateway_namespace = release.gateway_namespace or ctx.ref.namespace
     return route_state(route, ctx.ref.name, gateway_namespace, release.gateway_name)
+
+
+def route_gated(m: Measurement, route: RouteState | None) -> Measurement:
+    """A measurement as the release counts it, given the route: never a pass while the Gateway refuses it.
+
+    Passing figures then come from the probe's traffic alone (users reach no track through the Gateway):
+    Successful -> Inconclusive, saying so. An Inconclusive one says why the canary may have no traffic
+    (the route refused, or no Gateway has answered). Failed and Error ones count as they are.
+    e.g. Successful "error rate 0.1% <= 1%", route False -> Inconclusive "error rate 0.1% <= 1%; not a
+    pass: the route is not served (Gateway shop/chatfleet does not accept HTTPRoute bot: ...)".
+    """
+    if route is None or route.status == TRUE:
+        return m
+    if m.verdict == SUCCESSFUL and route.refused:
+        return replace(m, verdict=INCONCLUSIVE, message=f"{m.message}; not a pass: {not_served(route)}")
+    if m.verdict == INCONCLUSIVE:
+        return replace(m, message=f"{m.message} ({not_served(route)})")
+    return m
+
+
+def not_served(route: RouteState) -> str:
+    """What the release says of a route that is not served. e.g. 'the route is not served (Gateway ...)'."""
+    what = "not served" if route.refused else "not known to be served yet"
+    return f"the route is {what} ({route.reason}: {route.message})"

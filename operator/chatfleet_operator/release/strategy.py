@@ -20,6 +20,7 @@ from chatfleet_operator.builders.service import build_service, track_service_nam
 from chatfleet_operator.context import DialogueCheck, PassContext
 from chatfleet_operator.converge.facts import Track
 from chatfleet_operator.converge.status import EventIntent, Gate, GateKind, ReleaseFields
+from chatfleet_operator.release.route import RouteState
 from chatfleet_operator.release.state import (
     HistoryEntry,
     ReleasePhase,
@@ -50,6 +51,7 @@ class ReleaseReason:
     STARTED = "ReleaseStarted"
     SHADOW_PASSED = "ShadowPassed"
     SHADOW_NEEDS_GATEWAY = "ShadowNeedsGatewayAPI"
+    ROUTE_NOT_SERVED = "RouteNotServed"
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,8 @@ class ReleaseInput:
     dialogue_check: DialogueCheck | None = None
     route_settle_seconds: float = 0.0
     """How long the canary's pods outlive the route change that moved traffic off them (0: no route)."""
+    route: RouteState | None = None
+    """The parent Gateway's word on the HTTPRoute (condition RouteServed); None where no route carries traffic."""
 
 
 @dataclass

@@ -15,6 +15,7 @@ from chatfleet_operator.analysis.assess import Check, Sample, assess
 from chatfleet_operator.context import DialogueCheck
 from chatfleet_operator.converge.facts import PodFacts
 from chatfleet_operator.release.planner import analysis_due, dialogue_check_due, plan_release
+from chatfleet_operator.release.route import RouteState
 from chatfleet_operator.release.strategy import ReleaseInput, ReleasePlan, Track
 from chatfleet_operator.release.traffic import REPLICA_RATIO
 from chatfleet_operator.spec import ChatbotServiceSpec
@@ -66,6 +67,7 @@ class World:
     prometheus_up: bool = True
     route_settle: float = 0.0  # the operator's route_settle_seconds (HTTPRoute canary only)
     stable_requests: float = 0.0  # requests the stable track served in the idle window (dialogue drain)
+    route: RouteState | None = None  # the parent Gateway's word on the HTTPRoute (None: no route read)
     measured: int = 0
     dialogue_checks: int = 0
     plans: list[ReleasePlan] = field(default_factory=list)
@@ -113,6 +115,7 @@ class World:
             measurement,
             check,
             self.route_settle,
+            self.route,
         )
         plan = plan_release(inp, self.status)
         self.plans.append(plan)

@@ -17,9 +17,9 @@ shadow port (builders/httproute.py); the analysis compares its answers with stab
 messages (release/measure.py). A passing analysis moves the release to step 1; a failing one rolls it
 back like any other -- before the canary ever answered a user.
 
-While the Gateway refuses the HTTPRoute (condition RouteServed False, release/route.py), users reach
-neither track through it: a step (or the shadow phase) waits with reason RouteNotServed, its pause clock
-stopped, and resumes once the Gateway accepts the route.
+While the Gateway does not serve the HTTPRoute (condition RouteServed False, release/route.py), no user
+reaches the canary through it: a step (or the shadow phase) waits with reason RouteNotServed, its pause
+clock stopped, and resumes once the Gateway serves the route.
 """
 
 from __future__ import annotations
@@ -266,7 +266,7 @@ def route_hold(inp: ReleaseInput, where: str) -> Gate | None:
     """The gate while the Gateway refuses the HTTPRoute (condition RouteServed False); None while it serves
     it, has not answered yet, or no route carries the traffic.
 
-    Users then reach neither track through the Gateway, so the release does not move: e.g. "Release
+    No user then reaches the canary through the Gateway, so the release does not move: e.g. "Release
     paused at step 1/3: the canary gets no user traffic: the route is not served (NotAllowedByListeners:
     Gateway shop/chatfleet does not accept HTTPRoute bot: ...)". It resumes when the Gateway accepts it.
     """

@@ -121,7 +121,7 @@ def fold_measurement(inp: ReleaseInput, rel: ReleaseState) -> Verdict:
     """Step 3: fold this pass's measurement into status.release.analysis; the decision and its reason.
 
     Behind an HTTPRoute the Gateway refuses, a passing measurement counts as Inconclusive (route.route_gated):
-    users reach no track through it, so the figures are the probe's alone.
+    no user reaches the canary through it, so the figures are the probe's alone.
     """
     if inp.measurement is None:
         return Verdict()

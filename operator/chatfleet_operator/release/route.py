@@ -9,9 +9,10 @@ name (--gateway, --gateway-namespace) into:
   resolve a backend (a Warning event follows from the old -> new difference, converge/status.py);
   Unknown while no controller has answered for that Gateway -- a route just written, or a Gateway that
   does not exist or whose GatewayClass has no controller (then no one ever answers);
-- the release (canary.py, planner.py): while the route is refused, users reach neither track through
-  the Gateway, so a canary step neither advances nor counts its pause, and a passing measurement (the
-  probe's traffic alone) is no pass.
+- the release (canary.py, planner.py): while it is False no user reaches the canary through the
+  Gateway (a refused route carries no one; an unresolved backend's share is answered with errors), so a
+  canary step neither advances nor counts its pause, and a passing measurement (the probe's traffic
+  alone) is no pass.
 """
 
 from __future__ import annotations
@@ -126,11 +127,12 @@ def observed_route(ctx: PassContext, route: Mapping[str, Any] | None) -> RouteSt
 def route_gated(m: Measurement, route: RouteState | None) -> Measurement:
     """A measurement as the release counts it, given the route: never a pass while the Gateway refuses it.
 
-    Passing figures then come from the probe's traffic alone (users reach no track through the Gateway):
-    Successful -> Inconclusive, saying so. An Inconclusive one says why the canary may have no traffic
-    (the route refused, or no Gateway has answered). Failed and Error ones count as they are.
+    Passing figures then come from the probe's traffic alone (no user reaches the canary through the
+    Gateway): Successful -> Inconclusive, saying so. An Inconclusive one says why the canary may have no
+    traffic (the route refused, or no Gateway has answered). Failed and Error ones count as they are.
     e.g. Successful "error rate 0.1% <= 1%", route False -> Inconclusive "error rate 0.1% <= 1%; not a
-    pass: the route is not served (Gateway shop/chatfleet does not accept HTTPRoute bot: ...)".
+    pass: the route is not served (NotAllowedByListeners: Gateway shop/chatfleet does not accept
+    HTTPRoute bot: ...)".
     """
     if route is None or route.status == TRUE:
         return m

@@ -328,7 +328,7 @@ def pinning(platform: Platform, pin: bool) -> dict[str, Any]:
 
 def table(rows: list[dict[str, Any]], cols: list[tuple[str, str]]) -> str:
     """A plain text table."""
-    widths = [max(len(h), *(len(str(r.get(k, ""))) for r in rows)) for k, h in cols]
+    widths = [max([len(h), *(len(str(r.get(k, ""))) for r in rows)]) for k, h in cols]
     line = "  ".join(h.ljust(w) for (_, h), w in zip(cols, widths, strict=True))
     body = [
         "  ".join(str(r.get(k, "")).ljust(w) for (k, _), w in zip(cols, widths, strict=True)) for r in rows

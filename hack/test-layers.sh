@@ -50,13 +50,20 @@ print(tests - bad - skipped, bad + skipped)
 EOF
 }
 
+# A job started with SIGINT ignored (a background job of a shell without job control, some CI runners)
+# passes that on, and a Python started so never turns SIGINT into KeyboardInterrupt: interrupting a lane
+# did nothing and it ran to its end. The layer's pytest starts with SIGINT's default disposition.
+with_sigint() {
+  python3 -c 'import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execvp(sys.argv[1], sys.argv[1:])' "$@"
+}
+
 # run one layer: its log printed whole at the end, its row written for the table
 run_layer() {
   local layer="$1" name="${1#tests/}" t0 rc secs passed failed
   say "${name}: starting${2:+ ($2)}"
   t0=$(date +%s)
   # shellcheck disable=SC2046
-  "$pytest" --durations=15 --junitxml="$results/${name}.xml" $(xdist_args "$layer") "$layer" \
+  with_sigint "$pytest" --durations=15 --junitxml="$results/${name}.xml" $(xdist_args "$layer") "$layer" \
     >"$results/${name}.log" 2>&1
   rc=$?
   secs=$(( $(date +%s) - t0 ))

@@ -6,6 +6,7 @@ pytest. Side by side is shown without timing: each lane's test waits for a file 
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +25,9 @@ def layer(root: Path, name: str, body: str) -> None:
     (d / f"test_{name}.py").write_text(body)
 
 
-def run(root: Path, *stages: str) -> subprocess.CompletedProcess:
+def run(root: Path, *stages: str, sigint: object = signal.SIG_DFL) -> subprocess.CompletedProcess:
+    """The script on the stages, started with SIGINT's disposition `sigint` (SIG_IGN: as a background job
+    of a shell without job control starts it)."""
     pytest_cmd = root / "pytest"
     pytest_cmd.write_text(f'#!/bin/sh\nexec {sys.executable} -m pytest -p no:cacheprovider "$@"\n')
     pytest_cmd.chmod(0o755)
@@ -34,6 +37,7 @@ def run(root: Path, *stages: str) -> subprocess.CompletedProcess:
         capture_output=True,
         text=True,
         timeout=240,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, sigint),
     )
 
 
@@ -64,7 +68,14 @@ def test_lanes_run_side_by_side_and_the_table_counts_every_layer(tmp_path):
     assert "----- a: pytest's output -----" in res.stdout  # each layer's output printed whole
 
 
-def test_a_failing_layer_stops_its_lane_and_interrupts_the_other_whose_fixtures_tear_down(tmp_path):
+@pytest.mark.parametrize(
+    "sigint",
+    [
+        pytest.param(signal.SIG_DFL, id="started-normally"),
+        pytest.param(signal.SIG_IGN, id="started-with-sigint-ignored"),
+    ],
+)
+def test_a_failing_layer_stops_its_lane_and_interrupts_the_other_whose_fixtures_tear_down(tmp_path, sigint):
     layer(tmp_path, "cheap", "def test_ok():\n    pass\n")
     layer(
         tmp_path, "bad", "import pathlib, time\ndef test_bad():\n    time.sleep(1)\n    assert False, 'bad'\n"
@@ -84,7 +95,7 @@ def test_long(resource):
     time.sleep(600)
 """,
     )
-    res = run(tmp_path, "tests/cheap tests/bad tests/after | tests/long")
+    res = run(tmp_path, "tests/cheap tests/bad tests/after | tests/long", sigint=sigint)
     out = res.stdout
     assert res.returncode != 0, out
     assert "[layers] bad failed (pytest exit 1): the layers after it do not run" in out

@@ -8,6 +8,9 @@ drives the operations a release can bring, each waited for through the ChatbotSe
   back to the stable revision;
 - `scale_down`: one more replica, Ready, then one fewer.
 Each pod that goes away drains (its preStop hook); the load counts what the users saw.
+
+The product-off baseline (`make_plain`, `PlainScenario`): the same bot's stable Deployment without the
+operator and without the drain (`plain_deployment`), put through the same three operations by kubectl.
 """
 
 from __future__ import annotations

@@ -99,6 +99,16 @@ def test_dependencies_install_before_any_code_is_copied(dockerfile):
     assert all(x.split()[1:-1] == ["pyproject.toml"] for x in before), before
 
 
+def test_runtime_dependency_layer_is_keyed_by_the_requirement_list_alone():
+    # the ~6 GB layer: an edit of pyproject.toml's other tables (tool settings) reinstalled it, and every
+    # real node imported the whole image again; in the final stage only the extracted list comes before it
+    ins = _instructions(RUNTIME_DOCKERFILE)
+    stage = ins[max(i for i, x in enumerate(ins) if x.startswith("FROM ")) :]
+    install = next(i for i, x in enumerate(stage) if x.startswith("RUN ") and "pip install -r" in x)
+    copies = [x for x in stage[:install] if x.startswith("COPY ")]
+    assert copies == ["COPY --from=requirements /requirements.txt /tmp/requirements.txt"], copies
+
+
 @pytest.mark.parametrize(
     ("dockerfile", "arg"), [(OPERATOR_DOCKERFILE, "PYTHON_IMAGE"), (RUNTIME_DOCKERFILE, "TRITON_IMAGE")]
 )

@@ -365,17 +365,27 @@ def baseline(cluster: Cluster, n: int, tmp: Path, timeout: float, services: bool
     Deployments are available."""
     ns = f"baseline-{n}{'-svc' if services else ''}"
     cluster.kubectl("create", "namespace", ns)
-    r0, c0, m0 = api_requests(cluster), cpu_seconds(str(tmp)), machine_cpu_seconds()
-    t0 = time.monotonic()
     docs = [bare_deployment(f"bare-{i}") for i in range(n)]
     if services:  # interleaved, as a GitOps sync of n (Deployment, Service) pairs would send them
         docs = [d for i, dep in enumerate(docs) for d in (dep, bare_service(f"bare-{i}"))]
+    return {
+        "deployments": n,
+        "services": n if services else 0,
+        **deployments_to_available(cluster, ns, docs, n, tmp, timeout),
+    }
+
+
+def deployments_to_available(
+    cluster: Cluster, ns: str, docs: list[dict], n: int, tmp: Path, timeout: float
+) -> dict:
+    """Create `docs` in `ns` (no operator) and time them until the n Deployments are available: the
+    client's seconds, all available, CPU per component and of the machine, API requests."""
+    r0, c0, m0 = api_requests(cluster), cpu_seconds(str(tmp)), machine_cpu_seconds()
+    t0 = time.monotonic()
     apply_s = create_all(cluster, ns, docs, tmp)
     ready_s = wait_all_ready(cluster, ns, "deployments", n, t0, timeout)
     r1, c1, m1 = api_requests(cluster), cpu_seconds(str(tmp)), machine_cpu_seconds()
     return {
-        "deployments": n,
-        "services": n if services else 0,
         "client_create_s": round(apply_s, 1),
         "all_ready_s": round(ready_s, 1) if ready_s else None,
         "cpu_seconds_to_ready": delta(c1, c0),
@@ -428,21 +438,12 @@ def fair_floor(cluster: Cluster, template: list[dict], n: int, tmp: Path, timeou
     ns = f"fair-{n}"
     cluster.kubectl("create", "namespace", ns)
     docs = [d for i in range(n) for d in renamed(template, "bot-0", f"fair-{i}")]
-    r0, c0, m0 = api_requests(cluster), cpu_seconds(str(tmp)), machine_cpu_seconds()
-    t0 = time.monotonic()
-    apply_s = create_all(cluster, ns, docs, tmp)
-    ready_s = wait_all_ready(cluster, ns, "deployments", n, t0, timeout)
-    r1, c1, m1 = api_requests(cluster), cpu_seconds(str(tmp)), machine_cpu_seconds()
     return {
         "chatbotservices": n,
         "objects_per_cbs": len(template),
         "kinds": sorted(d["kind"] for d in template),
         "deployment_bytes": len(json.dumps(next(d for d in template if d["kind"] == "Deployment"))),
-        "client_create_s": round(apply_s, 1),
-        "all_ready_s": round(ready_s, 1) if ready_s else None,
-        "cpu_seconds_to_ready": delta(c1, c0),
-        "machine_cpu_seconds_to_ready": round(m1 - m0, 1),
-        "api_requests_to_ready": delta(r1, r0, top=15),
+        **deployments_to_available(cluster, ns, docs, n, tmp, timeout),
     }
 
 

@@ -332,12 +332,11 @@ class Cluster:
             timeout=timeout,
             interval=0.5,
         )
-        placeholder = placeholder_crd(group)["metadata"]["name"]
-        self.apply([placeholder_crd(group)])
-        self.kubectl(
-            "wait", "--for=condition=Established", "--timeout=30s", f"crd/{placeholder}", check=False
-        )
-        self._delete_crds([placeholder], timeout, no_instances=True)
+        placeholder = placeholder_crd(group)
+        name = placeholder["metadata"]["name"]
+        self.apply([placeholder])
+        self.kubectl("wait", "--for=condition=Established", "--timeout=30s", f"crd/{name}", check=False)
+        self._delete_crds([name], timeout, no_instances=True)
 
     def _delete_crds(self, names: Sequence[str], timeout: float, *, no_instances: bool = False) -> None:
         """Delete CRDs and wait until they are gone; PlatformError naming their conditions if they stay.

@@ -84,6 +84,13 @@ def chat_once(url: str, *, stream: bool, timeout: float = 30, source: str | None
 
     'ok', 'http-<code>', 'cut' (a stream without [DONE]) or 'conn' (no connection or no answer).
     """
+    return chat_attempt(url, stream=stream, timeout=timeout, source=source)[0]
+
+
+def chat_attempt(
+    url: str, *, stream: bool, timeout: float = 30, source: str | None = None
+) -> tuple[str, str]:
+    """chat_once's outcome and what lies behind a failed one (the exception, or the answer's start)."""
     parsed = urllib.parse.urlsplit(url)
     conn = http.client.HTTPConnection(
         parsed.hostname, parsed.port or 80, timeout=timeout, source_address=(source, 0) if source else None
@@ -97,15 +104,15 @@ def chat_once(url: str, *, stream: bool, timeout: float = 30, source: str | None
         )
         resp = conn.getresponse()
         body = resp.read().decode(errors="replace")
-    except (http.client.HTTPException, ConnectionError, TimeoutError, OSError):
-        return "conn"
+    except (http.client.HTTPException, ConnectionError, TimeoutError, OSError) as exc:
+        return "conn", f"{type(exc).__name__}: {exc}"
     finally:
         conn.close()
     if resp.status != 200:
-        return f"http-{resp.status}"
+        return f"http-{resp.status}", body[:200]
     if stream:
-        return "ok" if "data: [DONE]" in body else "cut"
-    return "ok" if '"choices"' in body else "bad-body"
+        return ("ok", "") if "data: [DONE]" in body else ("cut", body[-200:])
+    return ("ok", "") if '"choices"' in body else ("bad-body", body[:200])
 
 
 @dataclass
@@ -127,6 +134,8 @@ class ChatLoad:
     reuse_after: float = 65.0
     outcomes: Counter = field(default_factory=Counter)
     timeline: list[tuple[float, str]] = field(default_factory=list)
+    failures: list[tuple[float, str, str, str]] = field(default_factory=list)
+    """(finished, source address, outcome, detail) of each failed chat: what a failing test names."""
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -168,10 +177,12 @@ class ChatLoad:
                 for _ in range(self.turns):
                     if self._stop.is_set():
                         break
-                    outcome = chat_once(self.url, stream=(n + i) % 2 == 1, source=user)
+                    outcome, detail = chat_attempt(self.url, stream=(n + i) % 2 == 1, source=user)
                     with self._lock:
                         self.outcomes[outcome] += 1
                         self.timeline.append((time.monotonic(), outcome))
+                        if outcome != "ok":
+                            self.failures.append((time.monotonic(), user or "", outcome, detail))
                     n += 1
                     time.sleep(0.1)
                 if user:
@@ -190,6 +201,14 @@ class ChatLoad:
 
     def failed(self) -> int:
         return sum(v for k, v in self.outcomes.items() if k != "ok")
+
+    def failures_since(self, t: float, limit: int = 12) -> list[str]:
+        """The failed chats finished after monotonic time t, as readable lines (at most `limit`)."""
+        with self._lock:
+            rows = [f for f in self.failures if f[0] >= t][:limit]
+        return [
+            f"+{ts - t:.1f}s from {src or 'host'}: {outcome} ({detail})" for ts, src, outcome, detail in rows
+        ]
 
     def since(self, t: float) -> Counter:
         """Outcomes of the requests finished after monotonic time t."""

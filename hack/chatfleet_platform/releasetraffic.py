@@ -138,6 +138,34 @@ class Bot:
             if e.get("conditions", {}).get("ready") and e.get("targetRef")
         }
 
+    def snapshot(self) -> str:
+        """What a failing test names: the pods (ready, restarts), the Service's endpoints, the latest events."""
+        pods = self.kubectl("get", "pods", "-o", "wide", check=False).stdout
+        slices = self.kubectl(
+            "get",
+            "endpointslices",
+            "-l",
+            f"kubernetes.io/service-name={self.name}",
+            "-o",
+            "json",
+            check=False,
+        )
+        endpoints = [
+            (e.get("targetRef", {}).get("name"), e.get("conditions", {}))
+            for s in (json.loads(slices.stdout)["items"] if slices.returncode == 0 else [])
+            for e in s.get("endpoints") or []
+        ]
+        events = self.kubectl("get", "events", "--sort-by=.lastTimestamp", check=False).stdout.splitlines()
+        return "\n".join(
+            [
+                "pods:",
+                pods.rstrip(),
+                f"endpoints of {self.name}: {endpoints}",
+                "latest events:",
+                *events[-25:],
+            ]
+        )
+
     def ready(self) -> bool:
         """Ready=True."""
         return self.cond("Ready").get("status") == "True"

@@ -108,7 +108,12 @@ def test_bad_canary_on_real_traffic_is_rolled_back(
         # fixed sleep can see no request at all: wait for a few finished ones instead
         bot.wait(lambda: sum(load.since(t_gone).values()) >= 3, 120, "requests after the canary left")
         after = load.since(t_gone)
-        assert after and set(after) == {"ok"}, f"requests after the canary left: {after}"
+        assert after and set(after) == {"ok"}, (
+            f"requests after the canary left: {after}\n"
+            + "\n".join(load.failures_since(t_gone))
+            + "\n"
+            + bot.snapshot()
+        )
         record(
             "bad_canary",
             {

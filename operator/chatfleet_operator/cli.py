@@ -12,18 +12,12 @@ import re
 import resource
 import signal
 import sys
+from collections.abc import Mapping
 from dataclasses import replace
 
 from chatfleet_operator.builders.httproute import MIRROR_METHODS
 from chatfleet_operator.converge.policy import host_path_prefix_error
-from chatfleet_operator.settings import (
-    AutoscaleSettings,
-    PodSettings,
-    PrometheusSettings,
-    ReleaseSettings,
-    RuntimeSettings,
-    Settings,
-)
+from chatfleet_operator.settings import PrometheusSettings, Settings, settings_from_env
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -161,9 +155,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def build_settings(args: argparse.Namespace) -> Settings:
-    """Settings of one operator process from the `run` flags (flags win over the environment)."""
-    runtime = RuntimeSettings(namespaces=tuple(args.namespace))
+def build_settings(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Settings:
+    """Settings of one operator process from the `run` flags over the environment (default os.environ,
+    read now); a value that cannot be read exits naming its variable or flag."""
+    try:
+        base = settings_from_env(os.environ if environ is None else environ)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    runtime = replace(base.runtime, namespaces=tuple(args.namespace))
     if args.workers:
         runtime = replace(runtime, workers=args.workers)
     if args.runtime_image or args.prometheus_address:
@@ -185,13 +184,13 @@ def build_settings(args: argparse.Namespace) -> Settings:
         raise SystemExit(
             f"--runtime-image (CHATFLEET_RUNTIME_IMAGE): {runtime.defaults.runtime_image!r} is not an image"
         )
-    pod = PodSettings()
+    pod = base.pod
     if args.allowed_host_path is not None:
         pod = replace(pod, allowed_host_paths=tuple(args.allowed_host_path))
     bad = [why for prefix in pod.allowed_host_paths if (why := host_path_prefix_error(prefix))]
     if bad:
         raise SystemExit(f"--allowed-host-path (CHATFLEET_ALLOWED_HOST_PATHS): {'; '.join(bad)}")
-    release = ReleaseSettings()
+    release = base.release
     if args.analysis_allowed_host is not None:
         release = replace(release, analysis_allowed_hosts=tuple(args.analysis_allowed_host))
     if args.gateway:
@@ -204,16 +203,18 @@ def build_settings(args: argparse.Namespace) -> Settings:
         raise SystemExit(
             f"CHATFLEET_GATEWAY_MIRROR must be {' or '.join(MIRROR_METHODS)}, not {release.gateway_mirror!r}"
         )
-    autoscale = AutoscaleSettings()
+    autoscale = base.autoscale
     if args.autoscaler:
         autoscale = replace(autoscale, metrics_source=args.autoscaler)
-    prometheus = prometheus_settings(args)
-    return Settings(pod=pod, runtime=runtime, release=release, autoscale=autoscale, prometheus=prometheus)
+    prometheus = prometheus_settings(args, base.prometheus)
+    return replace(
+        base, pod=pod, runtime=runtime, release=release, autoscale=autoscale, prometheus=prometheus
+    )
 
 
-def prometheus_settings(args: argparse.Namespace) -> PrometheusSettings:
-    """How Prometheus is reached, from the flags over the environment; a CA with skipped verification exits."""
-    prometheus = PrometheusSettings()
+def prometheus_settings(args: argparse.Namespace, prometheus: PrometheusSettings) -> PrometheusSettings:
+    """How Prometheus is reached, from the flags over `prometheus` (the environment's); a CA with skipped
+    verification exits."""
     if args.prometheus_ca_file:
         prometheus = replace(prometheus, ca_file=args.prometheus_ca_file)
     if args.prometheus_bearer_token_file:

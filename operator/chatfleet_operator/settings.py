@@ -1,9 +1,15 @@
-"""Operator settings: grouped dataclasses, passed into builders and the reconciler (never globals)."""
+"""Operator settings: grouped dataclasses, passed into builders and the reconciler (never globals).
+
+The dataclasses hold plain defaults and never read the environment: `Settings()` is the same wherever and
+whenever it is built. `settings_from_env` reads the CHATFLEET_* variables, when it is called (the CLI calls
+it once at start-up, then applies its flags over it).
+"""
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from chatfleet_operator.defaults import ClusterDefaults
 
@@ -12,10 +18,10 @@ from chatfleet_operator.defaults import ClusterDefaults
 class PodSettings:
     """What every Triton pod gets besides the spec."""
 
-    chat_api_cpu: str = os.environ.get("CHATFLEET_CHAT_API_CPU", "500m")
+    chat_api_cpu: str = "500m"
     """CPU request and limit of the chat-api sidecar container (quantity; env CHATFLEET_CHAT_API_CPU).
     Small: it only relays. Smaller still where CPU is scarcer than GPUs (the local real node's 2 cores)."""
-    chat_api_memory: str = os.environ.get("CHATFLEET_CHAT_API_MEMORY", "512Mi")
+    chat_api_memory: str = "512Mi"
     """Memory request and limit of the chat-api sidecar container (quantity; env CHATFLEET_CHAT_API_MEMORY)."""
     run_as_user: int = 1000
     """UID the containers run as (non-root; the runtime image owns /tmp and the model dirs for it)."""
@@ -24,7 +30,7 @@ class PodSettings:
     gateway to see it gone (the pod contract's CHATFLEET_DRAIN_SETTLE_SECONDS)."""
     drain_margin_seconds: int = 10
     """Seconds of the grace period beyond settle + the longest generation: the drain hook's own start and exit."""
-    startup_failure_threshold: int = int(os.environ.get("CHATFLEET_STARTUP_FAILURE_THRESHOLD", "60"))
+    startup_failure_threshold: int = 60
     """Startup probe failures allowed (period 10 s), i.e. up to 10 minutes for weights to load (env
     CHATFLEET_STARTUP_FAILURE_THRESHOLD); the kubelet restarts Triton once it is spent. A load that hangs
     in Triton's Python backend after initialize() ends sooner, through the runtime's load watch."""
@@ -38,9 +44,7 @@ class PodSettings:
     """Deployment rolling update maxSurge: one extra GPU pod at a time."""
     max_unavailable: int | str = 0
     """Deployment rolling update maxUnavailable: never below the desired serving capacity."""
-    allowed_host_paths: tuple[str, ...] = field(
-        default_factory=lambda: _env_list("CHATFLEET_ALLOWED_HOST_PATHS")
-    )
+    allowed_host_paths: tuple[str, ...] = ()
     """Host directory prefixes a spec.model.hostPath may name, on whole path segments ('/data' allows
     /data and /data/x, not /database; a '..' segment never). Default none: no ChatbotService author may
     mount a host directory, so the operator builds no Deployment for a spec with one (HostPathNotAllowed).
@@ -72,7 +76,7 @@ class RetrySettings:
     """Retry delay ceiling in seconds (5 minutes): slow enough to never hot-loop."""
     trigger_debounce: float = 0.2
     """Seconds to coalesce bursts of child events before a triggered reconcile runs."""
-    progress_status_seconds: float = float(os.environ.get("CHATFLEET_PROGRESS_STATUS_SECONDS", "5"))
+    progress_status_seconds: float = 5.0
     """Least seconds between two status writes of one ChatbotService that differ only by progress (counts,
     RollingOut -> WaitingForPods); the later one waits and is coalesced. Ready flipping, a problem, a new
     generation or a release step is written at once (env CHATFLEET_PROGRESS_STATUS_SECONDS; 0: no wait)."""
@@ -84,15 +88,9 @@ class RuntimeSettings:
 
     namespaces: tuple[str, ...] = ()
     """Namespaces to watch; empty means cluster-wide."""
-    workers: int = int(os.environ.get("CHATFLEET_WORKERS", "16"))
+    workers: int = 16
     """Threads for blocking API calls (env CHATFLEET_WORKERS, default 16)."""
-    defaults: ClusterDefaults = field(
-        default_factory=lambda: ClusterDefaults(
-            runtime_image=os.environ.get("CHATFLEET_RUNTIME_IMAGE") or ClusterDefaults.runtime_image,
-            prometheus_address=os.environ.get("CHATFLEET_PROMETHEUS_ADDRESS")
-            or ClusterDefaults.prometheus_address,
-        )
-    )
+    defaults: ClusterDefaults = field(default_factory=ClusterDefaults)
     """What a spec that leaves out spec.runtime.image or spec.analysis.prometheusAddress gets (flags
     --runtime-image and --prometheus-address, env CHATFLEET_RUNTIME_IMAGE and CHATFLEET_PROMETHEUS_ADDRESS;
     chatfleet_operator.defaults)."""
@@ -100,23 +98,16 @@ class RuntimeSettings:
     """DNS domain of the cluster, used in status.endpoint."""
 
 
-def _env_list(name: str) -> tuple[str, ...]:
-    """A comma-separated environment variable as a tuple of its non-empty items."""
-    return tuple(item.strip() for item in os.environ.get(name, "").split(",") if item.strip())
-
-
 @dataclass(frozen=True)
 class ReleaseSettings:
     """Release settings of one operator process (tests shorten or redirect them)."""
 
-    gateway_name: str = os.environ.get("CHATFLEET_GATEWAY", "chatfleet")
+    gateway_name: str = "chatfleet"
     """Gateway the HTTPRoutes attach to when the cluster serves Gateway API (flag --gateway, env CHATFLEET_GATEWAY)."""
-    gateway_namespace: str | None = os.environ.get("CHATFLEET_GATEWAY_NAMESPACE") or None
+    gateway_namespace: str | None = None
     """Namespace of that Gateway; None: each ChatbotService's own namespace (flag --gateway-namespace, env
     CHATFLEET_GATEWAY_NAMESPACE). A shared Gateway must admit the routes (listeners' allowedRoutes)."""
-    gateway_mirror: str = field(
-        default_factory=lambda: os.environ.get("CHATFLEET_GATEWAY_MIRROR", "RequestMirror")
-    )
+    gateway_mirror: str = "RequestMirror"
     """How the Gateway mirrors requests in a release's shadow phase: RequestMirror (Gateway API's filter) or
     TraefikService (Traefik 3.6, which lacks that filter; needs Traefik's CRD provider). Flag
     --gateway-mirror, env CHATFLEET_GATEWAY_MIRROR."""
@@ -129,9 +120,7 @@ class ReleaseSettings:
     abortScaleDownDelaySeconds guards the same race). The pods drain once they go."""
     discovery_cache_seconds: float = 10.0
     """Seconds the answer 'does the cluster serve gateway.networking.k8s.io' is reused."""
-    analysis_allowed_hosts: tuple[str, ...] = field(
-        default_factory=lambda: _env_list("CHATFLEET_ANALYSIS_ALLOWED_HOSTS")
-    )
+    analysis_allowed_hosts: tuple[str, ...] = ()
     """Hosts the release analysis may call besides *.svc and *.svc.<domain> (spec.analysis.prometheusAddress,
     spec.analysis.probe.url): exact names, *.suffix wildcards, IPs or CIDRs such as the Service CIDR.
     Default none, so no namespace's user can make the operator call an arbitrary URL; loopback
@@ -143,14 +132,9 @@ class ReleaseSettings:
 class AutoscaleSettings:
     """How an autoscaled ChatbotService is scaled (docs/autoscaling.md)."""
 
-    metrics_source: str = os.environ.get("CHATFLEET_AUTOSCALER", "auto")
+    metrics_source: str = "auto"
     """auto: a KEDA ScaledObject when the cluster serves keda.sh/v1alpha1, else an HPA on Pods metrics;
     keda or hpa: always that one (flag --autoscaler, env CHATFLEET_AUTOSCALER)."""
-
-
-def _env_flag(name: str) -> bool:
-    """A boolean environment variable: true for 1, true or yes (any case), false otherwise and when unset."""
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes")
 
 
 @dataclass(frozen=True)
@@ -159,30 +143,22 @@ class PrometheusSettings:
     for the release analysis and the autoscale forecast. An https:// address has its certificate verified;
     an http:// address uses none of these but the token."""
 
-    ca_file: str | None = field(
-        default_factory=lambda: os.environ.get("CHATFLEET_PROMETHEUS_CA_FILE") or None
-    )
+    ca_file: str | None = None
     """PEM file of the CA(s) that signed Prometheus' serving certificate; None: the system's CAs (flag
     --prometheus-ca-file, env CHATFLEET_PROMETHEUS_CA_FILE; the chart mounts it from a ConfigMap or a
     Secret). Loaded by every new connection, so a renewed CA is used without a restart."""
-    bearer_token_file: str | None = field(
-        default_factory=lambda: os.environ.get("CHATFLEET_PROMETHEUS_BEARER_TOKEN_FILE") or None
-    )
+    bearer_token_file: str | None = None
     """File holding a token sent as `Authorization: Bearer` with every query, e.g. to a proxy that
     authenticates in front of Prometheus; None: no Authorization header (flag --prometheus-bearer-token-file,
     env CHATFLEET_PROMETHEUS_BEARER_TOKEN_FILE). Read at every query, so a rotated Secret or projected
     service-account token is used as soon as the kubelet writes it."""
-    bearer_token_hosts: tuple[str, ...] = field(
-        default_factory=lambda: _env_list("CHATFLEET_PROMETHEUS_BEARER_TOKEN_HOSTS")
-    )
+    bearer_token_hosts: tuple[str, ...] = ()
     """The only hosts the bearer token is sent to, over https only (flag --prometheus-bearer-token-host,
     repeatable; env CHATFLEET_PROMETHEUS_BEARER_TOKEN_HOSTS, comma-separated; exact names or IPs). A tenant
     writes spec.analysis.prometheusAddress and may point it at a Service of their own: without this list
     the operator would hand them its token. Required with a token file; a query to any other address, or
     over http, goes without it and fails as an analysis error naming this setting."""
-    insecure_skip_verify: bool = field(
-        default_factory=lambda: _env_flag("CHATFLEET_PROMETHEUS_INSECURE_SKIP_VERIFY")
-    )
+    insecure_skip_verify: bool = False
     """Skip verifying Prometheus' certificate (default false: verified, and a certificate no trusted CA
     signed fails the measurement as an Error naming ca_file). The connection is still encrypted but anyone
     on the path can pose as Prometheus and pass a canary; not together with ca_file (flag
@@ -207,3 +183,79 @@ class Settings:
     """Which autoscaler (KEDA, HPA, or discovered)."""
     prometheus: PrometheusSettings = field(default_factory=PrometheusSettings)
     """How Prometheus is reached: its CA, a bearer token, verification."""
+
+
+def _text(value: str) -> str | None:
+    return value.strip() or None
+
+
+def _items(value: str) -> tuple[str, ...]:
+    """A comma-separated list: its non-empty items."""
+    return tuple(item.strip() for item in value.split(",") if item.strip())
+
+
+def _flag(value: str) -> bool:
+    """true for 1, true or yes (any case); false otherwise."""
+    return value.strip().lower() in ("1", "true", "yes")
+
+
+def _whole(value: str) -> int:
+    try:
+        return int(value.strip())
+    except ValueError:
+        raise ValueError("is not a whole number") from None
+
+
+def _decimal(value: str) -> float:
+    try:
+        return float(value.strip())
+    except ValueError:
+        raise ValueError("is not a number") from None
+
+
+#: Each environment variable the operator reads: (settings group, field, parser). An empty variable is
+#: the same as an unset one: the default stays.
+ENVIRONMENT: dict[str, tuple[str, str, Callable[[str], Any]]] = {
+    "CHATFLEET_CHAT_API_CPU": ("pod", "chat_api_cpu", _text),
+    "CHATFLEET_CHAT_API_MEMORY": ("pod", "chat_api_memory", _text),
+    "CHATFLEET_STARTUP_FAILURE_THRESHOLD": ("pod", "startup_failure_threshold", _whole),
+    "CHATFLEET_ALLOWED_HOST_PATHS": ("pod", "allowed_host_paths", _items),
+    "CHATFLEET_PROGRESS_STATUS_SECONDS": ("retry", "progress_status_seconds", _decimal),
+    "CHATFLEET_WORKERS": ("runtime", "workers", _whole),
+    "CHATFLEET_RUNTIME_IMAGE": ("defaults", "runtime_image", _text),
+    "CHATFLEET_PROMETHEUS_ADDRESS": ("defaults", "prometheus_address", _text),
+    "CHATFLEET_GATEWAY": ("release", "gateway_name", _text),
+    "CHATFLEET_GATEWAY_NAMESPACE": ("release", "gateway_namespace", _text),
+    "CHATFLEET_GATEWAY_MIRROR": ("release", "gateway_mirror", _text),
+    "CHATFLEET_ANALYSIS_ALLOWED_HOSTS": ("release", "analysis_allowed_hosts", _items),
+    "CHATFLEET_AUTOSCALER": ("autoscale", "metrics_source", _text),
+    "CHATFLEET_PROMETHEUS_CA_FILE": ("prometheus", "ca_file", _text),
+    "CHATFLEET_PROMETHEUS_BEARER_TOKEN_FILE": ("prometheus", "bearer_token_file", _text),
+    "CHATFLEET_PROMETHEUS_BEARER_TOKEN_HOSTS": ("prometheus", "bearer_token_hosts", _items),
+    "CHATFLEET_PROMETHEUS_INSECURE_SKIP_VERIFY": ("prometheus", "insecure_skip_verify", _flag),
+}
+
+
+def settings_from_env(environ: Mapping[str, str], base: Settings | None = None) -> Settings:
+    """`base` (default: Settings()) with every CHATFLEET_* variable of `environ` that is set and not empty.
+
+    Raises ValueError naming the variable when one cannot be read (e.g. CHATFLEET_WORKERS=many).
+    """
+    settings = base or Settings()
+    changes: dict[str, dict[str, Any]] = {}
+    for name, (group, attr, parse) in ENVIRONMENT.items():
+        raw = environ.get(name, "")
+        if not raw.strip():
+            continue
+        try:
+            value = parse(raw)
+        except ValueError as exc:
+            raise ValueError(f"{name}: {raw!r} {exc}") from None
+        if value is not None:
+            changes.setdefault(group, {})[attr] = value
+    defaults = changes.pop("defaults", None)
+    groups = {group: replace(getattr(settings, group), **attrs) for group, attrs in changes.items()}
+    if defaults:
+        runtime = groups.get("runtime", settings.runtime)
+        groups["runtime"] = replace(runtime, defaults=replace(runtime.defaults, **defaults))
+    return replace(settings, **groups)

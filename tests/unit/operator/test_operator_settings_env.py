@@ -1,0 +1,104 @@
+"""The operator's settings from its environment: read when the CLI builds them, never at import time.
+
+Every CHATFLEET_* variable the operator reads is listed once (settings.ENVIRONMENT); these tests check
+that each one reaches its field, that flags still win, that the dataclasses themselves ignore the
+environment, and that a value that cannot be read exits naming its variable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from chatfleet_operator.cli import build_settings, parse_args
+from chatfleet_operator.settings import ENVIRONMENT, PodSettings, Settings, settings_from_env
+
+#: A readable, non-default value for each variable, and what its field then holds.
+VALUES = {
+    "CHATFLEET_CHAT_API_CPU": ("250m", "250m"),
+    "CHATFLEET_CHAT_API_MEMORY": ("256Mi", "256Mi"),
+    "CHATFLEET_STARTUP_FAILURE_THRESHOLD": ("7", 7),
+    "CHATFLEET_ALLOWED_HOST_PATHS": ("/a, /b", ("/a", "/b")),
+    "CHATFLEET_PROGRESS_STATUS_SECONDS": ("0", 0.0),
+    "CHATFLEET_WORKERS": ("3", 3),
+    "CHATFLEET_RUNTIME_IMAGE": ("r/rt:9", "r/rt:9"),
+    "CHATFLEET_PROMETHEUS_ADDRESS": ("https://p:1", "https://p:1"),
+    "CHATFLEET_GATEWAY": ("edge", "edge"),
+    "CHATFLEET_GATEWAY_NAMESPACE": ("infra", "infra"),
+    "CHATFLEET_GATEWAY_MIRROR": ("TraefikService", "TraefikService"),
+    "CHATFLEET_ANALYSIS_ALLOWED_HOSTS": ("10.96.0.0/12", ("10.96.0.0/12",)),
+    "CHATFLEET_AUTOSCALER": ("hpa", "hpa"),
+    "CHATFLEET_PROMETHEUS_CA_FILE": ("/ca.pem", "/ca.pem"),
+    "CHATFLEET_PROMETHEUS_BEARER_TOKEN_FILE": ("/token", "/token"),
+    "CHATFLEET_PROMETHEUS_BEARER_TOKEN_HOSTS": ("prom.example", ("prom.example",)),
+    "CHATFLEET_PROMETHEUS_INSECURE_SKIP_VERIFY": ("true", True),
+}
+
+
+def field_of(settings: Settings, group: str, attr: str):
+    owner = settings.runtime.defaults if group == "defaults" else getattr(settings, group)
+    return getattr(owner, attr)
+
+
+def test_every_variable_is_listed_with_a_value_here():
+    assert set(VALUES) == set(ENVIRONMENT)
+
+
+@pytest.mark.parametrize("name", sorted(ENVIRONMENT))
+def test_each_variable_reaches_its_field_and_nothing_else(name):
+    group, attr, _ = ENVIRONMENT[name]
+    raw, expected = VALUES[name]
+    got = settings_from_env({name: raw})
+    assert field_of(got, group, attr) == expected
+    assert field_of(Settings(), group, attr) != expected  # the value is not the default
+    # every other field kept its default
+    for other, (g, a, _) in ENVIRONMENT.items():
+        if other != name:
+            assert field_of(got, g, a) == field_of(Settings(), g, a), other
+
+
+def test_an_empty_variable_keeps_the_default():
+    assert settings_from_env({name: " " for name in ENVIRONMENT}) == Settings()
+
+
+def test_the_environment_is_read_when_the_cli_builds_the_settings_not_at_import(monkeypatch):
+    """The module was imported long before this test: a variable set now must still count (it did not
+    when the dataclasses' defaults read os.environ at import)."""
+    monkeypatch.setenv("CHATFLEET_CHAT_API_CPU", "250m")
+    monkeypatch.setenv("CHATFLEET_WORKERS", "3")
+    monkeypatch.setenv("CHATFLEET_GATEWAY", "edge")
+    got = build_settings(parse_args(["run"]))
+    assert (got.pod.chat_api_cpu, got.runtime.workers, got.release.gateway_name) == ("250m", 3, "edge")
+
+
+def test_the_dataclasses_ignore_the_environment(monkeypatch):
+    for name, (raw, _) in VALUES.items():
+        monkeypatch.setenv(name, raw)
+    assert PodSettings() == Settings().pod
+    assert Settings() == Settings(**{f.name: f.default_factory() for f in dataclasses.fields(Settings)})
+    assert Settings().pod.chat_api_cpu == "500m" and Settings().runtime.workers == 16
+
+
+def test_flags_win_over_the_environment():
+    env = {"CHATFLEET_WORKERS": "3", "CHATFLEET_GATEWAY": "edge", "CHATFLEET_RUNTIME_IMAGE": "r/rt:9"}
+    got = build_settings(
+        parse_args(["run", "--workers=5", "--gateway=other", "--runtime-image=r/rt:10"]), env
+    )
+    assert (got.runtime.workers, got.release.gateway_name, got.runtime.defaults.runtime_image) == (
+        5,
+        "other",
+        "r/rt:10",
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "raw", "why"),
+    [
+        ("CHATFLEET_WORKERS", "many", "is not a whole number"),
+        ("CHATFLEET_STARTUP_FAILURE_THRESHOLD", "1.5", "is not a whole number"),
+        ("CHATFLEET_PROGRESS_STATUS_SECONDS", "soon", "is not a number"),
+    ],
+)
+def test_an_unreadable_value_exits_naming_its_variable(name, raw, why):
+    with pytest.raises(SystemExit, match=f"{name}: '{raw}' {why}"):
+        build_settings(parse_args(["run"]), {name: raw})

@@ -266,10 +266,7 @@ def run(args: argparse.Namespace) -> int:
         if args.stats_file:
             times = os.times()
             data = {
-                "passes": controller.passes,
-                "latencies_s": list(controller.latencies),
-                "writes": dict(kube.WRITES),
-                "request_seconds": list(kube.REQUEST_SECONDS),
+                **metrics.raw_figures(),
                 "cpu_seconds": times.user + times.system,
                 "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             }

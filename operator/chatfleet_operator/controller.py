@@ -110,8 +110,6 @@ class Controller:
         self._waiting_for_nodes: set[Key] = set()
         self._rediscovery: asyncio.TimerHandle | None = None
         """The one round of passes a burst of CRD events asks for (crd_event)."""
-        self.passes = 0
-        self.latencies: list[float] = []
 
     def use_indexes(self, indexes: Mapping[str, Any]) -> None:
         """Keep references to kopf's index objects (they live as long as the operator)."""
@@ -159,17 +157,12 @@ class Controller:
             outcome = await loop.run_in_executor(
                 executor or self.executor, self._timed_pass, body, snap, timing
             )
-            self.passes += 1
             if outcome.requeue_after:  # a release waits on time (a pause, the next measurement), a forecast
                 loop.call_later(outcome.requeue_after, self.trigger, key)
-            assert timing.seconds is not None
-            self.latencies.append(timing.seconds)
             if any(p.reason in PLACEMENT_REASONS for p in outcome.problems):
                 self._waiting_for_nodes.add(key)
             else:
                 self._waiting_for_nodes.discard(key)
-            if len(self.latencies) > 100_000:
-                del self.latencies[:50_000]
             return outcome
 
     def _timed_pass(self, body: Mapping[str, Any], snap: Snapshot, timing: _Timing) -> Outcome:

@@ -1,16 +1,14 @@
 """The ONLY module that calls the Kubernetes API (import-linter keeps it so).
 
-It owns server-side apply, 404/409 tolerance, the write counters the benchmark reads and the API request
-metrics (metrics.py: every request, by verb, kind and status code). Every call is blocking (the kubernetes client is synchronous); the reconciler runs it in a thread pool.
+It owns server-side apply and 404/409 tolerance, and tells metrics.py of every request (by verb, kind and
+status code, with its duration) and every write (the benchmark's counts). Every call is blocking (the kubernetes client is synchronous); the reconciler runs it in a thread pool.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
-from collections import Counter
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -29,13 +27,8 @@ log = logging.getLogger(__name__)
 #: kind -> (API path prefix, plural) of every kind the operator reads or writes (kinds.py's table).
 KINDS: dict[str, tuple[str, str]] = API_PATHS
 
-#: Write requests sent, by "VERB Kind" (read by tests and the benchmark through the operator's log).
-WRITES: Counter[str] = Counter()
-#: Durations (seconds) of the most recent API requests, for the benchmark's latency figures.
-REQUEST_SECONDS: list[float] = []
 #: Content type of server-side apply (counted as the APPLY verb, as the API server counts it).
 APPLY_PATCH = "application/apply-patch+yaml"
-_lock = threading.Lock()
 _client: ApiClient | None = None
 
 
@@ -95,10 +88,6 @@ def request(
     finally:
         seconds = time.monotonic() - started
         metrics.api_request(verb, kind, code, seconds)
-        with _lock:
-            REQUEST_SECONDS.append(seconds)
-            if len(REQUEST_SECONDS) > 50_000:
-                del REQUEST_SECONDS[:25_000]
     if not 200 <= response.status < 300:
         raise ApiError(response.status, response.reason or "", data.decode(errors="replace") if data else "")
     return json.loads(data) if data else {}
@@ -106,8 +95,7 @@ def request(
 
 def _count(verb: str, kind: str) -> None:
     """Count one write request."""
-    with _lock:
-        WRITES[f"{verb} {kind}"] += 1
+    metrics.api_write(verb, kind)
 
 
 def object_path(kind: str, namespace: str | None, name: str | None = None) -> str:

@@ -18,6 +18,11 @@ analysis figures: the built-in checks plus the names of spec.analysis.customQuer
 Everything lives in prometheus_client's default registry, which also carries the process collectors
 (process_cpu_seconds_total, process_resident_memory_bytes, ...). The series of kopf's own watch streams
 are not counted: kopf talks to the API server through its own client, not kube.py.
+
+Beside the series, the same edges keep the raw figures `make bench-operator` reads through the CLI's
+--stats-file (`raw_figures`): passes and each pass's seconds, each API request's seconds, and writes by
+"VERB Kind". The benchmark computes its own percentiles from them, which a histogram's buckets cannot
+give; the lists are bounded (the oldest half goes when one is full).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections import Counter as Tally
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
@@ -116,6 +122,31 @@ _tokens = itertools.count()
 _lock = threading.Lock()
 
 
+#: The raw figures of raw_figures(), under _lock.
+_pass_seconds: list[float] = []
+_request_seconds: list[float] = []
+_writes: Tally[str] = Tally()
+_RAW_LIMIT = 100_000
+
+
+def _keep(values: list[float], value: float) -> None:
+    """Append under _lock; drop the oldest half once the list holds _RAW_LIMIT values."""
+    values.append(value)
+    if len(values) > _RAW_LIMIT:
+        del values[: _RAW_LIMIT // 2]
+
+
+def raw_figures() -> dict[str, Any]:
+    """The benchmark's raw figures: passes run, each one's seconds, API request seconds, writes by kind."""
+    with _lock:
+        return {
+            "passes": len(_pass_seconds),
+            "latencies_s": list(_pass_seconds),
+            "writes": dict(_writes),
+            "request_seconds": list(_request_seconds),
+        }
+
+
 def _oldest_pass_seconds() -> float:
     """Age of the oldest unfinished pass, seconds (0.0 when none), read at scrape time."""
     with _lock:
@@ -146,6 +177,8 @@ def pass_done(token: int, trigger: str, result: str | None, seconds: float | Non
     its duration (when it ran), and take it off the gauges (`ran`: whether pass_running was called)."""
     with _lock:
         _unfinished.pop(token, None)
+        if seconds is not None:
+            _keep(_pass_seconds, seconds)
     if ran:
         PASSES_RUNNING.dec()
     else:
@@ -170,6 +203,14 @@ def api_request(verb: str, kind: str, code: str, seconds: float) -> None:
     """Count one Kubernetes API request and observe its duration."""
     API_REQUESTS.labels(verb=verb, kind=kind, code=code).inc()
     API_REQUEST_DURATION.labels(verb=verb).observe(seconds)
+    with _lock:
+        _keep(_request_seconds, seconds)
+
+
+def api_write(verb: str, kind: str) -> None:
+    """Count one write request the operator sends ("APPLY Deployment", "PATCH status", ...)."""
+    with _lock:
+        _writes[f"{verb} {kind}"] += 1
 
 
 def analysis_measured(verdict: str, figures: Iterable[Any]) -> None:

@@ -404,6 +404,39 @@ def test_api_requests_are_counted_by_verb_kind_and_code(monkeypatch):
     assert series.moved() == [1, 1, 1, 1, 1]
 
 
+def test_the_benchmark_figures_count_the_same_requests_writes_and_passes(monkeypatch):
+    """--stats-file's raw figures (metrics.raw_figures) come from the edges that move the series: kube.py's
+    requests and writes, the controller's passes (a failed pass included: it ran and took its time)."""
+    before = metrics.raw_figures()
+    fake = FakeApiClient(FakeResponse(200), FakeResponse(200), FakeResponse(201))
+    monkeypatch.setattr(kube, "_client", fake)
+    kube.apply({"kind": "Deployment", "metadata": {"namespace": "ns", "name": "bot"}})
+    kube.apply({"kind": "Deployment", "metadata": {"namespace": "ns", "name": "bot2"}})
+    kube.post_event({"metadata": {"namespace": "ns", "name": "bot"}}, "Normal", "Test", "message")
+    client = ControllerClient()
+    controller = controller_with_nodes(client)
+    asyncio.run(controller.attempt(("ns", "bot"), cbs_body(SPEC)))
+    client.failing = True
+    asyncio.run(controller.attempt(("ns", "failing"), cbs_body(SPEC, name="failing")))
+    after = metrics.raw_figures()
+    writes = {
+        k: after["writes"].get(k, 0) - before["writes"].get(k, 0) for k in ("APPLY Deployment", "POST Event")
+    }
+    assert writes == {"APPLY Deployment": 2, "POST Event": 1}
+    assert len(after["request_seconds"]) == len(before["request_seconds"]) + 3
+    assert after["passes"] == before["passes"] + 2
+    assert len(after["latencies_s"]) == after["passes"] and all(s >= 0 for s in after["latencies_s"])
+
+
+def test_the_benchmark_figures_stay_bounded(monkeypatch):
+    monkeypatch.setattr(metrics, "_RAW_LIMIT", 10)
+    monkeypatch.setattr(metrics, "_request_seconds", [])
+    for i in range(25):
+        metrics.api_request("GET", "Pod", "200", float(i))
+    kept = metrics.raw_figures()["request_seconds"]
+    assert len(kept) <= 10 and kept[-1] == 24.0  # the oldest went, the newest stayed
+
+
 def test_serve_answers_metrics_over_http():
     port = metrics.serve(0, "127.0.0.1")
     metrics.release_started("blueGreen")

@@ -232,7 +232,19 @@ class Canary:
                 f"Promoting revision {revision}: stable {inp.stable.ready}/{inp.total} Ready on it",
             )
             rel.weight = weight
-            return _plan(inp, rel, stable_rev, history, weight, inp.total, canary, True, gate, events, 1.0)
+            return _plan(
+                inp,
+                rel,
+                stable_rev,
+                history,
+                events,
+                weight=weight,
+                stable=inp.total,
+                canary=canary,
+                gate=gate,
+                requeue_after=1.0,
+                stable_from_spec=True,
+            )
 
         s = split(inp.total, weight, inp.traffic, capacity)
         stable_replicas = s.stable
@@ -250,13 +262,12 @@ class Canary:
             rel,
             stable_rev,
             history,
-            weight,
-            stable_replicas,
-            s.canary,
-            False,
-            gate,
             events,
-            requeue(inp, rel, pause_left),
+            weight=weight,
+            stable=stable_replicas,
+            canary=s.canary,
+            gate=gate,
+            requeue_after=requeue(inp, rel, pause_left),
         )
         plan.route_weight = route_weight
         return plan
@@ -362,7 +373,18 @@ def _shadow(
             f"analysis with at least {shadow.min_requests} compared",
         )
     rel.weight = rel.effective_weight = 0
-    plan = _plan(inp, rel, stable_rev, history, 0, s.stable, s.canary, False, gate, events, requeue(inp, rel))
+    plan = _plan(
+        inp,
+        rel,
+        stable_rev,
+        history,
+        events,
+        weight=0,
+        stable=s.stable,
+        canary=s.canary,
+        gate=gate,
+        requeue_after=requeue(inp, rel),
+    )
     plan.route_weight = 0
     return plan
 
@@ -496,13 +518,12 @@ def _drain(
         rel,
         stable_rev,
         history,
-        100,
-        s.stable,
-        s.canary,
-        False,
-        gate,
         events,
-        min(interval, max(1.0, left)),
+        weight=100,
+        stable=s.stable,
+        canary=s.canary,
+        gate=gate,
+        requeue_after=min(interval, max(1.0, left)),
     )
 
 
@@ -511,23 +532,25 @@ def _plan(
     rel: ReleaseState,
     stable_rev: str,
     history: list[HistoryEntry],
-    weight: int,
-    stable_replicas: int,
-    canary_replicas: int,
-    stable_from_spec: bool,
-    gate: Gate | None,
     events: list[EventIntent],
+    *,
+    weight: int,
+    stable: int,
+    canary: int,
+    gate: Gate | None,
     requeue_after: float,
+    stable_from_spec: bool = False,
 ) -> ReleasePlan:
-    """A canary plan of a release still in progress."""
+    """A canary plan of a release still in progress: `weight` percent on the canary, `stable` and `canary`
+    replicas, the stable Deployment on its observed template unless `stable_from_spec` (the promotion)."""
     rel.waiting_for_gpus = inp.canary.waiting_for_gpus
     if gate is not None:
         rel.message = gate.message
     return ReleasePlan(
         in_release=True,
         stable_from_spec=stable_from_spec,
-        stable_replicas=stable_replicas,
-        canary_replicas=canary_replicas,
+        stable_replicas=stable,
+        canary_replicas=canary,
         canary_weight=weight,
         active_revision=stable_rev,
         release=rel,

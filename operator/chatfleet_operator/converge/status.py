@@ -8,9 +8,8 @@ so a pass over unchanged facts yields an identical status and no write. `phase` 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
-from enum import StrEnum
 from typing import Any
 
 from chatfleet_operator.api import (
@@ -25,6 +24,7 @@ from chatfleet_operator.api import (
 )
 from chatfleet_operator.converge.diagnose import Problem, crashlooping
 from chatfleet_operator.converge.facts import DeploymentFacts, PodFacts
+from chatfleet_operator.intents import EventIntent, Gate, GateKind, ReleaseFields
 from chatfleet_operator.timefmt import rfc3339
 
 CONDITION_ORDER = (COND_READY, COND_RECONCILING, COND_STALLED, COND_DEGRADED)
@@ -82,36 +82,6 @@ def derive_phase(status: Mapping[str, Any]) -> str:
     if status.get("replicas") or is_true(status, COND_RECONCILING):
         return Phase.PROGRESSING
     return Phase.PENDING
-
-
-class GateKind(StrEnum):
-    """What a release means for the conditions of this pass (`apply_gate`)."""
-
-    ADVANCING = "progressing"  # Ready=False, Reconciling=True: the release is moving
-    PAUSED = "paused"  # Ready=False, Reconciling=True, Stalled=False: it waits (an intent, GPUs, analysis)
-    STALLED = "stalled"  # Ready=False, Stalled=True: rolled back, waiting for a new revision
-    SUCCEEDED = "succeeded"  # promoted this pass: the steady-state conditions stand
-
-
-@dataclass(frozen=True)
-class Gate:
-    """The release's word on the conditions: its kind, reason and message."""
-
-    kind: GateKind
-    reason: str
-    message: str
-
-
-@dataclass(frozen=True)
-class ReleaseFields:
-    """What a release contributes to the status of a pass (release/state.py derives `fields`)."""
-
-    update_revision: str
-    fields: Mapping[str, Any] = field(default_factory=dict)
-    """status.release, status.releaseHistory and the top-level mirror fields (canaryWeight, ...)."""
-    gate: Gate | None = None
-    promoted: str | None = None
-    """The revision promoted this pass: it becomes status.stableRevision."""
 
 
 @dataclass(frozen=True)
@@ -425,15 +395,6 @@ def refused_status(
     status = {**old, "observedGeneration": generation, "conditions": conditions}
     status["phase"] = derive_phase(status)
     return status
-
-
-@dataclass(frozen=True)
-class EventIntent:
-    """A Kubernetes Event to post on the ChatbotService (status-derived and release events alike)."""
-
-    type: str
-    reason: str
-    message: str
 
 
 def status_events(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list[EventIntent]:

@@ -37,7 +37,7 @@ from chatfleet_operator.builders.httproute import (
 )
 from chatfleet_operator.builders.service import build_service
 from chatfleet_operator.context import PassContext
-from chatfleet_operator.converge.status import EventIntent, Gate, GateKind
+from chatfleet_operator.intents import EventIntent, Gate, GateKind
 from chatfleet_operator.release.route import not_served
 from chatfleet_operator.release.state import HistoryEntry, ReleasePhase, ReleaseState
 from chatfleet_operator.release.strategy import (

@@ -28,7 +28,7 @@ from typing import Any
 
 from chatfleet_operator.analysis.assess import ROLLBACK, empty_counters, fold
 from chatfleet_operator.converge.facts import IMAGE_PULL_REASONS
-from chatfleet_operator.converge.status import EventIntent, Gate, GateKind
+from chatfleet_operator.intents import EventIntent, Gate, GateKind
 from chatfleet_operator.release.bluegreen import BlueGreen
 from chatfleet_operator.release.canary import Canary
 from chatfleet_operator.release.route import route_gated

@@ -19,7 +19,7 @@ from chatfleet_operator.analysis.queries import window_seconds
 from chatfleet_operator.builders.service import build_service, track_service_name
 from chatfleet_operator.context import DialogueCheck, PassContext
 from chatfleet_operator.converge.facts import Track
-from chatfleet_operator.converge.status import EventIntent, Gate, GateKind, ReleaseFields
+from chatfleet_operator.intents import EventIntent, Gate, GateKind, ReleaseFields
 from chatfleet_operator.release.route import RouteState
 from chatfleet_operator.release.state import (
     HistoryEntry,

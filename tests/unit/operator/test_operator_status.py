@@ -9,7 +9,6 @@ from chatfleet_operator.api import Reason
 from chatfleet_operator.converge.diagnose import Problem
 from chatfleet_operator.converge.facts import DeploymentFacts
 from chatfleet_operator.converge.status import (
-    EventIntent,
     Observation,
     compute_status,
     derive_phase,
@@ -21,6 +20,7 @@ from chatfleet_operator.converge.status import (
     status_events,
     status_patch,
 )
+from chatfleet_operator.intents import EventIntent
 
 NOW = datetime(2026, 11, 21, 10, 0, 0, tzinfo=UTC)
 LATER = NOW + timedelta(minutes=5)

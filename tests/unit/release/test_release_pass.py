@@ -8,7 +8,8 @@ from types import SimpleNamespace
 
 from chatfleet_operator.analysis.assess import Sample
 from chatfleet_operator.converge.facts import PodFacts
-from chatfleet_operator.converge.status import EventIntent, pass_events
+from chatfleet_operator.converge.status import pass_events
+from chatfleet_operator.intents import EventIntent
 from chatfleet_operator.release.children import desired_children, plan_pass
 from chatfleet_operator.release.measure import Releases
 from pass_helpers import NOW, context, pass_children

@@ -9,7 +9,8 @@ import pytest
 from chatfleet_operator.api import Reason
 from chatfleet_operator.converge.diagnose import Problem
 from chatfleet_operator.converge.facts import PodFacts
-from chatfleet_operator.converge.status import Gate, Observation, apply_gate, compute_status
+from chatfleet_operator.converge.status import Observation, apply_gate, compute_status
+from chatfleet_operator.intents import Gate
 from chatfleet_operator.release.children import serving_revision
 from chatfleet_operator.release.strategy import ReleasePlan, ReleaseReason
 from pass_helpers import NOW, by_key, context, pass_children

@@ -26,8 +26,8 @@ from typing import Any
 import yaml
 
 from chatfleet_operator import api, kube
+from chatfleet_operator.release.planner import stepped
 from chatfleet_operator.release.state import ACTIVE_PHASES, ReleasePhase
-from chatfleet_operator.spec import Strategy
 from chatfleet_operator.timefmt import parse_time
 
 
@@ -112,7 +112,7 @@ def render_tree(body: dict[str, Any], pods: list[dict[str, Any]], now: datetime 
         steps = ((spec.get("rollout") or {}).get("canary") or {}).get("steps") or []
         idx = int(rel.get("stepIndex") or 0)
         sub = []
-        if rel.get("strategy") != Strategy.BLUE_GREEN and steps:
+        if stepped(rel.get("strategy")) and steps:
             phase = rel.get("phase")
             shadow = rel.get("shadowPassedAt") or phase == ReleasePhase.SHADOWING
             # rolled back while shadowing: no step ever took a weight

@@ -45,7 +45,7 @@ from chatfleet_operator.release.children import (
     warm_pool,
 )
 from chatfleet_operator.release.measure import Releases
-from chatfleet_operator.release.planner import strategy_of
+from chatfleet_operator.release.planner import routed, strategy_of
 from chatfleet_operator.release.route import observed_route
 from chatfleet_operator.release.strategy import ReleasePlan, ReleaseReason
 from chatfleet_operator.settings import Settings
@@ -418,7 +418,7 @@ def _scaling_active(ctx: PassContext) -> dict[str, Any] | None:
 
 def _route_served(ctx: PassContext, snap: Snapshot) -> dict[str, Any] | None:
     """The RouteServed condition from the freshest view of the HTTPRoute (None where the pass writes none)."""
-    route = observed_route(ctx, snap.children.get(("HTTPRoute", ctx.ref.name)))
+    route = observed_route(ctx, snap.children.get(("HTTPRoute", ctx.ref.name)), routed(ctx))
     return route.condition(ctx.ref.generation) if route is not None else None
 
 

@@ -24,7 +24,7 @@ from chatfleet_operator.release.strategy import (
     service_selector,
     track_service,
 )
-from chatfleet_operator.spec import ObjectRef, Strategy
+from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef, Strategy
 from chatfleet_operator.timefmt import rfc3339, since
 
 
@@ -32,6 +32,15 @@ class BlueGreen:
     """spec.rollout.strategy: blueGreen."""
 
     track = api.TRACK_PREVIEW
+    stepped = False
+
+    def starts_shadowing(self, spec: ChatbotServiceSpec) -> bool:
+        """Blue-green has no shadow phase: its preview Service is what is tried before the switch."""
+        return False
+
+    def routes(self, traffic: str) -> bool:
+        """The switch is the active Service's selector, never a route."""
+        return False
 
     def traffic_objects(self, ctx: PassContext, plan: ReleasePlan, serving: str) -> list[dict[str, Any]]:
         """The active Service on one revision (ClientIP affinity) and the preview Service on the preview track."""

@@ -66,6 +66,15 @@ class Canary:
     """spec.rollout.strategy: canary."""
 
     track = api.TRACK_CANARY
+    stepped = True
+
+    def starts_shadowing(self, spec: ChatbotServiceSpec) -> bool:
+        """With spec.analysis.quality.shadow enabled, a canary answers mirrored requests before any user."""
+        return spec.analysis.quality.shadow.enabled
+
+    def routes(self, traffic: str) -> bool:
+        """Behind Gateway API, the canary's weight is the HTTPRoute's (replica ratio otherwise)."""
+        return traffic == HTTPROUTE
 
     def traffic_objects(self, ctx: PassContext, plan: ReleasePlan, serving: str) -> list[dict[str, Any]]:
         """HTTPRoute: the weighted route and one Service per track. ReplicaRatio: one Service over both

@@ -30,8 +30,8 @@ from chatfleet_operator.builders.common import deployment_name, with_desired_has
 from chatfleet_operator.builders.pdb import pdb_wanted
 from chatfleet_operator.context import PassContext
 from chatfleet_operator.converge.facts import PodFacts, deployment_facts
-from chatfleet_operator.release.planner import ReleaseInput, ReleasePlan, plan_release, strategy_of
-from chatfleet_operator.release.route import observed_route, routed
+from chatfleet_operator.release.planner import ReleaseInput, ReleasePlan, plan_release, routed, strategy_of
+from chatfleet_operator.release.route import observed_route
 from chatfleet_operator.release.strategy import selector_text, service_selector
 from chatfleet_operator.release.traffic import REPLACE_IN_PLACE, SURGE
 from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
@@ -56,7 +56,7 @@ def plan_pass(ctx: PassContext) -> ReleasePlan:
         ctx.measurement,
         ctx.dialogue_check,
         route_settle_seconds(ctx),
-        observed_route(ctx, ctx.observed("HTTPRoute", ctx.ref.name)),
+        observed_route(ctx, ctx.observed("HTTPRoute", ctx.ref.name), routed(ctx)),
     )
     return plan_release(inp, ctx.old_status)
 

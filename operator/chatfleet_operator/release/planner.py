@@ -27,6 +27,7 @@ from datetime import datetime
 from typing import Any
 
 from chatfleet_operator.analysis.assess import ROLLBACK, empty_counters, fold
+from chatfleet_operator.context import PassContext
 from chatfleet_operator.converge.facts import IMAGE_PULL_REASONS
 from chatfleet_operator.intents import EventIntent, Gate, GateKind
 from chatfleet_operator.release.bluegreen import BlueGreen
@@ -61,6 +62,18 @@ STRATEGIES: dict[Strategy, ReleaseStrategy] = {Strategy.CANARY: Canary(), Strate
 def strategy_of(spec: ChatbotServiceSpec) -> ReleaseStrategy:
     """The strategy spec.rollout.strategy names."""
     return STRATEGIES[spec.rollout.strategy]
+
+
+def stepped(strategy: str | None) -> bool:
+    """Whether a release of `strategy` (status.release.strategy) moves through steps; an unknown name is
+    shown as stepped, as the canary's, the default strategy."""
+    known = STRATEGIES.get(strategy) if strategy in STRATEGIES else None
+    return known is None or known.stepped
+
+
+def routed(ctx: PassContext) -> bool:
+    """Whether this pass's traffic runs through an HTTPRoute: the strategy's answer for the cluster's traffic mode."""
+    return strategy_of(ctx.spec).routes(ctx.traffic)
 
 
 def analysis_due(
@@ -168,7 +181,7 @@ def _new_release(inp: ReleaseInput, stable_rev: str) -> ReleaseState:
     """status.release of a release that starts now."""
     now = rfc3339(inp.now)
     capacity = inp.spec.rollout.gpu_capacity
-    shadow = inp.spec.rollout.strategy == Strategy.CANARY and inp.spec.analysis.quality.shadow.enabled
+    shadow = strategy_of(inp.spec).starts_shadowing(inp.spec)
     return ReleaseState(
         revision=inp.update_revision,
         from_revision=stable_rev,
@@ -243,6 +256,13 @@ def _rollback(
 
 def plan_release(inp: ReleaseInput, old_status: Mapping[str, Any]) -> ReleasePlan:
     """The whole release decision of one pass (see the module docstring for the order)."""
+    plan = _decide(inp, old_status)
+    plan.stepped = STRATEGIES[plan.strategy].stepped
+    return plan
+
+
+def _decide(inp: ReleaseInput, old_status: Mapping[str, Any]) -> ReleasePlan:
+    """plan_release's decision."""
     old = ReleaseStatus.from_status(old_status)
     stable_rev, rel, history = old.stable_revision, old.release, old.history
     target = inp.update_revision

@@ -25,8 +25,6 @@ from chatfleet_operator import api
 from chatfleet_operator.analysis.assess import INCONCLUSIVE, SUCCESSFUL, Measurement
 from chatfleet_operator.context import PassContext
 from chatfleet_operator.converge.facts import route_parents
-from chatfleet_operator.release.traffic import HTTPROUTE
-from chatfleet_operator.spec import Strategy
 
 TRUE, FALSE, UNKNOWN = "True", "False", "Unknown"
 #: Longest part of a Gateway's message put into the condition's.
@@ -110,14 +108,10 @@ def route_state(
     )
 
 
-def routed(ctx: PassContext) -> bool:
-    """Whether this pass's traffic runs through an HTTPRoute: a canary in a cluster serving Gateway API."""
-    return ctx.traffic == HTTPROUTE and ctx.spec.rollout.strategy == Strategy.CANARY
-
-
-def observed_route(ctx: PassContext, route: Mapping[str, Any] | None) -> RouteState | None:
-    """RouteServed of the ChatbotService's HTTPRoute as `route` shows it; None where the pass writes no route."""
-    if not routed(ctx):
+def observed_route(ctx: PassContext, route: Mapping[str, Any] | None, routed: bool) -> RouteState | None:
+    """RouteServed of the ChatbotService's HTTPRoute as `route` shows it; None where the pass writes no route
+    (`routed`: planner.routed, the strategy's answer)."""
+    if not routed:
         return None
     release = ctx.settings.release
     gateway_namespace = release.gateway_namespace or ctx.ref.namespace

@@ -259,7 +259,7 @@ class ReleaseStatus:
 
 
 def mirror_fields(
-    strategy: Strategy,
+    stepped: bool,
     release: ReleaseState | None,
     history: list[HistoryEntry],
     canary_weight: int,
@@ -276,7 +276,7 @@ def mirror_fields(
             out["abortReason"] = release.message or ""
         else:
             out["canaryRevision"] = release.revision
-            if strategy != Strategy.BLUE_GREEN:
+            if stepped:
                 out["currentStepIndex"] = release.step_index
                 pause_start = release.canary_ready_at or release.step_started_at
                 if pause_start is not None:

@@ -95,6 +95,8 @@ class ReleasePlan:
     events: list[EventIntent] = field(default_factory=list)
     requeue_after: float | None = None
     strategy: Strategy = Strategy.CANARY
+    stepped: bool = True
+    """The strategy's `stepped` (set by planner.plan_release): which status fields the release mirrors."""
 
     @property
     def routed_weight(self) -> int:
@@ -103,7 +105,7 @@ class ReleasePlan:
 
     def status_fields(self, update_revision: str) -> ReleaseFields:
         """What this plan contributes to the status of the pass (fields derived in state.mirror_fields)."""
-        fields = mirror_fields(self.strategy, self.release, self.history, self.canary_weight)
+        fields = mirror_fields(self.stepped, self.release, self.history, self.canary_weight)
         return ReleaseFields(update_revision, fields, self.gate, self.promoted)
 
 
@@ -124,6 +126,15 @@ class ReleaseStrategy(Protocol):
 
     track: str
     """Track of the new revision: its Deployment `<name>-<track>` and Service (canary, preview)."""
+    stepped: bool
+    """Whether its releases move through spec.rollout.canary.steps: status.currentStepIndex and
+    pauseStartTime, and the steps in `kubectl chatbot status`."""
+
+    def starts_shadowing(self, spec: ChatbotServiceSpec) -> bool:
+        """Whether a release starts in the shadow phase (mirrored requests, no user answered by it)."""
+
+    def routes(self, traffic: str) -> bool:
+        """Whether its traffic runs through an HTTPRoute in a cluster whose traffic mode is `traffic`."""
 
     def traffic_objects(self, ctx: PassContext, plan: ReleasePlan, serving: str) -> list[dict[str, Any]]:
         """The Services (and route) that carry this pass's traffic; `serving`: the stable Deployment's revision."""

@@ -26,7 +26,7 @@ from chatfleet_operator.release.state import (
 )
 from chatfleet_operator.release.strategy import ReleaseInput, Track
 from chatfleet_operator.release.traffic import REPLICA_RATIO
-from chatfleet_operator.spec import ChatbotServiceSpec, Strategy
+from chatfleet_operator.spec import ChatbotServiceSpec
 
 NOW = datetime(2026, 11, 21, 10, 0, tzinfo=UTC)
 RELEASE = {"revision": "r2", "phase": "Progressing", "stepIndex": 1, "analysis": {"checks": 2, "failed": 1}}
@@ -138,6 +138,6 @@ def test_a_pass_over_a_hand_edited_status_does_not_raise(status):
     inp = ReleaseInput(spec, "r2", 2, stable, Track(), REPLICA_RATIO, NOW)
     plan = plan_release(inp, {"stableRevision": "r1", **status})
     assert plan.in_release and plan.release is not None and plan.release.revision == "r2"
-    fields = mirror_fields(Strategy.CANARY, plan.release, plan.history, plan.canary_weight)
+    fields = mirror_fields(plan.stepped, plan.release, plan.history, plan.canary_weight)
     for h in status.get("releaseHistory", []):
         assert HistoryEntry.from_status(h).to_status() in fields["releaseHistory"]

@@ -26,7 +26,8 @@ CONTINUE, ROLLBACK, ERROR_PAUSE = "Continue", "Rollback", "ErrorPause"
 
 @dataclass(frozen=True)
 class Check:
-    """One gate: a figure of the canary against an absolute ceiling and/or one relative to stable."""
+    """One gate: a figure of the canary against a ceiling and/or a floor, each absolute and/or relative to
+    stable (a floor: e.g. tokens/s must not drop below 0.8x stable's)."""
 
     name: str
     unit: str = ""
@@ -35,6 +36,7 @@ class Check:
     max_increase_over_stable: float | None = None
     min_value: float | None = None
     min_failed_requests: float | None = None
+    min_ratio_to_stable: float | None = None
 
     def limit(self, stable: float | None) -> float | None:
         """The ceiling in force: the smallest of the absolute and stable-relative ones (None: no ceiling)."""
@@ -45,6 +47,16 @@ class Check:
             if self.max_increase_over_stable is not None:
                 limits.append(stable + self.max_increase_over_stable)
         return min(limits) if limits else None
+
+    def floor(self, stable: float | None) -> float | None:
+        """The floor in force: the largest of the absolute and stable-relative ones (None: no floor).
+
+        e.g. min_value 10, min_ratio_to_stable 0.8, stable 50 -> 40; stable unknown -> 10.
+        """
+        floors = [self.min_value] if self.min_value is not None else []
+        if stable is not None and math.isfinite(stable) and self.min_ratio_to_stable is not None:
+            floors.append(stable * self.min_ratio_to_stable)
+        return max(floors) if floors else None
 
 
 @dataclass(frozen=True)
@@ -142,8 +154,9 @@ def assess(sample: Sample, checks: Sequence[Check], min_requests_per_second: flo
         if canary is not None:
             if limit is not None and canary > limit:
                 ok = _noise(check, canary, rps * sample.window_seconds)  # over the limit: fails unless noise
-            if check.min_value is not None and canary < check.min_value:
-                ok, limit = False, check.min_value
+            floor = check.floor(stable)
+            if floor is not None and canary < floor:
+                ok, limit = False, floor
         figures.append(Figure(check.name, canary, stable, limit, check.unit, ok))
     bad = [f for f in figures if not f.ok]
     if bad:

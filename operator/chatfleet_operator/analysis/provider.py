@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -28,7 +28,8 @@ from prometheus_api_client import PrometheusApiClientException, PrometheusConnec
 from urllib3.util.retry import Retry
 
 from chatfleet_operator.analysis import queries
-from chatfleet_operator.analysis.assess import Check, Sample
+from chatfleet_operator.analysis.assess import Sample
+from chatfleet_operator.analysis.catalogue import MetricQuery, metric_queries
 from chatfleet_operator.analysis.queries import Target
 from chatfleet_operator.settings import PrometheusSettings
 
@@ -36,21 +37,10 @@ log = logging.getLogger("chatfleet.analysis")
 
 #: Seconds one query may take before the measurement counts as an error.
 QUERY_TIMEOUT_SECONDS = 5
-#: An error rate over its limit fails a check only with at least this many failed requests in the window
-#: (one failed request among a few dozen is noise, not a regression).
-MIN_FAILED_REQUESTS = 2
 #: Where each Prometheus setting is set, as the messages name it (flag of the operator, value of the chart).
 CA_SETTING = "--prometheus-ca-file, chart value operator.prometheus.ca"
 TOKEN_SETTING = "--prometheus-bearer-token-file, chart value operator.prometheus.bearerToken"
 TOKEN_HOSTS_SETTING = "--prometheus-bearer-token-host, chart value operator.prometheus.bearerToken.hosts"
-
-
-@dataclass(frozen=True)
-class MetricQuery:
-    """One check and how to get its figure for a track."""
-
-    check: Check
-    promql: Callable[[Target, int], str]
 
 
 @dataclass(frozen=True)
@@ -64,57 +54,6 @@ class MeasurementRequest:
     stable_track: str
     window_seconds: int
     metrics: tuple[MetricQuery, ...]
-
-
-def default_metrics(analysis: Any) -> tuple[MetricQuery, ...]:
-    """Error rate, P99 latency, P99 TTFT and the spec's custom queries, with absolute/relative limits."""
-    t = analysis.thresholds
-    rel = getattr(analysis, "relative", None)
-    out = [
-        MetricQuery(
-            Check(
-                "error rate",
-                "%",
-                max_value=t.error_rate_percent,
-                max_increase_over_stable=getattr(rel, "error_rate_increase_percent", None),
-                min_failed_requests=MIN_FAILED_REQUESTS,
-            ),
-            queries.error_rate_percent,
-        ),
-        MetricQuery(
-            Check(
-                "P99 latency",
-                "ms",
-                max_value=float(t.latency_p99_milliseconds),
-                max_ratio_to_stable=getattr(rel, "latency_p99_ratio", None),
-            ),
-            queries.latency_p99,
-        ),
-        MetricQuery(
-            Check(
-                "P99 time to first token",
-                "ms",
-                max_value=float(t.time_to_first_token_p99_milliseconds),
-                max_ratio_to_stable=getattr(rel, "ttft_p99_ratio", None),
-            ),
-            queries.ttft_p99,
-        ),
-    ]
-    for custom in getattr(analysis, "custom_queries", ()) or ():
-        query = custom.query
-        out.append(
-            MetricQuery(
-                Check(
-                    custom.name,
-                    custom.unit,
-                    max_value=custom.max_value,
-                    min_value=custom.min_value,
-                    max_ratio_to_stable=custom.max_ratio_to_stable,
-                ),
-                lambda tgt, w, q=query: queries.render_custom(q, tgt, w),
-            )
-        )
-    return tuple(out)
 
 
 class Provider(Protocol):
@@ -309,5 +248,5 @@ def measurement_request(
         canary_track=canary_track,
         stable_track=stable_track,
         window_seconds=queries.window_seconds(a.interval_seconds),
-        metrics=default_metrics(a),
+        metrics=metric_queries(a),
     )

@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 import urllib3
 from chatfleet_operator.analysis.assess import ERROR, INCONCLUSIVE, Check, Measurement, assess
+from chatfleet_operator.analysis.catalogue import MetricQuery
 from chatfleet_operator.analysis.provider import (
     MeasurementRequest,
-    MetricQuery,
     PrometheusAccessError,
     PrometheusProvider,
     short_error,

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from chatfleet_operator import api
-from chatfleet_operator.builders.service import build_service
 from chatfleet_operator.context import PassContext
 from chatfleet_operator.intents import EventIntent, Gate, GateKind
+from chatfleet_operator.release.router import TrafficIntent, service_selector
 from chatfleet_operator.release.state import HistoryEntry, ReleasePhase, ReleaseState
 from chatfleet_operator.release.strategy import (
     ReleaseInput,
@@ -21,8 +20,6 @@ from chatfleet_operator.release.strategy import (
     promoted_plan,
     requeue,
     selector_text,
-    service_selector,
-    track_service,
 )
 from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef, Strategy
 from chatfleet_operator.timefmt import rfc3339, since
@@ -42,15 +39,10 @@ class BlueGreen:
         """The switch is the active Service's selector, never a route."""
         return False
 
-    def traffic_objects(self, ctx: PassContext, plan: ReleasePlan, serving: str) -> list[dict[str, Any]]:
+    def traffic_intent(self, ctx: PassContext, plan: ReleasePlan, serving: str) -> TrafficIntent:
         """The active Service on one revision (ClientIP affinity) and the preview Service on the preview track."""
-        ref = ctx.ref
-        active = service_selector(ref, **{api.LABEL_REVISION: plan.active_revision or serving})
-        affinity = ctx.spec.runtime.sessions.ttl_seconds
-        return [
-            build_service(ref, ref.name, active, affinity_seconds=affinity),
-            track_service(ref, self.track),
-        ]
+        active = {api.LABEL_REVISION: plan.active_revision or serving}
+        return TrafficIntent(self.track, active, affinity_seconds=ctx.spec.runtime.sessions.ttl_seconds)
 
     def release_selector(self, ref: ObjectRef, plan: ReleasePlan) -> str:
         """The pods of the revision the active Service selects: the preview takes no user traffic before

@@ -26,19 +26,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
 
 from chatfleet_operator import api
-from chatfleet_operator.builders.httproute import (
-    TRAEFIK_SERVICE,
-    Mirror,
-    build_httproute,
-    build_traefik_mirror,
-)
-from chatfleet_operator.builders.service import build_service
+from chatfleet_operator.builders.httproute import Mirror
 from chatfleet_operator.context import PassContext
 from chatfleet_operator.intents import EventIntent, Gate, GateKind
 from chatfleet_operator.release.route import not_served
+from chatfleet_operator.release.router import TrafficIntent, WeightedRoute, service_selector
 from chatfleet_operator.release.state import HistoryEntry, ReleasePhase, ReleaseState
 from chatfleet_operator.release.strategy import (
     ReleaseInput,
@@ -51,8 +45,6 @@ from chatfleet_operator.release.strategy import (
     promoted_plan,
     requeue,
     selector_text,
-    service_selector,
-    track_service,
 )
 from chatfleet_operator.release.traffic import HTTPROUTE, REPLACE_IN_PLACE, SURGE, split
 from chatfleet_operator.spec import CanaryStep, ChatbotServiceSpec, ObjectRef, Strategy
@@ -76,35 +68,15 @@ class Canary:
         """Behind Gateway API, the canary's weight is the HTTPRoute's (replica ratio otherwise)."""
         return traffic == HTTPROUTE
 
-    def traffic_objects(self, ctx: PassContext, plan: ReleasePlan, serving: str) -> list[dict[str, Any]]:
-        """HTTPRoute: the weighted route and one Service per track. ReplicaRatio: one Service over both
+    def traffic_intent(self, ctx: PassContext, plan: ReleasePlan, serving: str) -> TrafficIntent:
+        """HTTPRoute: a weighted route over one Service per track. ReplicaRatio: one Service over both
         tracks with ClientIP affinity (the split is the ratio of Ready pods)."""
-        ref = ctx.ref
         if ctx.traffic != HTTPROUTE:
             affinity = ctx.spec.runtime.sessions.ttl_seconds
-            return [build_service(ref, ref.name, service_selector(ref), affinity_seconds=affinity)]
+            return TrafficIntent(self.track, affinity_seconds=affinity, track_service=False)
         w = plan.routed_weight if plan.in_release and plan.canary_replicas > 0 else 0
-        release = ctx.settings.release
-        mirror = shadow_mirror(ctx, plan)
-        route = build_httproute(
-            ref,
-            stable_weight=100 - w,
-            canary_weight=w,
-            gateway_name=release.gateway_name,
-            gateway_namespace=release.gateway_namespace,
-            pins=pins(ctx.spec, plan),
-            hostnames=ctx.spec.rollout.hostnames,
-            mirror=mirror,
-        )
-        extra = (
-            [build_traefik_mirror(ref, mirror.percent)] if mirror and mirror.method == TRAEFIK_SERVICE else []
-        )
-        return [
-            route,
-            *extra,
-            build_service(ref, ref.name, service_selector(ref, **{api.LABEL_TRACK: api.TRACK_STABLE})),
-            track_service(ref, self.track),
-        ]
+        route = WeightedRoute(w, pins(ctx.spec, plan), shadow_mirror(ctx, plan))
+        return TrafficIntent(self.track, {api.LABEL_TRACK: api.TRACK_STABLE}, route=route)
 
     def release_selector(self, ref: ObjectRef, plan: ReleasePlan) -> str:
         """Both tracks: each takes its share of the traffic."""

@@ -30,9 +30,11 @@ from chatfleet_operator.builders.common import deployment_name, with_desired_has
 from chatfleet_operator.builders.pdb import pdb_wanted
 from chatfleet_operator.context import PassContext
 from chatfleet_operator.converge.facts import PodFacts, deployment_facts
+from chatfleet_operator.release import router
 from chatfleet_operator.release.planner import ReleaseInput, ReleasePlan, plan_release, routed, strategy_of
 from chatfleet_operator.release.route import observed_route
-from chatfleet_operator.release.strategy import selector_text, service_selector
+from chatfleet_operator.release.router import service_selector
+from chatfleet_operator.release.strategy import selector_text
 from chatfleet_operator.release.traffic import REPLACE_IN_PLACE, SURGE
 from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
 
@@ -149,7 +151,7 @@ def desired_children(ctx: PassContext, plan: ReleasePlan) -> list[dict[str, Any]
     new_objs = [_track_deployment(ctx, new, in_place)] if new else []
     traffic = [
         serving_only(m) if spec.scaling.warm_pool > 0 else m
-        for m in strategy.traffic_objects(ctx, plan, stable.revision)
+        for m in router.traffic_objects(ctx, strategy.traffic_intent(ctx, plan, stable.revision))
     ]
     rest = [build_pdb(ref)] if pdb_wanted(spec) else []
     rest += autoscaler_objects(ctx)

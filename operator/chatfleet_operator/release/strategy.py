@@ -11,16 +11,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Protocol
 
-from chatfleet_operator import api
 from chatfleet_operator.analysis.assess import ERROR_PAUSE, INCONCLUSIVE, SUCCESSFUL, Measurement
 from chatfleet_operator.analysis.queries import window_seconds
-from chatfleet_operator.builders.service import build_service, track_service_name
 from chatfleet_operator.context import DialogueCheck, PassContext
 from chatfleet_operator.converge.facts import Track
 from chatfleet_operator.intents import EventIntent, Gate, GateKind, ReleaseFields
 from chatfleet_operator.release.route import RouteState
+from chatfleet_operator.release.router import TrafficIntent
 from chatfleet_operator.release.state import (
     HistoryEntry,
     ReleasePhase,
@@ -121,7 +120,7 @@ class ReleaseStrategy(Protocol):
     """One way to release a revision (canary steps, blue-green preview and switch).
 
     It owns what differs per strategy: the planning of one pass (prepare .. advance), the track the new
-    revision runs on, the objects that carry its traffic, and the pods the autoscaler averages over.
+    revision runs on, its traffic intent (router.py builds the objects from it), and the pods the autoscaler averages over.
     """
 
     track: str
@@ -136,8 +135,9 @@ class ReleaseStrategy(Protocol):
     def routes(self, traffic: str) -> bool:
         """Whether its traffic runs through an HTTPRoute in a cluster whose traffic mode is `traffic`."""
 
-    def traffic_objects(self, ctx: PassContext, plan: ReleasePlan, serving: str) -> list[dict[str, Any]]:
-        """The Services (and route) that carry this pass's traffic; `serving`: the stable Deployment's revision."""
+    def traffic_intent(self, ctx: PassContext, plan: ReleasePlan, serving: str) -> TrafficIntent:
+        """What it wants of this pass's traffic (router.py builds the objects); `serving`: the stable
+        Deployment's revision."""
 
     def release_selector(self, ref: ObjectRef, plan: ReleasePlan) -> str:
         """status.selector during a release: the pods that take user traffic (see children.scale_selector)."""
@@ -163,19 +163,6 @@ class ReleaseStrategy(Protocol):
 
 
 # ---- steps strategies share ---------------------------------------------------------------------
-
-
-def service_selector(ref: ObjectRef, **labels: str) -> dict[str, str]:
-    """Label selector of this ChatbotService's pods, narrowed by `labels`. e.g. track="canary"."""
-    return {api.LABEL_SERVICE: ref.name, **labels}
-
-
-def track_service(ref: ObjectRef, track: str) -> dict[str, Any]:
-    """The Service of the new revision's track, `<name>-<track>`, selecting only that track's pods; the
-    canary's carries the shadow port (where a gateway mirrors requests in the shadow phase)."""
-    selector = service_selector(ref, **{api.LABEL_TRACK: track})
-    name = track_service_name(ref, track)
-    return build_service(ref, name, selector, component=track, shadow_port=track == api.TRACK_CANARY)
 
 
 def selector_text(selector: dict[str, str]) -> str:

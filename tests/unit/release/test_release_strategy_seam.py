@@ -33,7 +33,7 @@ def test_every_registered_strategy_answers_the_whole_protocol():
     for name, strategy in STRATEGIES.items():
         assert isinstance(strategy.stepped, bool), name
         assert strategy.track in ("canary", "preview"), name
-        for method in ("starts_shadowing", "routes", "traffic_objects", "advance", "prepare"):
+        for method in ("starts_shadowing", "routes", "traffic_intent", "advance", "prepare"):
             assert callable(getattr(strategy, method)), (name, method)
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from chatfleet_operator import api
 from chatfleet_operator.builders.httproute import Mirror
@@ -107,89 +108,26 @@ class Canary:
         verdict: Verdict,
         stable_rev: str,
     ) -> ReleasePlan:
-        """One pass of a canary release (step 5 of the planner)."""
+        """One pass of a canary release (step 5 of the planner): the shadow phase, the steps, the drain of
+        pinned dialogues and the promotion, each ending the pass with its plan or handing on to the next."""
         steps = inp.spec.rollout.canary_steps
         rollout = inp.spec.rollout
-        idx = min(rel.step_index, len(steps) - 1)
-        revision = rel.revision
         capacity = rel.capacity or SURGE
 
         # Promotion intent: skip the remaining steps (and the drain of pinned dialogues).
-        if rel.phase in HEALTH_WATCHED and rollout.wants(rollout.promote, revision):
+        if rel.phase in HEALTH_WATCHED and rollout.wants(rollout.promote, rel.revision):
             rel.phase = ReleasePhase.PROMOTING
             rel.promoted_by = f"spec.rollout.promote={rollout.promote}"
 
         events: list[EventIntent] = []
-        gate: Gate | None = None
-        weight = steps[idx].weight
-        pause_left: float | None = None
-
         if rel.phase == ReleasePhase.SHADOWING:
             plan = _shadow(inp, rel, stable_rev, history, capacity, events, verdict)
             if plan is not None:
                 return plan
 
+        step = _Step(min(rel.step_index, len(steps) - 1), steps[min(rel.step_index, len(steps) - 1)].weight)
         if rel.phase == ReleasePhase.STEPPING:
-            step = steps[idx]
-            s = split(inp.total, weight, inp.traffic, capacity)
-            canary_ready = inp.canary.ready >= s.canary and inp.canary.revision == revision
-            refused = route_hold(inp, f"at step {idx + 1}/{len(steps)}")
-            # The step's clock (its pause, the analysis it needs after) runs while its pods are Ready and
-            # users reach them: a route the Gateway refuses stops it, and it starts again once served.
-            serving = canary_ready and refused is None
-            if not serving:
-                rel.canary_ready_at = None
-            elif not rel.canary_ready_at:
-                rel.canary_ready_at = rfc3339(inp.now)
-            if canary_ready:
-                mark_analysis_start(inp, rel)
-            waited = since(rel.canary_ready_at, inp.now) if serving else 0.0
-            pause_left = step.pause_seconds - waited if serving else None
-            hold = analysis_hold(rel, verdict)
-            if rollout.paused:
-                gate = Gate(
-                    GateKind.PAUSED,
-                    ReleaseReason.PAUSED,
-                    f"Release paused by spec.rollout.paused at step {idx + 1}",
-                )
-            elif inp.canary.waiting_for_gpus:
-                gate = waiting_for_gpus(inp, rel, capacity)
-            elif refused is not None:
-                gate = refused
-            elif not canary_ready:
-                gate = Gate(
-                    GateKind.ADVANCING,
-                    ReleaseReason.RELEASING,
-                    f"Step {idx + 1}/{len(steps)}: waiting for canary pods ({inp.canary.ready}/{s.canary} Ready)",
-                )
-            elif waited >= step.pause_seconds and (
-                not step.analysis or passed_since(rel, rel.canary_ready_at)
-            ):
-                # Step complete: next weight, or promotion after the last step.
-                if idx + 1 < len(steps):
-                    idx += 1
-                    weight = steps[idx].weight
-                    rel.step_index = idx
-                    rel.step_started_at = rel.ready_deadline_from = rfc3339(inp.now)
-                    rel.canary_ready_at = None
-                    pause_left = None
-                    gate = Gate(
-                        GateKind.ADVANCING,
-                        ReleaseReason.RELEASING,
-                        f"Step {idx + 1}/{len(steps)}: weight {weight}%",
-                    )
-                else:
-                    rel.phase = after_last_step(inp, capacity)
-            elif hold is not None and step.analysis:
-                gate = hold
-            else:
-                left = max(0, math.ceil(step.pause_seconds - waited))
-                need = "a passing analysis" if step.analysis else "nothing else"
-                gate = Gate(
-                    GateKind.ADVANCING,
-                    ReleaseReason.RELEASING,
-                    f"Step {idx + 1}/{len(steps)}: weight {weight}%, {left}s of pause left, then {need}",
-                )
+            step = _stepping(inp, rel, steps, capacity, verdict)
 
         if rel.phase == ReleasePhase.DRAINING:
             plan = _drain(inp, rel, stable_rev, history, capacity, events)
@@ -197,46 +135,23 @@ class Canary:
                 return plan
 
         if rel.phase == ReleasePhase.PROMOTING:
-            # Flagger's promotion: the stable Deployment takes the new template at full size while the canary
-            # keeps serving; once stable runs the new revision on every replica, traffic is all stable and
-            # the canary goes to zero. Idempotent, so a restart mid-promotion cannot promote twice.
-            if inp.stable.revision == revision and inp.stable.ready >= inp.total:
-                return promoted_plan(inp, revision, stable_rev, history, events)
-            weight = 100 if idx == len(steps) - 1 or rel.promoted_by else weight
-            s = split(inp.total, weight, inp.traffic, capacity)
-            # In place, the canary hands its GPUs back one pod ahead of the stable pods of the new revision
-            # (e.g. total 2: canary 1 while stable has 0 Ready on it, then 0), so stable can be scheduled.
-            canary = max(0, inp.total - inp.stable.ready - 1) if capacity == REPLACE_IN_PLACE else s.canary
-            gate = Gate(
-                GateKind.ADVANCING,
-                ReleaseReason.PROMOTING,
-                f"Promoting revision {revision}: stable {inp.stable.ready}/{inp.total} Ready on it",
-            )
-            rel.weight = weight
-            return _plan(
-                inp,
-                rel,
-                stable_rev,
-                history,
-                events,
-                weight=weight,
-                stable=inp.total,
-                canary=canary,
-                gate=gate,
-                requeue_after=1.0,
-                stable_from_spec=True,
-            )
+            promoted = inp.stable.revision == rel.revision and inp.stable.ready >= inp.total
+            if promoted:
+                return promoted_plan(inp, rel.revision, stable_rev, history, events)
+            last = step.index == len(steps) - 1 or bool(rel.promoted_by)
+            return _promoting(inp, rel, stable_rev, history, events, 100 if last else step.weight, capacity)
 
-        s = split(inp.total, weight, inp.traffic, capacity)
+        s = split(inp.total, step.weight, inp.traffic, capacity)
         stable_replicas = s.stable
         if capacity == SURGE and inp.canary.ready < s.canary:
             stable_replicas = max(s.stable, min(inp.total, inp.stable.replicas))  # surge first, then shrink
         route_weight: int | None = None
         if inp.traffic == HTTPROUTE and not (
-            inp.canary.ready >= s.canary and inp.canary.revision == revision
+            inp.canary.ready >= s.canary and inp.canary.revision == rel.revision
         ):
-            route_weight = covered_weight(inp, steps, idx, revision, capacity)  # the step waits for its pods
-        rel.weight = weight
+            # the step waits for its pods
+            route_weight = covered_weight(inp, steps, step.index, rel.revision, capacity)
+        rel.weight = step.weight
         rel.effective_weight = s.effective_weight if route_weight is None else route_weight
         plan = _plan(
             inp,
@@ -244,14 +159,131 @@ class Canary:
             stable_rev,
             history,
             events,
-            weight=weight,
+            weight=step.weight,
             stable=stable_replicas,
             canary=s.canary,
-            gate=gate,
-            requeue_after=requeue(inp, rel, pause_left),
+            gate=step.gate,
+            requeue_after=requeue(inp, rel, step.pause_left),
         )
         plan.route_weight = route_weight
         return plan
+
+
+@dataclass(frozen=True)
+class _Step:
+    """Where the steps stand after this pass: the step, its weight, the gate and the pause left."""
+
+    index: int
+    weight: int
+    gate: Gate | None = None
+    pause_left: float | None = None
+
+
+def _stepping(
+    inp: ReleaseInput, rel: ReleaseState, steps: Sequence[CanaryStep], capacity: str, verdict: Verdict
+) -> _Step:
+    """The stepping phase's pass: wait for the step's pods and pause (and passing analysis), then the next
+    step, or the phase after the last one (rel.phase moves)."""
+    rollout = inp.spec.rollout
+    idx = min(rel.step_index, len(steps) - 1)
+    step = steps[idx]
+    weight = step.weight
+    s = split(inp.total, weight, inp.traffic, capacity)
+    canary_ready = inp.canary.ready >= s.canary and inp.canary.revision == rel.revision
+    refused = route_hold(inp, f"at step {idx + 1}/{len(steps)}")
+    # The step's clock (its pause, the analysis it needs after) runs while its pods are Ready and
+    # users reach them: a route the Gateway refuses stops it, and it starts again once served.
+    serving = canary_ready and refused is None
+    if not serving:
+        rel.canary_ready_at = None
+    elif not rel.canary_ready_at:
+        rel.canary_ready_at = rfc3339(inp.now)
+    if canary_ready:
+        mark_analysis_start(inp, rel)
+    waited = since(rel.canary_ready_at, inp.now) if serving else 0.0
+    pause_left = step.pause_seconds - waited if serving else None
+    hold = analysis_hold(rel, verdict)
+    gate: Gate | None = None
+    if rollout.paused:
+        gate = Gate(
+            GateKind.PAUSED,
+            ReleaseReason.PAUSED,
+            f"Release paused by spec.rollout.paused at step {idx + 1}",
+        )
+    elif inp.canary.waiting_for_gpus:
+        gate = waiting_for_gpus(inp, rel, capacity)
+    elif refused is not None:
+        gate = refused
+    elif not canary_ready:
+        gate = Gate(
+            GateKind.ADVANCING,
+            ReleaseReason.RELEASING,
+            f"Step {idx + 1}/{len(steps)}: waiting for canary pods ({inp.canary.ready}/{s.canary} Ready)",
+        )
+    elif waited >= step.pause_seconds and (not step.analysis or passed_since(rel, rel.canary_ready_at)):
+        # Step complete: next weight, or promotion after the last step.
+        if idx + 1 < len(steps):
+            idx += 1
+            weight = steps[idx].weight
+            rel.step_index = idx
+            rel.step_started_at = rel.ready_deadline_from = rfc3339(inp.now)
+            rel.canary_ready_at = None
+            pause_left = None
+            gate = Gate(
+                GateKind.ADVANCING,
+                ReleaseReason.RELEASING,
+                f"Step {idx + 1}/{len(steps)}: weight {weight}%",
+            )
+        else:
+            rel.phase = after_last_step(inp, capacity)
+    elif hold is not None and step.analysis:
+        gate = hold
+    else:
+        left = max(0, math.ceil(step.pause_seconds - waited))
+        need = "a passing analysis" if step.analysis else "nothing else"
+        gate = Gate(
+            GateKind.ADVANCING,
+            ReleaseReason.RELEASING,
+            f"Step {idx + 1}/{len(steps)}: weight {weight}%, {left}s of pause left, then {need}",
+        )
+    return _Step(idx, weight, gate, pause_left)
+
+
+def _promoting(
+    inp: ReleaseInput,
+    rel: ReleaseState,
+    stable_rev: str,
+    history: list[HistoryEntry],
+    events: list[EventIntent],
+    weight: int,
+    capacity: str,
+) -> ReleasePlan:
+    """Flagger's promotion: the stable Deployment takes the new template at full size while the canary
+    keeps serving; once stable runs the new revision on every replica, traffic is all stable and the
+    canary goes to zero (promoted_plan). Idempotent, so a restart mid-promotion cannot promote twice."""
+    s = split(inp.total, weight, inp.traffic, capacity)
+    # In place, the canary hands its GPUs back one pod ahead of the stable pods of the new revision
+    # (e.g. total 2: canary 1 while stable has 0 Ready on it, then 0), so stable can be scheduled.
+    canary = max(0, inp.total - inp.stable.ready - 1) if capacity == REPLACE_IN_PLACE else s.canary
+    gate = Gate(
+        GateKind.ADVANCING,
+        ReleaseReason.PROMOTING,
+        f"Promoting revision {rel.revision}: stable {inp.stable.ready}/{inp.total} Ready on it",
+    )
+    rel.weight = weight
+    return _plan(
+        inp,
+        rel,
+        stable_rev,
+        history,
+        events,
+        weight=weight,
+        stable=inp.total,
+        canary=canary,
+        gate=gate,
+        requeue_after=1.0,
+        stable_from_spec=True,
+    )
 
 
 def route_hold(inp: ReleaseInput, where: str) -> Gate | None:

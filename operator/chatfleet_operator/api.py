@@ -101,7 +101,6 @@ class Reason:
     """False without a reason of the Gateway's: its ResolvedRefs is False."""
     # Degraded
     CRASH_LOOP = "CrashLoopBackOff"
-    PODS_NOT_READY = "PodsNotReady"
     HEALTHY = "Healthy"
 
 

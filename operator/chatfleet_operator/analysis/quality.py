@@ -67,9 +67,8 @@ TEMPLATE_TOKENS = (
 )
 
 
-#: The spec's types: a golden prompt (name, the user's message, `expect`) and what its answer must be.
+#: The spec's type of a golden prompt (name, the user's message, `expect`: spec.GoldenExpectation).
 GoldenPrompt = GoldenPromptSpec
-Expectation = GoldenExpectation
 
 
 def unmet(expect: GoldenExpectation, answer: str) -> list[str]:

@@ -97,7 +97,6 @@ class Observation:
     deployment: DeploymentFacts | None
     pods: Sequence[PodFacts] = ()
     problems: Sequence[Problem] = ()
-    applied: bool = True
     standby: int = 0
     """Warm-pool replicas the stable Deployment runs beside the desired ones."""
     standby_pods: int = 0

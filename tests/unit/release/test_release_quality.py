@@ -8,7 +8,8 @@ from datetime import UTC, datetime
 import pytest
 from chatfleet_operator.analysis import quality
 from chatfleet_operator.analysis.assess import ERROR, FAILED, SUCCESSFUL, assess
-from chatfleet_operator.analysis.quality import Answer, Expectation, GoldenPrompt
+from chatfleet_operator.analysis.quality import Answer, GoldenPrompt
+from chatfleet_operator.spec import GoldenExpectation as Expectation
 
 NOW = datetime(2026, 11, 25, tzinfo=UTC)
 PROMPTS = (

@@ -10,12 +10,13 @@ taken) this pass's analysis measurement. The planner, the children's builders an
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from chatfleet_operator.analysis.assess import Measurement
 from chatfleet_operator.converge.facts import NodeFacts, PodFacts, Track
+from chatfleet_operator.release.state import ReleaseStatus
 from chatfleet_operator.settings import Settings
 from chatfleet_operator.spec import Autoscale, ChatbotServiceSpec, ObjectRef
 
@@ -53,6 +54,9 @@ class PassContext:
     """The stable Deployment as observed."""
     canary: Track
     """The Deployment of the new revision as observed (its track is the strategy's: canary, preview)."""
+    release_status: ReleaseStatus = field(default_factory=ReleaseStatus)
+    """The release part of old_status, parsed once (the release, its history, the stable revision); the
+    planner works on a copy of it."""
     measurement: Measurement | None = None
     """This pass's analysis measurement, when one was due (release/measure.py takes it)."""
     dialogue_check: DialogueCheck | None = None

@@ -47,6 +47,7 @@ from chatfleet_operator.release.children import (
 from chatfleet_operator.release.measure import Releases
 from chatfleet_operator.release.planner import routed, strategy_of
 from chatfleet_operator.release.route import observed_route
+from chatfleet_operator.release.state import ReleaseStatus
 from chatfleet_operator.release.strategy import ReleasePlan, ReleaseReason
 from chatfleet_operator.settings import Settings
 from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
@@ -103,6 +104,7 @@ def gather_context(
         stable=observe_track(stable, snap.pods, api.TRACK_STABLE),
         canary=observe_track(children.get(("Deployment", deployment_name(ref, track))), snap.pods, track),
         metrics_source=metrics_source if spec.scaling.autoscale is not None else "",
+        release_status=ReleaseStatus.from_status(old_status),
     )
 
 

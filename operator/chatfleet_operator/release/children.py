@@ -60,7 +60,7 @@ def plan_pass(ctx: PassContext) -> ReleasePlan:
         route_settle_seconds(ctx),
         observed_route(ctx, ctx.observed("HTTPRoute", ctx.ref.name), routed(ctx)),
     )
-    return plan_release(inp, ctx.old_status)
+    return plan_release(inp, ctx.release_status)
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from chatfleet_operator.context import DialogueCheck, PassContext
 from chatfleet_operator.converge.facts import PodFacts, Track
 from chatfleet_operator.discovery import ServedGroup
 from chatfleet_operator.release.planner import analysis_due, dialogue_check_due, strategy_of
-from chatfleet_operator.release.state import ReleasePhase, ReleaseStatus, last_verdict
+from chatfleet_operator.release.state import ReleasePhase, last_verdict
 from chatfleet_operator.release.traffic import HTTPROUTE, REPLICA_RATIO
 from chatfleet_operator.settings import ReleaseSettings
 from chatfleet_operator.spec import ChatbotServiceSpec, GoldenPromptSpec, ObjectRef, QualitySpec
@@ -256,18 +256,18 @@ class Releases:
 
     def measure_if_due(self, ctx: PassContext) -> PassContext:
         """The context with this pass's measurement and dialogue check, each when one is due."""
-        if analysis_due(ctx.spec, ctx.old_status, ctx.canary, ctx.now):
+        if analysis_due(ctx.spec, ctx.release_status.release, ctx.canary, ctx.now):
             measurement = self.measure(ctx)
             metrics.analysis_measured(measurement.verdict, measurement.figures)
             ctx = replace(ctx, measurement=measurement)
-        if dialogue_check_due(ctx.spec, ctx.old_status, ctx.now):
+        if dialogue_check_due(ctx.spec, ctx.release_status.release, ctx.now):
             ctx = replace(ctx, dialogue_check=self.old_revision_requests(ctx))
         return ctx
 
 
 def shadowing(ctx: PassContext) -> bool:
     """Whether this pass's release is in its shadow phase (the old status says; the plan comes after)."""
-    rel = ReleaseStatus.from_status(ctx.old_status).release
+    rel = ctx.release_status.release
     return (
         ctx.spec.analysis.quality.shadow.enabled and rel is not None and rel.phase == ReleasePhase.SHADOWING
     )

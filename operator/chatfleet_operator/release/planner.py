@@ -22,9 +22,8 @@ Rollback order (applied by the reconciler in exactly this order):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import copy
 from datetime import datetime
-from typing import Any
 
 from chatfleet_operator.analysis.assess import ROLLBACK, empty_counters, fold
 from chatfleet_operator.context import PassContext
@@ -76,17 +75,14 @@ def routed(ctx: PassContext) -> bool:
     return strategy_of(ctx.spec).routes(ctx.traffic)
 
 
-def analysis_due(
-    spec: ChatbotServiceSpec, old_status: Mapping[str, Any], canary: Track, now: datetime
-) -> bool:
+def analysis_due(spec: ChatbotServiceSpec, rel: ReleaseState | None, canary: Track, now: datetime) -> bool:
     """Whether this pass should measure: a release is analysing, its pods are Ready, an interval passed.
 
     e.g. interval 10 s, last measured 9 s ago -> False; 10 s ago -> True; never measured -> True.
     The first measurement waits one rate() window (two intervals, at least 10 s) after the canary's
     first Ready pod, so the window holds only the new pods' requests -- not the last samples of a
-    canary rolled back moments ago.
+    canary rolled back moments ago. `rel`: the release in the old status.
     """
-    rel = ReleaseStatus.from_status(old_status).release
     analysing = (ReleasePhase.SHADOWING, ReleasePhase.STEPPING, ReleasePhase.DRAINING, ReleasePhase.SWITCHED)
     if rel is None or rel.phase not in analysing or canary.ready < 1:
         return False
@@ -97,13 +93,12 @@ def analysis_due(
     return last is None or since(last, now) >= spec.analysis.interval_seconds - 0.5
 
 
-def dialogue_check_due(spec: ChatbotServiceSpec, old_status: Mapping[str, Any], now: datetime) -> bool:
+def dialogue_check_due(spec: ChatbotServiceSpec, rel: ReleaseState | None, now: datetime) -> bool:
     """Whether this pass should ask how many requests the draining old revision served (stickyDialogues).
 
     e.g. phase DrainingDialogues, interval 10 s, last check 4 s ago -> False; 10 s ago or never -> True;
-    any other phase -> False.
+    any other phase -> False. `rel`: the release in the old status.
     """
-    rel = ReleaseStatus.from_status(old_status).release
     if rel is None or rel.phase != ReleasePhase.DRAINING:
         return False
     last = rel.dialogue_checked_at
@@ -254,16 +249,16 @@ def _rollback(
     return plan
 
 
-def plan_release(inp: ReleaseInput, old_status: Mapping[str, Any]) -> ReleasePlan:
-    """The whole release decision of one pass (see the module docstring for the order)."""
-    plan = _decide(inp, old_status)
+def plan_release(inp: ReleaseInput, old: ReleaseStatus) -> ReleasePlan:
+    """The whole release decision of one pass (see the module docstring for the order), from the release
+    part of the old status (`old`, left as it is: the planner moves a copy)."""
+    plan = _decide(inp, copy.deepcopy(old))
     plan.stepped = STRATEGIES[plan.strategy].stepped
     return plan
 
 
-def _decide(inp: ReleaseInput, old_status: Mapping[str, Any]) -> ReleasePlan:
+def _decide(inp: ReleaseInput, old: ReleaseStatus) -> ReleasePlan:
     """plan_release's decision."""
-    old = ReleaseStatus.from_status(old_status)
     stable_rev, rel, history = old.stable_revision, old.release, old.history
     target = inp.update_revision
     active = rel is not None and rel.phase in ACTIVE_PHASES

@@ -16,6 +16,7 @@ from chatfleet_operator.context import DialogueCheck
 from chatfleet_operator.converge.facts import PodFacts
 from chatfleet_operator.release.planner import analysis_due, dialogue_check_due, plan_release
 from chatfleet_operator.release.route import RouteState
+from chatfleet_operator.release.state import ReleaseStatus
 from chatfleet_operator.release.strategy import ReleaseInput, ReleasePlan, Track
 from chatfleet_operator.release.traffic import REPLICA_RATIO
 from chatfleet_operator.spec import ChatbotServiceSpec
@@ -93,11 +94,12 @@ class World:
         self.now += timedelta(seconds=seconds)
         spec = ChatbotServiceSpec.from_dict(self.spec)
         measurement = None
-        if analysis_due(spec, self.status, self.canary, self.now):
+        old = ReleaseStatus.from_status(self.status)
+        if analysis_due(spec, old.release, self.canary, self.now):
             self.measured += 1
             measurement = assess(self.sample(), CHECKS)
         check = None
-        if dialogue_check_due(spec, self.status, self.now):
+        if dialogue_check_due(spec, old.release, self.now):
             self.dialogue_checks += 1
             check = (
                 DialogueCheck(self.stable_requests)
@@ -117,7 +119,7 @@ class World:
             self.route_settle,
             self.route,
         )
-        plan = plan_release(inp, self.status)
+        plan = plan_release(inp, old)
         self.plans.append(plan)
         self._apply(plan)
         return plan

@@ -136,7 +136,7 @@ def test_a_pass_over_a_hand_edited_status_does_not_raise(status):
     pods = (PodFacts("bot-0", "r1", "stable", "Running", True),)
     stable = Track("r1", 2, 2, pods, exists=True)
     inp = ReleaseInput(spec, "r2", 2, stable, Track(), REPLICA_RATIO, NOW)
-    plan = plan_release(inp, {"stableRevision": "r1", **status})
+    plan = plan_release(inp, ReleaseStatus.from_status({"stableRevision": "r1", **status}))
     assert plan.in_release and plan.release is not None and plan.release.revision == "r2"
     fields = mirror_fields(plan.stepped, plan.release, plan.history, plan.canary_weight)
     for h in status.get("releaseHistory", []):

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 import pytest
 from chatfleet_operator.converge.facts import PodFacts
 from chatfleet_operator.release.planner import STRATEGIES, plan_release, stepped
+from chatfleet_operator.release.state import ReleaseStatus
 from chatfleet_operator.release.strategy import ReleaseInput, Track
 from chatfleet_operator.release.traffic import HTTPROUTE, REPLICA_RATIO
 from chatfleet_operator.spec import ChatbotServiceSpec, Strategy
@@ -26,7 +27,8 @@ def spec_of(strategy: str, shadow: bool = False) -> ChatbotServiceSpec:
 def first_plan(spec: ChatbotServiceSpec, traffic: str = REPLICA_RATIO):
     pods = (PodFacts("bot-0", "r1", "stable", "Running", True),)
     stable = Track("r1", 2, 2, pods, exists=True)
-    return plan_release(ReleaseInput(spec, "r2", 2, stable, Track(), traffic, NOW), {"stableRevision": "r1"})
+    old = ReleaseStatus.from_status({"stableRevision": "r1"})
+    return plan_release(ReleaseInput(spec, "r2", 2, stable, Track(), traffic, NOW), old)
 
 
 def test_every_registered_strategy_answers_the_whole_protocol():

@@ -4,7 +4,7 @@ With spec.rollout.stickyDialogues (docs/releases.md), one more rule per pinned r
 `x-chatfleet-revision: <hash>` and sends it to the one Service whose pods all run that revision. The chat
 API answers every turn with that header (its pod's revision), so a client -- or the chat edge in front --
 that echoes it keeps a dialogue on the revision it began on while the weights move, and through the
-promotion (release/canary.py keeps the old revision serving until its dialogues end). Requests without
+promotion (release/canary/ keeps the old revision serving until its dialogues end). Requests without
 the header are split by the weights. Without pinning, every request is split by the weights alone.
 
 In a release's shadow phase (spec.analysis.quality.shadow) the weighted rule also mirrors a share of its

@@ -13,7 +13,7 @@ One pass, in order (`plan_release`):
   3. the analysis measurement of this pass (if one was due), folded into the counters (never a pass
      while the Gateway refuses the canary's HTTPRoute);
   4. one predicate, `rollback_reason`, decides a rollback from 1-3;
-  5. otherwise the strategy moves the release (STRATEGIES: canary.py, bluegreen.py).
+  5. otherwise the strategy moves the release (STRATEGIES: canary/, bluegreen.py).
 
 Rollback order (applied by the reconciler in exactly this order):
   traffic to stable (route weight 0 / active selector back) -> scale the canary down -> status Stalled
@@ -30,7 +30,7 @@ from chatfleet_operator.context import PassContext
 from chatfleet_operator.converge.facts import IMAGE_PULL_REASONS
 from chatfleet_operator.intents import EventIntent, Gate, GateKind
 from chatfleet_operator.release.bluegreen import BlueGreen
-from chatfleet_operator.release.canary import Canary
+from chatfleet_operator.release.canary.strategy import Canary
 from chatfleet_operator.release.route import route_gated
 from chatfleet_operator.release.state import (
     ACTIVE_PHASES,

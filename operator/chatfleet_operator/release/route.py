@@ -9,7 +9,7 @@ name (--gateway, --gateway-namespace) into:
   resolve a backend (a Warning event follows from the old -> new difference, converge/status.py);
   Unknown while no controller has answered for that Gateway -- a route just written, or a Gateway that
   does not exist or whose GatewayClass has no controller (then no one ever answers);
-- the release (canary.py, planner.py): while it is False no user reaches the canary through the
+- the release (canary/, planner.py): while it is False no user reaches the canary through the
   Gateway (a refused route carries no one; an unresolved backend's share is answered with errors), so a
   canary step neither advances nor counts its pause, and a passing measurement (the probe's traffic
   alone) is no pass.

@@ -1,6 +1,6 @@
 """What a release strategy is: a small protocol, the types it returns, and the steps strategies share. Pure.
 
-A strategy (canary.py, bluegreen.py) moves one release by one pass once the planner has applied the
+A strategy (canary/, bluegreen.py) moves one release by one pass once the planner has applied the
 shared steps (intents, health, the measurement, the one rollback predicate). The registry that maps
 `spec.rollout.strategy` to a strategy is `planner.STRATEGIES` (kept there so imports run one way:
 strategy <- canary, bluegreen <- planner). Adding a strategy: one module here, one registry line, the

@@ -44,7 +44,6 @@ def stepping(
 ) -> Step:
     """The stepping phase's pass: wait for the step's pods and pause (and passing analysis), then the next
     step, or the phase after the last one (rel.phase moves)."""
-    rollout = inp.spec.rollout
     idx = min(rel.step_index, len(steps) - 1)
     step = steps[idx]
     weight = step.weight
@@ -64,22 +63,11 @@ def stepping(
     pause_left = step.pause_seconds - waited if serving else None
     hold = analysis_hold(rel, verdict)
     gate: Gate | None = None
-    if rollout.paused:
-        gate = Gate(
-            GateKind.PAUSED,
-            ReleaseReason.PAUSED,
-            f"Release paused by spec.rollout.paused at step {idx + 1}",
-        )
-    elif inp.canary.waiting_for_gpus:
-        gate = waiting_for_gpus(inp, rel, capacity)
-    elif refused is not None:
-        gate = refused
-    elif not canary_ready:
-        gate = Gate(
-            GateKind.ADVANCING,
-            ReleaseReason.RELEASING,
-            f"Step {idx + 1}/{len(steps)}: waiting for canary pods ({inp.canary.ready}/{s.canary} Ready)",
-        )
+    label = f"Step {idx + 1}/{len(steps)}"
+    if (
+        held := holding_gate(inp, rel, capacity, refused, canary_ready, s.canary, f"at step {idx + 1}", label)
+    ) is not None:
+        gate = held
     elif waited >= step.pause_seconds and (not step.analysis or passed_since(rel, rel.canary_ready_at)):
         # Step complete: next weight, or promotion after the last step.
         if idx + 1 < len(steps):
@@ -144,6 +132,37 @@ def promoting(
         requeue_after=1.0,
         stable_from_spec=True,
     )
+
+
+def holding_gate(
+    inp: ReleaseInput,
+    rel: ReleaseState,
+    capacity: str,
+    refused: Gate | None,
+    canary_ready: bool,
+    wanted: int,
+    where: str,
+    label: str,
+) -> Gate | None:
+    """What holds a phase before its clock runs, in this order: spec.rollout.paused, GPUs to wait for, a
+    route the Gateway refuses (`refused`), canary pods not all Ready (`wanted` of them); None: nothing.
+
+    e.g. where "at step 2", label "Step 2/3": "Release paused by spec.rollout.paused at step 2";
+    "Step 2/3: waiting for canary pods (0/1 Ready)".
+    """
+    if inp.spec.rollout.paused:
+        return Gate(GateKind.PAUSED, ReleaseReason.PAUSED, f"Release paused by spec.rollout.paused {where}")
+    if inp.canary.waiting_for_gpus:
+        return waiting_for_gpus(inp, rel, capacity)
+    if refused is not None:
+        return refused
+    if not canary_ready:
+        return Gate(
+            GateKind.ADVANCING,
+            ReleaseReason.RELEASING,
+            f"{label}: waiting for canary pods ({inp.canary.ready}/{wanted} Ready)",
+        )
+    return None
 
 
 def route_hold(inp: ReleaseInput, where: str) -> Gate | None:
@@ -212,20 +231,12 @@ def shadow_phase(
             "cluster serves no Gateway API; install Gateway API or set spec.analysis.quality.shadow.enabled false",
         )
         rel.ready_deadline_from = now  # waiting for a gateway does not count against the deadline
-    elif inp.spec.rollout.paused:
-        gate = Gate(
-            GateKind.PAUSED, ReleaseReason.PAUSED, "Release paused by spec.rollout.paused in the shadow phase"
+    elif (
+        held := holding_gate(
+            inp, rel, capacity, refused, canary_ready, s.canary, "in the shadow phase", "Shadow"
         )
-    elif inp.canary.waiting_for_gpus:
-        gate = waiting_for_gpus(inp, rel, capacity)
-    elif refused is not None:
-        gate = refused
-    elif not canary_ready:
-        gate = Gate(
-            GateKind.ADVANCING,
-            ReleaseReason.RELEASING,
-            f"Shadow: waiting for canary pods ({inp.canary.ready}/{s.canary} Ready)",
-        )
+    ) is not None:
+        gate = held
     elif passed_since(rel, rel.canary_ready_at):
         first = steps[0].weight
         message = (

@@ -360,6 +360,39 @@ def run_fleet(cluster: Cluster, op: Operator, n: int, tmp: Path, steady_s: float
     }
 
 
+def restart_figures(before: dict, after: dict, kopf_before: int, kopf_after: int, fleet: int) -> dict:
+    """What a new operator process wrote over a fleet that was Ready: its writes by kind (the goal is none),
+    kopf's bookkeeping patches, and whether it passed over every ChatbotService (passes >= fleet)."""
+    writes = {k: v - before.get("writes", {}).get(k, 0) for k, v in after.get("writes", {}).items()}
+    writes = {k: v for k, v in writes.items() if v}
+    return {
+        "chatbotservices": fleet,
+        "passes": after.get("passes", 0) - before.get("passes", 0),
+        "writes": sum(writes.values()) + (kopf_after - kopf_before),
+        "writes_by_kind": {**writes, "kopf bookkeeping": kopf_after - kopf_before},
+    }
+
+
+def restart(cluster: Cluster, tmp: Path, fleet: int, settle_s: float, timeout: float) -> dict:
+    """Start a new operator over the Ready fleets (the old one stopped): wait until it has passed over every
+    ChatbotService, then `settle_s` more, and count what it wrote."""
+    k0 = cbs_kopf_patches(cluster)
+    t0 = time.monotonic()
+    op = Operator(cluster, tmp)
+    try:
+        deadline = t0 + timeout
+        while (stats := op.stats())["passes"] < fleet and time.monotonic() < deadline:
+            time.sleep(1)
+        passed_s = time.monotonic() - t0
+        time.sleep(settle_s)
+        # a new process counts from zero: all it wrote since its start
+        figures = restart_figures({}, op.stats(), k0, cbs_kopf_patches(cluster), fleet)
+        figures["seconds_to_pass_over_all"] = round(passed_s, 1) if stats["passes"] >= fleet else None
+        return figures
+    finally:
+        op.stop()
+
+
 def baseline(cluster: Cluster, n: int, tmp: Path, timeout: float, services: bool = False) -> dict:
     """n single-GPU Deployments (and, with `services`, a Service each), no operator: seconds until all
     Deployments are available."""
@@ -555,6 +588,23 @@ def table(result: dict) -> str:
                 ],
             )
         )
+    rst = result.get("restart")
+    if rst:
+        kinds = ", ".join(f"{k} {v}" for k, v in rst["writes_by_kind"].items() if v) or "none"
+        rows.append(
+            (
+                f"restart over {rst['chatbotservices']} Ready CBS: writes (goal 0)",
+                f"{rst['writes']} ({kinds})",
+                "",
+            )
+        )
+        rows.append(
+            (
+                "  its passes / seconds to pass over all",
+                f"{rst['passes']} / {rst['seconds_to_pass_over_all']}",
+                "",
+            )
+        )
     rows.append(
         (
             "host load average at start / end",
@@ -612,6 +662,9 @@ def main(argv: list[str] | None = None) -> int:
                 final = op.stats()
             finally:
                 op.stop()
+            fleet = sum(r["chatbotservices"] for r in result["fleets"])
+            log(f"restart: a new operator over the {fleet} Ready ChatbotServices")
+            result["restart"] = restart(cluster, tmp, fleet, args.steady, args.timeout)
             result["latency"] = {
                 "p50_ms": round(final["latency_p50_s"] * 1000, 1),
                 "p99_ms": round(final["latency_p99_s"] * 1000, 1),

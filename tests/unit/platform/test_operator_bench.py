@@ -82,3 +82,17 @@ def test_renaming_reaches_every_name_part_of_bot_0_only():
 def test_a_template_without_a_deployment_is_refused():
     with pytest.raises(RuntimeError, match="no Deployment"):
         ob.fair_manifests(FakeCluster([served("Service", "bot-0", "bot-0")]), "template", "bot-0")
+
+
+def test_a_restart_is_judged_by_what_the_new_process_wrote():
+    before = {"passes": 3, "writes": {"PATCH status": 2}}
+    after = {"passes": 203, "writes": {"PATCH status": 2, "APPLY Deployment": 1}}
+    got = ob.restart_figures(before, after, kopf_before=10, kopf_after=11, fleet=200)
+    assert got == {
+        "chatbotservices": 200,
+        "passes": 200,
+        "writes": 2,
+        "writes_by_kind": {"APPLY Deployment": 1, "kopf bookkeeping": 1},
+    }
+    quiet = ob.restart_figures(before, {"passes": 203, "writes": {"PATCH status": 2}}, 10, 10, 200)
+    assert quiet["writes"] == 0 and quiet["writes_by_kind"] == {"kopf bookkeeping": 0}

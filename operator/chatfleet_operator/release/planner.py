@@ -66,7 +66,7 @@ def strategy_of(spec: ChatbotServiceSpec) -> ReleaseStrategy:
 def stepped(strategy: str | None) -> bool:
     """Whether a release of `strategy` (status.release.strategy) moves through steps; an unknown name is
     shown as stepped, as the canary's, the default strategy."""
-    known = STRATEGIES.get(strategy) if strategy in STRATEGIES else None
+    known = next((s for name, s in STRATEGIES.items() if name == strategy), None)
     return known is None or known.stepped
 
 

@@ -7,9 +7,11 @@ recorded in a stale state file that now belongs to someone else is never signall
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -17,16 +19,58 @@ from pathlib import Path
 
 from .config import PlatformError
 
+#: Where free_port looks: above the fixed ports of Kubernetes' node components (10248-10359), below the
+#: NodePort range (30000-32767) and the kernel's ephemeral range.
+LOWEST_PORT, HIGHEST_PORT = 20000, 29999
+#: Ports this process has handed out: never handed out twice (a cluster picks six before starting any).
+_given: set[int] = set()
+_given_lock = threading.Lock()
 
-def free_port(preferred: int | None = None) -> int:
-    """A TCP port free on 127.0.0.1: `preferred` when it is free, else one the kernel picks."""
-    if preferred:
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", preferred))
-                return preferred
-            except OSError:
-                pass
+
+def ephemeral_range(path: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> tuple[int, int]:
+    """The ports the kernel gives outgoing connections (32768-60999 by default)."""
+    try:
+        low, high = (int(v) for v in path.read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def free_port(preferred: int | None = None, ephemeral: tuple[int, int] | None = None) -> int:
+    """A TCP port free on 127.0.0.1: `preferred` when it is free, else one below the kernel's ephemeral range.
+
+    Below it, because a port is picked before the server that will listen on it starts: one from the
+    ephemeral range can meanwhile become the source port of any outgoing connection on the machine, and
+    the server then fails with "address already in use" (it did: a kube-controller-manager of the real-pod
+    layer, its port taken by a connection of the layer beside it). Ports below the range are never handed
+    out that way. Picked at random from LOWEST_PORT..HIGHEST_PORT (so that lanes and workers starting
+    clusters side by side rarely try the same one); where the ephemeral range leaves no room there, the
+    kernel picks one.
+    """
+    if preferred and _bindable(preferred):
+        return preferred
+    low, _ = ephemeral or ephemeral_range()
+    top = min(HIGHEST_PORT, low - 1)
+    if top - LOWEST_PORT >= 1000:
+        rng = random.Random()
+        for _ in range(200):
+            port = rng.randint(LOWEST_PORT, top)
+            with _given_lock:
+                if port in _given or not _bindable(port):
+                    continue
+                if len(_given) > (HIGHEST_PORT - LOWEST_PORT) // 2:  # a long session: start the record again
+                    _given.clear()
+                _given.add(port)
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -27,6 +27,20 @@ class TestProcs:
             assert procs.port_in_use(taken)
             assert procs.free_port(taken) != taken
 
+    def test_free_port_is_never_one_the_kernel_gives_outgoing_connections(self, tmp_path):
+        """A port picked before its server listens must not be in the ephemeral range: any outgoing
+        connection may take one of those in between (a kube-controller-manager failed so)."""
+        low, _ = procs.ephemeral_range()
+        picked = [procs.free_port() for _ in range(50)]
+        assert len(set(picked)) == len(picked)  # never the same port twice from one process
+        assert all(procs.LOWEST_PORT <= p <= procs.HIGHEST_PORT and p < low for p in picked), sorted(picked)
+        ranged = tmp_path / "range"
+        ranged.write_text("25000\t60999\n")
+        assert procs.ephemeral_range(ranged) == (25000, 60999)
+        assert all(20000 <= procs.free_port(ephemeral=(25000, 60999)) < 25000 for _ in range(20))
+        # a range that leaves no room below it: the kernel picks
+        assert procs.free_port(ephemeral=(20500, 60999)) > 0
+
     def test_never_stops_a_process_that_is_not_ours(self):
         # same PID, other start time: a recycled PID must never be signalled
         me = procs.Proc(os.getpid(), procs.start_time(os.getpid()) + 1)

@@ -7,7 +7,7 @@ it once at start-up, then applies its flags over it).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -185,8 +185,8 @@ class Settings:
     """How Prometheus is reached: its CA, a bearer token, verification."""
 
 
-def _text(value: str) -> str | None:
-    return value.strip() or None
+def _text(value: str) -> str:
+    return value.strip()
 
 
 def _items(value: str) -> tuple[str, ...]:
@@ -213,37 +213,42 @@ def _decimal(value: str) -> float:
         raise ValueError("is not a number") from None
 
 
-#: Each environment variable the operator reads: (settings group, field, parser). An empty variable is
-#: the same as an unset one: the default stays.
-ENVIRONMENT: dict[str, tuple[str, str, Callable[[str], Any]]] = {
-    "CHATFLEET_CHAT_API_CPU": ("pod", "chat_api_cpu", _text),
-    "CHATFLEET_CHAT_API_MEMORY": ("pod", "chat_api_memory", _text),
-    "CHATFLEET_STARTUP_FAILURE_THRESHOLD": ("pod", "startup_failure_threshold", _whole),
-    "CHATFLEET_ALLOWED_HOST_PATHS": ("pod", "allowed_host_paths", _items),
-    "CHATFLEET_PROGRESS_STATUS_SECONDS": ("retry", "progress_status_seconds", _decimal),
-    "CHATFLEET_WORKERS": ("runtime", "workers", _whole),
-    "CHATFLEET_RUNTIME_IMAGE": ("defaults", "runtime_image", _text),
-    "CHATFLEET_PROMETHEUS_ADDRESS": ("defaults", "prometheus_address", _text),
-    "CHATFLEET_GATEWAY": ("release", "gateway_name", _text),
-    "CHATFLEET_GATEWAY_NAMESPACE": ("release", "gateway_namespace", _text),
-    "CHATFLEET_GATEWAY_MIRROR": ("release", "gateway_mirror", _text),
-    "CHATFLEET_ANALYSIS_ALLOWED_HOSTS": ("release", "analysis_allowed_hosts", _items),
-    "CHATFLEET_AUTOSCALER": ("autoscale", "metrics_source", _text),
-    "CHATFLEET_PROMETHEUS_CA_FILE": ("prometheus", "ca_file", _text),
-    "CHATFLEET_PROMETHEUS_BEARER_TOKEN_FILE": ("prometheus", "bearer_token_file", _text),
-    "CHATFLEET_PROMETHEUS_BEARER_TOKEN_HOSTS": ("prometheus", "bearer_token_hosts", _items),
-    "CHATFLEET_PROMETHEUS_INSECURE_SKIP_VERIFY": ("prometheus", "insecure_skip_verify", _flag),
+#: Each environment variable the operator reads: (the field's path in Settings, parser). An empty variable
+#: is the same as an unset one: the default stays.
+ENVIRONMENT: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "CHATFLEET_CHAT_API_CPU": ("pod.chat_api_cpu", _text),
+    "CHATFLEET_CHAT_API_MEMORY": ("pod.chat_api_memory", _text),
+    "CHATFLEET_STARTUP_FAILURE_THRESHOLD": ("pod.startup_failure_threshold", _whole),
+    "CHATFLEET_ALLOWED_HOST_PATHS": ("pod.allowed_host_paths", _items),
+    "CHATFLEET_PROGRESS_STATUS_SECONDS": ("retry.progress_status_seconds", _decimal),
+    "CHATFLEET_WORKERS": ("runtime.workers", _whole),
+    "CHATFLEET_RUNTIME_IMAGE": ("runtime.defaults.runtime_image", _text),
+    "CHATFLEET_PROMETHEUS_ADDRESS": ("runtime.defaults.prometheus_address", _text),
+    "CHATFLEET_GATEWAY": ("release.gateway_name", _text),
+    "CHATFLEET_GATEWAY_NAMESPACE": ("release.gateway_namespace", _text),
+    "CHATFLEET_GATEWAY_MIRROR": ("release.gateway_mirror", _text),
+    "CHATFLEET_ANALYSIS_ALLOWED_HOSTS": ("release.analysis_allowed_hosts", _items),
+    "CHATFLEET_AUTOSCALER": ("autoscale.metrics_source", _text),
+    "CHATFLEET_PROMETHEUS_CA_FILE": ("prometheus.ca_file", _text),
+    "CHATFLEET_PROMETHEUS_BEARER_TOKEN_FILE": ("prometheus.bearer_token_file", _text),
+    "CHATFLEET_PROMETHEUS_BEARER_TOKEN_HOSTS": ("prometheus.bearer_token_hosts", _items),
+    "CHATFLEET_PROMETHEUS_INSECURE_SKIP_VERIFY": ("prometheus.insecure_skip_verify", _flag),
 }
 
 
-def settings_from_env(environ: Mapping[str, str], base: Settings | None = None) -> Settings:
-    """`base` (default: Settings()) with every CHATFLEET_* variable of `environ` that is set and not empty.
+def _with(obj: Any, path: Sequence[str], value: Any) -> Any:
+    """A copy of the frozen dataclass `obj` with the field at `path` set, e.g. ("runtime", "workers")."""
+    head, *rest = path
+    return replace(obj, **{head: _with(getattr(obj, head), rest, value) if rest else value})
+
+
+def settings_from_env(environ: Mapping[str, str]) -> Settings:
+    """Settings() with every CHATFLEET_* variable of `environ` that is set and not empty.
 
     Raises ValueError naming the variable when one cannot be read (e.g. CHATFLEET_WORKERS=many).
     """
-    settings = base or Settings()
-    changes: dict[str, dict[str, Any]] = {}
-    for name, (group, attr, parse) in ENVIRONMENT.items():
+    settings = Settings()
+    for name, (path, parse) in ENVIRONMENT.items():
         raw = environ.get(name, "")
         if not raw.strip():
             continue
@@ -251,11 +256,5 @@ def settings_from_env(environ: Mapping[str, str], base: Settings | None = None) 
             value = parse(raw)
         except ValueError as exc:
             raise ValueError(f"{name}: {raw!r} {exc}") from None
-        if value is not None:
-            changes.setdefault(group, {})[attr] = value
-    defaults = changes.pop("defaults", None)
-    groups = {group: replace(getattr(settings, group), **attrs) for group, attrs in changes.items()}
-    if defaults:
-        runtime = groups.get("runtime", settings.runtime)
-        groups["runtime"] = replace(runtime, defaults=replace(runtime.defaults, **defaults))
-    return replace(settings, **groups)
+        settings = _with(settings, path.split("."), value)
+    return settings

@@ -133,9 +133,9 @@ class ChatLoad:
     turns: int = 3
     reuse_after: float = 65.0
     outcomes: Counter = field(default_factory=Counter)
-    timeline: list[tuple[float, str]] = field(default_factory=list)
-    failures: list[tuple[float, str, str, str]] = field(default_factory=list)
-    """(finished, source address, outcome, detail) of each failed chat: what a failing test names."""
+    timeline: list[tuple[float, str, str, str]] = field(default_factory=list)
+    """(finished, outcome, source address, detail) of each chat; the detail of a failed one is what a
+    failing test names."""
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -180,9 +180,7 @@ class ChatLoad:
                     outcome, detail = chat_attempt(self.url, stream=(n + i) % 2 == 1, source=user)
                     with self._lock:
                         self.outcomes[outcome] += 1
-                        self.timeline.append((time.monotonic(), outcome))
-                        if outcome != "ok":
-                            self.failures.append((time.monotonic(), user or "", outcome, detail))
+                        self.timeline.append((time.monotonic(), outcome, user or "", detail))
                     n += 1
                     time.sleep(0.1)
                 if user:
@@ -205,15 +203,15 @@ class ChatLoad:
     def failures_since(self, t: float, limit: int = 12) -> list[str]:
         """The failed chats finished after monotonic time t, as readable lines (at most `limit`)."""
         with self._lock:
-            rows = [f for f in self.failures if f[0] >= t][:limit]
+            rows = [r for r in self.timeline if r[0] >= t and r[1] != "ok"][:limit]
         return [
-            f"+{ts - t:.1f}s from {src or 'host'}: {outcome} ({detail})" for ts, src, outcome, detail in rows
+            f"+{ts - t:.1f}s from {src or 'host'}: {outcome} ({detail})" for ts, outcome, src, detail in rows
         ]
 
     def since(self, t: float) -> Counter:
         """Outcomes of the requests finished after monotonic time t."""
         with self._lock:
-            return Counter(o for ts, o in self.timeline if ts >= t)
+            return Counter(o for ts, o, _, _ in self.timeline if ts >= t)
 
 
 def pod_request_counts(

@@ -126,34 +126,35 @@ class Bot:
         res = self.kubectl("get", "pods", "-l", f"chatfleet.io/track={track}", "-o", "json")
         return json.loads(res.stdout)["items"]
 
+    def endpoints(self, service: str | None = None, check: bool = True) -> list[dict[str, Any]]:
+        """The endpoints of a Service's EndpointSlices (default: the bot's own); [] when unreadable and not
+        `check`."""
+        res = self.kubectl(
+            "get",
+            "endpointslices",
+            "-l",
+            f"kubernetes.io/service-name={service or self.name}",
+            "-o",
+            "json",
+            check=check,
+        )
+        if res.returncode != 0:
+            return []
+        return [e for s in json.loads(res.stdout)["items"] for e in s.get("endpoints") or []]
+
     def endpoint_pods(self, service: str | None = None) -> set[str]:
         """Names of the Ready pods behind a Service (default: the bot's own)."""
-        res = self.kubectl(
-            "get", "endpointslices", "-l", f"kubernetes.io/service-name={service or self.name}", "-o", "json"
-        )
         return {
             e["targetRef"]["name"]
-            for s in json.loads(res.stdout)["items"]
-            for e in s.get("endpoints") or []
+            for e in self.endpoints(service)
             if e.get("conditions", {}).get("ready") and e.get("targetRef")
         }
 
     def snapshot(self) -> str:
         """What a failing test names: the pods (ready, restarts), the Service's endpoints, the latest events."""
         pods = self.kubectl("get", "pods", "-o", "wide", check=False).stdout
-        slices = self.kubectl(
-            "get",
-            "endpointslices",
-            "-l",
-            f"kubernetes.io/service-name={self.name}",
-            "-o",
-            "json",
-            check=False,
-        )
         endpoints = [
-            (e.get("targetRef", {}).get("name"), e.get("conditions", {}))
-            for s in (json.loads(slices.stdout)["items"] if slices.returncode == 0 else [])
-            for e in s.get("endpoints") or []
+            (e.get("targetRef", {}).get("name"), e.get("conditions", {})) for e in self.endpoints(check=False)
         ]
         events = self.kubectl("get", "events", "--sort-by=.lastTimestamp", check=False).stdout.splitlines()
         return "\n".join(

@@ -360,16 +360,16 @@ def run_fleet(cluster: Cluster, op: Operator, n: int, tmp: Path, steady_s: float
     }
 
 
-def restart_figures(before: dict, after: dict, kopf_before: int, kopf_after: int, fleet: int) -> dict:
-    """What a new operator process wrote over a fleet that was Ready: its writes by kind (the goal is none),
-    kopf's bookkeeping patches, and whether it passed over every ChatbotService (passes >= fleet)."""
-    writes = {k: v - before.get("writes", {}).get(k, 0) for k, v in after.get("writes", {}).items()}
-    writes = {k: v for k, v in writes.items() if v}
+def restart_figures(stats: dict, kopf_patches: int, fleet: int) -> dict:
+    """What a new operator process wrote over a fleet that was Ready (its stats count from its start): its
+    writes by kind (the goal is none), kopf's bookkeeping patches meanwhile, and its passes (>= fleet: it
+    passed over every ChatbotService)."""
+    writes = {k: v for k, v in stats.get("writes", {}).items() if v}
     return {
         "chatbotservices": fleet,
-        "passes": after.get("passes", 0) - before.get("passes", 0),
-        "writes": sum(writes.values()) + (kopf_after - kopf_before),
-        "writes_by_kind": {**writes, "kopf bookkeeping": kopf_after - kopf_before},
+        "passes": stats.get("passes", 0),
+        "writes": sum(writes.values()) + kopf_patches,
+        "writes_by_kind": {**writes, "kopf bookkeeping": kopf_patches},
     }
 
 
@@ -385,8 +385,7 @@ def restart(cluster: Cluster, tmp: Path, fleet: int, settle_s: float, timeout: f
             time.sleep(1)
         passed_s = time.monotonic() - t0
         time.sleep(settle_s)
-        # a new process counts from zero: all it wrote since its start
-        figures = restart_figures({}, op.stats(), k0, cbs_kopf_patches(cluster), fleet)
+        figures = restart_figures(op.stats(), cbs_kopf_patches(cluster) - k0, fleet)
         figures["seconds_to_pass_over_all"] = round(passed_s, 1) if stats["passes"] >= fleet else None
         return figures
     finally:

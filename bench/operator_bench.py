@@ -14,6 +14,11 @@ process, /proc/stat) is counted beside each platform component's.
 Writes are counted two ways and added: the operator's own counter (every apply, delete, status patch,
 event; read through SIGUSR1 -> --stats-file) plus kopf's bookkeeping patches on ChatbotServices (from
 the API server's apiserver_request_total, non-status PATCHes of chatbotservices).
+
+With --profile the operator's process is sampled by py-spy (installed into the venv on first use) while
+the fleets are created: bench-results/operator-profile.txt (py-spy's collapsed stacks) and a summary of
+where its CPU went in operator.json. The sampler's own CPU counts in the machine's, so a profiled run's
+ratios are not the figures to quote.
 """
 
 from __future__ import annotations
@@ -311,6 +316,54 @@ class Operator:
             self.proc.kill()
 
 
+PY_SPY = "py-spy==0.4.3"
+
+
+def start_profiler(pid: int, out: Path) -> subprocess.Popen:
+    """py-spy sampling a running process into collapsed stacks: only the thread holding the GIL, so the
+    samples are where its Python CPU went (waiting on the network or a lock is not counted)."""
+    exe = Path(sys.executable).parent / "py-spy"
+    if not exe.exists():
+        log(f"installing {PY_SPY} (bench only)")
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", PY_SPY], check=True)
+    cmd = [str(exe), "record", "--pid", str(pid), "--rate", "50", "--nonblocking", "--gil", "--format", "raw"]
+    return subprocess.Popen([*cmd, "-o", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def stop_profiler(proc: subprocess.Popen, out: Path) -> dict:
+    """Stop the sampler (SIGINT writes its file) and summarise the samples."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    return profile_summary(out.read_text() if out.exists() else "")
+
+
+def profile_summary(collapsed: str, top: int = 25) -> dict:
+    """Where sampled CPU went, from py-spy's collapsed stacks ("frame;frame;... count" lines, the leaf
+    last): each function's share of the samples inclusive (on the stack at all) and self (the leaf)."""
+    total, inclusive, self_time = 0, {}, {}
+    for line in collapsed.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        total += n
+        frames = [re.sub(r":\d+\)$", ")", f) for f in stack.split(";")]
+        for frame in set(frames):
+            inclusive[frame] = inclusive.get(frame, 0) + n
+        self_time[frames[-1]] = self_time.get(frames[-1], 0) + n
+
+    def shares(counts: dict) -> dict:
+        ranked = sorted(counts.items(), key=lambda kv: -kv[1])[:top]
+        return {frame: round(100 * n / total, 1) for frame, n in ranked}
+
+    return (
+        {"samples": total, "inclusive_pct": shares(inclusive), "self_pct": shares(self_time)} if total else {}
+    )
+
+
 def rss_mib(pid: int) -> float:
     """Resident memory of a process, MiB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -495,6 +548,14 @@ def operator_template(cluster: Cluster, tmp: Path, timeout: float) -> list[dict]
     return template
 
 
+def start_cluster(directory: Path, nodes: int) -> Cluster:
+    """The local platform with `nodes` kwok GPU nodes and the ChatbotService CRD."""
+    cluster = Cluster(directory, progress=log)
+    cluster.up(nodes=nodes, timeout=300)
+    cluster.install_crd(CHATBOT_CRD_FILE, CHATBOT_CRD_NAME)
+    return cluster
+
+
 def delete_namespace(cluster: Cluster, ns: str) -> None:
     """Delete a namespace and wait (the next row starts on an API server without its objects)."""
     cluster.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=300s", check=False, timeout=320)
@@ -623,23 +684,33 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steady", type=float, default=60, help="seconds of steady state to count writes over")
     ap.add_argument("--timeout", type=float, default=600, help="seconds to wait for a fleet to be Ready")
     ap.add_argument("--no-baseline", action="store_true", help="skip the no-operator baseline")
+    ap.add_argument(
+        "--no-bare", action="store_true", help="skip the bare Deployment rows (keep the fair floor)"
+    )
+    ap.add_argument(
+        "--fresh-cluster",
+        action="store_true",
+        help="a new cluster (new etcd) for the operator's rows instead of deleting the floors' namespaces "
+        "(for fleets of 10,000, whose deletion takes longer than their creation)",
+    )
+    ap.add_argument(
+        "--profile", action="store_true", help="sample the operator with py-spy during the fleets"
+    )
     args = ap.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # still stop the cluster on SIGTERM
     RESULTS.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="chatfleet-opbench-") as tmpdir:
         tmp = Path(tmpdir)
-        cluster = Cluster(tmp / "cluster", progress=log)
+        cluster = start_cluster(tmp / "cluster", args.nodes)
         try:
-            cluster.up(nodes=args.nodes, timeout=300)
-            cluster.install_crd(CHATBOT_CRD_FILE, CHATBOT_CRD_NAME)
             result: dict = {
                 "cpus": os.cpu_count(),
                 "load_average_at_start": os.getloadavg()[0],
                 "nodes": args.nodes,
                 "fleets": [],
             }
-            if not args.no_baseline:
+            if not (args.no_baseline or args.no_bare):
                 for services, key in ((False, "baseline"), (True, "baseline_with_services")):
                     what = "Deployments and Services" if services else "Deployments"
                     log(f"baseline: {max(sizes)} {what} without the operator")
@@ -652,14 +723,24 @@ def main(argv: list[str] | None = None) -> int:
                 for n in sizes:
                     log(f"fair floor: the operator's objects for {n} ChatbotServices, no operator")
                     result["fair_floor"].append(fair_floor(cluster, template, n, tmp, args.timeout))
-                    delete_namespace(cluster, f"fair-{n}")
+                    if not args.fresh_cluster:
+                        delete_namespace(cluster, f"fair-{n}")
+                if args.fresh_cluster:
+                    log("a new cluster for the operator's rows")
+                    cluster.down()
+                    cluster = start_cluster(tmp / "cluster-operator", args.nodes)
+                    result["fresh_cluster_for_operator"] = True
             op = Operator(cluster, tmp)
+            profile_file = RESULTS / "operator-profile.txt"
+            profiler = start_profiler(op.proc.pid, profile_file) if args.profile else None
             try:
                 for n in sizes:
                     log(f"fleet of {n} ChatbotServices")
                     result["fleets"].append(run_fleet(cluster, op, n, tmp, args.steady, args.timeout))
                 final = op.stats()
             finally:
+                if profiler is not None:
+                    result["profile"] = stop_profiler(profiler, profile_file)
                 op.stop()
             fleet = sum(r["chatbotservices"] for r in result["fleets"])
             log(f"restart: a new operator over the {fleet} Ready ChatbotServices")

@@ -95,3 +95,24 @@ def test_a_restart_is_judged_by_what_the_new_process_wrote():
     }
     quiet = ob.restart_figures({"passes": 200, "writes": {}}, 0, 200)
     assert quiet["writes"] == 0 and quiet["writes_by_kind"] == {"kopf bookkeeping": 0}
+
+
+def test_profile_summary_shares_inclusive_and_self_time_by_function_not_line():
+    collapsed = "\n".join(
+        [
+            "run (kopf/reactor.py:10);reconcile_pass (op/reconcile.py:5);apply (op/kube.py:7) 6",
+            "run (kopf/reactor.py:10);reconcile_pass (op/reconcile.py:9) 2",
+            "run (kopf/reactor.py:12);loads (json/__init__.py:3) 2",
+            "not a stack line",
+        ]
+    )
+    summary = ob.profile_summary(collapsed)
+    assert summary["samples"] == 10
+    assert summary["inclusive_pct"]["run (kopf/reactor.py)"] == 100.0
+    assert summary["inclusive_pct"]["reconcile_pass (op/reconcile.py)"] == 80.0
+    assert summary["self_pct"] == {
+        "apply (op/kube.py)": 60.0,
+        "reconcile_pass (op/reconcile.py)": 20.0,
+        "loads (json/__init__.py)": 20.0,
+    }
+    assert ob.profile_summary("") == {}

@@ -55,6 +55,9 @@ COND_DEGRADED = "Degraded"
 COND_SCALING_ACTIVE = "ScalingActive"
 #: Whether the parent Gateway serves the canary's HTTPRoute (its Accepted and ResolvedRefs; release/route.py).
 COND_ROUTE_SERVED = "RouteServed"
+#: Present only while the operator holds back a new pod template of the same revision (an operator
+#: upgrade waiting for its place in the upgrade wave, or a halted wave; wave.py).
+COND_UPGRADE_HELD = "UpgradeHeld"
 
 #: status.autoscaling.metricsSource values.
 METRICS_KEDA = "KEDA"
@@ -99,6 +102,11 @@ class Reason:
     """False without a reason of the Gateway's: its Accepted is False."""
     REFS_NOT_RESOLVED = "RefsNotResolved"
     """False without a reason of the Gateway's: its ResolvedRefs is False."""
+    # UpgradeHeld (wave.py)
+    UPGRADE_QUEUED = "UpgradeQueued"
+    """A new pod template of the same revision waits for a place in the upgrade wave."""
+    UPGRADE_HALTED = "UpgradeHalted"
+    """The upgrade wave is halted: an admitted fleet's rollout fails."""
     # Degraded
     CRASH_LOOP = "CrashLoopBackOff"
     HEALTHY = "Healthy"

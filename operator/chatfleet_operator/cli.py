@@ -31,6 +31,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     run.add_argument("--workers", type=int, default=None, help="threads for API calls (default 16)")
     run.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     run.add_argument(
+        "--upgrade-wave",
+        type=int,
+        default=None,
+        metavar="N",
+        help="most ChatbotServices rolling a new pod template of the same revision at once (an operator "
+        "upgrade); the others wait their turn (default 5; 0: no limit; env CHATFLEET_UPGRADE_WAVE)",
+    )
+    run.add_argument(
         "--stats-file", default=None, help="write pass/latency/write counters here on exit (JSON)"
     )
     run.add_argument(
@@ -187,6 +195,12 @@ def build_settings(args: argparse.Namespace, environ: Mapping[str, str] | None =
     pod = base.pod
     if args.allowed_host_path is not None:
         pod = replace(pod, allowed_host_paths=tuple(args.allowed_host_path))
+    if args.upgrade_wave is not None:
+        pod = replace(pod, upgrade_wave=args.upgrade_wave)
+    if pod.upgrade_wave < 0:
+        raise SystemExit(
+            f"--upgrade-wave (CHATFLEET_UPGRADE_WAVE): {pod.upgrade_wave} is below 0 (0: no limit)"
+        )
     bad = [why for prefix in pod.allowed_host_paths if (why := host_path_prefix_error(prefix))]
     if bad:
         raise SystemExit(f"--allowed-host-path (CHATFLEET_ALLOWED_HOST_PATHS): {'; '.join(bad)}")

@@ -27,6 +27,7 @@ from chatfleet_operator.cache import Key, Snapshot, World
 from chatfleet_operator.reconcile import Client, Gone, Outcome, PassFailed, reconcile_pass, record_error
 from chatfleet_operator.release.measure import Releases
 from chatfleet_operator.settings import Settings
+from chatfleet_operator.wave import UpgradeWave
 
 log = logging.getLogger("chatfleet")
 
@@ -90,6 +91,7 @@ class Controller:
             cache_seconds=settings.release.discovery_cache_seconds,
             cluster_domain=settings.runtime.cluster_domain,
         )
+        self.wave = UpgradeWave(settings.pod.upgrade_wave)
         self.clock = clock
         self.executor = ThreadPoolExecutor(
             max_workers=settings.runtime.workers, thread_name_prefix="reconcile"
@@ -108,6 +110,8 @@ class Controller:
         self._generations: dict[Key, int] = {}
         """The generation the last pass of each object started on (its spec changes trigger once)."""
         self._waiting_for_nodes: set[Key] = set()
+        self._waiting_for_wave: set[Key] = set()
+        """Fleets whose new pod template waits for a place in the upgrade wave (wave.py)."""
         self._rediscovery: asyncio.TimerHandle | None = None
         """The one round of passes a burst of CRD events asks for (crd_event)."""
 
@@ -159,6 +163,13 @@ class Controller:
             )
             if outcome.requeue_after:  # a release waits on time (a pause, the next measurement), a forecast
                 loop.call_later(outcome.requeue_after, self.trigger, key)
+            if outcome.wave_freed:  # a place in the upgrade wave freed: the fleets waiting for one pass again
+                for waiting in self._waiting_for_wave - {key}:
+                    self.trigger(waiting)
+            if outcome.upgrade_held:
+                self._waiting_for_wave.add(key)
+            else:
+                self._waiting_for_wave.discard(key)
             if any(p.reason in PLACEMENT_REASONS for p in outcome.problems):
                 self._waiting_for_nodes.add(key)
             else:
@@ -180,6 +191,7 @@ class Controller:
                 self.clock(),
                 self.releases,
                 self.autoscaling,
+                self.wave,
             )
         except Gone:
             raise
@@ -315,6 +327,11 @@ class Controller:
     def forget(self, key: Key) -> None:
         """Drop per-object state once a ChatbotService is deleted."""
         self._waiting_for_nodes.discard(key)
+        self._waiting_for_wave.discard(key)
+        if key in self.wave.rolling():  # its place frees: the fleets waiting for one pass again
+            for waiting in self._waiting_for_wave:
+                self.trigger(waiting)
+        self.wave.forget(key)
         self._locks.pop(key, None)
         self._failures.pop(key, None)
         self._generations.pop(key, None)

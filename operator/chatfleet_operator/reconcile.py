@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -23,8 +23,8 @@ from chatfleet_operator.builders import deployment_name, endpoint, revision_hash
 from chatfleet_operator.cache import Snapshot, World, resource_version, slim
 from chatfleet_operator.context import PassContext, desired_total
 from chatfleet_operator.converge.changes import Change, diff_children
-from chatfleet_operator.converge.diagnose import Problem, diagnose
-from chatfleet_operator.converge.facts import deployment_facts, observe_track
+from chatfleet_operator.converge.diagnose import Problem, crashlooping, diagnose
+from chatfleet_operator.converge.facts import DeploymentFacts, PodFacts, deployment_facts, observe_track
 from chatfleet_operator.converge.policy import host_path_problems
 from chatfleet_operator.converge.status import (
     Observation,
@@ -52,6 +52,14 @@ from chatfleet_operator.release.strategy import ReleasePlan, ReleaseReason
 from chatfleet_operator.settings import Settings
 from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
 from chatfleet_operator.timefmt import parse_time
+from chatfleet_operator.wave import (
+    Answer,
+    UpgradeWave,
+    held_condition,
+    rollout_state,
+    template_upgrade,
+    upgrade_failure,
+)
 
 log = logging.getLogger("chatfleet")
 
@@ -70,6 +78,10 @@ class Outcome:
     refused: bool = False
     """The spec was refused (converge/policy.py): nothing was built, and only a spec change or an operator
     restart with other settings can change that, so the pass is not retried."""
+    upgrade_held: bool = False
+    """A new pod template of the same revision waits for a place in the upgrade wave (wave.py)."""
+    wave_freed: bool = False
+    """This fleet's upgrade left the wave or stopped failing: the fleets waiting for a place may go."""
 
 
 def gather_context(
@@ -239,11 +251,13 @@ def reconcile_pass(
     now: datetime,
     releases: Releases | None = None,
     autoscaling: Autoscaling | None = None,
+    wave: UpgradeWave | None = None,
 ) -> Outcome:
     """One level-triggered pass over one ChatbotService (blocking; runs in a worker thread)."""
     # 0. Gather what the pass knows, once (traffic mode and autoscaler: discovery, cached).
     releases = releases or Releases()
     autoscaling = autoscaling or Autoscaling()
+    wave = wave or UpgradeWave()
     ctx = gather_context(body, snap, settings, now, releases.traffic_mode(), autoscaling.metrics_source())
     ref, spec = ctx.ref, ctx.spec
 
@@ -260,9 +274,16 @@ def reconcile_pass(
     ctx = autoscaling.forecast_if_due(ctx)
 
     # 3. Plan (pure): the release, then every child built once for its track; diff with the observed ones;
-    #    with a warm pool, which Ready stable pods serve.
+    #    with a warm pool, which Ready stable pods serve. A new stable pod template of the same revision
+    #    (an operator upgrade) needs a place in the upgrade wave; without one the stable Deployment keeps
+    #    its observed template.
     plan = plan_pass(ctx)
-    changes = diff_children(desired_children(ctx, plan), snap.children, kinds.DELETABLE)
+    desired = desired_children(ctx, plan)
+    held = _upgrade_gate(ctx, plan, desired, wave)
+    if held is not None:
+        plan = replace(plan, stable_from_spec=False)
+        desired = desired_children(ctx, plan)
+    changes = diff_children(desired, snap.children, kinds.DELETABLE)
     pool = warm_pool(ctx, plan) if spec.scaling.warm_pool > 0 else 0
     labels = plan_serving(ctx.pods, plan.stable_replicas) if spec.scaling.warm_pool > 0 else []
 
@@ -285,6 +306,7 @@ def reconcile_pass(
     problems += [
         Problem(api.Reason.INVALID_ANALYSIS_TARGET, msg) for msg in releases.target_errors(ref, spec)
     ]
+    freed = _observe_wave(wave, ctx, plan, dep, problems, stable_pods)
     obs = Observation(
         generation=ref.generation,
         revision=serving_revision(ctx, plan),
@@ -300,6 +322,7 @@ def reconcile_pass(
         autoscaling=_autoscaling_status(ctx, pool, stable_pods),
         scaling_active=_scaling_active(ctx),
         route_served=_route_served(ctx, snap),
+        upgrade_held=held_condition(held, ref.generation) if held is not None else None,
     )
     new_status = compute_status(ctx.old_status, obs, now, plan.status_fields(ctx.update_revision))
 
@@ -332,7 +355,45 @@ def reconcile_pass(
         status=new_status,
         retry=any(t for _, t in refused),
         requeue_after=min((t for t in (plan.requeue_after, ctx.forecast_in, hold) if t), default=None),
+        upgrade_held=held is not None,
+        wave_freed=freed,
     )
+
+
+def _upgrade_gate(
+    ctx: PassContext, plan: ReleasePlan, desired: list[dict[str, Any]], wave: UpgradeWave
+) -> Answer | None:
+    """The wave's answer when this pass would change the stable pod template without a new revision and
+    the wave has no place for it; None when nothing is held (no such change, or admitted)."""
+    if not plan.stable_from_spec:
+        return None  # a release (or its rollback) keeps the stable template anyway
+    name = deployment_name(ctx.ref)
+    stable = next(m for m in desired if m["kind"] == "Deployment" and m["metadata"]["name"] == name)
+    if not template_upgrade(ctx.observed("Deployment", name), stable, ctx.update_revision):
+        return None
+    answer = wave.ask((ctx.ref.namespace, ctx.ref.name))
+    if answer.admitted:
+        log.info("Upgrade of ChatbotService %s/%s admitted to the wave", ctx.ref.namespace, ctx.ref.name)
+        return None
+    return answer
+
+
+def _observe_wave(
+    wave: UpgradeWave,
+    ctx: PassContext,
+    plan: ReleasePlan,
+    dep: DeploymentFacts | None,
+    problems: list[Problem],
+    stable_pods: list[PodFacts],
+) -> bool:
+    """Tell the wave how this fleet's stable rollout stands; True when that freed a place (or lifted a
+    halt). A same-revision rollout found part-way outside a release is counted (a restarted operator)."""
+    rolling, part_way = rollout_state(dep)
+    failing = (
+        upgrade_failure(dep, problems, crashlooping(stable_pods, ctx.update_revision)) if rolling else ""
+    )
+    recovered = part_way and not plan.in_release and ctx.stable.revision == ctx.update_revision
+    return wave.observe((ctx.ref.namespace, ctx.ref.name), rolling, failing, recovered)
 
 
 def _refuse(

@@ -44,6 +44,10 @@ class PodSettings:
     """Deployment rolling update maxSurge: one extra GPU pod at a time."""
     max_unavailable: int | str = 0
     """Deployment rolling update maxUnavailable: never below the desired serving capacity."""
+    upgrade_wave: int = 5
+    """Most ChatbotServices rolling a new pod template of the same revision at once (an operator upgrade or
+    new operator settings; wave.py); the others keep their pods until a place frees. 0: no limit. Flag
+    --upgrade-wave, env CHATFLEET_UPGRADE_WAVE."""
     allowed_host_paths: tuple[str, ...] = ()
     """Host directory prefixes a spec.model.hostPath may name, on whole path segments ('/data' allows
     /data and /data/x, not /database; a '..' segment never). Default none: no ChatbotService author may
@@ -220,6 +224,7 @@ ENVIRONMENT: dict[str, tuple[str, Callable[[str], Any]]] = {
     "CHATFLEET_CHAT_API_MEMORY": ("pod.chat_api_memory", _text),
     "CHATFLEET_STARTUP_FAILURE_THRESHOLD": ("pod.startup_failure_threshold", _whole),
     "CHATFLEET_ALLOWED_HOST_PATHS": ("pod.allowed_host_paths", _items),
+    "CHATFLEET_UPGRADE_WAVE": ("pod.upgrade_wave", _whole),
     "CHATFLEET_PROGRESS_STATUS_SECONDS": ("retry.progress_status_seconds", _decimal),
     "CHATFLEET_WORKERS": ("runtime.workers", _whole),
     "CHATFLEET_RUNTIME_IMAGE": ("runtime.defaults.runtime_image", _text),

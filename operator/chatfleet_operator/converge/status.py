@@ -107,6 +107,9 @@ class Observation:
     """The ScalingActive condition (without timestamp), None without spec.scaling.autoscale."""
     route_served: Mapping[str, Any] | None = None
     """The RouteServed condition (without timestamp), None where no HTTPRoute carries the traffic."""
+    upgrade_held: Mapping[str, Any] | None = None
+    """The UpgradeHeld condition (without timestamp), None unless the upgrade wave holds a new pod template
+    back (wave.py)."""
 
 
 def _ready_and_reconciling(obs: Observation) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -233,6 +236,8 @@ def compute_status(
         computed = [*computed, dict(obs.scaling_active)]
     if obs.route_served is not None:
         computed = [*computed, dict(obs.route_served)]
+    if obs.upgrade_held is not None:
+        computed = [*computed, dict(obs.upgrade_held)]
     conditions = merge_conditions(old.get("conditions") or [], computed, now)
     stable = (release.promoted if release else None) or (
         obs.revision if ready else old.get("stableRevision", "")

@@ -21,6 +21,7 @@ VALUES = {
     "CHATFLEET_ALLOWED_HOST_PATHS": ("/a, /b", ("/a", "/b")),
     "CHATFLEET_PROGRESS_STATUS_SECONDS": ("0", 0.0),
     "CHATFLEET_WORKERS": ("3", 3),
+    "CHATFLEET_UPGRADE_WAVE": ("2", 2),
     "CHATFLEET_RUNTIME_IMAGE": ("r/rt:9", "r/rt:9"),
     "CHATFLEET_PROMETHEUS_ADDRESS": ("https://p:1", "https://p:1"),
     "CHATFLEET_GATEWAY": ("edge", "edge"),
@@ -103,3 +104,12 @@ def test_flags_win_over_the_environment():
 def test_an_unreadable_value_exits_naming_its_variable(name, raw, why):
     with pytest.raises(SystemExit, match=f"{name}: '{raw}' {why}"):
         build_settings(parse_args(["run"]), {name: raw})
+
+
+def test_the_upgrade_wave_comes_from_the_flag_over_the_environment_and_is_never_negative():
+    assert build_settings(parse_args(["run"]), {}).pod.upgrade_wave == 5
+    assert build_settings(parse_args(["run"]), {"CHATFLEET_UPGRADE_WAVE": "0"}).pod.upgrade_wave == 0
+    got = build_settings(parse_args(["run", "--upgrade-wave=1"]), {"CHATFLEET_UPGRADE_WAVE": "7"})
+    assert got.pod.upgrade_wave == 1
+    with pytest.raises(SystemExit, match=r"--upgrade-wave \(CHATFLEET_UPGRADE_WAVE\): -1 is below 0"):
+        build_settings(parse_args(["run", "--upgrade-wave=-1"]), {})

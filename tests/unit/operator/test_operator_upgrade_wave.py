@@ -1,0 +1,265 @@
+"""The upgrade wave: a new pod template of the same revision (an operator upgrade) reaches at most N
+ChatbotServices at a time; a failing one halts the wave; releases and new fleets never wait.
+
+Test design: fleets are first reconciled by an "old operator" (other pod settings: the chat API's CPU),
+their Deployments then marked rolled out as the Deployment controller would; the "new operator" (the
+default settings, so the same revision and a new template) then passes over them with one shared
+`UpgradeWave`, against the fake API client of the reconcile tests. What each pass writes, and the
+status it computes, say who was admitted and who holds. Before the wave, every fleet's Deployment was
+re-applied in its first pass after the upgrade (all fleets rolled at once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from typing import Any
+
+import pytest
+from chatfleet_operator import api
+from chatfleet_operator.cache import Snapshot, World
+from chatfleet_operator.controller import Controller
+from chatfleet_operator.converge.facts import PodFacts
+from chatfleet_operator.kinds import BY_NAME
+from chatfleet_operator.reconcile import Outcome, reconcile_pass
+from chatfleet_operator.settings import PodSettings, RetrySettings, Settings
+from chatfleet_operator.wave import Answer, UpgradeWave, rollout_state, template_upgrade
+from operator_helpers import cbs_body
+from test_operator_reconcile import NODES, NOW, FakeClient
+
+OLD = Settings(pod=PodSettings(chat_api_cpu="250m"))
+NEW = Settings()
+
+
+class Fleet:
+    """One ChatbotService, its watch-cache snapshot, and its passes."""
+
+    def __init__(self, name: str, spec: dict[str, Any] | None = None) -> None:
+        self.name = name
+        self.body = cbs_body(spec, name=name)
+        self.snap = Snapshot(nodes=NODES)
+        self.client = FakeClient()
+
+    def run(self, settings: Settings, wave: UpgradeWave | None = None) -> Outcome:
+        self.client.writes.clear()
+        outcome = reconcile_pass(self.client, self.body, self.snap, World(), settings, NOW, wave=wave)
+        self.body["status"] = outcome.status
+        return outcome
+
+    @property
+    def deployment(self) -> dict[str, Any]:
+        return self.snap.children[("Deployment", self.name)]
+
+    def rolled_out(self, replicas: int = 1, updated: int | None = None) -> None:
+        """The Deployment controller's status: every replica on the template and available (or
+        `updated` of them, old pods still up)."""
+        dep = self.deployment
+        done = replicas if updated is None else updated
+        dep["metadata"]["generation"] = 1
+        dep["status"] = {
+            "observedGeneration": 1,
+            "replicas": replicas,
+            "updatedReplicas": done,
+            "readyReplicas": replicas,
+            "availableReplicas": replicas,
+        }
+
+    def applied(self) -> list[tuple[str, str]]:
+        return [w[1] for w in self.client.writes if w[0] == "apply"]
+
+    def held(self) -> dict[str, Any] | None:
+        return next(
+            (c for c in self.body["status"]["conditions"] if c["type"] == api.COND_UPGRADE_HELD), None
+        )
+
+
+def converged(name: str, spec: dict[str, Any] | None = None) -> Fleet:
+    """A fleet the old operator reconciled, its pods rolled out."""
+    fleet = Fleet(name, spec)
+    fleet.run(OLD)
+    fleet.rolled_out()
+    fleet.run(OLD)
+    assert fleet.held() is None
+    return fleet
+
+
+def chat_api_cpu(fleet: Fleet) -> str:
+    containers = fleet.deployment["spec"]["template"]["spec"]["containers"]
+    return next(c for c in containers if c["name"] == "chat-api")["resources"]["limits"]["cpu"]
+
+
+def test_an_upgrade_reaches_at_most_n_fleets_and_the_next_goes_when_one_is_done():
+    wave = UpgradeWave(2)
+    fleets = [converged(n) for n in ("a", "b", "c")]
+    before = [copy.deepcopy(f.deployment["spec"]["template"]) for f in fleets]
+    outcomes = [f.run(NEW, wave) for f in fleets]
+
+    # the held fleet's pod template is the one it had: its pods do not restart (its Deployment may be
+    # written once, for the new operator's Deployment-level fields and hash annotation)
+    assert [f.deployment["spec"]["template"] == b for f, b in zip(fleets, before, strict=True)] == [
+        False,
+        False,
+        True,
+    ]
+    assert [chat_api_cpu(f) for f in fleets] == ["500m", "500m", "250m"]
+    assert [o.upgrade_held for o in outcomes] == [False, False, True]
+    held = fleets[2].held()
+    assert held is not None and (held["status"], held["reason"]) == ("True", api.Reason.UPGRADE_QUEUED)
+    assert "2 of 2 fleets" in held["message"] and "--upgrade-wave" in held["message"]
+    assert wave.rolling() == [("ns", "a"), ("ns", "b")]
+
+    # a pass of the held fleet changes nothing while the wave is full
+    assert fleets[2].run(NEW, wave).upgrade_held and fleets[2].applied() == []
+
+    fleets[0].rolled_out()
+    assert fleets[0].run(NEW, wave).wave_freed and fleets[0].held() is None
+    assert wave.rolling() == [("ns", "b")]
+    outcome = fleets[2].run(NEW, wave)
+    assert not outcome.upgrade_held and ("Deployment", "c") in fleets[2].applied()
+    assert chat_api_cpu(fleets[2]) == "500m" and fleets[2].held() is None
+
+
+def test_without_a_wave_every_fleet_rolls_at_once():
+    """Size 0 is no limit: the behaviour before the wave."""
+    wave = UpgradeWave(0)
+    fleets = [converged(n) for n in ("a", "b", "c")]
+    assert all(not f.run(NEW, wave).upgrade_held for f in fleets)
+    assert [chat_api_cpu(f) for f in fleets] == ["500m"] * 3
+
+
+def test_a_failing_upgrade_halts_the_wave_until_it_recovers():
+    wave = UpgradeWave(2)
+    a, b = converged("a"), converged("b")
+    a.run(NEW, wave)
+    revision = a.deployment["metadata"]["labels"][api.LABEL_REVISION]
+    looping = PodFacts(
+        "a-new", revision, "stable", "Running", False, restarts=3, waiting_reason="CrashLoopBackOff"
+    )
+    a.snap.pods = [looping]
+    a.run(NEW, wave)
+
+    outcome = b.run(NEW, wave)
+    held = b.held()
+    assert outcome.upgrade_held and chat_api_cpu(b) == "250m"
+    assert held is not None and held["reason"] == api.Reason.UPGRADE_HALTED
+    assert "ns/a failed its upgrade" in held["message"] and "crash-looping" in held["message"]
+
+    a.snap.pods = []
+    a.rolled_out()
+    assert a.run(NEW, wave).wave_freed
+    assert not b.run(NEW, wave).upgrade_held and chat_api_cpu(b) == "500m"
+
+
+def test_a_restarted_operator_counts_the_fleets_it_finds_part_way():
+    """The wave is memory: a new process sees a's rollout part-way (old pods still up) and counts it."""
+    a, b = converged("a"), converged("b")
+    a.run(NEW, UpgradeWave(1))  # the process before the restart admitted a
+    a.rolled_out(replicas=2, updated=1)
+
+    wave = UpgradeWave(1)  # the restarted process
+    a.run(NEW, wave)
+    assert wave.rolling() == [("ns", "a")]
+    assert b.run(NEW, wave).upgrade_held and chat_api_cpu(b) == "250m"
+
+
+def test_releases_and_new_fleets_never_wait_for_the_wave():
+    wave = UpgradeWave(1)
+    a, b = converged("a"), converged("b")
+    a.run(NEW, wave)  # the one place is taken
+
+    b.body["spec"] = {"model": {"uri": "hf://org/other"}}  # a new revision: a release, with its canary
+    b.body["metadata"]["generation"] = 2
+    outcome = b.run(NEW, wave)
+    assert not outcome.upgrade_held and ("Deployment", "b-canary") in b.applied()
+
+    new = Fleet("c")
+    assert not new.run(NEW, wave).upgrade_held and ("Deployment", "c") in new.applied()
+
+
+def test_the_wave_registry():
+    wave = UpgradeWave(1)
+    assert wave.ask(("ns", "a")) == Answer(True)
+    assert wave.ask(("ns", "a")) == Answer(True)  # asking again keeps its one place
+    queued = wave.ask(("ns", "b"))
+    assert not queued.admitted and queued.reason == api.Reason.UPGRADE_QUEUED
+    assert not wave.observe(("ns", "b"), rolling=True, failing="")  # not in the wave: nothing to tell
+    assert not wave.observe(("ns", "a"), rolling=True, failing="pod x is crash-looping")
+    assert wave.ask(("ns", "b")).reason == api.Reason.UPGRADE_HALTED
+    assert wave.observe(("ns", "a"), rolling=True, failing="")  # recovered while rolling: the halt lifts
+    assert wave.ask(("ns", "b")).reason == api.Reason.UPGRADE_QUEUED
+    assert wave.observe(("ns", "c"), rolling=True, failing="", recovered=True) is False
+    assert wave.rolling() == [("ns", "a"), ("ns", "c")]  # a recovered rollout counts past the size
+    wave.forget(("ns", "a"))
+    assert wave.observe(("ns", "c"), rolling=False, failing="")
+    assert wave.ask(("ns", "b")) == Answer(True)
+
+
+def test_template_upgrade_and_rollout_state_are_plain_rules():
+    fleet = converged("a")
+    observed = fleet.deployment
+    revision = observed["metadata"]["labels"][api.LABEL_REVISION]
+    same = {"spec": {"template": observed["spec"]["template"]}}
+    changed = {
+        "spec": {"template": {**observed["spec"]["template"], "metadata": {"annotations": {"x": "1"}}}}
+    }
+    assert not template_upgrade(observed, same, revision)
+    assert template_upgrade(observed, changed, revision)
+    assert not template_upgrade(observed, changed, "another-revision")  # a release, not an upgrade
+    assert not template_upgrade(None, changed, revision)  # a new fleet
+    assert rollout_state(None) == (False, False)
+
+
+class TwoFleets(Controller):
+    """A Controller whose passes return a set outcome per ChatbotService and record which ran."""
+
+    def __init__(self, outcomes: dict[str, Outcome]) -> None:
+        super().__init__(Settings(retry=RetrySettings(base_delay=30.0, trigger_debounce=0.05)), None)  # type: ignore[arg-type]
+        self.client = self  # reconcile_pass's first argument: the controller itself
+        self.outcomes = outcomes
+        self.ran: list[str] = []
+        self.cache: dict[Any, list[dict[str, Any]]] = {}
+        self.world.indexes = {BY_NAME[api.KIND].index: self.cache}
+
+    def see(self, name: str) -> None:
+        body = cbs_body(name=name)
+        body["metadata"]["resourceVersion"] = "1"
+        self.cache[("ns", name)] = [body]
+        self.cbs_event(None, body)
+
+
+@pytest.fixture
+def scripted(monkeypatch):
+    def recorded(controller: TwoFleets, body: dict[str, Any], *_: Any) -> Outcome:
+        name = body["metadata"]["name"]
+        controller.ran.append(name)
+        return controller.outcomes[name]
+
+    monkeypatch.setattr("chatfleet_operator.controller.reconcile_pass", recorded)
+
+
+def test_a_freed_place_runs_the_held_fleets_again_at_once(scripted):
+    """A held fleet has no timer to wake it: the pass that frees a place (or a deletion) asks for its pass."""
+
+    async def scenario() -> list[list[str]]:
+        ctl = TwoFleets(
+            {"held": Outcome([], 0, {}, upgrade_held=True), "rolling": Outcome([], 0, {}, wave_freed=False)}
+        )
+        ctl.see("held")
+        ctl.see("rolling")
+        await asyncio.sleep(0.2)
+        seen = [sorted(ctl.ran)]
+        ctl.outcomes["rolling"] = Outcome([], 0, {}, wave_freed=True)
+        ctl.trigger(("ns", "rolling"))
+        await asyncio.sleep(0.3)
+        seen.append(sorted(ctl.ran))
+        ctl.wave.ask(("ns", "rolling"))
+        ctl.forget(("ns", "rolling"))  # deleted while holding a place
+        await asyncio.sleep(0.3)
+        seen.append(sorted(ctl.ran))
+        return seen
+
+    assert asyncio.run(scenario()) == [
+        ["held", "rolling"],
+        ["held", "held", "rolling", "rolling"],
+        ["held", "held", "held", "rolling", "rolling"],
+    ]

@@ -53,9 +53,11 @@ from chatfleet_operator.settings import Settings
 from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
 from chatfleet_operator.timefmt import parse_time
 from chatfleet_operator.wave import (
+    ORIGIN_OPERATOR,
     Answer,
     UpgradeWave,
     held_condition,
+    operator_release,
     rollout_state,
     template_upgrade,
     upgrade_failure,
@@ -278,11 +280,19 @@ def reconcile_pass(
     #    (an operator upgrade) needs a place in the upgrade wave; without one the stable Deployment keeps
     #    its observed template.
     plan = plan_pass(ctx)
+    held = None
+    if operator_release(plan, ctx.release_status, ctx.old_status, ref.generation):
+        held = _ask_wave(ctx, wave, "release of the operator's new defaults")
+        if held is not None:
+            plan = plan_pass(ctx, hold=True)
+        elif plan.release is not None:
+            plan.release.origin = ORIGIN_OPERATOR
     desired = desired_children(ctx, plan)
-    held = _upgrade_gate(ctx, plan, desired, wave)
-    if held is not None:
-        plan = replace(plan, stable_from_spec=False)
-        desired = desired_children(ctx, plan)
+    if held is None:
+        held = _upgrade_gate(ctx, plan, desired, wave)
+        if held is not None:
+            plan = replace(plan, stable_from_spec=False)
+            desired = desired_children(ctx, plan)
     changes = diff_children(desired, snap.children, kinds.DELETABLE)
     pool = warm_pool(ctx, plan) if spec.scaling.warm_pool > 0 else 0
     labels = plan_serving(ctx.pods, plan.stable_replicas) if spec.scaling.warm_pool > 0 else []
@@ -371,9 +381,19 @@ def _upgrade_gate(
     stable = next(m for m in desired if m["kind"] == "Deployment" and m["metadata"]["name"] == name)
     if not template_upgrade(ctx.observed("Deployment", name), stable, ctx.update_revision):
         return None
+    return _ask_wave(ctx, wave, "new pod template")
+
+
+def _ask_wave(ctx: PassContext, wave: UpgradeWave, what: str) -> Answer | None:
+    """The wave's answer when it has no place for this fleet's update; None when admitted."""
     answer = wave.ask((ctx.ref.namespace, ctx.ref.name))
     if answer.admitted:
-        log.info("Upgrade of ChatbotService %s/%s admitted to the wave", ctx.ref.namespace, ctx.ref.name)
+        log.info(
+            "Admitted the %s of ChatbotService %s/%s to the upgrade wave",
+            what,
+            ctx.ref.namespace,
+            ctx.ref.name,
+        )
         return None
     return answer
 
@@ -386,14 +406,15 @@ def _observe_wave(
     problems: list[Problem],
     stable_pods: list[PodFacts],
 ) -> bool:
-    """Tell the wave how this fleet's stable rollout stands; True when that freed a place (or lifted a
-    halt). A same-revision rollout found part-way outside a release is counted (a restarted operator)."""
-    rolling, part_way = rollout_state(dep)
-    failing = (
-        upgrade_failure(dep, problems, crashlooping(stable_pods, ctx.update_revision)) if rolling else ""
-    )
-    recovered = part_way and not plan.in_release and ctx.stable.revision == ctx.update_revision
-    return wave.observe((ctx.ref.namespace, ctx.ref.name), rolling, failing, recovered)
+    """Tell the wave how this fleet's update stands; True when that freed a place (or lifted a halt). A
+    release of origin operator, or a same-revision rollout found part-way outside a release, is counted
+    even when this process did not admit it (a restarted operator)."""
+    updating, part_way = rollout_state(dep, plan)
+    looping = crashlooping(stable_pods, ctx.update_revision)
+    failing = upgrade_failure(dep, plan, problems, looping) if updating else ""
+    ours = plan.in_release and plan.release is not None and plan.release.origin == ORIGIN_OPERATOR
+    recovered = ours or (part_way and ctx.stable.revision == ctx.update_revision)
+    return wave.observe((ctx.ref.namespace, ctx.ref.name), updating, failing, recovered)
 
 
 def _refuse(

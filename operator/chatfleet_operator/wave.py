@@ -1,19 +1,26 @@
-"""The upgrade wave: pod-template changes that are no release reach at most N ChatbotServices at a time.
+"""The upgrade wave: what the operator itself changes in the fleets reaches at most N at a time.
 
-A new operator build, or new operator settings, can change every stable Deployment's pod template (a new
-annotation, an env var, a probe) without changing any revision. Applied everywhere at once, every fleet
-would restart together. So a template change of the stable Deployment *with the same revision* is an
-upgrade, and it waits for a place in the wave (`PodSettings.upgrade_wave`, flag --upgrade-wave): the
-fleets admitted roll through the Deployment's usual rolling update (one pod at a time, each draining),
-and a place frees once its rollout is done. A fleet whose upgrade fails (crash-looping or unpullable pods,
-the progress deadline) halts the wave: nothing more is admitted until it recovers or is deleted.
-Releases (a new revision) never wait here: they have their own canary and analysis. A spec change outside
-the revision's fields that changes the template (spec.scaling.warmPool) is a same-revision template
-change too, and takes the same path (admitted at once while the wave has room).
+A new operator build, or new operator settings (`helm upgrade`), can change every fleet at once:
+- a new pod template with the same revision (a new annotation, an env var, a probe, the chat API's
+  resources): every stable Deployment would roll together;
+- a new default runtime image (or Prometheus address), which changes the effective spec's revision of
+  every fleet that names none: every such fleet would start a release together.
+So both take a place in the wave first (`PodSettings.upgrade_wave`, flag --upgrade-wave). A template
+change rolls through the Deployment's usual rolling update (one pod at a time, each draining) and frees
+its place once rolled out; an operator release runs with its canary and analysis (`status.release.origin:
+operator`) and frees its place once promoted. Fleets without a place keep their pods (the stable
+Deployment keeps its observed template, no release starts) and say so in condition UpgradeHeld. A fleet
+whose update fails (its release rolled back, crash-looping or unpullable pods, the progress deadline)
+halts the wave: nothing more is admitted until it recovers or is deleted.
 
-The wave is this process's memory. A restarted operator counts again the fleets whose stable Deployment
-is part-way through a same-revision rollout (old pods still up), so it never admits more than N on top.
-`template_upgrade`, `rollout_state`, `upgrade_failure` and `held_condition` are pure; `UpgradeWave` is the shared registry.
+A release of a spec change never waits (the user asked for it); neither does a new fleet. A spec change
+outside the revision's fields that changes the template (spec.scaling.warmPool) is a same-revision
+template change too, and takes the same path (admitted at once while the wave has room).
+
+The wave is this process's memory. A restarted operator counts again the fleets part-way through a
+same-revision rollout (old pods still up) and those in a release of origin operator, so it never admits
+N more on top. `template_upgrade`, `operator_release`, `rollout_state`, `upgrade_failure` and
+`held_condition` are pure; `UpgradeWave` is the shared registry.
 """
 
 from __future__ import annotations
@@ -28,8 +35,14 @@ from chatfleet_operator.converge.changes import contains
 from chatfleet_operator.converge.diagnose import Problem
 from chatfleet_operator.converge.facts import DeploymentFacts, PodFacts
 from chatfleet_operator.converge.status import condition
+from chatfleet_operator.release.planner import starts_release
+from chatfleet_operator.release.state import ReleasePhase, ReleaseStatus
+from chatfleet_operator.release.strategy import ReleasePlan
 
 Key = tuple[str, str]  # (namespace, ChatbotService name)
+
+#: status.release.origin of a release the operator's own defaults started.
+ORIGIN_OPERATOR = "operator"
 
 
 @dataclass(frozen=True)
@@ -60,15 +73,15 @@ class UpgradeWave:
                 return Answer(
                     False,
                     api.Reason.UPGRADE_HALTED,
-                    f"The upgrade wave is halted: ChatbotService {ns}/{name} failed its upgrade ({why}); "
+                    f"The upgrade wave is halted: ChatbotService {ns}/{name} failed its update ({why}); "
                     "this fleet keeps its pods until that one recovers or is deleted",
                 )
             if self.size and len(self._rolling) >= self.size:
                 return Answer(
                     False,
                     api.Reason.UPGRADE_QUEUED,
-                    f"The operator's new pod template waits for a place: {len(self._rolling)} of "
-                    f"{self.size} fleets are rolling theirs (--upgrade-wave)",
+                    f"The operator's update of this fleet (a new pod template or default image) waits for a "
+                    f"place: {len(self._rolling)} of {self.size} fleets are updating (--upgrade-wave)",
                 )
             self._rolling.add(key)
             return Answer(True)
@@ -125,21 +138,39 @@ def template_upgrade(
     return not contains(observed, {"spec": {"template": _template(desired)}})
 
 
-def rollout_state(dep: DeploymentFacts | None) -> tuple[bool, bool]:
-    """(rolling, part_way) of the stable Deployment: `rolling` until every pod runs its template and is
-    available; `part_way` while pods of an older template are still up (what a restarted operator counts).
-    Pure. A Deployment that is gone rolls nothing."""
+def operator_release(
+    plan: ReleasePlan, old: ReleaseStatus, old_status: Mapping[str, Any], generation: int
+) -> bool:
+    """Whether this pass's plan starts a release the spec did not ask for: its generation was reconciled
+    already and no release is in the status, yet the revision moved -- a new operator default (the runtime
+    image) changed the effective spec. Such a release takes a place in the wave. Pure.
+
+    e.g. observedGeneration 3, generation 3, no status.release, the plan starts a release -> True; the
+    same with generation 4 (the user changed the spec) -> False.
+    """
+    return starts_release(plan) and old.release is None and old_status.get("observedGeneration") == generation
+
+
+def rollout_state(dep: DeploymentFacts | None, plan: ReleasePlan) -> tuple[bool, bool]:
+    """(updating, part_way): `updating` while a release runs (or stays rolled back) or the stable
+    Deployment has not finished rolling out; `part_way` while its pods of an older template are still up
+    outside a release (what a restarted operator counts). Pure."""
+    if plan.in_release:
+        return True, False
     if dep is None:
         return False, False
     return not dep.rolled_out, dep.observed_generation >= dep.generation and dep.updated < dep.replicas
 
 
 def upgrade_failure(
-    dep: DeploymentFacts | None, problems: Sequence[Problem], looping: Sequence[PodFacts]
+    dep: DeploymentFacts | None, plan: ReleasePlan, problems: Sequence[Problem], looping: Sequence[PodFacts]
 ) -> str:
-    """Why the stable Deployment's rollout fails ('' when it does not): a problem the pass diagnosed
-    (pods that cannot be scheduled or pulled, a missing Secret), crash-looping pods, or the Deployment's
-    progress deadline. Pure."""
+    """Why the fleet's update fails ('' when it does not): its release was rolled back, a problem the pass
+    diagnosed (pods that cannot be scheduled or pulled, a missing Secret), crash-looping pods, or the
+    Deployment's progress deadline. Pure."""
+    rel = plan.release
+    if plan.in_release and rel is not None and rel.phase == ReleasePhase.ROLLED_BACK:
+        return f"its release of revision {rel.revision} was rolled back"
     if problems:
         return problems[0].message
     if looping:

@@ -31,7 +31,15 @@ from chatfleet_operator.builders.pdb import pdb_wanted
 from chatfleet_operator.context import PassContext
 from chatfleet_operator.converge.facts import PodFacts, deployment_facts
 from chatfleet_operator.release import router
-from chatfleet_operator.release.planner import ReleaseInput, ReleasePlan, plan_release, routed, strategy_of
+from chatfleet_operator.release.planner import (
+    ReleaseInput,
+    ReleasePlan,
+    held_plan,
+    plan_release,
+    routed,
+    starts_release,
+    strategy_of,
+)
 from chatfleet_operator.release.route import observed_route
 from chatfleet_operator.release.router import service_selector
 from chatfleet_operator.release.strategy import selector_text
@@ -45,8 +53,9 @@ def route_settle_seconds(ctx: PassContext) -> float:
     return ctx.settings.release.route_settle_seconds if routed(ctx) else 0.0
 
 
-def plan_pass(ctx: PassContext) -> ReleasePlan:
-    """The release plan of this pass (planner.plan_release over the parts of the context it reads)."""
+def plan_pass(ctx: PassContext, hold: bool = False) -> ReleasePlan:
+    """The release plan of this pass (planner.plan_release over the parts of the context it reads);
+    `hold`: a release it would start is held back (planner.held_plan; the upgrade wave has no place)."""
     inp = ReleaseInput(
         ctx.spec,
         ctx.update_revision,
@@ -60,7 +69,8 @@ def plan_pass(ctx: PassContext) -> ReleasePlan:
         route_settle_seconds(ctx),
         observed_route(ctx, ctx.observed("HTTPRoute", ctx.ref.name), routed(ctx)),
     )
-    return plan_release(inp, ctx.release_status)
+    plan = plan_release(inp, ctx.release_status)
+    return held_plan(inp, ctx.release_status) if hold and starts_release(plan) else plan
 
 
 @dataclass(frozen=True)

@@ -249,6 +249,27 @@ def _rollback(
     return plan
 
 
+def starts_release(plan: ReleasePlan) -> bool:
+    """Whether this pass's plan starts a release (a new revision, or one superseding another)."""
+    return any(e.reason == ReleaseReason.STARTED for e in plan.events)
+
+
+def held_plan(inp: ReleaseInput, old: ReleaseStatus) -> ReleasePlan:
+    """A release held back before it starts (the upgrade wave has no place for the operator's new defaults):
+    no release, the stable Deployment on its observed template at full size, the history as it was."""
+    plan = ReleasePlan(
+        in_release=False,
+        stable_from_spec=False,
+        stable_replicas=inp.total,
+        canary_replicas=0,
+        active_revision=old.stable_revision,
+        history=list(old.history),
+        strategy=inp.spec.rollout.strategy,
+    )
+    plan.stepped = STRATEGIES[plan.strategy].stepped
+    return plan
+
+
 def plan_release(inp: ReleaseInput, old: ReleaseStatus) -> ReleasePlan:
     """The whole release decision of one pass (see the module docstring for the order), from the release
     part of the old status (`old`, left as it is: the planner moves a copy)."""

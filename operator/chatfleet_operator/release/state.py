@@ -115,6 +115,7 @@ def with_entry(history: list[HistoryEntry], entry: HistoryEntry) -> list[History
 _FIELDS = (
     ("revision", "revision", str),
     ("fromRevision", "from_revision", str),
+    ("origin", "origin", str),
     ("strategy", "strategy", str),
     ("phase", "phase", str),
     ("traffic", "traffic", str),
@@ -159,6 +160,9 @@ class ReleaseState:
 
     revision: str
     from_revision: str = ""
+    origin: str | None = None
+    """"operator" for a release the operator's own defaults started (a new default runtime image, with the
+    spec unchanged), admitted by the upgrade wave (wave.py); None for a release of a spec change."""
     strategy: str = Strategy.CANARY
     phase: ReleasePhase = ReleasePhase.STEPPING
     traffic: str = ""

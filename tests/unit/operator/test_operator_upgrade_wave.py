@@ -22,13 +22,19 @@ from chatfleet_operator.controller import Controller
 from chatfleet_operator.converge.facts import PodFacts
 from chatfleet_operator.kinds import BY_NAME
 from chatfleet_operator.reconcile import Outcome, reconcile_pass
-from chatfleet_operator.settings import PodSettings, RetrySettings, Settings
+from chatfleet_operator.release.strategy import ReleasePlan
+from chatfleet_operator.defaults import ClusterDefaults
+from chatfleet_operator.settings import PodSettings, RetrySettings, RuntimeSettings, Settings
 from chatfleet_operator.wave import Answer, UpgradeWave, rollout_state, template_upgrade
 from operator_helpers import cbs_body
 from test_operator_reconcile import NODES, NOW, FakeClient
 
 OLD = Settings(pod=PodSettings(chat_api_cpu="250m"))
 NEW = Settings()
+#: A new operator whose default runtime image changed: a new revision for every fleet that names none.
+NEW_IMAGE = Settings(
+    runtime=RuntimeSettings(defaults=ClusterDefaults(runtime_image="r/chatfleet-runtime:0.2.0"))
+)
 
 
 class Fleet:
@@ -73,12 +79,12 @@ class Fleet:
         )
 
 
-def converged(name: str, spec: dict[str, Any] | None = None) -> Fleet:
+def converged(name: str, spec: dict[str, Any] | None = None, settings: Settings = OLD) -> Fleet:
     """A fleet the old operator reconciled, its pods rolled out."""
     fleet = Fleet(name, spec)
-    fleet.run(OLD)
+    fleet.run(settings)
     fleet.rolled_out()
-    fleet.run(OLD)
+    fleet.run(settings)
     assert fleet.held() is None
     return fleet
 
@@ -142,7 +148,7 @@ def test_a_failing_upgrade_halts_the_wave_until_it_recovers():
     held = b.held()
     assert outcome.upgrade_held and chat_api_cpu(b) == "250m"
     assert held is not None and held["reason"] == api.Reason.UPGRADE_HALTED
-    assert "ns/a failed its upgrade" in held["message"] and "crash-looping" in held["message"]
+    assert "ns/a failed its update" in held["message"] and "crash-looping" in held["message"]
 
     a.snap.pods = []
     a.rolled_out()
@@ -176,6 +182,58 @@ def test_releases_and_new_fleets_never_wait_for_the_wave():
     assert not new.run(NEW, wave).upgrade_held and ("Deployment", "c") in new.applied()
 
 
+def image(fleet: Fleet, name: str) -> str | None:
+    dep = fleet.snap.children.get(("Deployment", name))
+    if dep is None:
+        return None
+    return next(c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == "triton")["image"]
+
+
+def test_a_new_default_image_starts_its_releases_a_few_at_a_time_and_a_rollback_halts_them():
+    """The operator's new default image is a new revision for the fleets that name none: each starts a
+    release with its canary and analysis, but only as the wave has room; a rolled-back one halts it."""
+    wave = UpgradeWave(1)
+    a, b = converged("a", settings=NEW), converged("b", settings=NEW)
+    old_image = image(a, "a")
+
+    out_a, out_b = a.run(NEW_IMAGE, wave), b.run(NEW_IMAGE, wave)
+    assert not out_a.upgrade_held and image(a, "a-canary") == "r/chatfleet-runtime:0.2.0"
+    assert a.body["status"]["release"]["origin"] == "operator"
+    assert out_b.upgrade_held and image(b, "b-canary") is None and image(b, "b") == old_image
+    assert "release" not in b.body["status"] and b.held()["reason"] == api.Reason.UPGRADE_QUEUED
+
+    a.body["spec"] = {**a.body["spec"], "rollout": {"abort": "*"}}  # the release fails: rolled back
+    a.body["metadata"]["generation"] = 2
+    a.run(NEW_IMAGE, wave)
+    assert a.body["status"]["release"]["phase"] == "RolledBack"
+    b.run(NEW_IMAGE, wave)
+    assert b.held()["reason"] == api.Reason.UPGRADE_HALTED and "was rolled back" in b.held()["message"]
+
+    # the operator's default goes back (the platform team rolls the chart back): a leaves the wave
+    assert a.run(NEW, wave).wave_freed
+    assert not b.run(NEW, wave).upgrade_held and b.held() is None
+
+
+def test_a_release_the_user_asked_for_never_waits_even_with_a_new_default():
+    """A spec change (a new generation) starts its release at once: the user asked for it."""
+    wave = UpgradeWave(1)
+    a, b = converged("a", settings=NEW), converged("b", settings=NEW)
+    a.run(NEW_IMAGE, wave)  # the one place is taken
+    b.body["spec"] = {"model": {"uri": "hf://org/other"}}
+    b.body["metadata"]["generation"] = 2
+    assert not b.run(NEW_IMAGE, wave).upgrade_held and image(b, "b-canary") == "r/chatfleet-runtime:0.2.0"
+    assert "origin" not in b.body["status"]["release"]
+
+
+def test_a_restarted_operator_counts_its_releases_under_way():
+    a, b = converged("a", settings=NEW), converged("b", settings=NEW)
+    a.run(NEW_IMAGE, UpgradeWave(1))  # the process before the restart started a's release
+    wave = UpgradeWave(1)  # the restarted process
+    a.run(NEW_IMAGE, wave)
+    assert wave.rolling() == [("ns", "a")]
+    assert b.run(NEW_IMAGE, wave).upgrade_held
+
+
 def test_the_wave_registry():
     wave = UpgradeWave(1)
     assert wave.ask(("ns", "a")) == Answer(True)
@@ -206,7 +264,12 @@ def test_template_upgrade_and_rollout_state_are_plain_rules():
     assert template_upgrade(observed, changed, revision)
     assert not template_upgrade(observed, changed, "another-revision")  # a release, not an upgrade
     assert not template_upgrade(None, changed, revision)  # a new fleet
-    assert rollout_state(None) == (False, False)
+    assert rollout_state(
+        None, ReleasePlan(in_release=False, stable_from_spec=True, stable_replicas=1, canary_replicas=0)
+    ) == (
+        False,
+        False,
+    )
 
 
 class TwoFleets(Controller):

@@ -1,0 +1,102 @@
+"""An operator upgrade between two builds rolls the fleets a few at a time (kwok GPU nodes, the real
+Deployment controller and scheduler, two operator processes).
+
+Test design: the "old build" (an operator process whose pod settings give the chat API 250m of CPU) makes
+four ChatbotServices Ready in a namespace no other operator watches; it stops, and the "new build" (the
+default 500m: a new pod template with the same revision, as a new annotation or env var in the builders
+would make) starts with `--upgrade-wave=1`. While it works, the Deployments are sampled: no two fleets
+may be rolling the new template at once, the fleets waiting say so in condition UpgradeHeld, and every
+fleet ends on the new template, Ready, with no UpgradeHeld left. Before the wave, the new process
+re-templated all four in its first passes.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+from operator_it import Kube, chatbot
+from operator_process import OperatorProcess
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+NAMES = [f"bot-{i}" for i in range(4)]
+
+
+def chat_api_cpu(dep: dict[str, Any]) -> str:
+    containers = dep["spec"]["template"]["spec"]["containers"]
+    return next(c for c in containers if c["name"] == "chat-api")["resources"]["limits"]["cpu"]
+
+
+def rolling(dep: dict[str, Any]) -> bool:
+    """The Deployment has not finished rolling out its template (old pods up, or new ones not available)."""
+    st = dep.get("status") or {}
+    return not (
+        st.get("observedGeneration", 0) >= dep["metadata"]["generation"]
+        and st.get("updatedReplicas", 0) >= 1
+        and st.get("replicas", 0) <= st.get("updatedReplicas", 0)
+        and st.get("availableReplicas", 0) >= 1
+    )
+
+
+def sample(kube: Kube) -> tuple[list[str], list[str], dict[str, str]]:
+    """(fleets rolling the new template, fleets on it and rolled out, UpgradeHeld reasons by fleet)."""
+    deps = {
+        d["metadata"]["name"]: d for d in kube.get("deployment", selector="chatfleet.io/track=stable") or []
+    }
+    new = {n: d for n, d in deps.items() if chat_api_cpu(d) == "500m"}
+    cbs = json.loads(kube.cluster.kubectl("get", "cbs", "-o", "json", namespace=kube.ns).stdout)["items"]
+    held = {
+        b["metadata"]["name"]: c["reason"]
+        for b in cbs
+        for c in (b.get("status") or {}).get("conditions", [])
+        if c["type"] == "UpgradeHeld"
+    }
+    return (
+        sorted(n for n, d in new.items() if rolling(d)),
+        sorted(n for n, d in new.items() if not rolling(d)),
+        held,
+    )
+
+
+def test_an_upgrade_between_two_builds_rolls_one_fleet_at_a_time(chatfleet_crd, solo_namespace, tmp_path):
+    cluster = chatfleet_crd
+    scope = (solo_namespace,)
+    old = OperatorProcess(cluster, tmp_path / "old", scope, env={"CHATFLEET_CHAT_API_CPU": "250m"})
+    (tmp_path / "old").mkdir()
+    (tmp_path / "new").mkdir()
+    kube = Kube(cluster, solo_namespace, old)
+    old.start()
+    try:
+        kube.apply(*[chatbot(n) for n in NAMES])
+        for n in NAMES:
+            kube.wait_ready(n, timeout=90)
+    finally:
+        old.stop()
+    assert {chat_api_cpu(d) for d in kube.get("deployment", selector="chatfleet.io/track=stable")} == {"250m"}
+
+    new = OperatorProcess(cluster, tmp_path / "new", scope, extra_args=("--upgrade-wave=1",))
+    kube.operator = new
+    new.start()
+    most_rolling, held_seen, done = 0, {}, []
+    try:
+        deadline = time.monotonic() + 150
+        while time.monotonic() < deadline:
+            now_rolling, done, held = sample(kube)
+            most_rolling = max(most_rolling, len(now_rolling))
+            held_seen.update(held)
+            if len(done) == len(NAMES) and not held:
+                break
+            time.sleep(0.3)
+        assert most_rolling <= 1, f"{most_rolling} fleets rolled the new template at once"
+        assert sorted(done) == NAMES, (
+            f"not every fleet reached the new template: {done}\n{new.log_text()[-3000:]}"
+        )
+        assert "UpgradeQueued" in held_seen.values(), held_seen  # the ones waiting said so
+        for n in NAMES:
+            assert kube.condition(n, "Ready")["status"] == "True"
+            assert kube.condition(n, "UpgradeHeld") == {}
+    finally:
+        new.stop()

@@ -407,14 +407,16 @@ def _observe_wave(
     stable_pods: list[PodFacts],
 ) -> bool:
     """Tell the wave how this fleet's update stands; True when that freed a place (or lifted a halt). A
-    release of origin operator, or a same-revision rollout found part-way outside a release, is counted
-    even when this process did not admit it (a restarted operator)."""
+    release of origin operator, or a same-revision rollout found part-way outside a release, takes a place
+    even when this process did not admit it (a restarted operator); only the first can halt the wave."""
     updating, part_way = rollout_state(dep, plan)
     looping = crashlooping(stable_pods, ctx.update_revision)
     failing = upgrade_failure(dep, plan, problems, looping) if updating else ""
     ours = plan.in_release and plan.release is not None and plan.release.origin == ORIGIN_OPERATOR
-    recovered = ours or (part_way and ctx.stable.revision == ctx.update_revision)
-    return wave.observe((ctx.ref.namespace, ctx.ref.name), updating, failing, recovered)
+    found = part_way and ctx.stable.revision == ctx.update_revision
+    return wave.observe(
+        (ctx.ref.namespace, ctx.ref.name), updating, failing, counted=ours or found, vouched=ours
+    )
 
 
 def _refuse(

@@ -55,18 +55,26 @@ class Answer:
 
 
 class UpgradeWave:
-    """Which fleets are rolling an upgrade now; at most `size` (0: no limit). Thread-safe."""
+    """Which fleets are updating now; at most `size` (0: no limit). Thread-safe.
+
+    A fleet takes a place when `ask` admits it, or when a pass finds it updating without this process
+    having admitted it (`observe(..., counted=True)`: after a restart). Only the failure of a fleet the
+    wave answers for halts it: one it admitted, or a release of origin operator (`vouched`). A rollout
+    merely found part-way takes a place but halts nothing: this process cannot tell it was an upgrade.
+    """
 
     def __init__(self, size: int = 0) -> None:
         self.size = size
         self._rolling: set[Key] = set()
+        self._answers_for: set[Key] = set()
         self._failing: dict[Key, str] = {}
         self._lock = threading.Lock()
 
     def ask(self, key: Key) -> Answer:
-        """Admit `key`'s upgrade now (it takes a place), or say why it waits."""
+        """Admit `key`'s update now (it takes a place), or say why it waits."""
         with self._lock:
             if key in self._rolling:
+                self._answers_for.add(key)
                 return Answer(True)
             if self._failing:
                 (ns, name), why = sorted(self._failing.items())[0]
@@ -84,22 +92,27 @@ class UpgradeWave:
                     f"place: {len(self._rolling)} of {self.size} fleets are updating (--upgrade-wave)",
                 )
             self._rolling.add(key)
+            self._answers_for.add(key)
             return Answer(True)
 
-    def observe(self, key: Key, rolling: bool, failing: str, recovered: bool = False) -> bool:
-        """After a pass: `rolling` whether its stable Deployment is still rolling out; `failing` why that
-        rollout fails ('' when it does not); `recovered`: a same-revision rollout found part-way (after a
-        restart), counted in the wave even past its size. True when a place freed or a halt lifted."""
+    def observe(
+        self, key: Key, updating: bool, failing: str, counted: bool = False, vouched: bool = False
+    ) -> bool:
+        """After a pass: `updating` whether the fleet's update goes on; `failing` why it fails ('' when it
+        does not); `counted`: take a place even if this process did not admit it (found updating after a
+        restart), past the size if need be; `vouched`: its failure halts the wave even so (a release of
+        origin operator). True when a place freed or a halt lifted."""
         with self._lock:
-            if key not in self._rolling and not (recovered and rolling):
+            if key not in self._rolling and not (counted and updating):
                 return False
             was_failing = key in self._failing
-            if not rolling:
-                self._rolling.discard(key)
-                self._failing.pop(key, None)
+            if not updating:
+                self._discard(key)
                 return True
             self._rolling.add(key)
-            if failing:
+            if vouched:
+                self._answers_for.add(key)
+            if failing and key in self._answers_for:
                 self._failing[key] = failing
                 return False
             self._failing.pop(key, None)
@@ -108,8 +121,12 @@ class UpgradeWave:
     def forget(self, key: Key) -> None:
         """A deleted ChatbotService frees its place (and lifts a halt it caused)."""
         with self._lock:
-            self._rolling.discard(key)
-            self._failing.pop(key, None)
+            self._discard(key)
+
+    def _discard(self, key: Key) -> None:
+        self._rolling.discard(key)
+        self._answers_for.discard(key)
+        self._failing.pop(key, None)
 
     def rolling(self) -> list[Key]:
         """The fleets holding a place now."""

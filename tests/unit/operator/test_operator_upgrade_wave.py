@@ -20,10 +20,10 @@ from chatfleet_operator import api
 from chatfleet_operator.cache import Snapshot, World
 from chatfleet_operator.controller import Controller
 from chatfleet_operator.converge.facts import PodFacts
+from chatfleet_operator.defaults import ClusterDefaults
 from chatfleet_operator.kinds import BY_NAME
 from chatfleet_operator.reconcile import Outcome, reconcile_pass
 from chatfleet_operator.release.strategy import ReleasePlan
-from chatfleet_operator.defaults import ClusterDefaults
 from chatfleet_operator.settings import PodSettings, RetrySettings, RuntimeSettings, Settings
 from chatfleet_operator.wave import Answer, UpgradeWave, rollout_state, template_upgrade
 from operator_helpers import cbs_body
@@ -240,16 +240,20 @@ def test_the_wave_registry():
     assert wave.ask(("ns", "a")) == Answer(True)  # asking again keeps its one place
     queued = wave.ask(("ns", "b"))
     assert not queued.admitted and queued.reason == api.Reason.UPGRADE_QUEUED
-    assert not wave.observe(("ns", "b"), rolling=True, failing="")  # not in the wave: nothing to tell
-    assert not wave.observe(("ns", "a"), rolling=True, failing="pod x is crash-looping")
+    assert not wave.observe(("ns", "b"), updating=True, failing="")  # not in the wave: nothing to tell
+    assert not wave.observe(("ns", "a"), updating=True, failing="pod x is crash-looping")
     assert wave.ask(("ns", "b")).reason == api.Reason.UPGRADE_HALTED
-    assert wave.observe(("ns", "a"), rolling=True, failing="")  # recovered while rolling: the halt lifts
+    assert wave.observe(("ns", "a"), updating=True, failing="")  # recovered while rolling: the halt lifts
     assert wave.ask(("ns", "b")).reason == api.Reason.UPGRADE_QUEUED
-    assert wave.observe(("ns", "c"), rolling=True, failing="", recovered=True) is False
-    assert wave.rolling() == [("ns", "a"), ("ns", "c")]  # a recovered rollout counts past the size
+    assert wave.observe(("ns", "c"), updating=True, failing="", counted=True) is False
+    assert wave.rolling() == [("ns", "a"), ("ns", "c")]  # a rollout found part-way counts past the size
+    assert not wave.observe(("ns", "c"), updating=True, failing="pods Pending", counted=True)
+    assert wave.ask(("ns", "b")).reason == api.Reason.UPGRADE_QUEUED  # found, not admitted: no halt
     wave.forget(("ns", "a"))
-    assert wave.observe(("ns", "c"), rolling=False, failing="")
+    assert wave.observe(("ns", "c"), updating=False, failing="")
     assert wave.ask(("ns", "b")) == Answer(True)
+    assert not wave.observe(("ns", "d"), updating=True, failing="rolled back", counted=True, vouched=True)
+    assert wave.ask(("ns", "e")).reason == api.Reason.UPGRADE_HALTED  # an operator release answers for itself
 
 
 def test_template_upgrade_and_rollout_state_are_plain_rules():

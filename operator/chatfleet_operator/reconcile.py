@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -23,8 +23,8 @@ from chatfleet_operator.builders import deployment_name, endpoint, revision_hash
 from chatfleet_operator.cache import Snapshot, World, resource_version, slim
 from chatfleet_operator.context import PassContext, desired_total
 from chatfleet_operator.converge.changes import Change, diff_children
-from chatfleet_operator.converge.diagnose import Problem, crashlooping, diagnose
-from chatfleet_operator.converge.facts import DeploymentFacts, PodFacts, deployment_facts, observe_track
+from chatfleet_operator.converge.diagnose import Problem, diagnose
+from chatfleet_operator.converge.facts import deployment_facts, observe_track
 from chatfleet_operator.converge.policy import host_path_problems
 from chatfleet_operator.converge.status import (
     Observation,
@@ -38,8 +38,6 @@ from chatfleet_operator.converge.status import (
 )
 from chatfleet_operator.defaults import effective_spec
 from chatfleet_operator.release.children import (
-    desired_children,
-    plan_pass,
     scale_selector,
     serving_revision,
     warm_pool,
@@ -52,16 +50,7 @@ from chatfleet_operator.release.strategy import ReleasePlan, ReleaseReason
 from chatfleet_operator.settings import Settings
 from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
 from chatfleet_operator.timefmt import parse_time
-from chatfleet_operator.wave import (
-    ORIGIN_OPERATOR,
-    Answer,
-    UpgradeWave,
-    held_condition,
-    operator_release,
-    rollout_state,
-    template_upgrade,
-    upgrade_failure,
-)
+from chatfleet_operator.wave import UpgradeWave, held_condition, plan_in_wave, report_to_wave
 
 log = logging.getLogger("chatfleet")
 
@@ -279,20 +268,7 @@ def reconcile_pass(
     #    with a warm pool, which Ready stable pods serve. A new stable pod template of the same revision
     #    (an operator upgrade) needs a place in the upgrade wave; without one the stable Deployment keeps
     #    its observed template.
-    plan = plan_pass(ctx)
-    held = None
-    if operator_release(plan, ctx.release_status, ctx.old_status, ref.generation):
-        held = _ask_wave(ctx, wave, "release of the operator's new defaults")
-        if held is not None:
-            plan = plan_pass(ctx, hold=True)
-        elif plan.release is not None:
-            plan.release.origin = ORIGIN_OPERATOR
-    desired = desired_children(ctx, plan)
-    if held is None:
-        held = _upgrade_gate(ctx, plan, desired, wave)
-        if held is not None:
-            plan = replace(plan, stable_from_spec=False)
-            desired = desired_children(ctx, plan)
+    plan, desired, held = plan_in_wave(ctx, wave)
     changes = diff_children(desired, snap.children, kinds.DELETABLE)
     pool = warm_pool(ctx, plan) if spec.scaling.warm_pool > 0 else 0
     labels = plan_serving(ctx.pods, plan.stable_replicas) if spec.scaling.warm_pool > 0 else []
@@ -316,7 +292,7 @@ def reconcile_pass(
     problems += [
         Problem(api.Reason.INVALID_ANALYSIS_TARGET, msg) for msg in releases.target_errors(ref, spec)
     ]
-    freed = _observe_wave(wave, ctx, plan, dep, problems, stable_pods)
+    freed = report_to_wave(wave, ctx, plan, dep, problems, stable_pods)
     obs = Observation(
         generation=ref.generation,
         revision=serving_revision(ctx, plan),
@@ -367,55 +343,6 @@ def reconcile_pass(
         requeue_after=min((t for t in (plan.requeue_after, ctx.forecast_in, hold) if t), default=None),
         upgrade_held=held is not None,
         wave_freed=freed,
-    )
-
-
-def _upgrade_gate(
-    ctx: PassContext, plan: ReleasePlan, desired: list[dict[str, Any]], wave: UpgradeWave
-) -> Answer | None:
-    """The wave's answer when this pass would change the stable pod template without a new revision and
-    the wave has no place for it; None when nothing is held (no such change, or admitted)."""
-    if not plan.stable_from_spec:
-        return None  # a release (or its rollback) keeps the stable template anyway
-    name = deployment_name(ctx.ref)
-    stable = next(m for m in desired if m["kind"] == "Deployment" and m["metadata"]["name"] == name)
-    if not template_upgrade(ctx.observed("Deployment", name), stable, ctx.update_revision):
-        return None
-    return _ask_wave(ctx, wave, "new pod template")
-
-
-def _ask_wave(ctx: PassContext, wave: UpgradeWave, what: str) -> Answer | None:
-    """The wave's answer when it has no place for this fleet's update; None when admitted."""
-    answer = wave.ask((ctx.ref.namespace, ctx.ref.name))
-    if answer.admitted:
-        log.info(
-            "Admitted the %s of ChatbotService %s/%s to the upgrade wave",
-            what,
-            ctx.ref.namespace,
-            ctx.ref.name,
-        )
-        return None
-    return answer
-
-
-def _observe_wave(
-    wave: UpgradeWave,
-    ctx: PassContext,
-    plan: ReleasePlan,
-    dep: DeploymentFacts | None,
-    problems: list[Problem],
-    stable_pods: list[PodFacts],
-) -> bool:
-    """Tell the wave how this fleet's update stands; True when that freed a place (or lifted a halt). A
-    release of origin operator, or a same-revision rollout found part-way outside a release, takes a place
-    even when this process did not admit it (a restarted operator); only the first can halt the wave."""
-    updating, part_way = rollout_state(dep, plan)
-    looping = crashlooping(stable_pods, ctx.update_revision)
-    failing = upgrade_failure(dep, plan, problems, looping) if updating else ""
-    ours = plan.in_release and plan.release is not None and plan.release.origin == ORIGIN_OPERATOR
-    found = part_way and ctx.stable.revision == ctx.update_revision
-    return wave.observe(
-        (ctx.ref.namespace, ctx.ref.name), updating, failing, counted=ours or found, vouched=ours
     )
 
 

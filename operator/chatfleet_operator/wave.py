@@ -20,26 +20,34 @@ template change too, and takes the same path (admitted at once while the wave ha
 The wave is this process's memory. A restarted operator counts again the fleets part-way through a
 same-revision rollout (old pods still up) and those in a release of origin operator, so it never admits
 N more on top. `template_upgrade`, `operator_release`, `rollout_state`, `upgrade_failure` and
-`held_condition` are pure; `UpgradeWave` is the shared registry.
+`held_condition` are pure; `UpgradeWave` is the shared registry; a pass meets the wave twice, through
+`plan_in_wave` (its plan and children, held back where the wave has no place) and `report_to_wave` (how
+its update stands once applied).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from chatfleet_operator import api
+from chatfleet_operator.builders.common import deployment_name
+from chatfleet_operator.context import PassContext
 from chatfleet_operator.converge.changes import contains
-from chatfleet_operator.converge.diagnose import Problem
+from chatfleet_operator.converge.diagnose import Problem, crashlooping
 from chatfleet_operator.converge.facts import DeploymentFacts, PodFacts
 from chatfleet_operator.converge.status import condition
+from chatfleet_operator.release.children import desired_children, plan_pass
 from chatfleet_operator.release.planner import starts_release
 from chatfleet_operator.release.state import ReleasePhase, ReleaseStatus
 from chatfleet_operator.release.strategy import ReleasePlan
 
 Key = tuple[str, str]  # (namespace, ChatbotService name)
+
+log = logging.getLogger("chatfleet")
 
 #: status.release.origin of a release the operator's own defaults started.
 ORIGIN_OPERATOR = "operator"
@@ -200,3 +208,61 @@ def upgrade_failure(
 def held_condition(answer: Answer, generation: int) -> dict[str, Any]:
     """Condition UpgradeHeld=True with the wave's reason and message (no timestamp)."""
     return condition(api.COND_UPGRADE_HELD, True, answer.reason, answer.message, generation)
+
+
+def plan_in_wave(
+    ctx: PassContext, wave: UpgradeWave
+) -> tuple[ReleasePlan, list[dict[str, Any]], Answer | None]:
+    """A pass's plan and children (step 3), the operator's own updates held back where the wave has no
+    place: a release of its new defaults does not start, a new pod template of the same revision is not
+    written (the stable Deployment keeps its observed one). The wave's answer when something is held."""
+    plan = plan_pass(ctx)
+    held = None
+    if operator_release(plan, ctx.release_status, ctx.old_status, ctx.ref.generation):
+        held = _ask(ctx, wave, "release of the operator's new defaults")
+        if held is not None:
+            plan = plan_pass(ctx, hold=True)
+        elif plan.release is not None:
+            plan.release.origin = ORIGIN_OPERATOR
+    desired = desired_children(ctx, plan)
+    if held is None and plan.stable_from_spec:  # a release (or its rollback) keeps the stable template
+        name = deployment_name(ctx.ref)
+        stable = next(m for m in desired if m["kind"] == "Deployment" and m["metadata"]["name"] == name)
+        if template_upgrade(ctx.observed("Deployment", name), stable, ctx.update_revision):
+            held = _ask(ctx, wave, "new pod template")
+            if held is not None:
+                plan = replace(plan, stable_from_spec=False)
+                desired = desired_children(ctx, plan)
+    return plan, desired, held
+
+
+def _ask(ctx: PassContext, wave: UpgradeWave, what: str) -> Answer | None:
+    """The wave's answer when it has no place for this fleet's update; None when admitted."""
+    answer = wave.ask((ctx.ref.namespace, ctx.ref.name))
+    if not answer.admitted:
+        return answer
+    log.info(
+        "Admitted the %s of ChatbotService %s/%s to the upgrade wave", what, ctx.ref.namespace, ctx.ref.name
+    )
+    return None
+
+
+def report_to_wave(
+    wave: UpgradeWave,
+    ctx: PassContext,
+    plan: ReleasePlan,
+    dep: DeploymentFacts | None,
+    problems: Sequence[Problem],
+    stable_pods: Sequence[PodFacts],
+) -> bool:
+    """Tell the wave how this fleet's update stands after the pass; True when that freed a place (or lifted
+    a halt). A release of origin operator, or a same-revision rollout found part-way outside a release,
+    takes a place even when this process did not admit it (a restarted operator); only the first can
+    halt the wave."""
+    updating, part_way = rollout_state(dep, plan)
+    looping = crashlooping(stable_pods, ctx.update_revision)
+    failing = upgrade_failure(dep, plan, problems, looping) if updating else ""
+    ours = plan.in_release and plan.release is not None and plan.release.origin == ORIGIN_OPERATOR
+    found = part_way and ctx.stable.revision == ctx.update_revision
+    key = (ctx.ref.namespace, ctx.ref.name)
+    return wave.observe(key, updating, failing, counted=ours or found, vouched=ours)

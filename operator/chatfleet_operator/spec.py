@@ -152,6 +152,24 @@ class Calibration:
 
 
 @dataclass(frozen=True)
+class AnswerCache:
+    """spec.runtime.answerCache: repeated first-turn questions answered from each chat API's memory."""
+
+    ttl_seconds: int = 300
+    max_entries: int = 1000
+    sampled: bool = False
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> AnswerCache | None:
+        """Parse spec.runtime.answerCache; None when absent or not enabled."""
+        if not d or not d.get("enabled"):
+            return None
+        return cls(
+            int(_v(d, "ttlSeconds", 300)), int(_v(d, "maxEntries", 1000)), bool(_v(d, "sampled", False))
+        )
+
+
+@dataclass(frozen=True)
 class RuntimeSpec:
     """spec.runtime: the Triton image and how it serves the model."""
 
@@ -166,6 +184,7 @@ class RuntimeSpec:
     streaming: bool = True
     request_timeout_seconds: int = 60
     fallback_text: str = DEFAULT_FALLBACK_TEXT
+    answer_cache: AnswerCache | None = None
     sessions: Sessions = field(default_factory=Sessions)
     kv_cache: KvCache = field(default_factory=KvCache)
 
@@ -191,6 +210,7 @@ class RuntimeSpec:
             streaming=bool(_v(d, "streaming", True)),
             request_timeout_seconds=int(_v(d, "requestTimeoutSeconds", 60)),
             fallback_text=_v(d, "fallbackText", DEFAULT_FALLBACK_TEXT),
+            answer_cache=AnswerCache.from_dict(_m(d, "answerCache")),
             sessions=Sessions(
                 history_turns=int(_v(ss, "historyTurns", 5)),
                 ttl_seconds=int(_v(ss, "ttlSeconds", 3600)),

@@ -204,6 +204,14 @@ def _chat_api_container(ref: ObjectRef, spec: ChatbotServiceSpec, pod: PodSettin
         {"name": "CHATFLEET_DRAIN_SETTLE_SECONDS", "value": str(pod.drain_settle_seconds)},
         {"name": "CHATFLEET_DRAIN_GRACE_SECONDS", "value": str(grace_seconds(spec, pod))},
     ]
+    if rt.answer_cache is not None:  # only then: a fleet without it keeps the template it had
+        cache = rt.answer_cache
+        env += [
+            {"name": "CHATFLEET_ANSWER_CACHE", "value": "true"},
+            {"name": "CHATFLEET_ANSWER_CACHE_TTL_SECONDS", "value": str(cache.ttl_seconds)},
+            {"name": "CHATFLEET_ANSWER_CACHE_MAX_ENTRIES", "value": str(cache.max_entries)},
+            {"name": "CHATFLEET_ANSWER_CACHE_SAMPLED", "value": "true" if cache.sampled else "false"},
+        ]
     if rt.sessions.redis is not None:
         env.append(
             {

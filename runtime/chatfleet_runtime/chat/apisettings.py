@@ -70,6 +70,15 @@ class ApiSettings:
     """A mirrored request's max_tokens is at most this (``--shadow-max-tokens``)."""
     shadow_concurrency: int = 2
     """Mirrored generations in flight per pod (``--shadow-concurrency``); one more is refused with 429."""
+    answer_cache: bool = False
+    """Answer repeated first-turn questions from memory (spec.runtime.answerCache; chat/answercache.py)."""
+    answer_cache_ttl_s: float = 300.0
+    """Seconds a kept answer may be served."""
+    answer_cache_max_entries: int = 1000
+    """Answers kept at most (the least recently used go first)."""
+    answer_cache_sampled: bool = False
+    """Also keep and serve answers of sampled requests (temperature > 0): the same question then always
+    gets the same sampled answer."""
 
     @property
     def grace_s(self) -> float:
@@ -107,6 +116,10 @@ class ApiSettings:
             "drain_grace_s": ("CHATFLEET_DRAIN_GRACE_SECONDS", float),
             "dialogue_idle_s": ("CHATFLEET_DIALOGUE_IDLE_SECONDS", float),
             "keep_alive_s": ("CHATFLEET_KEEP_ALIVE_SECONDS", float),
+            "answer_cache": ("CHATFLEET_ANSWER_CACHE", _flag),
+            "answer_cache_ttl_s": ("CHATFLEET_ANSWER_CACHE_TTL_SECONDS", float),
+            "answer_cache_max_entries": ("CHATFLEET_ANSWER_CACHE_MAX_ENTRIES", int),
+            "answer_cache_sampled": ("CHATFLEET_ANSWER_CACHE_SAMPLED", _flag),
         }
         values: dict[str, Any] = {}
         for field_name, (var, kind) in pick.items():

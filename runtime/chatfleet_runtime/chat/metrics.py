@@ -87,6 +87,15 @@ class ApiMetrics:
             ["model", "state"],
             registry=r,
         )
+        self.answer_cache = Counter(
+            "chatfleet_answer_cache_requests",
+            "First-turn questions the answer cache could serve (spec.runtime.answerCache), by result (hit, miss)",
+            ["model", "result"],
+            registry=r,
+        )
+        self.answer_cache_entries = Gauge(
+            "chatfleet_answer_cache_entries", "Answers the answer cache keeps", ["model"], registry=r
+        )
         self.fallbacks = Counter(
             "chatfleet_fallback_responses",
             "Answers served from the FAQ or fallback text, by reason and source",

@@ -40,6 +40,7 @@ from chatfleet_contract.parameters import ModelParameters
 from prometheus_client import generate_latest
 
 from chatfleet_runtime.chat import responses
+from chatfleet_runtime.chat.answercache import AnswerCache, Cached
 from chatfleet_runtime.chat.apisettings import ApiSettings
 from chatfleet_runtime.chat.backend import BackendError, Chunk, triton_params
 from chatfleet_runtime.chat.breaker import STATE_VALUE, CircuitBreaker, Fallback
@@ -84,6 +85,8 @@ class Turn:
     """The revision that answered the conversation's last stored turn, when known."""
     store: bool = True
     """Whether the answered turn is saved to the history (False for a mirrored request: read, never written)."""
+    cache_key: str | None = None
+    """The answer cache's key of this turn; None when the cache is off or the turn is not cacheable."""
 
     @property
     def new_messages(self) -> list[dict[str, str]]:
@@ -134,6 +137,21 @@ class ChatPipeline:
         for outcome in ("answered", "error", "dropped"):
             metrics.shadow_requests.labels(name, outcome)
         self.fallback = Fallback.from_config(settings.fallback_text, settings.faq)
+        self.cache = (
+            AnswerCache(
+                settings.answer_cache_ttl_s,
+                settings.answer_cache_max_entries,
+                settings.answer_cache_sampled,
+                clock=clock,
+            )
+            if settings.answer_cache
+            else None
+        )
+        """Answers of repeated first-turn questions (spec.runtime.answerCache); None when off."""
+        if self.cache is not None:
+            for result in ("hit", "miss"):
+                metrics.answer_cache.labels(name, result)
+            metrics.answer_cache_entries.labels(name).set(0)
         self.inflight = 0
         """Requests being served (the in-flight limit counts these)."""
         self.ready = False
@@ -310,20 +328,38 @@ class ChatPipeline:
         info: dict[str, Any] = {"history": history_state, "history_turns": history.turns}
         if history.revision is not None:
             info["previous_revision"] = history.revision
+        params = triton_params(sampling, sid)
+        key = None
+        if self.cache is not None and not shadow and not _bypasses_cache(headers):
+            key = self.cache.key(messages, params, history.turns, self.settings.revision, self.name)
         return Turn(
             messages,
             prompt_messages,
-            triton_params(sampling, sid),
+            params,
             stream,
             sid,
             {**info, "ignored_fields": ignored},
             t0,
             history.revision,
             store=not shadow,
+            cache_key=key,
         )
 
     async def _answer(self, turn: Turn) -> Reply:
-        """Steps 3 to 5: admit (breaker, in-flight limit), generate, answer and save."""
+        """Steps 3 to 5: admit (breaker, in-flight limit), generate, answer and save. A question the
+        answer cache holds is answered from it before step 3 (no breaker, no slot, no Triton)."""
+        if self.cache is not None and turn.cache_key is not None:
+            kept = self.cache.get(turn.cache_key)
+            self.metrics.answer_cache.labels(self.name, "hit" if kept else "miss").inc()
+            if kept is not None:
+                return await self._from_cache(turn, kept)
+        reply = await self._generate(turn)
+        if turn.cache_key is not None:
+            reply.headers["X-Chatfleet-Cache"] = "miss"
+        return reply
+
+    async def _generate(self, turn: Turn) -> Reply:
+        """Steps 3 to 5 of a turn the answer cache does not answer."""
         # 3. admit
         if not self.breaker.allow():
             return self._fallback(turn, turn.messages, "circuit_open")
@@ -384,6 +420,46 @@ class ChatPipeline:
 
     def _count(self, outcome: str, code: int, stream: bool) -> None:
         self.metrics.requests.labels(self.name, outcome, str(code), str(stream).lower()).inc()
+
+    def _keep(self, turn: Turn, text: str, finish_reason: str, prompt_tokens: int, num_tokens: int) -> None:
+        """Keep a whole answer of a cacheable turn in the answer cache."""
+        if self.cache is None or turn.cache_key is None:
+            return
+        self.cache.put(turn.cache_key, text, finish_reason, prompt_tokens, num_tokens)
+        self.metrics.answer_cache_entries.labels(self.name).set(len(self.cache))
+
+    async def _from_cache(self, turn: Turn, kept: Cached) -> Reply:
+        """The kept answer of a repeated first-turn question, saved to the session like a generated one;
+        marked by ``X-Chatfleet-Cache: hit`` and ``"chatfleet": {"cache": "hit"}``."""
+        info = {**turn.info, "cache": "hit"}
+        headers = {"X-Chatfleet-Cache": "hit"}
+        used = responses.usage(kept.prompt_tokens, kept.num_tokens)
+        finish = "length" if kept.finish_reason == "length" else "stop"
+
+        def done() -> None:
+            elapsed = time.monotonic() - turn.t0
+            stream = str(turn.stream).lower()
+            self.metrics.duration.labels(self.name, stream).observe(elapsed)
+            self.metrics.ttft.labels(self.name, stream).observe(elapsed)
+            self.metrics.gen_ai(self.name, elapsed, ttft=elapsed)
+            self._count("success", 200, turn.stream)
+
+        if not turn.stream:
+            await self._remember(turn, kept.text)
+            done()
+            head = responses.envelope(self.name, "chat.completion", turn.session_id, info)
+            return Reply(responses.completion(head, kept.text, finish, used), headers=headers)
+
+        async def events() -> AsyncIterator[str]:
+            head = responses.envelope(self.name, "chat.completion.chunk", turn.session_id, info)
+            yield responses.sse(head, {"role": "assistant", "content": ""}, None)
+            yield responses.sse(head, {"content": kept.text}, None)
+            yield responses.sse(head, {}, finish, used)
+            await self._remember(turn, kept.text)  # before [DONE], as a generated answer
+            yield responses.DONE
+            done()
+
+        return Reply(events=events(), headers={**headers, "Cache-Control": "no-cache"})
 
     def _fallback(self, turn: Turn, messages: list[dict[str, str]], reason: str) -> Reply:
         """The FAQ or fallback text instead of the model's answer, marked as such."""
@@ -449,6 +525,7 @@ class ChatPipeline:
         self.metrics.gen_ai(self.name, elapsed, ttft=elapsed)
         self._count("success", 200, False)
         await self._remember(turn, result.text)
+        self._keep(turn, result.text, result.finish_reason or "stop", result.prompt_tokens, result.num_tokens)
         head = responses.envelope(self.name, "chat.completion", turn.session_id, turn.info)
         used = responses.usage(result.prompt_tokens, result.num_tokens)
         return Reply(responses.completion(head, result.text, result.finish_reason or "stop", used))
@@ -516,6 +593,7 @@ class ChatPipeline:
             if not timed_out:
                 # Stored before [DONE]: a client that saw a turn end finds it in its next turn's history.
                 await self._remember(turn, "".join(parts))
+                self._keep(turn, "".join(parts), finish, prompt_tokens, num_tokens)
             yield responses.DONE
             completed = True
         except BackendError:
@@ -561,6 +639,20 @@ class _Slot:
             self.held = False
             self.pipeline.inflight -= 1
             self.pipeline.metrics.inflight.labels(self.pipeline.name).dec()
+
+
+#: Request headers that keep a request away from the answer cache: the release analysis asks the model,
+#: never the cache (its quality and traffic probes), and so does a client that says no-cache or no-store.
+_ANALYSIS_HEADERS = ("x-chatfleet-quality", "x-chatfleet-probe")
+
+
+def _bypasses_cache(headers: Mapping[str, str]) -> bool:
+    """Whether a request must neither be answered from the answer cache nor fill it."""
+    lower = {k.lower(): v for k, v in headers.items()}
+    if any(lower.get(h) for h in _ANALYSIS_HEADERS):
+        return True
+    directives = lower.get("cache-control", "").lower()
+    return "no-cache" in directives or "no-store" in directives
 
 
 def _answer_or_error(reply: Reply) -> tuple[str | None, str | None]:

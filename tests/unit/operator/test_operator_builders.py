@@ -156,6 +156,30 @@ class TestTritonConfig:
         assert {e["name"]: e.get("value") for e in env}["CHATFLEET_STREAMING"] == value
         assert config_of(spec_of(runtime={"streaming": streaming})) == config_of(spec_of())
 
+    def test_the_answer_cache_reaches_the_chat_api_only_when_enabled(self):
+        """spec.runtime.answerCache: the chat API's CHATFLEET_ANSWER_CACHE_*; absent or disabled, the pod
+        template is the one a spec without it gets (no rollout of fleets that never asked for it)."""
+        cache = {"enabled": True, "ttlSeconds": 60, "maxEntries": 50, "sampled": True}
+        env = containers(deployment(runtime={"answerCache": cache}))["chat-api"]["env"]
+        values = {e["name"]: e.get("value") for e in env}
+        assert [
+            values[f"CHATFLEET_ANSWER_CACHE{k}"] for k in ("", "_TTL_SECONDS", "_MAX_ENTRIES", "_SAMPLED")
+        ] == [
+            "true",
+            "60",
+            "50",
+            "true",
+        ]
+        plain = deployment()["spec"]["template"]
+        assert (
+            deployment(runtime={"answerCache": {"enabled": False, "ttlSeconds": 60}})["spec"]["template"]
+            == plain
+        )
+        assert not any(
+            e["name"].startswith("CHATFLEET_ANSWER_CACHE")
+            for e in containers(deployment())["chat-api"]["env"]
+        )
+
     def test_tokenizer_uri_and_path(self):
         assert (
             chat_model_config(spec_of(model={"uri": "hf://a/b", "tokenizer": "/tok"})).tokenizer_dir == "/tok"

@@ -177,11 +177,12 @@ def operator_release(
 
 
 def rollout_state(dep: DeploymentFacts | None, plan: ReleasePlan) -> tuple[bool, bool]:
-    """(updating, part_way): `updating` while a release runs (or stays rolled back) or the stable
-    Deployment has not finished rolling out; `part_way` while its pods of an older template are still up
-    outside a release (what a restarted operator counts). Pure."""
+    """(updating, part_way): `updating` while a release of origin operator runs (or stays rolled back) or
+    the stable Deployment has not finished rolling out; `part_way` while its pods of an older template are
+    still up outside a release (what a restarted operator counts). A release the user started takes the
+    fleet out of the wave: it has its own gates. Pure."""
     if plan.in_release:
-        return True, False
+        return plan.release is not None and plan.release.origin == ORIGIN_OPERATOR, False
     if dep is None:
         return False, False
     return not dep.rolled_out, dep.observed_generation >= dep.generation and dep.updated < dep.replicas

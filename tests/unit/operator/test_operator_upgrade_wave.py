@@ -225,6 +225,18 @@ def test_a_release_the_user_asked_for_never_waits_even_with_a_new_default():
     assert "origin" not in b.body["status"]["release"]
 
 
+def test_a_release_the_user_starts_takes_the_fleet_out_of_the_wave():
+    """The user's release has its own gates (canary, analysis, rollback): its place goes to the next."""
+    wave = UpgradeWave(1)
+    a, b = converged("a"), converged("b")
+    a.run(NEW, wave)  # a's new template is rolling
+    assert b.run(NEW, wave).upgrade_held
+    a.body["spec"] = {"model": {"uri": "hf://org/other"}}
+    a.body["metadata"]["generation"] = 2
+    assert a.run(NEW, wave).wave_freed and "origin" not in a.body["status"]["release"]
+    assert not b.run(NEW, wave).upgrade_held and chat_api_cpu(b) == "500m"
+
+
 def test_a_restarted_operator_counts_its_releases_under_way():
     a, b = converged("a", settings=NEW), converged("b", settings=NEW)
     a.run(NEW_IMAGE, UpgradeWave(1))  # the process before the restart started a's release

@@ -4,7 +4,7 @@ Each built-in metric names its unit, the PromQL that gives its figure for a trac
 ceiling: the canary fails above the limit; a floor: below it) and the spec fields that set its absolute
 and its stable-relative limit. `metric_queries` turns a spec.analysis into the checks of a measurement,
 the built-ins first, then spec.analysis.customQueries. A new built-in metric is one entry here, its PromQL
-in queries.py, and its spec field (spec.py and the CRD).
+in queries.py, and its spec field (spec/analysis.py and the CRD).
 """
 
 from __future__ import annotations

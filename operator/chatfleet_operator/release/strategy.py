@@ -4,7 +4,7 @@ A strategy (canary/, bluegreen.py) moves one release by one pass once the planne
 shared steps (intents, health, the measurement, the one rollback predicate). The registry that maps
 `spec.rollout.strategy` to a strategy is `planner.STRATEGIES` (kept there so imports run one way:
 strategy <- canary, bluegreen <- planner). Adding a strategy: one module here, one registry line, the
-enum value in spec.py and the CRD.
+enum value in spec/rollout.py and the CRD.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The CRD offline: names, descriptions everywhere, defaults agree with spec.py, CEL messages name fields."""
+"""The CRD offline: names, descriptions everywhere, defaults agree with chatfleet_operator.spec, CEL messages name fields."""
 
 from __future__ import annotations
 

@@ -15,8 +15,9 @@ Only a **first turn** is cached or answered from the cache: one user message (sy
 no assistant message, and no stored history for its session (a turn with history depends on it). Only
 **greedy** requests (temperature 0), unless `sampled` is on: a sampled answer served again is always the
 same answer, which the spec must ask for. Only whole answers the model gave are kept (not fallbacks, not
-answers cut by the deadline, not streams the client left). The cache holds at most `max_entries`, the
-least recently used going first; an entry older than `ttl_s` is never served.
+answers cut by the deadline, not streams the client left). The cache holds at most `max_entries` and
+`max_bytes` of answer text (MAX_BYTES: well inside the chat API container's memory), the least recently
+used going first; an entry older than `ttl_s` is never served.
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+#: Answer text the cache keeps at most (UTF-8 bytes), whatever maxEntries says: the chat API container's
+#: memory (512Mi by default) must hold it beside everything else.
+MAX_BYTES = 64 * 1024 * 1024
 
 #: PARAMETERS of the Triton model that are no sampling setting (they do not change the answer).
 _NOT_SAMPLING = ("session_id",)
@@ -63,12 +68,15 @@ class AnswerCache:
         max_entries: int = 1000,
         sampled: bool = False,
         clock: Callable[[], float] = time.monotonic,
+        max_bytes: int = MAX_BYTES,
     ) -> None:
         self.ttl_s = ttl_s
         self.max_entries = max(1, max_entries)
+        self.max_bytes = max_bytes
         self.sampled = sampled
         self.clock = clock
         self._entries: OrderedDict[str, Cached] = OrderedDict()
+        self._bytes = 0
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -105,14 +113,23 @@ class AnswerCache:
         if entry is None:
             return None
         if self.clock() - entry.at >= self.ttl_s:
-            del self._entries[key]
+            self._drop(key)
             return None
         self._entries.move_to_end(key)
         return entry
 
     def put(self, key: str, text: str, finish_reason: str, prompt_tokens: int, num_tokens: int) -> None:
-        """Keep a whole answer; the least recently used entry goes when the cache is full."""
+        """Keep a whole answer; the least recently used entries go while the cache is over its bounds (an
+        answer larger than the byte bound is not kept)."""
+        size = len(text.encode())
+        if size > self.max_bytes:
+            return
+        if key in self._entries:
+            self._drop(key)
         self._entries[key] = Cached(text, finish_reason, prompt_tokens, num_tokens, self.clock())
-        self._entries.move_to_end(key)
-        while len(self._entries) > self.max_entries:
-            self._entries.popitem(last=False)
+        self._bytes += size
+        while len(self._entries) > self.max_entries or self._bytes > self.max_bytes:
+            self._drop(next(iter(self._entries)))
+
+    def _drop(self, key: str) -> None:
+        self._bytes -= len(self._entries.pop(key).text.encode())

@@ -154,6 +154,20 @@ def test_ttl_and_size_bound():
     assert cache.get("b") is None and len(cache) == 2  # b, the least recently used, went
     now[0] = 10.0
     assert cache.get("a") is None and cache.get("c") is None  # past the TTL: never served
+    assert len(cache) == 0
+
+
+def test_the_answers_kept_stay_within_the_byte_bound():
+    cache = AnswerCache(max_entries=100, max_bytes=10)
+    cache.put("a", "12345", "stop", 1, 1)
+    cache.put("b", "67890", "stop", 1, 1)
+    cache.put("c", "xyz", "stop", 1, 1)  # 13 bytes: a, the least recently used, goes
+    assert cache.get("a") is None and cache.get("b").text == "67890" and len(cache) == 2
+    cache.put("d", "x" * 11, "stop", 1, 1)  # larger than the bound: not kept, nothing else lost
+    assert cache.get("d") is None and len(cache) == 2
+    cache.put("b", "1", "stop", 1, 1)  # kept again: its old size is given back
+    cache.put("e", "123456", "stop", 1, 1)
+    assert len(cache) == 3
 
 
 def test_the_question_is_normalised_but_the_system_prompt_is_not():

@@ -111,7 +111,7 @@ class Controller:
         """The generation the last pass of each object started on (its spec changes trigger once)."""
         self._waiting_for_nodes: set[Key] = set()
         self._waiting_for_wave: set[Key] = set()
-        """Fleets whose new pod template waits for a place in the upgrade wave (wave.py)."""
+        """Fleets whose update from the operator waits for a place in the upgrade wave (wave.py)."""
         self._rediscovery: asyncio.TimerHandle | None = None
         """The one round of passes a burst of CRD events asks for (crd_event)."""
 

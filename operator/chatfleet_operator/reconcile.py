@@ -70,9 +70,10 @@ class Outcome:
     """The spec was refused (converge/policy.py): nothing was built, and only a spec change or an operator
     restart with other settings can change that, so the pass is not retried."""
     upgrade_held: bool = False
-    """A new pod template of the same revision waits for a place in the upgrade wave (wave.py)."""
+    """An update from the operator (a new pod template of the same revision, a release of its new defaults)
+    waits for a place in the upgrade wave (wave.py)."""
     wave_freed: bool = False
-    """This fleet's upgrade left the wave or stopped failing: the fleets waiting for a place may go."""
+    """This fleet's update left the wave or stopped failing: the fleets waiting for a place may go."""
 
 
 def gather_context(
@@ -265,9 +266,9 @@ def reconcile_pass(
     ctx = autoscaling.forecast_if_due(ctx)
 
     # 3. Plan (pure): the release, then every child built once for its track; diff with the observed ones;
-    #    with a warm pool, which Ready stable pods serve. A new stable pod template of the same revision
-    #    (an operator upgrade) needs a place in the upgrade wave; without one the stable Deployment keeps
-    #    its observed template.
+    #    with a warm pool, which Ready stable pods serve. An update from the operator itself (a new stable
+    #    pod template of the same revision, a release of its new defaults) needs a place in the upgrade
+    #    wave; without one the stable Deployment keeps its observed template and no release starts.
     plan, desired, held = plan_in_wave(ctx, wave)
     changes = diff_children(desired, snap.children, kinds.DELETABLE)
     pool = warm_pool(ctx, plan) if spec.scaling.warm_pool > 0 else 0

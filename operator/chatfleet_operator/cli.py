@@ -35,8 +35,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=None,
         metavar="N",
-        help="most ChatbotServices rolling a new pod template of the same revision at once (an operator "
-        "upgrade); the others wait their turn (default 5; 0: no limit; env CHATFLEET_UPGRADE_WAVE)",
+        help="most ChatbotServices the operator updates at once after an upgrade (a new pod template of the "
+        "same revision, a release of a new default image); the others wait their turn (default 5; 0: no "
+        "limit; env CHATFLEET_UPGRADE_WAVE)",
     )
     run.add_argument(
         "--stats-file", default=None, help="write pass/latency/write counters here on exit (JSON)"

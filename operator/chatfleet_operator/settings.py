@@ -45,9 +45,9 @@ class PodSettings:
     max_unavailable: int | str = 0
     """Deployment rolling update maxUnavailable: never below the desired serving capacity."""
     upgrade_wave: int = 5
-    """Most ChatbotServices rolling a new pod template of the same revision at once (an operator upgrade or
-    new operator settings; wave.py); the others keep their pods until a place frees. 0: no limit. Flag
-    --upgrade-wave, env CHATFLEET_UPGRADE_WAVE."""
+    """Most ChatbotServices the operator updates at once after an upgrade or new settings (a new pod template
+    of the same revision, a release of a new default image; wave.py); the others keep their pods until a
+    place frees. 0: no limit. Flag --upgrade-wave, env CHATFLEET_UPGRADE_WAVE."""
     allowed_host_paths: tuple[str, ...] = ()
     """Host directory prefixes a spec.model.hostPath may name, on whole path segments ('/data' allows
     /data and /data/x, not /database; a '..' segment never). Default none: no ChatbotService author may

@@ -126,10 +126,12 @@ class UpgradeWave:
             self._failing.pop(key, None)
             return was_failing
 
-    def forget(self, key: Key) -> None:
-        """A deleted ChatbotService frees its place (and lifts a halt it caused)."""
+    def forget(self, key: Key) -> bool:
+        """A deleted ChatbotService frees its place (and lifts a halt it caused); True when it held one."""
         with self._lock:
+            held = key in self._rolling
             self._discard(key)
+            return held
 
     def _discard(self, key: Key) -> None:
         self._rolling.discard(key)
@@ -152,13 +154,22 @@ def template_upgrade(
     """Whether writing `desired` (the stable Deployment built from the spec) changes the observed one's pod
     template while its revision stays: an upgrade, which takes a place in the wave. Pure.
 
-    e.g. same revision, a new annotation in the template -> True; a new revision (a release) -> False;
-    no Deployment yet -> False; the same template -> False.
+    Only a change of what the operator builds counts: when `desired` carries the desired-hash the observed
+    Deployment carries, the operator wants what it wrote last, and a template that differs was edited by
+    someone else (drift, put back at once, never held). The hash also spares the template comparison on
+    the passes where nothing changed.
+
+    e.g. same revision, a new annotation in the built template -> True; a new revision (a release) -> False;
+    no Deployment yet -> False; the same template -> False; the template edited by hand -> False.
     """
     if observed is None or _template(observed) is None:
         return False
-    labels = (observed.get("metadata") or {}).get("labels") or {}
-    if labels.get(api.LABEL_REVISION) != update_revision:
+    meta = observed.get("metadata") or {}
+    if (meta.get("labels") or {}).get(api.LABEL_REVISION) != update_revision:
+        return False
+    wrote = (meta.get("annotations") or {}).get(api.ANNOTATION_DESIRED_HASH)
+    wants = ((desired.get("metadata") or {}).get("annotations") or {}).get(api.ANNOTATION_DESIRED_HASH)
+    if wrote is not None and wrote == wants:
         return False
     return not contains(observed, {"spec": {"template": _template(desired)}})
 

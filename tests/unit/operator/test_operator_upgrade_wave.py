@@ -342,3 +342,20 @@ def test_a_freed_place_runs_the_held_fleets_again_at_once(scripted):
         ["held", "held", "rolling", "rolling"],
         ["held", "held", "held", "rolling", "rolling"],
     ]
+
+
+def test_a_hand_edit_of_the_template_is_put_back_at_once_even_with_the_wave_full():
+    """Drift is no upgrade: the operator's own desired object did not change (its desired-hash is the one
+    on the Deployment), so the repair never waits for a place."""
+    wave = UpgradeWave(1)
+    a, b = converged("a", settings=NEW), converged("b", settings=NEW)
+    assert wave.ask(("ns", "someone-else")).admitted  # the one place is taken
+    template = b.deployment["spec"]["template"]
+    template["metadata"]["annotations"]["triton.chatfleet.io/chat.config.pbtxt"] = "edited by hand"
+    outcome = b.run(NEW, wave)
+    assert not outcome.upgrade_held and ("Deployment", "b") in b.applied()
+    assert (
+        b.deployment["spec"]["template"]["metadata"]["annotations"]["triton.chatfleet.io/chat.config.pbtxt"]
+        != "edited by hand"
+    )
+    assert not a.run(NEW, wave).upgrade_held

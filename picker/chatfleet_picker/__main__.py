@@ -1,0 +1,3 @@
+from chatfleet_picker.server import main
+
+main()

@@ -1,0 +1,187 @@
+"""The replicas of one ChatbotService as the picker knows them: pods from the API, load from their metrics.
+
+Pure parts (`endpoint_of_pod`, `parse_load`, `Fleet`) are tested alone; `watch_pods` (the Kubernetes API,
+in a thread) and `scrape` (each replica's metrics port) feed a `Fleet`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from chatfleet_picker.choose import Endpoint
+
+log = logging.getLogger("chatfleet.picker")
+
+#: Pod labels the operator sets (chatfleet_operator.api; kept apart so the picker needs no operator code).
+LABEL_TRACK = "chatfleet.io/track"
+LABEL_REVISION = "chatfleet.io/revision"
+LABEL_SERVING = "chatfleet.io/serving"
+#: The runtime's metrics the load is read from.
+INFLIGHT = "chatfleet_inflight_requests"
+KV_BYTES, KV_CAPACITY = "chatfleet_model_prefix_cache_bytes", "chatfleet_model_prefix_cache_capacity_bytes"
+
+
+@dataclass(frozen=True)
+class Replica:
+    endpoint: Endpoint
+    metrics_url: str
+
+
+def endpoint_of_pod(pod: Mapping[str, Any], target_port: int, metrics_port: int) -> Replica | None:
+    """The replica a pod is, or None while it has no IP. Ready: the Ready condition is True, the pod is
+    not being deleted, and it is not a warm-pool standby (chatfleet.io/serving=false)."""
+    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+    ip = status.get("podIP")
+    if not ip:
+        return None
+    labels = meta.get("labels") or {}
+    conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
+    ready = (
+        conditions.get("Ready") == "True"
+        and not meta.get("deletionTimestamp")
+        and labels.get(LABEL_SERVING, "true") != "false"
+    )
+    endpoint = Endpoint(
+        address=f"{ip}:{target_port}",
+        revision=labels.get(LABEL_REVISION, ""),
+        track=labels.get(LABEL_TRACK, ""),
+        ready=ready,
+    )
+    return Replica(endpoint, f"http://{ip}:{metrics_port}/metrics")
+
+
+def parse_load(text: str) -> tuple[float, float]:
+    """(queue, KV usage) from a Prometheus text exposition: the sum of chatfleet_inflight_requests, and
+    the prefix cache's bytes over its capacity (0 when either is missing).
+
+    >>> parse_load('chatfleet_inflight_requests{model="m"} 3.0\\nchatfleet_model_prefix_cache_bytes 50\\n'
+    ...            'chatfleet_model_prefix_cache_capacity_bytes 200\\n')
+    (3.0, 0.25)
+    """
+    sums: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in (INFLIGHT, KV_BYTES, KV_CAPACITY):
+            try:
+                sums[name] = sums.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+            except (IndexError, ValueError):
+                continue
+    capacity = sums.get(KV_CAPACITY, 0.0)
+    kv = min(1.0, sums.get(KV_BYTES, 0.0) / capacity) if capacity > 0 else 0.0
+    return sums.get(INFLIGHT, 0.0), kv
+
+
+class Fleet:
+    """address -> Replica; pods replace the set, metrics update the load in place. Thread-safe."""
+
+    def __init__(self, replicas: Iterable[Replica] = ()) -> None:
+        self._lock = threading.Lock()
+        self._by_pod: dict[str, Replica] = {}
+        for r in replicas:
+            self._by_pod[r.endpoint.address] = r
+
+    def endpoints(self) -> list[Endpoint]:
+        with self._lock:
+            return [r.endpoint for r in self._by_pod.values()]
+
+    def replicas(self) -> list[Replica]:
+        with self._lock:
+            return list(self._by_pod.values())
+
+    def put_pod(self, uid: str, replica: Replica | None) -> None:
+        """A pod was added or changed (None: it has no IP yet, so it is not a replica)."""
+        with self._lock:
+            old = self._by_pod.get(uid)
+            if replica is None:
+                self._by_pod.pop(uid, None)
+                return
+            if old is not None and old.endpoint.address == replica.endpoint.address:
+                keep = old.endpoint
+                load = replace(replica.endpoint, queue=keep.queue, kv_usage=keep.kv_usage)
+                replica = replace(replica, endpoint=load)
+            self._by_pod[uid] = replica
+
+    def uids(self) -> set[str]:
+        with self._lock:
+            return set(self._by_pod)
+
+    def drop_pod(self, uid: str) -> None:
+        with self._lock:
+            self._by_pod.pop(uid, None)
+
+    def set_load(self, address: str, queue: float, kv_usage: float) -> None:
+        with self._lock:
+            for key, r in self._by_pod.items():
+                if r.endpoint.address == address:
+                    self._by_pod[key] = replace(
+                        r, endpoint=replace(r.endpoint, queue=queue, kv_usage=kv_usage)
+                    )
+
+
+async def scrape(
+    fleet: Fleet, observed: Callable[[list[str]], None], interval_s: float, timeout_s: float = 1.0
+) -> None:
+    """Every `interval_s`, read each replica's metrics; `observed(addresses)` after each round. A replica
+    that does not answer keeps its last load (the pod watch says whether it is Ready)."""
+    import aiohttp
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+
+        async def one(r: Replica) -> str | None:
+            try:
+                async with session.get(r.metrics_url) as resp:
+                    queue, kv = parse_load(await resp.text())
+            except (TimeoutError, aiohttp.ClientError):
+                return None
+            fleet.set_load(r.endpoint.address, queue, kv)
+            return r.endpoint.address
+
+        while True:
+            done = await asyncio.gather(*(one(r) for r in fleet.replicas()))
+            observed([a for a in done if a])
+            await asyncio.sleep(interval_s)
+
+
+def watch_pods(fleet: Fleet, namespace: str, selector: str, target_port: int, metrics_port: int) -> None:
+    """List then watch the pods matching `selector`, forever (run in a thread). In-cluster credentials,
+    or the kubeconfig outside a cluster. A broken watch lists again."""
+    from kubernetes import client, config, watch
+
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    core = client.CoreV1Api()
+    while True:
+        try:
+            listed = core.list_namespaced_pod(namespace, label_selector=selector)
+            seen = set()
+            for pod in listed.items:
+                d = client.ApiClient().sanitize_for_serialization(pod)
+                seen.add(d["metadata"]["uid"])
+                fleet.put_pod(d["metadata"]["uid"], endpoint_of_pod(d, target_port, metrics_port))
+            for uid in fleet.uids() - seen:
+                fleet.drop_pod(uid)
+            for event in watch.Watch().stream(
+                core.list_namespaced_pod,
+                namespace,
+                label_selector=selector,
+                resource_version=listed.metadata.resource_version,
+                timeout_seconds=300,
+            ):
+                pod = client.ApiClient().sanitize_for_serialization(event["object"])
+                uid = pod["metadata"]["uid"]
+                if event["type"] == "DELETED":
+                    fleet.drop_pod(uid)
+                else:
+                    fleet.put_pod(uid, endpoint_of_pod(pod, target_port, metrics_port))
+        except Exception as exc:  # the API server restarting must not end the picker
+            log.warning("pod watch of %s/%s broke (%s); listing again", namespace, selector, exc)
+            threading.Event().wait(1.0)

@@ -1,0 +1,238 @@
+"""The endpoint picker of one ChatbotService: Envoy's external processor (ext_proc) for its InferencePools.
+
+The Gateway API Inference Extension's contract: the gateway sends each request of an InferencePool to the
+pool's endpoint picker over ext_proc; the picker answers with the header
+`x-gateway-destination-endpoint: <ip:port>` and the gateway sends the request there. One picker serves
+both pools of a ChatbotService (stable and canary), one gRPC port each, so it knows which pool the route's
+weights chose without anything gateway-specific, and one dialogue table spans both (chatfleet_picker.choose).
+
+Who calls it: the gateway's data plane only (the pools' endpointPickerRef names these ports); its metrics
+port is for Prometheus. The dialogue key is read as the chat API reads it: header X-Session-Id, else the
+JSON body's session_id, else its user; the body is buffered for that and passed on unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+
+import grpclib.server
+from envoy_data_plane.envoy.config.core.v3 import HeaderValue, HeaderValueOption
+from envoy_data_plane.envoy.service.ext_proc.v3 import (
+    BodyResponse,
+    CommonResponse,
+    ExternalProcessorBase,
+    HeaderMutation,
+    HeadersResponse,
+    ProcessingRequest,
+    ProcessingResponse,
+)
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+from chatfleet_picker.choose import Endpoint, Limits, Picker
+from chatfleet_picker.fleet import Fleet, Replica, scrape, watch_pods
+
+log = logging.getLogger("chatfleet.picker")
+
+DESTINATION_HEADER = "x-gateway-destination-endpoint"
+SESSION_HEADER = "x-session-id"
+#: Picker ports of the pools, by track (the operator's InferencePools name them).
+DEFAULT_PORTS = {"stable": 9002, "canary": 9003}
+
+
+def dialogue_key(headers: Mapping[str, str], body: bytes) -> str | None:
+    """The dialogue a request belongs to, as the chat API finds it (None: none given).
+
+    >>> dialogue_key({"x-session-id": "s1"}, b'{"user": "u"}')
+    's1'
+    >>> dialogue_key({}, b'{"user": "ann@example.com", "messages": []}')
+    'user:ann@example.com'
+    >>> dialogue_key({}, b'not json') is None
+    True
+    """
+    if headers.get(SESSION_HEADER):
+        return headers[SESSION_HEADER]
+    try:
+        doc = json.loads(body) if body else None
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(doc, dict):
+        return None
+    if isinstance(doc.get("session_id"), str) and doc["session_id"]:
+        return doc["session_id"]
+    if isinstance(doc.get("user"), str) and doc["user"]:
+        return "user:" + doc["user"]
+    return None
+
+
+def _headers(message) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for h in (message.headers.headers if message.headers else []) or []:
+        out[h.key.lower()] = h.value or h.raw_value.decode("utf-8", "replace")
+    return out
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.picks = Counter(
+            "chatfleet_picker_picks",
+            "Requests routed, by the pool the route chose and why",
+            ["pool", "reason"],
+            registry=registry,
+        )
+        self.unavailable = Counter(
+            "chatfleet_picker_no_endpoint",
+            "Requests with no ready replica to send to",
+            ["pool"],
+            registry=registry,
+        )
+        self.dialogues = Gauge("chatfleet_picker_dialogues", "Dialogues remembered", registry=registry)
+
+
+class PoolProcessor(ExternalProcessorBase):
+    """ext_proc for the pool of one track."""
+
+    def __init__(
+        self, track: str, fleet: Fleet, picker: Picker, lock: threading.Lock, metrics: Metrics | None
+    ):
+        self.track, self.fleet, self.picker, self.lock, self.metrics = track, fleet, picker, lock, metrics
+
+    def choose(self, headers: Mapping[str, str], body: bytes) -> CommonResponse:
+        dialogue = dialogue_key(headers, body)
+        with self.lock:
+            choice = self.picker.pick(dialogue, self.track, self.fleet.endpoints())
+            remembered = len(self.picker)
+        if self.metrics:
+            self.metrics.dialogues.set(remembered)
+        if choice is None:
+            if self.metrics:
+                self.metrics.unavailable.labels(self.track).inc()
+            return CommonResponse()
+        if self.metrics:
+            self.metrics.picks.labels(self.track, choice.reason).inc()
+        value = HeaderValue(key=DESTINATION_HEADER, raw_value=choice.address.encode())
+        return CommonResponse(header_mutation=HeaderMutation(set_headers=[HeaderValueOption(header=value)]))
+
+    async def process(self, messages: AsyncIterator[ProcessingRequest]) -> AsyncIterator[ProcessingResponse]:
+        headers: dict[str, str] = {}
+        body = b""
+        async for message in messages:
+            if message.request_headers is not None:
+                headers = _headers(message.request_headers)
+                if message.request_headers.end_of_stream:  # no body: decide on the headers
+                    yield ProcessingResponse(
+                        request_headers=HeadersResponse(response=self.choose(headers, b""))
+                    )
+                else:
+                    yield ProcessingResponse(request_headers=HeadersResponse(response=CommonResponse()))
+            elif message.request_body is not None:
+                body += message.request_body.body
+                if message.request_body.end_of_stream:
+                    yield ProcessingResponse(request_body=BodyResponse(response=self.choose(headers, body)))
+                else:
+                    yield ProcessingResponse(request_body=BodyResponse(response=CommonResponse()))
+            elif message.response_headers is not None:
+                yield ProcessingResponse(response_headers=HeadersResponse(response=CommonResponse()))
+
+
+def static_fleet(specs: Sequence[str]) -> Fleet:
+    """Replicas given on the command line (no Kubernetes): 'address,track,revision[,metrics_url]'."""
+    replicas = []
+    for spec in specs:
+        parts = spec.split(",")
+        if len(parts) not in (3, 4):
+            raise ValueError(f"--endpoint {spec!r}: expected address,track,revision[,metrics_url]")
+        address, track, revision = parts[:3]
+        url = parts[3] if len(parts) == 4 else f"http://{address}/metrics"
+        replicas.append(Replica(Endpoint(address, revision, track), url))
+    return Fleet(replicas)
+
+
+async def serve(
+    fleet: Fleet,
+    ports: Mapping[str, int],
+    host: str,
+    limits: Limits,
+    scrape_interval_s: float,
+    metrics: Metrics | None,
+) -> None:
+    picker, lock = Picker(limits, clock=time.monotonic), threading.Lock()
+
+    def observed(addresses: list[str]) -> None:
+        with lock:
+            picker.observe(addresses)
+
+    servers = []
+    for track, port in ports.items():
+        server = grpclib.server.Server([PoolProcessor(track, fleet, picker, lock, metrics)])
+        await server.start(host, port)
+        servers.append(server)
+        log.info("picker for the %s pool on %s:%d", track, host, port)
+    try:
+        await scrape(fleet, observed, scrape_interval_s)
+    finally:
+        for server in servers:
+            server.close()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m chatfleet_picker", description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--host", default="0.0.0.0", help="address the gRPC ports bind (127.0.0.1 off-cluster)"
+    )
+    parser.add_argument(
+        "--pool",
+        action="append",
+        default=[],
+        metavar="TRACK=PORT",
+        help="a pool's track and its gRPC port (default stable=9002 canary=9003)",
+    )
+    parser.add_argument("--namespace", help="watch the pods of this namespace (with --selector)")
+    parser.add_argument("--selector", help="label selector of the ChatbotService's pods")
+    parser.add_argument("--target-port", type=int, default=8080, help="the pods' chat port")
+    parser.add_argument("--pod-metrics-port", type=int, default=8090, help="the pods' metrics port")
+    parser.add_argument(
+        "--endpoint",
+        action="append",
+        default=[],
+        help="a replica without Kubernetes: address,track,revision[,metrics_url]",
+    )
+    parser.add_argument("--metrics-port", type=int, default=0, help="the picker's own /metrics (0: none)")
+    parser.add_argument("--scrape-interval", type=float, default=1.0)
+    parser.add_argument("--max-queue", type=float, default=Limits.max_queue)
+    parser.add_argument("--max-kv-usage", type=float, default=Limits.max_kv_usage)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    # Envoy resets each ext_proc stream once it needs nothing more of it: grpclib logs that at INFO.
+    logging.getLogger("grpclib.server").setLevel(logging.WARNING)
+    try:
+        ports = dict((t, int(p)) for t, p in (x.split("=", 1) for x in args.pool)) or dict(DEFAULT_PORTS)
+    except ValueError:
+        parser.error("--pool: expected TRACK=PORT, e.g. stable=9002")
+    if args.endpoint:
+        fleet = static_fleet(args.endpoint)
+    elif args.namespace and args.selector:
+        fleet = Fleet()
+        threading.Thread(
+            target=watch_pods,
+            args=(fleet, args.namespace, args.selector, args.target_port, args.pod_metrics_port),
+            daemon=True,
+        ).start()
+    else:
+        parser.error("give --namespace and --selector (pods from the API) or --endpoint (a fixed list)")
+    metrics = None
+    if args.metrics_port:
+        registry = CollectorRegistry()
+        metrics = Metrics(registry)
+        start_http_server(args.metrics_port, addr=args.host, registry=registry)
+    limits = Limits(max_queue=args.max_queue, max_kv_usage=args.max_kv_usage)
+    asyncio.run(serve(fleet, ports, args.host, limits, args.scrape_interval, metrics))
+
+
+if __name__ == "__main__":
+    main()

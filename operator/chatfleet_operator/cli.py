@@ -17,6 +17,7 @@ from dataclasses import replace
 
 from chatfleet_operator.builders.httproute import MIRROR_METHODS
 from chatfleet_operator.converge.policy import host_path_prefix_error
+from chatfleet_operator.release.traffic import ROUTINGS
 from chatfleet_operator.settings import PrometheusSettings, Settings, settings_from_env
 
 
@@ -109,6 +110,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="how the Gateway mirrors requests in a release's shadow phase: RequestMirror (Gateway API's "
         "filter; default, env CHATFLEET_GATEWAY_MIRROR) or TraefikService (Traefik 3.6, with its CRD provider)",
+    )
+    run.add_argument(
+        "--routing",
+        choices=ROUTINGS,
+        default=None,
+        help="what a canary's HTTPRoute sends its weights to: auto (default, env CHATFLEET_ROUTING): "
+        "InferencePools and their endpoint picker where the cluster serves inference.networking.k8s.io/v1, "
+        "else Services; Service: always Services",
+    )
+    run.add_argument(
+        "--picker-image",
+        default=None,
+        metavar="IMAGE",
+        help="image of the InferencePools' endpoint picker (default env CHATFLEET_PICKER_IMAGE, else "
+        "chatfleet/chatfleet-operator:0.1.0: the operator's image carries it)",
+    )
+    run.add_argument(
+        "--picker-service-account",
+        default=None,
+        metavar="NAME",
+        help="ServiceAccount of the endpoint picker in each fleet's namespace, allowed to list and watch pods "
+        "(default env CHATFLEET_PICKER_SERVICE_ACCOUNT, else chatfleet-picker; the chart writes it)",
     )
     run.add_argument(
         "--autoscaler",
@@ -214,6 +237,14 @@ def build_settings(args: argparse.Namespace, environ: Mapping[str, str] | None =
         release = replace(release, gateway_namespace=args.gateway_namespace)
     if args.gateway_mirror:
         release = replace(release, gateway_mirror=args.gateway_mirror)
+    if args.routing:
+        release = replace(release, routing=args.routing)
+    if args.picker_image:
+        release = replace(release, picker_image=args.picker_image)
+    if args.picker_service_account:
+        release = replace(release, picker_service_account=args.picker_service_account)
+    if release.routing not in ROUTINGS:
+        raise SystemExit(f"CHATFLEET_ROUTING must be {' or '.join(ROUTINGS)}, not {release.routing!r}")
     if release.gateway_mirror not in MIRROR_METHODS:
         raise SystemExit(
             f"CHATFLEET_GATEWAY_MIRROR must be {' or '.join(MIRROR_METHODS)}, not {release.gateway_mirror!r}"

@@ -54,6 +54,9 @@ class PassContext:
     """The stable Deployment as observed."""
     canary: Track
     """The Deployment of the new revision as observed (its track is the strategy's: canary, preview)."""
+    backends: str = "Service"
+    """What the HTTPRoute's backends are: Service, or InferencePool where the cluster serves the Gateway
+    API Inference Extension (release/traffic.py, builders/inferencepool.py)."""
     release_status: ReleaseStatus = field(default_factory=ReleaseStatus)
     """The release part of old_status, parsed once (the release, its history, the stable revision); the
     planner works on a copy of it."""

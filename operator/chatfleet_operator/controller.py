@@ -22,6 +22,7 @@ from chatfleet_operator import api, metrics
 from chatfleet_operator.analysis.provider import PrometheusProvider
 from chatfleet_operator.autoscale.measure import Autoscaling
 from chatfleet_operator.builders.httproute import GATEWAY_GROUP
+from chatfleet_operator.builders.inferencepool import POOL_GROUP, POOL_VERSION
 from chatfleet_operator.builders.scaledobject import KEDA_GROUP, KEDA_VERSION
 from chatfleet_operator.cache import Key, Snapshot, World
 from chatfleet_operator.reconcile import Client, Gone, Outcome, PassFailed, reconcile_pass, record_error
@@ -57,7 +58,7 @@ class _Timing:
 
 
 #: API groups whose CRDs appearing or going change what a pass writes.
-REDISCOVER_GROUPS = frozenset({GATEWAY_GROUP, KEDA_GROUP})
+REDISCOVER_GROUPS = frozenset({GATEWAY_GROUP, KEDA_GROUP, POOL_GROUP})
 #: Seconds between such a CRD event and the passes it asks for (its Established status follows it).
 REDISCOVER_DELAY = 2.0
 
@@ -78,6 +79,7 @@ class Controller:
             provider=prometheus,
             serves_gateway_api=(lambda: serves(GATEWAY_GROUP)) if serves else None,
             cluster_domain=settings.runtime.cluster_domain,
+            serves_inference_pools=(lambda: serves(POOL_GROUP, POOL_VERSION)) if serves else None,
             read_config_map=getattr(client, "config_map_data", None),
         )
         source = settings.autoscale.metrics_source.lower()

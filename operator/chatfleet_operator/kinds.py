@@ -107,6 +107,20 @@ KINDS: tuple[Kind, ...] = (
         "traefikservice_index",
         True,
     ),
+    # InferencePool routing (the cluster serves the Gateway API Inference Extension; builders/
+    # inferencepool.py): a pool per track, watched once its CRD is there; its status.parents has the
+    # HTTPRoute's shape (the Gateway's Accepted and ResolvedRefs: status.routing.pools). Deleted when the
+    # routing goes back to Services.
+    Kind(
+        "InferencePool",
+        "inference.networking.k8s.io",
+        "v1",
+        "inferencepools",
+        Watch.CHILD,
+        "inferencepool_index",
+        True,
+        signature=facts.httproute_signature,
+    ),
     Kind("Pod", "", "v1", "pods", Watch.POD, "pod_index", signature=facts.pod_signature),
     Kind("Node", "", "v1", "nodes", Watch.NODE, "node_index", signature=facts.node_signature),
     # Read by name only: the golden prompts of spec.analysis.quality.promptsFrom (the operator owns none;
@@ -121,6 +135,9 @@ BY_NAME: dict[str, Kind] = {k.name: k for k in KINDS}
 CHILDREN: tuple[Kind, ...] = tuple(k for k in KINDS if k.watch == Watch.CHILD)
 #: Kinds the pass may delete when no longer desired.
 DELETABLE: tuple[str, ...] = tuple(k.name for k in KINDS if k.deletable)
+#: Children of any kind the pass may delete when no longer desired, by their component label: the
+#: endpoint picker's Deployment and Service when the routing goes back to Services.
+DELETABLE_COMPONENTS: tuple[str, ...] = ("endpoint-picker",)
 #: kind -> (API path prefix, plural) of every kind kube.py reads or writes (pods and nodes are only watched).
 API_PATHS: dict[str, tuple[str, str]] = {
     k.name: (k.prefix, k.plural) for k in KINDS if k.watch not in (Watch.POD, Watch.NODE)

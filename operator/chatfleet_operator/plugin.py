@@ -196,6 +196,24 @@ def render_tree(body: dict[str, Any], pods: list[dict[str, Any]], now: datetime 
             if active.get("status") == "False":
                 sub.append(str(active.get("message", "")))
         items.append((head, sub))
+    routing = st.get("routing") or {}
+    if routing:
+        served = _cond(st, api.COND_ROUTE_SERVED)
+        head = f"Routing: HTTPRoute -> {routing.get('backends', '?')}"
+        if served:
+            head += f", route served {served.get('status')} ({served.get('reason')})"
+        sub = [
+            f"InferencePool {p.get('name')}: accepted {p.get('status')} ({p.get('reason', '')})"
+            + (f": {p['message']}" if p.get("status") == "False" and p.get("message") else "")
+            for p in routing.get("pools") or []
+        ]
+        picker = routing.get("picker")
+        if picker is not None:
+            sub.append(
+                f"Endpoint picker: {'Ready' if picker.get('ready') else 'not Ready'}"
+                + (f": {picker['message']}" if picker.get("message") else "")
+            )
+        items.append((head, sub))
     pods_text = ", ".join(f"{k}: {r}/{n} Ready" for k, (r, n) in sorted(by_track.items())) or "none"
     items.append((f"Pods: {pods_text}", []))
     for i, (head, sub) in enumerate(items):

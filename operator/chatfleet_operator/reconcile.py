@@ -44,9 +44,10 @@ from chatfleet_operator.release.children import (
 )
 from chatfleet_operator.release.measure import Releases
 from chatfleet_operator.release.planner import routed, strategy_of
-from chatfleet_operator.release.route import observed_route
+from chatfleet_operator.release.route import observed_route, routing_status
 from chatfleet_operator.release.state import ReleaseStatus
 from chatfleet_operator.release.strategy import ReleasePlan, ReleaseReason
+from chatfleet_operator.release.traffic import HTTPROUTE, SERVICE_BACKENDS
 from chatfleet_operator.settings import Settings
 from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
 from chatfleet_operator.timefmt import parse_time
@@ -83,6 +84,7 @@ def gather_context(
     now: datetime,
     traffic: str,
     metrics_source: str = "",
+    backends: str = "Service",
 ) -> PassContext:
     """Step 0: what the pass knows, gathered once (the object, the snapshot, and what follows). Pure."""
     ref = ObjectRef.from_body(body)
@@ -105,6 +107,7 @@ def gather_context(
         update_revision=revision_hash(effective),
         total=desired_total(spec, old_status, stable),
         traffic=traffic,
+        backends=backends if traffic == HTTPROUTE else SERVICE_BACKENDS,
         stable=observe_track(stable, snap.pods, api.TRACK_STABLE),
         canary=observe_track(children.get(("Deployment", deployment_name(ref, track))), snap.pods, track),
         metrics_source=metrics_source if spec.scaling.autoscale is not None else "",
@@ -250,7 +253,9 @@ def reconcile_pass(
     releases = releases or Releases()
     autoscaling = autoscaling or Autoscaling()
     wave = wave or UpgradeWave()
-    ctx = gather_context(body, snap, settings, now, releases.traffic_mode(), autoscaling.metrics_source())
+    ctx = gather_context(
+        body, snap, settings, now, releases.traffic_mode(), autoscaling.metrics_source(), releases.backends()
+    )
     ref, spec = ctx.ref, ctx.spec
 
     # 1. Refuse (pure) what the operator may not build for any author (a host path it does not allow):
@@ -270,7 +275,7 @@ def reconcile_pass(
     #    pod template of the same revision, a release of its new defaults) needs a place in the upgrade
     #    wave; without one the stable Deployment keeps its observed template and no release starts.
     plan, desired, held = plan_in_wave(ctx, wave)
-    changes = diff_children(desired, snap.children, kinds.DELETABLE)
+    changes = diff_children(desired, snap.children, kinds.DELETABLE, kinds.DELETABLE_COMPONENTS)
     pool = warm_pool(ctx, plan) if spec.scaling.warm_pool > 0 else 0
     labels = plan_serving(ctx.pods, plan.stable_replicas) if spec.scaling.warm_pool > 0 else []
 
@@ -309,6 +314,7 @@ def reconcile_pass(
         autoscaling=_autoscaling_status(ctx, pool, stable_pods),
         scaling_active=_scaling_active(ctx),
         route_served=_route_served(ctx, snap),
+        routing=routing_status(ctx, snap.children, routed(ctx)),
         upgrade_held=held_condition(held, ref.generation) if held is not None else None,
     )
     new_status = compute_status(ctx.old_status, obs, now, plan.status_fields(ctx.update_revision))

@@ -115,6 +115,17 @@ class ReleaseSettings:
     """How the Gateway mirrors requests in a release's shadow phase: RequestMirror (Gateway API's filter) or
     TraefikService (Traefik 3.6, which lacks that filter; needs Traefik's CRD provider). Flag
     --gateway-mirror, env CHATFLEET_GATEWAY_MIRROR."""
+    routing: str = "auto"
+    """What a canary's HTTPRoute sends its weights to: auto (InferencePools with the endpoint picker where
+    the cluster serves inference.networking.k8s.io/v1, else Services) or Service (always Services). Flag
+    --routing, env CHATFLEET_ROUTING."""
+    picker_image: str = "chatfleet/chatfleet-operator:0.1.0"
+    """Image of the InferencePools' endpoint picker (python -m chatfleet_picker; the operator's image carries
+    it, and the chart sets the operator's own). Flag --picker-image, env CHATFLEET_PICKER_IMAGE."""
+    picker_service_account: str = "chatfleet-picker"
+    """ServiceAccount the picker runs under in each fleet's namespace; its Role must let it list and watch
+    pods (the chart writes the three in the namespaces it knows). Flag --picker-service-account, env
+    CHATFLEET_PICKER_SERVICE_ACCOUNT."""
     probe_url_template: str = "http://{service}-{track}.{namespace}.svc.{domain}:8080/v1/chat/completions"
     """Where probe prompts go; {namespace} {service} {track} {domain} are filled in (spec.analysis.probe.url wins)."""
     route_settle_seconds: float = 10.0
@@ -123,7 +134,8 @@ class ReleaseSettings:
     that still points at a Service without endpoints answers 503 (Argo Rollouts'
     abortScaleDownDelaySeconds guards the same race). The pods drain once they go."""
     discovery_cache_seconds: float = 10.0
-    """Seconds the answer 'does the cluster serve gateway.networking.k8s.io' is reused."""
+    """Seconds the answer 'does the cluster serve gateway.networking.k8s.io' (or the Inference Extension's
+    group) is reused."""
     analysis_allowed_hosts: tuple[str, ...] = ()
     """Hosts the release analysis may call besides *.svc and *.svc.<domain> (spec.analysis.prometheusAddress,
     spec.analysis.probe.url): exact names, *.suffix wildcards, IPs or CIDRs such as the Service CIDR.
@@ -232,6 +244,9 @@ ENVIRONMENT: dict[str, tuple[str, Callable[[str], Any]]] = {
     "CHATFLEET_GATEWAY": ("release.gateway_name", _text),
     "CHATFLEET_GATEWAY_NAMESPACE": ("release.gateway_namespace", _text),
     "CHATFLEET_GATEWAY_MIRROR": ("release.gateway_mirror", _text),
+    "CHATFLEET_ROUTING": ("release.routing", _text),
+    "CHATFLEET_PICKER_IMAGE": ("release.picker_image", _text),
+    "CHATFLEET_PICKER_SERVICE_ACCOUNT": ("release.picker_service_account", _text),
     "CHATFLEET_ANALYSIS_ALLOWED_HOSTS": ("release.analysis_allowed_hosts", _items),
     "CHATFLEET_AUTOSCALER": ("autoscale.metrics_source", _text),
     "CHATFLEET_PROMETHEUS_CA_FILE": ("prometheus.ca_file", _text),

@@ -81,7 +81,13 @@ def test_each_port_from_its_owner_only() -> None:
     (operator,) = by_port[ADMIN_PORT]
     assert by_port[CHAT_PORT] == [{"podSelector": {}}, operator, {"namespaceSelector": gateway}]
     assert by_port[SHADOW_PORT] == [{"namespaceSelector": gateway}]
-    assert by_port[SCRAPE_PORT] == [{"namespaceSelector": prometheus}]
+    picker = {
+        "matchLabels": {
+            "app.kubernetes.io/component": "endpoint-picker",
+            "app.kubernetes.io/managed-by": "chatfleet-operator",
+        }
+    }
+    assert by_port[SCRAPE_PORT] == [{"podSelector": picker}, {"namespaceSelector": prometheus}]
     assert operator["namespaceSelector"] == {
         "matchLabels": {"kubernetes.io/metadata.name": "chatfleet-system"}
     }
@@ -104,3 +110,29 @@ def test_no_gateway_no_gateway_rule() -> None:
 def test_bad_values_are_refused_by_the_schema(value: str) -> None:
     proc = helm("template", "cf", str(CHART), *set_flags([*ON, value]), check=False)
     assert proc.returncode != 0 and "networkPolicy" in proc.stderr
+
+
+def test_the_pickers_ports_from_the_gateway_and_their_metrics_from_prometheus_only() -> None:
+    """InferencePool routing's endpoint pickers: their ext_proc ports (one per pool) from the gateway's
+    namespaces, their metrics from Prometheus; the ports are the builder's (builders/inferencepool.py)."""
+    from chatfleet_operator.builders.inferencepool import PICKER_METRICS_PORT, PICKER_PORTS, build_picker
+
+    docs = render([*ON, "networkPolicy.fleets.namespaces={team-a}"])
+    (policy,) = [d for d in find(docs, "NetworkPolicy") if d["metadata"]["name"].endswith("-pickers")]
+    by_port = sources(policy)
+    assert set(by_port) == {*PICKER_PORTS.values(), PICKER_METRICS_PORT}
+    for port in PICKER_PORTS.values():
+        assert by_port[port] == [
+            {
+                "namespaceSelector": {
+                    "matchExpressions": [
+                        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["gateway"]}
+                    ]
+                }
+            }
+        ]
+    dep = build_picker(ObjectRef("ns", "bot", "uid"), "image", "account")[0]
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+    declared = {p["containerPort"] for p in dep["spec"]["template"]["spec"]["containers"][0]["ports"]}
+    assert declared == set(by_port)

@@ -4,7 +4,7 @@ Test design: `operator_permissions()` derives the permissions from the operator'
 of the chart: kopf's registry (every watched or indexed kind: list + watch; kinds with change handlers,
 if any: patch for kopf's annotations), kube.seed_replicas (patch of a ChatbotService), kube.KINDS (owned
 kinds are server-side applied: patch, plus create when an apply creates; ConfigMaps are only read by name;
-Events only posted), kinds.DELETABLE (delete), kube.patch_status (status patch), owner references with
+Events only posted), kinds.DELETABLE and the picker's objects of kinds.DELETABLE_COMPONENTS (delete), kube.patch_status (status patch), owner references with
 blockOwnerDeletion (finalizers update) and kopf's own needs (CRD discovery; namespaces with scope namespaces; peering with replicas > 1).
 Each rendered rule set must equal that set, per scope. The cluster test in test_chart_cluster.py proves
 the same against the API server: the operator runs under the chart's ServiceAccount, every request it
@@ -56,6 +56,12 @@ def operator_permissions(*, scope: str, peering: bool) -> set[Perm]:
             used |= {(group, plural, "patch"), (group, plural, "create")}  # kube.apply (server-side apply)
     for kind in kinds.DELETABLE:
         used.add((group_of[kind], kube.KINDS[kind][1], "delete"))
+    # kinds.DELETABLE_COMPONENTS: the endpoint picker's objects, deleted when the routing goes back to Services
+    from chatfleet_operator.builders.inferencepool import build_picker
+
+    for m in build_picker(ObjectRef("ns", "name", "uid"), "image", "account"):
+        if m["metadata"]["labels"].get(api.LABEL_COMPONENT) in kinds.DELETABLE_COMPONENTS:
+            used.add((group_of[m["kind"]], kube.KINDS[m["kind"]][1], "delete"))
     used.add(("", "pods", "patch"))  # kube.label_pod: the warm pool's serving label and deletion cost
     if owner_reference(ObjectRef("ns", "name", "uid")).get("blockOwnerDeletion"):
         used.add((api.GROUP, f"{api.PLURAL}/finalizers", "update"))
@@ -77,9 +83,22 @@ def is_tenants(doc: dict[str, Any]) -> bool:
     return doc["metadata"].get("labels", {}).get(TENANTS[0]) == TENANTS[1]
 
 
+#: The label of the endpoint pickers' ServiceAccount, Role and RoleBinding (picker-rbac.yaml), not the operator's.
+PICKERS = ("chatfleet.io/rbac-for", "endpoint-pickers")
+
+
+def is_pickers(doc: dict[str, Any]) -> bool:
+    return doc["metadata"].get("labels", {}).get(PICKERS[0]) == PICKERS[1]
+
+
+def operators(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    """The operator's own objects of `kind` (not the tenants' roles, not the pickers')."""
+    return [doc for doc in find(docs, kind) if not is_tenants(doc) and not is_pickers(doc)]
+
+
 def rules_of(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    """All rules of all the operator's Roles or ClusterRoles (not the tenants')."""
-    return [rule for doc in find(docs, kind) if not is_tenants(doc) for rule in doc["rules"]]
+    """All rules of all the operator's Roles or ClusterRoles (not the tenants', not the pickers')."""
+    return [rule for doc in operators(docs, kind) for rule in doc["rules"]]
 
 
 def tenant_roles(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -177,8 +196,8 @@ def test_namespace_scope_keeps_writes_inside_the_watched_namespaces() -> None:
     cluster_perms = granted(rules_of(docs, "ClusterRole"))
     assert {(g, r) for g, r, _ in cluster_perms} <= CLUSTER_SCOPED
     assert {v for _, _, v in cluster_perms} == {"list", "watch"}, "cluster-wide access must be read-only"
-    roles = find(docs, "Role")
-    bindings = find(docs, "RoleBinding")
+    roles = operators(docs, "Role")
+    bindings = operators(docs, "RoleBinding")
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     for binding in bindings + find(docs, "ClusterRoleBinding"):
@@ -196,3 +215,25 @@ def test_rules_are_commented() -> None:
         if line.startswith("- apiGroups:"):
             before = [ln for ln in lines[max(0, i - 6) : i] if ln.strip()]
             assert any(ln.lstrip().startswith("#") for ln in before), f"rule at line {i + 1} has no comment"
+
+
+def test_the_pickers_read_pods_in_the_fleets_namespaces_and_nothing_else() -> None:
+    """InferencePool routing's endpoint pickers: the chart writes their ServiceAccount and a Role to list
+    and watch pods, bound to that ServiceAccount only, in the watched namespaces or the ones listed."""
+    docs = render(["watch.scope=namespaces", "watch.namespaces={team-a,team-b}"])
+    roles = [d for d in find(docs, "Role") if is_pickers(d)]
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    for role in roles:
+        assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}]
+    for binding in (d for d in find(docs, "RoleBinding") if is_pickers(d)):
+        ns = binding["metadata"]["namespace"]
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "chatfleet-picker", "namespace": ns}
+        ]
+        assert binding["roleRef"]["kind"] == "Role"
+    listed = render(["operator.gateway.pickerNamespaces={bots}"])
+    assert [d["metadata"]["namespace"] for d in find(listed, "ServiceAccount") if is_pickers(d)] == ["bots"]
+    # scope cluster without a list: none (status.routing.picker then says the pods cannot be created)
+    assert not [d for d in find(render(), "Role") if is_pickers(d)]
+    off = render(["watch.scope=namespaces", "operator.gateway.routing=Service"])
+    assert not [d for d in find(off, "Role") if is_pickers(d)]

@@ -61,6 +61,7 @@ def build_httproute(
     pins: Mapping[str, str] | None = None,
     hostnames: Sequence[str] = (),
     mirror: Mirror | None = None,
+    pool_group: str | None = None,
 ) -> dict[str, Any]:
     """HTTPRoute `<name>` splitting the chat port between the stable and canary Services by weight.
 
@@ -70,12 +71,16 @@ def build_httproute(
     `hostnames` (spec.rollout.hostnames) become the route's; none: every hostname the listener admits.
     `mirror` (the shadow phase): Mirror(10) adds a RequestMirror filter of 10 % to <name>-canary:8081;
     Mirror(10, "TraefikService") makes TraefikService <name>-mirror the weighted rule's one backend.
+    `pool_group` (the Inference Extension's API group): the backends are the tracks' InferencePools, named
+    as their Services, instead of the Services (the mirror still goes to the canary Service's shadow port).
     """
     parent: dict[str, Any] = {"group": GATEWAY_GROUP, "kind": "Gateway", "name": gateway_name}
     if gateway_namespace:
         parent["namespace"] = gateway_namespace
 
     def backend(track: str) -> dict[str, Any]:
+        if pool_group:
+            return {"group": pool_group, "kind": "InferencePool", "name": track_service_name(ref, track)}
         return {"name": track_service_name(ref, track), "port": CHAT_PORT}
 
     rules: list[dict[str, Any]] = [

@@ -147,12 +147,14 @@ def diff_children(
     desired: Sequence[Mapping[str, Any]],
     observed: Mapping[tuple[str, str], Mapping[str, Any]],
     owned_kinds: Sequence[str] = (),
+    owned_components: Sequence[str] = (),
 ) -> list[Change]:
     """Applies for missing or drifted objects, deletes for observed owned objects not desired.
 
     Example: desired [Service a], observed {} -> [apply Service a (created)];
     observed {(Service, a): same} -> []; observed {(HorizontalPodAutoscaler, x): ...} with
     owned_kinds=['HorizontalPodAutoscaler'] and no desired HPA -> [delete HorizontalPodAutoscaler x].
+    `owned_components`: objects of any kind labelled with one of these components are deletable too.
     """
     changes: list[Change] = []
     wanted = set()
@@ -165,6 +167,9 @@ def diff_children(
         elif not contains(current, manifest):
             changes.append(Change("apply", key[0], key[1], manifest, "drifted"))
     for key in sorted(observed):
-        if key[0] in owned_kinds and key not in wanted and not controlled_by_another(observed[key]):
+        body = observed[key]
+        component = ((body.get("metadata") or {}).get("labels") or {}).get(api.LABEL_COMPONENT)
+        deletable = key[0] in owned_kinds or (component is not None and component in owned_components)
+        if deletable and key not in wanted and not controlled_by_another(body):
             changes.append(Change("delete", key[0], key[1], None, "not desired"))
     return changes

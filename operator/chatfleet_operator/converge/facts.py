@@ -230,8 +230,17 @@ def content_signature_of(body: Mapping[str, Any]) -> tuple[Any, ...]:
 
 
 def deployment_signature(body: Mapping[str, Any]) -> tuple[Any, ...]:
-    """Change signature of a Deployment: its content and rollout counts."""
-    return (content_signature(body), astuple(deployment_facts(body)))
+    """Change signature of a Deployment: its content, rollout counts and whether its pods cannot be created
+    (ReplicaFailure: e.g. the endpoint picker's ServiceAccount missing, shown in status.routing.picker)."""
+    failure = next(
+        (
+            c.get("status")
+            for c in (body.get("status") or {}).get("conditions") or []
+            if c.get("type") == "ReplicaFailure"
+        ),
+        None,
+    )
+    return (content_signature(body), astuple(deployment_facts(body)), failure)
 
 
 def autoscaler_signature(body: Mapping[str, Any]) -> tuple[Any, ...]:

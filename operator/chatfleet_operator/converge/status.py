@@ -107,6 +107,9 @@ class Observation:
     """The ScalingActive condition (without timestamp), None without spec.scaling.autoscale."""
     route_served: Mapping[str, Any] | None = None
     """The RouteServed condition (without timestamp), None where no HTTPRoute carries the traffic."""
+    routing: Mapping[str, Any] | None = None
+    """status.routing: the HTTPRoute's backends (Service or InferencePool) and each pool's acceptance; None
+    where no HTTPRoute carries the traffic."""
     upgrade_held: Mapping[str, Any] | None = None
     """The UpgradeHeld condition (without timestamp), None unless the upgrade wave holds a new pod template
     back (wave.py)."""
@@ -261,6 +264,8 @@ def compute_status(
         status["stableRevision"] = stable
     if obs.autoscaling is not None:
         status["autoscaling"] = dict(obs.autoscaling)
+    if obs.routing is not None:
+        status["routing"] = dict(obs.routing)
     if release is not None:
         status.update(release.fields)
     status["phase"] = derive_phase(status)

@@ -32,7 +32,7 @@ from chatfleet_operator.converge.facts import PodFacts, Track
 from chatfleet_operator.discovery import ServedGroup
 from chatfleet_operator.release.planner import analysis_due, dialogue_check_due, strategy_of
 from chatfleet_operator.release.state import ReleasePhase, last_verdict
-from chatfleet_operator.release.traffic import HTTPROUTE, REPLICA_RATIO
+from chatfleet_operator.release.traffic import HTTPROUTE, POOL_BACKENDS, REPLICA_RATIO, SERVICE_BACKENDS
 from chatfleet_operator.settings import ReleaseSettings
 from chatfleet_operator.spec import ChatbotServiceSpec, GoldenPromptSpec, ObjectRef, QualitySpec
 
@@ -52,12 +52,16 @@ class Releases:
         provider: Provider | None = None,
         serves_gateway_api: Callable[[], bool] | None = None,
         cluster_domain: str = "cluster.local",
+        serves_inference_pools: Callable[[], bool] | None = None,
         read_config_map: Callable[[str, str], Mapping[str, str] | None] | None = None,
     ) -> None:
         self.settings = settings or ReleaseSettings()
         self.provider = provider or PrometheusProvider()
         self._gateway_api = ServedGroup(
             "Gateway API", serves_gateway_api, self.settings.discovery_cache_seconds
+        )
+        self._pools = ServedGroup(
+            "Gateway API Inference Extension", serves_inference_pools, self.settings.discovery_cache_seconds
         )
         self.cluster_domain = cluster_domain
         self._read_config_map = read_config_map
@@ -76,12 +80,20 @@ class Releases:
         ] = {}
 
     def rediscover(self) -> None:
-        """Forget the cached answer about Gateway API (its CRDs appeared or went)."""
+        """Forget the cached answers about Gateway API and its Inference Extension (CRDs appeared or went)."""
         self._gateway_api.forget()
+        self._pools.forget()
 
     def traffic_mode(self) -> str:
         """HTTPRoute when the cluster serves Gateway API (discovery, cached a few seconds), else ReplicaRatio."""
         return HTTPROUTE if self._gateway_api.served() else REPLICA_RATIO
+
+    def backends(self) -> str:
+        """InferencePool where --routing is auto and the cluster serves inference.networking.k8s.io/v1
+        (discovery, cached), else Service. Only an HTTPRoute has backends (gather_context)."""
+        if self.settings.routing == SERVICE_BACKENDS or not self._pools.served():
+            return SERVICE_BACKENDS
+        return POOL_BACKENDS
 
     def target_errors(self, ref: ObjectRef, spec: ChatbotServiceSpec) -> list[str]:
         """Why the analysis URLs of this spec must not be called (each message names its field); [] if fine."""

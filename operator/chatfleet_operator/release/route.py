@@ -23,8 +23,10 @@ from typing import Any
 
 from chatfleet_operator import api
 from chatfleet_operator.analysis.assess import INCONCLUSIVE, SUCCESSFUL, Measurement
+from chatfleet_operator.builders.inferencepool import picker_name, pool_name
 from chatfleet_operator.context import PassContext
 from chatfleet_operator.converge.facts import route_parents
+from chatfleet_operator.release.traffic import POOL_BACKENDS
 
 TRUE, FALSE, UNKNOWN = "True", "False", "Unknown"
 #: Longest part of a Gateway's message put into the condition's.
@@ -62,7 +64,11 @@ def _detail(message: str) -> str:
 
 
 def route_state(
-    route: Mapping[str, Any] | None, route_name: str, gateway_namespace: str, gateway_name: str
+    route: Mapping[str, Any] | None,
+    route_name: str,
+    gateway_namespace: str,
+    gateway_name: str,
+    kind: str = "HTTPRoute",
 ) -> RouteState:
     """RouteServed of HTTPRoute `route_name` (its observed body, None before it exists) on one Gateway.
 
@@ -71,39 +77,40 @@ def route_state(
     -> False, NotAllowedByListeners, "Gateway shop/chatfleet does not accept HTTPRoute bot: no listener
     allows the route"; Accepted True with ResolvedRefs False BackendNotFound -> False, BackendNotFound;
     Accepted True -> True, Accepted; no entry for that Gateway (no status yet) -> Unknown, Pending.
+    An InferencePool's status.parents has the same shape (`kind` names it in the messages).
     """
     gateway = f"{gateway_namespace}/{gateway_name}"
     if route is None:
-        return RouteState(UNKNOWN, api.Reason.ROUTE_PENDING, f"HTTPRoute {route_name} is not written yet")
+        return RouteState(UNKNOWN, api.Reason.ROUTE_PENDING, f"{kind} {route_name} is not written yet")
     mine = [p for p in route_parents(route) if (p.namespace, p.name) == (gateway_namespace, gateway_name)]
     for p in mine:
         if p.accepted.status == FALSE:
             return RouteState(
                 FALSE,
                 p.accepted.reason or api.Reason.ROUTE_NOT_ACCEPTED,
-                f"Gateway {gateway} does not accept HTTPRoute {route_name}{_detail(p.accepted.message)}",
+                f"Gateway {gateway} does not accept {kind} {route_name}{_detail(p.accepted.message)}",
             )
     for p in mine:
         if p.resolved_refs.status == FALSE:
             return RouteState(
                 FALSE,
                 p.resolved_refs.reason or api.Reason.REFS_NOT_RESOLVED,
-                f"Gateway {gateway} cannot resolve the backends of HTTPRoute {route_name}"
+                f"Gateway {gateway} cannot resolve the backends of {kind} {route_name}"
                 f"{_detail(p.resolved_refs.message)}",
             )
     if any(p.accepted.status == TRUE for p in mine):
-        return RouteState(TRUE, api.Reason.ROUTE_ACCEPTED, f"Gateway {gateway} serves HTTPRoute {route_name}")
+        return RouteState(TRUE, api.Reason.ROUTE_ACCEPTED, f"Gateway {gateway} serves {kind} {route_name}")
     answered = next((p.accepted for p in mine if p.accepted.status), None)
     if answered is not None:  # Accepted Unknown (e.g. Pending: the Gateway has not decided yet)
         return RouteState(
             UNKNOWN,
             answered.reason or api.Reason.ROUTE_PENDING,
-            f"Gateway {gateway} has not accepted HTTPRoute {route_name} yet{_detail(answered.message)}",
+            f"Gateway {gateway} has not accepted {kind} {route_name} yet{_detail(answered.message)}",
         )
     return RouteState(
         UNKNOWN,
         api.Reason.ROUTE_PENDING,
-        f"No controller of Gateway {gateway} has answered for HTTPRoute {route_name} yet: "
+        f"No controller of Gateway {gateway} has answered for {kind} {route_name} yet: "
         "check that the Gateway exists and that its GatewayClass has a controller",
     )
 
@@ -116,6 +123,53 @@ def observed_route(ctx: PassContext, route: Mapping[str, Any] | None, routed: bo
     release = ctx.settings.release
     gateway_namespace = release.gateway_namespace or ctx.ref.namespace
     return route_state(route, ctx.ref.name, gateway_namespace, release.gateway_name)
+
+
+def routing_status(
+    ctx: PassContext, children: Mapping[tuple[str, str], Mapping[str, Any]], routed: bool
+) -> dict[str, Any] | None:
+    """status.routing where an HTTPRoute carries the traffic (`routed`), else None: the route's backends
+    and, for InferencePools, the Gateway's word on each pool (its status.parents, as for the route). e.g.
+    {"backends": "InferencePool", "pools": [{"name": "bot", "status": "True", "reason": "Accepted",
+    "message": "Gateway shop/chatfleet serves InferencePool bot"}, {"name": "bot-canary", ...}],
+    "picker": {"ready": True}}."""
+    if not routed:
+        return None
+    if ctx.backends != POOL_BACKENDS:
+        return {"backends": ctx.backends}
+    release = ctx.settings.release
+    gateway_namespace = release.gateway_namespace or ctx.ref.namespace
+    pools = []
+    for track in (api.TRACK_STABLE, api.TRACK_CANARY):
+        name = pool_name(ctx.ref, track)
+        state = route_state(
+            children.get(("InferencePool", name)),
+            name,
+            gateway_namespace,
+            release.gateway_name,
+            "InferencePool",
+        )
+        pools.append({"name": name, "status": state.status, "reason": state.reason, "message": state.message})
+    return {
+        "backends": ctx.backends,
+        "pools": pools,
+        "picker": picker_state(children.get(("Deployment", picker_name(ctx.ref)))),
+    }
+
+
+def picker_state(deployment: Mapping[str, Any] | None) -> dict[str, Any]:
+    """status.routing.picker: whether the endpoint picker is Ready and, when its pods cannot be created
+    (no ServiceAccount for it in the namespace, a quota), the Deployment's ReplicaFailure message.
+    e.g. {"ready": False, "message": "pods \"bot-picker-...\" is forbidden: error looking up service
+    account bots/chatfleet-picker: serviceaccount \"chatfleet-picker\" not found"}."""
+    status = (deployment or {}).get("status") or {}
+    state: dict[str, Any] = {"ready": int(status.get("readyReplicas") or 0) > 0}
+    if deployment is None:
+        state["message"] = "the picker's Deployment is not written yet"
+    for c in status.get("conditions") or []:
+        if c.get("type") == "ReplicaFailure" and c.get("status") == TRUE:
+            state["message"] = str(c.get("message") or c.get("reason") or "")[:MESSAGE_LIMIT]
+    return state
 
 
 def route_gated(m: Measurement, route: RouteState | None) -> Measurement:

@@ -4,26 +4,30 @@ objects that carry it. Pure.
 A strategy says what it wants of the traffic this pass (`TrafficIntent`: which pods the main Service
 selects and with what affinity, whether the new track has a Service of its own, and, behind Gateway API,
 a weighted route with its pinned revisions and its mirror). This module alone knows how that is spelt:
-a ClusterIP Service with ClientIP affinity, a Gateway API HTTPRoute, or Traefik's TraefikService where
-the gateway lacks the RequestMirror filter. A header route, another mirror method or another gateway is
+a ClusterIP Service with ClientIP affinity, a Gateway API HTTPRoute, Traefik's TraefikService where
+the gateway lacks the RequestMirror filter, or -- where the cluster serves the Gateway API Inference
+Extension -- an InferencePool per track and their endpoint picker behind the route (ctx.backends). A header route, another mirror method or another gateway is
 an edit here, not in a strategy (Argo Rollouts' TrafficRoutingReconciler, Flagger's router.Interface).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from chatfleet_operator import api
 from chatfleet_operator.builders.httproute import (
+    REQUEST_MIRROR,
     TRAEFIK_SERVICE,
     Mirror,
     build_httproute,
     build_traefik_mirror,
 )
+from chatfleet_operator.builders.inferencepool import POOL_GROUP, build_inference_pool, build_picker
 from chatfleet_operator.builders.service import build_service, track_service_name
 from chatfleet_operator.context import PassContext
+from chatfleet_operator.release.traffic import POOL_BACKENDS
 from chatfleet_operator.spec import ObjectRef
 
 
@@ -67,7 +71,8 @@ def track_service(ref: ObjectRef, track: str) -> dict[str, Any]:
 
 
 def traffic_objects(ctx: PassContext, intent: TrafficIntent) -> list[dict[str, Any]]:
-    """The objects that carry `intent`: [route, gateway extras,] the main Service[, the track's Service]."""
+    """The objects that carry `intent`: [route, gateway extras,] the main Service[, the track's Service].
+    Gateway extras: the TraefikService mirror, or the InferencePools and their picker's objects."""
     ref = ctx.ref
     main = build_service(
         ref, ref.name, service_selector(ref, **intent.selector), affinity_seconds=intent.affinity_seconds
@@ -76,6 +81,10 @@ def traffic_objects(ctx: PassContext, intent: TrafficIntent) -> list[dict[str, A
     if intent.route is None:
         return objects
     w, release = intent.route.canary_weight, ctx.settings.release
+    pools = ctx.backends == POOL_BACKENDS
+    mirror = intent.route.mirror
+    if pools and mirror is not None:  # an Inference Extension gateway mirrors by Gateway API's filter
+        mirror = replace(mirror, method=REQUEST_MIRROR)
     route = build_httproute(
         ref,
         stable_weight=100 - w,
@@ -84,8 +93,14 @@ def traffic_objects(ctx: PassContext, intent: TrafficIntent) -> list[dict[str, A
         gateway_namespace=release.gateway_namespace,
         pins=dict(intent.route.pins),
         hostnames=ctx.spec.rollout.hostnames,
-        mirror=intent.route.mirror,
+        mirror=mirror,
+        pool_group=POOL_GROUP if pools else None,
     )
-    mirror = intent.route.mirror
-    extra = [build_traefik_mirror(ref, mirror.percent)] if mirror and mirror.method == TRAEFIK_SERVICE else []
+    if pools:
+        extra = [build_inference_pool(ref, track) for track in (api.TRACK_STABLE, api.TRACK_CANARY)]
+        extra += build_picker(ref, release.picker_image, release.picker_service_account)
+    else:
+        extra = (
+            [build_traefik_mirror(ref, mirror.percent)] if mirror and mirror.method == TRAEFIK_SERVICE else []
+        )
     return [route, *extra, *objects]

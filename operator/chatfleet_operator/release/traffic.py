@@ -4,6 +4,9 @@ Two ways to split (status.release.traffic says which is in effect):
 - HTTPRoute: the Gateway API route carries exact weights; the canary gets ceil(total * w / 100) pods.
 - ReplicaRatio: one Service selects both tracks, so the split is the ratio of Ready pods.
 
+Behind the HTTPRoute, the backends are Services or, where the cluster serves the Gateway API Inference
+Extension, InferencePools whose endpoint picker keeps dialogues on their replica and revision.
+
 Two ways to find GPUs for the canary (spec.rollout.gpuCapacity):
 - Surge: extra pods (argo-rollouts' CalculateReplicaCountsForBasicCanary ceilings);
 - ReplaceInPlace: canary pods take stable pods' GPUs, stable + canary == total.
@@ -15,6 +18,11 @@ import math
 from dataclasses import dataclass
 
 HTTPROUTE, REPLICA_RATIO = "HTTPRoute", "ReplicaRatio"
+#: What the HTTPRoute's backends are (status.routing.backends): Services, or InferencePools with the
+#: endpoint picker (builders/inferencepool.py) where the cluster serves the Inference Extension.
+SERVICE_BACKENDS, POOL_BACKENDS = "Service", "InferencePool"
+#: --routing: auto (pools where served) or Service (never pools).
+ROUTINGS = ("auto", SERVICE_BACKENDS)
 SURGE, REPLACE_IN_PLACE, AUTO = "Surge", "ReplaceInPlace", "Auto"
 
 

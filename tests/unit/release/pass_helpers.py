@@ -29,12 +29,13 @@ def context(
     traffic: str = "ReplicaRatio",
     ref: ObjectRef = REF,
     settings: Settings | None = None,
+    backends: str = "Service",
 ) -> PassContext:
     """The context reconcile_pass gathers for a ChatbotService with spec `raw` and status `status`."""
     meta = {"namespace": ref.namespace, "name": ref.name, "uid": ref.uid, "generation": ref.generation}
     body = {"metadata": meta, "spec": dict(raw), "status": dict(status or {})}
     snap = Snapshot(children=dict(children or {}), pods=list(pods))
-    return gather_context(body, snap, settings or Settings(), now, traffic)
+    return gather_context(body, snap, settings or Settings(), now, traffic, backends=backends)
 
 
 def pass_children(ctx: PassContext) -> tuple[ReleasePlan, list[dict[str, Any]]]:

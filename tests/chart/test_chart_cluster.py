@@ -54,6 +54,15 @@ UNOBSERVED_BY_DESIGN = {
         ("traefik.io", "traefikservices", v): "needs Traefik's CRDs and a shadow phase"
         for v in ("list", "watch", "create", "patch", "delete")
     },
+    # InferencePools, and the deletes of the endpoint picker's Deployment and Service, only where the
+    # cluster serves Gateway API and its Inference Extension (the release e2e suite installs both CRDs;
+    # this test's cluster serves neither), the deletes when it stops serving the latter.
+    **{
+        ("inference.networking.k8s.io", "inferencepools", v): "needs the Inference Extension's CRD"
+        for v in ("list", "watch", "create", "patch", "delete")
+    },
+    ("apps", "deployments", "delete"): "only the endpoint picker's, when InferencePool routing ends",
+    ("", "services", "delete"): "only the endpoint picker's, when InferencePool routing ends",
     # Pod labels are patched only with spec.scaling.autoscale.warmPool (test_operator_keda.py).
     ("", "pods", "patch"): "needs a warm pool",
     # A ConfigMap is read by name only at a quality measurement with spec.analysis.quality.promptsFrom,

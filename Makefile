@@ -170,7 +170,7 @@ chart-package: venv platform-build ## helm package into dist/
 ##@ Benchmarks (apart from tests; each prints a table and writes bench-results/*.json)
 
 .PHONY: bench
-bench: bench-platform bench-operator bench-runtime bench-rollout bench-autoscale bench-release-traffic bench-quality bench-answer-cache ## All benchmarks
+bench: bench-platform bench-operator bench-runtime bench-rollout bench-autoscale bench-release-traffic bench-quality bench-answer-cache bench-routing ## All benchmarks
 
 .PHONY: bench-platform
 bench-platform: setup ## Platform: cold build, warm start-to-ready, memory at rest, 1,000 GPU pods on 250 nodes
@@ -196,6 +196,10 @@ bench-runtime-soak: setup ## Runtime soak: 24 overlapping streamed and non-strea
 .PHONY: bench-answer-cache
 bench-answer-cache: setup ## Answer cache: the same customer-service dialogues with spec.runtime.answerCache off and on (real tritonserver, shaped model): generations, tokens, latency, hits (~10 min)
 	$(PY) bench/answer_cache_bench.py $(BENCH_ARGS)
+
+.PHONY: bench-routing
+bench-routing: setup ## InferencePool routing: Chatfleet's endpoint picker vs plain Services and session hashing behind real Envoy, real runtime replicas: prefix affinity, TTFT, revision switches through a canary (~10 min)
+	$(PY) bench/routing_bench.py $(BENCH_ARGS)
 
 .PHONY: bench-rollout
 bench-rollout: setup ## Chatfleet vs the real Argo Rollouts v1.10.2 (built on first use): bad canary (errors, latency, never Ready) to rollback, 5-step promotion, false rollbacks (~15 min)

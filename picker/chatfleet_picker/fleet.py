@@ -158,13 +158,14 @@ def watch_pods(fleet: Fleet, namespace: str, selector: str, target_port: int, me
         config.load_incluster_config()
     except config.ConfigException:
         config.load_kube_config()
-    core = client.CoreV1Api()
+    api = client.ApiClient()
+    core = client.CoreV1Api(api)
     while True:
         try:
             listed = core.list_namespaced_pod(namespace, label_selector=selector)
             seen = set()
             for pod in listed.items:
-                d = client.ApiClient().sanitize_for_serialization(pod)
+                d = api.sanitize_for_serialization(pod)
                 seen.add(d["metadata"]["uid"])
                 fleet.put_pod(d["metadata"]["uid"], endpoint_of_pod(d, target_port, metrics_port))
             for uid in fleet.uids() - seen:
@@ -176,7 +177,7 @@ def watch_pods(fleet: Fleet, namespace: str, selector: str, target_port: int, me
                 resource_version=listed.metadata.resource_version,
                 timeout_seconds=300,
             ):
-                pod = client.ApiClient().sanitize_for_serialization(event["object"])
+                pod = api.sanitize_for_serialization(event["object"])
                 uid = pod["metadata"]["uid"]
                 if event["type"] == "DELETED":
                     fleet.drop_pod(uid)

@@ -6,8 +6,9 @@ selects and with what affinity, whether the new track has a Service of its own, 
 a weighted route with its pinned revisions and its mirror). This module alone knows how that is spelt:
 a ClusterIP Service with ClientIP affinity, a Gateway API HTTPRoute, Traefik's TraefikService where
 the gateway lacks the RequestMirror filter, or -- where the cluster serves the Gateway API Inference
-Extension -- an InferencePool per track and their endpoint picker behind the route (ctx.backends). A header route, another mirror method or another gateway is
-an edit here, not in a strategy (Argo Rollouts' TrafficRoutingReconciler, Flagger's router.Interface).
+Extension -- an InferencePool per track and their endpoint picker behind the route (ctx.backends). A
+header route, another mirror method or another gateway is an edit here, not in a strategy (Argo
+Rollouts' TrafficRoutingReconciler, Flagger's router.Interface).
 """
 
 from __future__ import annotations

@@ -206,6 +206,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--scrape-interval", type=float, default=1.0)
     parser.add_argument("--max-queue", type=float, default=Limits.max_queue)
     parser.add_argument("--max-kv-usage", type=float, default=Limits.max_kv_usage)
+    parser.add_argument(
+        "--max-dialogues", type=int, default=Limits.sessions, help="dialogues remembered (LRU)"
+    )
+    parser.add_argument(
+        "--dialogue-ttl", type=float, default=Limits.session_ttl_s, help="seconds an idle dialogue is kept"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     # Envoy resets each ext_proc stream once it needs nothing more of it: grpclib logs that at INFO.
@@ -230,7 +236,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         registry = CollectorRegistry()
         metrics = Metrics(registry)
         start_http_server(args.metrics_port, addr=args.host, registry=registry)
-    limits = Limits(max_queue=args.max_queue, max_kv_usage=args.max_kv_usage)
+    limits = Limits(
+        max_queue=args.max_queue,
+        max_kv_usage=args.max_kv_usage,
+        sessions=args.max_dialogues,
+        session_ttl_s=args.dialogue_ttl,
+    )
     asyncio.run(serve(fleet, ports, args.host, limits, args.scrape_interval, metrics))
 
 

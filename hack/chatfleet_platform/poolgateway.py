@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import shutil
 import sys
-import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -306,16 +305,12 @@ class PoolGateway:
             str(self.workdir / "base-id"),
         ]
         self.proc = procs.start("envoy", argv, log=log)
-        procs.wait_for("envoy", lambda: _ready(self.admin_port), timeout=timeout, log=log, proc=self.proc)
+        ready = f"http://127.0.0.1:{self.admin_port}/ready"
+        procs.wait_for("envoy", lambda: procs.http_ok(ready), timeout=timeout, log=log, proc=self.proc)
 
     def stop(self) -> None:
         procs.stop(self.proc)
         self.proc = None
-
-
-def _ready(admin_port: int) -> bool:
-    with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/ready", timeout=1) as resp:
-        return resp.status == 200
 
 
 def start_picker(

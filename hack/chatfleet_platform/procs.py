@@ -10,9 +10,11 @@ import os
 import random
 import signal
 import socket
+import ssl
 import subprocess
 import threading
 import time
+import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -216,3 +218,9 @@ def wait_for(
             tail = log_tail(log) if log else ""
             raise PlatformError(f"{what}: not ready after {timeout:.0f}s; log {log}:\n{tail}")
         time.sleep(interval)
+
+
+def http_ok(url: str, context: ssl.SSLContext | None = None) -> bool:
+    """Whether GET `url` answers 200 within 2 s (a readiness check for `wait_for`; errors raise)."""
+    with urllib.request.urlopen(url, timeout=2, context=context) as r:
+        return r.status == 200

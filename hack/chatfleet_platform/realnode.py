@@ -579,7 +579,7 @@ class RealNodes:
         )
         procs.wait_for(
             "kube-proxy",
-            lambda: _http_ok("http://127.0.0.1:10356/healthz"),
+            lambda: procs.http_ok("http://127.0.0.1:10356/healthz"),
             timeout=60,
             log=node.dir / "logs" / "kube-proxy.log",
             proc=proxy,
@@ -777,13 +777,6 @@ def sweep_host() -> list[str]:
     if _run("ip", "route", "del", "blackhole", KWOK_POD_CIDR, check=False).returncode == 0:
         found.append("blackhole route")
     return found
-
-
-def _http_ok(url: str) -> bool:
-    import urllib.request
-
-    with urllib.request.urlopen(url, timeout=2) as r:
-        return r.status == 200
 
 
 def _cgroup_dirs(root: str) -> list[Path]:

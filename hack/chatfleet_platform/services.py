@@ -95,7 +95,7 @@ class Prometheus:
         )
         procs.wait_for(
             "prometheus",
-            lambda: _get(f"{self.url}/-/ready", self.ssl_context),
+            lambda: procs.http_ok(f"{self.url}/-/ready", self.ssl_context),
             timeout=timeout,
             log=log,
             proc=self.proc,
@@ -268,11 +268,6 @@ class BearerProxy:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-def _get(url: str, context: ssl.SSLContext | None = None) -> bool:
-    with urllib.request.urlopen(url, timeout=2, context=context) as r:
-        return r.status == 200
 
 
 def wait_until(predicate, timeout: float, interval: float = 0.5):

@@ -80,7 +80,7 @@ def grace_seconds(spec: ChatbotServiceSpec, pod: PodSettings) -> int:
     return spec.runtime.request_timeout_seconds + pod.drain_settle_seconds + pod.drain_margin_seconds
 
 
-def _container_security() -> dict[str, Any]:
+def container_security() -> dict[str, Any]:
     """Restricted container security context: no privilege escalation, capabilities dropped."""
     return {
         "allowPrivilegeEscalation": False,
@@ -151,7 +151,7 @@ def _triton_container(ref: ObjectRef, spec: ChatbotServiceSpec, pod: PodSettings
         "readinessProbe": _loopback_probe("/v2/health/ready", 10, 3),
         "livenessProbe": _loopback_probe("/v2/health/live", 15, 3),
         "lifecycle": {"preStop": copy.deepcopy(DRAIN_HOOK)},
-        "securityContext": _container_security(),
+        "securityContext": container_security(),
     }
     if spec.model.credentials_secret:
         container["envFrom"] = [{"secretRef": {"name": spec.model.credentials_secret}}]
@@ -252,7 +252,7 @@ def _chat_api_container(ref: ObjectRef, spec: ChatbotServiceSpec, pod: PodSettin
         "readinessProbe": _probe("/readyz", "admin", 5, 3),
         "livenessProbe": _probe("/healthz", "admin", 15, 3),
         "lifecycle": {"preStop": copy.deepcopy(DRAIN_HOOK)},
-        "securityContext": _container_security(),
+        "securityContext": container_security(),
     }
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from chatfleet_operator import api
 from chatfleet_operator.builders.common import object_meta, with_desired_hash
-from chatfleet_operator.builders.deployment import CHAT_PORT, SCRAPE_PORT
+from chatfleet_operator.builders.deployment import CHAT_PORT, SCRAPE_PORT, container_security
 from chatfleet_operator.builders.service import track_service_name
 from chatfleet_operator.spec import ObjectRef
 
@@ -107,12 +107,7 @@ def build_picker(ref: ObjectRef, image: str, service_account: str) -> list[dict[
         "ports": [*grpc_ports, {"name": "metrics", "containerPort": PICKER_METRICS_PORT, "protocol": "TCP"}],
         "readinessProbe": {"tcpSocket": {"port": PICKER_PORTS[api.TRACK_STABLE]}, "periodSeconds": 5},
         "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}},
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "runAsNonRoot": True,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        "securityContext": container_security(),
     }
     deployment = {
         "apiVersion": "apps/v1",

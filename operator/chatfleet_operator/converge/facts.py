@@ -156,6 +156,14 @@ class DeploymentFacts:
         )
 
 
+def get_condition(status: Mapping[str, Any] | None, ctype: str) -> Mapping[str, Any] | None:
+    """The condition of that type in an object's status, or None."""
+    for cond in (status or {}).get("conditions") or []:
+        if cond.get("type") == ctype:
+            return cond
+    return None
+
+
 def deployment_facts(body: Mapping[str, Any]) -> DeploymentFacts:
     """Summarize a Deployment's status."""
     meta, spec, status = body.get("metadata", {}), body.get("spec", {}), body.get("status") or {}
@@ -232,14 +240,7 @@ def content_signature_of(body: Mapping[str, Any]) -> tuple[Any, ...]:
 def deployment_signature(body: Mapping[str, Any]) -> tuple[Any, ...]:
     """Change signature of a Deployment: its content, rollout counts and whether its pods cannot be created
     (ReplicaFailure: e.g. the endpoint picker's ServiceAccount missing, shown in status.routing.picker)."""
-    failure = next(
-        (
-            c.get("status")
-            for c in (body.get("status") or {}).get("conditions") or []
-            if c.get("type") == "ReplicaFailure"
-        ),
-        None,
-    )
+    failure = (get_condition(body.get("status"), "ReplicaFailure") or {}).get("status")
     return (content_signature(body), astuple(deployment_facts(body)), failure)
 
 

@@ -23,7 +23,7 @@ from chatfleet_operator.api import (
     Reason,
 )
 from chatfleet_operator.converge.diagnose import Problem, crashlooping
-from chatfleet_operator.converge.facts import DeploymentFacts, PodFacts
+from chatfleet_operator.converge.facts import DeploymentFacts, PodFacts, get_condition
 from chatfleet_operator.intents import EventIntent, Gate, GateKind, ReleaseFields
 from chatfleet_operator.timefmt import rfc3339
 
@@ -55,14 +55,6 @@ def merge_conditions(
             ltt = rfc3339(now)
         merged.append({**cond, "lastTransitionTime": ltt})
     return merged
-
-
-def get_condition(status: Mapping[str, Any] | None, ctype: str) -> Mapping[str, Any] | None:
-    """The condition of that type, or None."""
-    for cond in (status or {}).get("conditions") or []:
-        if cond.get("type") == ctype:
-            return cond
-    return None
 
 
 def is_true(status: Mapping[str, Any] | None, ctype: str) -> bool:

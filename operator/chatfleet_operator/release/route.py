@@ -25,7 +25,7 @@ from chatfleet_operator import api
 from chatfleet_operator.analysis.assess import INCONCLUSIVE, SUCCESSFUL, Measurement
 from chatfleet_operator.builders.inferencepool import picker_name, pool_name
 from chatfleet_operator.context import PassContext
-from chatfleet_operator.converge.facts import route_parents
+from chatfleet_operator.converge.facts import get_condition, route_parents
 from chatfleet_operator.release.traffic import POOL_BACKENDS
 
 TRUE, FALSE, UNKNOWN = "True", "False", "Unknown"
@@ -120,9 +120,17 @@ def observed_route(ctx: PassContext, route: Mapping[str, Any] | None, routed: bo
     (`routed`: planner.routed, the strategy's answer)."""
     if not routed:
         return None
+    return _gateways_word(ctx, route, ctx.ref.name)
+
+
+def _gateways_word(
+    ctx: PassContext, body: Mapping[str, Any] | None, name: str, kind: str = "HTTPRoute"
+) -> RouteState:
+    """route_state of one of this ChatbotService's objects on the Gateway its routes name (--gateway,
+    --gateway-namespace; no namespace: the object's own)."""
     release = ctx.settings.release
     gateway_namespace = release.gateway_namespace or ctx.ref.namespace
-    return route_state(route, ctx.ref.name, gateway_namespace, release.gateway_name)
+    return route_state(body, name, gateway_namespace, release.gateway_name, kind)
 
 
 def routing_status(
@@ -137,18 +145,10 @@ def routing_status(
         return None
     if ctx.backends != POOL_BACKENDS:
         return {"backends": ctx.backends}
-    release = ctx.settings.release
-    gateway_namespace = release.gateway_namespace or ctx.ref.namespace
     pools = []
     for track in (api.TRACK_STABLE, api.TRACK_CANARY):
         name = pool_name(ctx.ref, track)
-        state = route_state(
-            children.get(("InferencePool", name)),
-            name,
-            gateway_namespace,
-            release.gateway_name,
-            "InferencePool",
-        )
+        state = _gateways_word(ctx, children.get(("InferencePool", name)), name, "InferencePool")
         pools.append({"name": name, "status": state.status, "reason": state.reason, "message": state.message})
     return {
         "backends": ctx.backends,
@@ -166,9 +166,9 @@ def picker_state(deployment: Mapping[str, Any] | None) -> dict[str, Any]:
     state: dict[str, Any] = {"ready": int(status.get("readyReplicas") or 0) > 0}
     if deployment is None:
         state["message"] = "the picker's Deployment is not written yet"
-    for c in status.get("conditions") or []:
-        if c.get("type") == "ReplicaFailure" and c.get("status") == TRUE:
-            state["message"] = str(c.get("message") or c.get("reason") or "")[:MESSAGE_LIMIT]
+    failure = get_condition(status, "ReplicaFailure") or {}
+    if failure.get("status") == TRUE:
+        state["message"] = str(failure.get("message") or failure.get("reason") or "")[:MESSAGE_LIMIT]
     return state
 
 

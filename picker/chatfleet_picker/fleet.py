@@ -79,7 +79,8 @@ def parse_load(text: str) -> tuple[float, float]:
 
 
 class Fleet:
-    """address -> Replica; pods replace the set, metrics update the load in place. Thread-safe."""
+    """The replicas by key (the pod's uid; the address for a fixed list): pods replace the set, metrics
+    update the load in place. Thread-safe (the pod watch runs in a thread of its own)."""
 
     def __init__(self, replicas: Iterable[Replica] = ()) -> None:
         self._lock = threading.Lock()

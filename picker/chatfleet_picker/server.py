@@ -95,26 +95,20 @@ class Metrics:
 
 
 class PoolProcessor(ExternalProcessorBase):
-    """ext_proc for the pool of one track."""
+    """ext_proc for the pool of one track. The picker is used on the event loop only (these handlers and
+    the metrics reads' `observe`), so it needs no lock; the pod watch's thread touches the Fleet only."""
 
-    def __init__(
-        self, track: str, fleet: Fleet, picker: Picker, lock: threading.Lock, metrics: Metrics | None
-    ):
-        self.track, self.fleet, self.picker, self.lock, self.metrics = track, fleet, picker, lock, metrics
+    def __init__(self, track: str, fleet: Fleet, picker: Picker, metrics: Metrics):
+        self.track, self.fleet, self.picker, self.metrics = track, fleet, picker, metrics
 
     def choose(self, headers: Mapping[str, str], body: bytes) -> CommonResponse:
         dialogue = dialogue_key(headers, body)
-        with self.lock:
-            choice = self.picker.pick(dialogue, self.track, self.fleet.endpoints())
-            remembered = len(self.picker)
-        if self.metrics:
-            self.metrics.dialogues.set(remembered)
+        choice = self.picker.pick(dialogue, self.track, self.fleet.endpoints())
+        self.metrics.dialogues.set(len(self.picker))
         if choice is None:
-            if self.metrics:
-                self.metrics.unavailable.labels(self.track).inc()
+            self.metrics.unavailable.labels(self.track).inc()
             return CommonResponse()
-        if self.metrics:
-            self.metrics.picks.labels(self.track, choice.reason).inc()
+        self.metrics.picks.labels(self.track, choice.reason).inc()
         value = HeaderValue(key=DESTINATION_HEADER, raw_value=choice.address.encode())
         return CommonResponse(header_mutation=HeaderMutation(set_headers=[HeaderValueOption(header=value)]))
 
@@ -159,22 +153,17 @@ async def serve(
     host: str,
     limits: Limits,
     scrape_interval_s: float,
-    metrics: Metrics | None,
+    metrics: Metrics,
 ) -> None:
-    picker, lock = Picker(limits, clock=time.monotonic), threading.Lock()
-
-    def observed(addresses: list[str]) -> None:
-        with lock:
-            picker.observe(addresses)
-
+    picker = Picker(limits, clock=time.monotonic)
     servers = []
     for track, port in ports.items():
-        server = grpclib.server.Server([PoolProcessor(track, fleet, picker, lock, metrics)])
+        server = grpclib.server.Server([PoolProcessor(track, fleet, picker, metrics)])
         await server.start(host, port)
         servers.append(server)
         log.info("picker for the %s pool on %s:%d", track, host, port)
     try:
-        await scrape(fleet, observed, scrape_interval_s)
+        await scrape(fleet, picker.observe, scrape_interval_s)
     finally:
         for server in servers:
             server.close()
@@ -231,10 +220,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         ).start()
     else:
         parser.error("give --namespace and --selector (pods from the API) or --endpoint (a fixed list)")
-    metrics = None
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)  # counted always, served only with --metrics-port
     if args.metrics_port:
-        registry = CollectorRegistry()
-        metrics = Metrics(registry)
         start_http_server(args.metrics_port, addr=args.host, registry=registry)
     limits = Limits(
         max_queue=args.max_queue,

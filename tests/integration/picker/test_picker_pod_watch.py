@@ -6,7 +6,6 @@ picker does not need: its load reads fail and keep the last load)."""
 
 from __future__ import annotations
 
-import asyncio
 import sys
 
 import pytest
@@ -15,14 +14,7 @@ from needs import need_module
 need_module("envoy_data_plane", "run `make setup` (the picker extra: envoy-data-plane)")
 
 from chatfleet_platform import procs  # noqa: E402 - after the checks above
-from envoy_data_plane.envoy.config.core.v3 import HeaderMap, HeaderValue  # noqa: E402
-from envoy_data_plane.envoy.service.ext_proc.v3 import (  # noqa: E402
-    ExternalProcessorAsyncStub,
-    HttpBody,
-    HttpHeaders,
-    ProcessingRequest,
-)
-from grpclib.client import Channel  # noqa: E402
+from extproc_gateway import ask  # noqa: E402 - after the checks above
 
 pytestmark = [pytest.mark.cluster]
 
@@ -39,31 +31,6 @@ def pod(name: str, service: str, track: str, revision: str) -> dict:
             "containers": [{"name": "chat", "image": "chat:1"}],
         },
     }
-
-
-def ask(port: int, session: str) -> str:
-    """One ext_proc exchange as Envoy has it (headers, then the buffered body): the destination header."""
-
-    async def run() -> str:
-        channel = Channel("127.0.0.1", port)
-        try:
-            stub = ExternalProcessorAsyncStub(channel)
-            headers = HttpHeaders(
-                headers=HeaderMap(headers=[HeaderValue(key="x-session-id", raw_value=session.encode())])
-            )
-            body = HttpBody(body=b'{"messages": []}', end_of_stream=True)
-
-            async def requests():
-                yield ProcessingRequest(request_headers=headers)
-                yield ProcessingRequest(request_body=body)
-
-            answers = [a async for a in stub.process(requests())]
-            mutation = answers[-1].request_body.response.header_mutation
-            return "".join(h.header.raw_value.decode() for h in (mutation.set_headers if mutation else []))
-        finally:
-            channel.close()
-
-    return asyncio.run(run())
 
 
 def test_the_picker_picks_ready_pods_of_its_chatbotservice_from_the_api(cluster, namespace, tmp_path):

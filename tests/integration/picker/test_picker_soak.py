@@ -16,14 +16,7 @@ from needs import need_module
 need_module("envoy_data_plane", "run `make setup` (the picker extra: envoy-data-plane)")
 
 from chatfleet_platform import procs  # noqa: E402 - after the checks above
-from envoy_data_plane.envoy.config.core.v3 import HeaderMap, HeaderValue  # noqa: E402
-from envoy_data_plane.envoy.service.ext_proc.v3 import (  # noqa: E402
-    ExternalProcessorAsyncStub,
-    HttpBody,
-    HttpHeaders,
-    ProcessingRequest,
-)
-from grpclib.client import Channel  # noqa: E402
+from extproc_gateway import destinations  # noqa: E402 - after the checks above
 
 pytestmark = [pytest.mark.slow]
 REPLICAS = ["127.0.0.1:9", "127.0.0.1:10", "127.0.0.1:11"]  # never dialled: the picker only names them
@@ -39,29 +32,6 @@ def rss_kib(pid: int) -> int:
 def metric(port: int, name: str) -> float:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
-
-
-async def exchanges(port: int, first: int, count: int) -> list[str]:
-    channel = Channel("127.0.0.1", port)
-    stub = ExternalProcessorAsyncStub(channel)
-    out = []
-    try:
-        for i in range(first, first + count):
-            headers = HttpHeaders(
-                headers=HeaderMap(headers=[HeaderValue(key="x-session-id", raw_value=f"soak-{i}".encode())])
-            )
-            body = HttpBody(body=b'{"messages": [{"role": "user", "content": "hello"}]}', end_of_stream=True)
-
-            async def requests(headers=headers, body=body):
-                yield ProcessingRequest(request_headers=headers)
-                yield ProcessingRequest(request_body=body)
-
-            answers = [a async for a in stub.process(requests())]
-            mutation = answers[-1].request_body.response.header_mutation
-            out.append("".join(h.header.raw_value.decode() for h in mutation.set_headers))
-    finally:
-        channel.close()
-    return out
 
 
 def test_the_dialogue_table_and_memory_stay_bounded_under_sustained_load(tmp_path):
@@ -81,9 +51,9 @@ def test_the_dialogue_table_and_memory_stay_bounded_under_sustained_load(tmp_pat
     proc = procs.start("picker", argv, log=log)
     try:
         procs.wait_for("picker", lambda: procs.port_in_use(port), timeout=30, log=log, proc=proc)
-        picked = asyncio.run(exchanges(port, 0, 3000))
+        picked = asyncio.run(destinations(port, (f"soak-{i}" for i in range(3000))))
         half = rss_kib(proc.pid)
-        picked += asyncio.run(exchanges(port, 3000, 3000))
+        picked += asyncio.run(destinations(port, (f"soak-{i}" for i in range(3000, 6000))))
         full = rss_kib(proc.pid)
         assert set(picked) == set(REPLICAS)  # every request answered, spread over the replicas
         assert metric(metrics, "chatfleet_picker_dialogues") == 1000

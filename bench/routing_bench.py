@@ -60,7 +60,6 @@ from chatfleet_platform.poolgateway import (  # noqa: E402
     Pool,
     PoolGateway,
     ServiceBackend,
-    service_config,
     start_picker,
 )
 from chatfleet_platform.services import Redis  # noqa: E402
@@ -293,23 +292,11 @@ def main(argv: list[str] | None = None) -> int:
             proc = picker(specs)
             one_service = [ServiceBackend("bot", 100, tuple(addresses))]
             modes = {
-                "service": lambda: gateway.load(
-                    service_config(
-                        one_service,
-                        gateway.port,
-                        gateway.admin_port,
-                        lb_policy="RANDOM",
-                        identify_upstream=True,
-                    )
+                "service": lambda: gateway.serve_services(
+                    one_service, lb_policy="RANDOM", identify_upstream=True
                 ),
-                "session-hash": lambda: gateway.load(
-                    service_config(
-                        one_service,
-                        gateway.port,
-                        gateway.admin_port,
-                        hash_header="x-session-id",
-                        identify_upstream=True,
-                    )
+                "session-hash": lambda: gateway.serve_services(
+                    one_service, hash_header="x-session-id", identify_upstream=True
                 ),
                 "pools+picker": lambda: gateway.program(
                     [Pool("bot", 100, "127.0.0.1", picker_ports["stable"])], identify_upstream=True
@@ -349,9 +336,7 @@ def main(argv: list[str] | None = None) -> int:
                     ServiceBackend("bot", 100 - weight, (stable,)),
                     ServiceBackend("bot-canary", weight, (canary,)),
                 ]
-                gateway.load(
-                    service_config(backends, gateway.port, gateway.admin_port, identify_upstream=True)
-                )
+                gateway.serve_services(backends, identify_upstream=True)
 
             def pools(weight: int) -> None:
                 gateway.program(

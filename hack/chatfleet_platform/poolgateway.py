@@ -285,6 +285,25 @@ class PoolGateway:
             envoy_config(pools, self.port, self.admin_port, identify_upstream=identify_upstream), timeout
         )
 
+    def serve_services(
+        self,
+        backends: Sequence[ServiceBackend],
+        *,
+        lb_policy: str = "ROUND_ROBIN",
+        hash_header: str | None = None,
+        identify_upstream: bool = False,
+    ) -> None:
+        """Serve the route over weighted Services instead (service_config: the plain-Service baselines)."""
+        config = service_config(
+            backends,
+            self.port,
+            self.admin_port,
+            lb_policy=lb_policy,
+            hash_header=hash_header,
+            identify_upstream=identify_upstream,
+        )
+        self.load(config)
+
     def load(self, config: Mapping[str, Any], timeout: float = 30.0) -> None:
         """(Re)start Envoy with `config` (listening on this gateway's ports)."""
         self.stop()

@@ -2,9 +2,10 @@
 
 reconcile.py gathers it at the start of a pass: the object (ref, typed spec, old status), the snapshot of
 its children, pods and nodes, the clock, the settings, and what follows from them -- the revision the
-spec asks for, the total replicas, the observed tracks, the traffic mode the cluster offers and (once
-taken) this pass's analysis measurement. The planner, the children's builders and the status take it
-(or the parts they need) instead of threading a dozen arguments; nothing here does I/O.
+spec asks for, the total replicas, the observed tracks, the traffic mode the cluster offers, whether a
+route carries it and the Gateway's word on that route, the release part of the status parsed once, and
+(once taken) this pass's analysis measurement. The planner, the strategies, the children's builders and the
+status take it (or the parts they need) instead of threading a dozen arguments; nothing here does I/O.
 """
 
 from __future__ import annotations
@@ -12,13 +13,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from chatfleet_operator.analysis.assess import Measurement
 from chatfleet_operator.converge.facts import NodeFacts, PodFacts, Track
 from chatfleet_operator.release.state import ReleaseStatus
 from chatfleet_operator.settings import Settings
 from chatfleet_operator.spec import Autoscale, ChatbotServiceSpec, ObjectRef
+
+if TYPE_CHECKING:  # release/route.py reads the context to build it
+    from chatfleet_operator.release.route import RouteState
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,11 @@ class PassContext:
     backends: str = "Service"
     """What the HTTPRoute's backends are: Service, or InferencePool where the cluster serves the Gateway
     API Inference Extension (release/traffic.py, builders/inferencepool.py)."""
+    routed: bool = False
+    """Whether an HTTPRoute carries this pass's traffic: the strategy's answer for the traffic mode."""
+    route: RouteState | None = None
+    """The parent Gateway's word on the HTTPRoute as observed when the pass began (condition RouteServed);
+    None where no route carries the traffic (release/route.py observed_route)."""
     release_status: ReleaseStatus = field(default_factory=ReleaseStatus)
     """The release part of old_status, parsed once (the release, its history, the stable revision); the
     planner works on a copy of it."""
@@ -78,6 +87,12 @@ class PassContext:
     def observed(self, kind: str, name: str) -> Mapping[str, Any] | None:
         """An owned object as observed (None when it does not exist)."""
         return self.children.get((kind, name))
+
+
+def route_settle_seconds(ctx: PassContext) -> float:
+    """How long a canary's pods outlive the route change that moves traffic off them: the operator's
+    setting behind an HTTPRoute, 0 where no route carries the split (replica ratio, blue-green's Services)."""
+    return ctx.settings.release.route_settle_seconds if ctx.routed else 0.0
 
 
 def autoscaled_total(

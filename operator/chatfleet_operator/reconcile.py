@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -43,7 +43,7 @@ from chatfleet_operator.release.children import (
     warm_pool,
 )
 from chatfleet_operator.release.measure import Releases
-from chatfleet_operator.release.planner import routed, strategy_of
+from chatfleet_operator.release.planner import strategy_of
 from chatfleet_operator.release.route import observed_route, routing_status
 from chatfleet_operator.release.state import ReleaseStatus
 from chatfleet_operator.release.strategy import ReleasePlan, ReleaseReason
@@ -94,8 +94,9 @@ def gather_context(
     old_status = body.get("status") or {}
     children = dict(snap.children)  # the pass's own view: applies below update the snapshot, not this
     stable = children.get(("Deployment", deployment_name(ref)))
-    track = strategy_of(spec).track
-    return PassContext(
+    strategy = strategy_of(spec)
+    track = strategy.track
+    ctx = PassContext(
         ref=ref,
         spec=spec,
         old_status=old_status,
@@ -111,8 +112,10 @@ def gather_context(
         stable=observe_track(stable, snap.pods, api.TRACK_STABLE),
         canary=observe_track(children.get(("Deployment", deployment_name(ref, track))), snap.pods, track),
         metrics_source=metrics_source if spec.scaling.autoscale is not None else "",
+        routed=strategy.routes(traffic),
         release_status=ReleaseStatus.from_status(old_status),
     )
+    return replace(ctx, route=observed_route(ctx, children.get(("HTTPRoute", ref.name))))
 
 
 class Gone(Exception):
@@ -314,7 +317,7 @@ def reconcile_pass(
         autoscaling=_autoscaling_status(ctx, pool, stable_pods),
         scaling_active=_scaling_active(ctx),
         route_served=_route_served(ctx, snap),
-        routing=routing_status(ctx, snap.children, routed(ctx)),
+        routing=routing_status(ctx, snap.children),
         upgrade_held=held_condition(held, ref.generation) if held is not None else None,
     )
     new_status = compute_status(ctx.old_status, obs, now, plan.status_fields(ctx.update_revision))
@@ -438,7 +441,7 @@ def _scaling_active(ctx: PassContext) -> dict[str, Any] | None:
 
 def _route_served(ctx: PassContext, snap: Snapshot) -> dict[str, Any] | None:
     """The RouteServed condition from the freshest view of the HTTPRoute (None where the pass writes none)."""
-    route = observed_route(ctx, snap.children.get(("HTTPRoute", ctx.ref.name)), routed(ctx))
+    route = observed_route(ctx, snap.children.get(("HTTPRoute", ctx.ref.name)))
     return route.condition(ctx.ref.generation) if route is not None else None
 
 

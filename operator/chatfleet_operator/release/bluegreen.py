@@ -10,7 +10,6 @@ from chatfleet_operator.intents import EventIntent, Gate, GateKind
 from chatfleet_operator.release.router import TrafficIntent, service_selector
 from chatfleet_operator.release.state import HistoryEntry, ReleasePhase, ReleaseState
 from chatfleet_operator.release.strategy import (
-    ReleaseInput,
     ReleasePlan,
     ReleaseReason,
     Verdict,
@@ -51,7 +50,7 @@ class BlueGreen:
             return selector_text(service_selector(ref, **{api.LABEL_REVISION: plan.active_revision}))
         return selector_text(service_selector(ref))
 
-    def prepare(self, inp: ReleaseInput, rel: ReleaseState) -> None:
+    def prepare(self, ctx: PassContext, rel: ReleaseState) -> None:
         """Nothing: the preview runs beside the stable pods at full size (no GPU capacity modes)."""
 
     def watches_health(self, phase: ReleasePhase) -> bool:
@@ -64,42 +63,42 @@ class BlueGreen:
 
     def advance(
         self,
-        inp: ReleaseInput,
+        ctx: PassContext,
         rel: ReleaseState,
         history: list[HistoryEntry],
         verdict: Verdict,
         stable_rev: str,
     ) -> ReleasePlan:
         """One pass of a blue-green release: preview, pre-promotion analysis, switch, scale-down delay."""
-        bg = inp.spec.rollout
+        bg = ctx.spec.rollout
         revision = rel.revision
         preview = max(1, bg.blue_green_preview_replicas)
         events: list[EventIntent] = []
         gate: Gate | None = None
         wait: float | None = None
         if rel.phase == ReleasePhase.STEPPING:
-            ready = inp.canary.revision == revision and inp.canary.ready >= preview
+            ready = ctx.canary.revision == revision and ctx.canary.ready >= preview
             if ready and not rel.canary_ready_at:
-                rel.canary_ready_at = rfc3339(inp.now)
+                rel.canary_ready_at = rfc3339(ctx.now)
             if ready:
-                mark_analysis_start(inp, rel)
+                mark_analysis_start(ctx, rel)
             passed = passed_since(rel, rel.canary_ready_at)
             manual = bg.wants(bg.promote, revision)
-            auto_left = bg.blue_green_auto_promotion_seconds - since(rel.canary_ready_at, inp.now)
+            auto_left = bg.blue_green_auto_promotion_seconds - since(rel.canary_ready_at, ctx.now)
             hold = analysis_hold(rel, verdict)
             if not ready:
                 gate = Gate(
                     GateKind.ADVANCING,
                     ReleaseReason.RELEASING,
-                    f"Preview of revision {revision}: {inp.canary.ready}/{preview} pods Ready",
+                    f"Preview of revision {revision}: {ctx.canary.ready}/{preview} pods Ready",
                 )
-                if inp.canary.waiting_for_gpus:
+                if ctx.canary.waiting_for_gpus:
                     gate = Gate(
                         GateKind.PAUSED,
                         ReleaseReason.WAITING_FOR_GPUS,
                         "Waiting for GPUs: preview pods cannot be scheduled",
                     )
-                    rel.ready_deadline_from = rfc3339(inp.now)
+                    rel.ready_deadline_from = rfc3339(ctx.now)
             elif manual or (bg.blue_green_auto_promotion and passed and auto_left <= 0 and not bg.paused):
                 rel.phase = ReleasePhase.PROMOTING
                 rel.promoted_by = f"spec.rollout.promote={bg.promote}" if manual else "autoPromotion"
@@ -125,9 +124,9 @@ class BlueGreen:
                 )
         if rel.phase == ReleasePhase.PROMOTING:
             # Grow the preview to full size, then switch the active Service at once.
-            if inp.canary.ready >= inp.total and inp.canary.revision == revision:
+            if ctx.canary.ready >= ctx.total and ctx.canary.revision == revision:
                 rel.phase = ReleasePhase.SWITCHED
-                rel.switched_at = rfc3339(inp.now)
+                rel.switched_at = rfc3339(ctx.now)
                 events.append(
                     EventIntent(
                         "Normal",
@@ -139,10 +138,10 @@ class BlueGreen:
                 gate = Gate(
                     GateKind.ADVANCING,
                     ReleaseReason.PROMOTING,
-                    f"Scaling the preview to full size before the switch: {inp.canary.ready}/{inp.total} Ready",
+                    f"Scaling the preview to full size before the switch: {ctx.canary.ready}/{ctx.total} Ready",
                 )
         if rel.phase == ReleasePhase.SWITCHED:
-            left = bg.blue_green_scale_down_delay_seconds - since(rel.switched_at, inp.now)
+            left = bg.blue_green_scale_down_delay_seconds - since(rel.switched_at, ctx.now)
             if left > 0:
                 wait = left
                 gate = Gate(
@@ -153,8 +152,8 @@ class BlueGreen:
             else:
                 rel.phase = ReleasePhase.FINALIZING
         if rel.phase == ReleasePhase.FINALIZING:
-            if inp.stable.revision == revision and inp.stable.ready >= inp.total:
-                return promoted_plan(inp, revision, stable_rev, history, events)
+            if ctx.stable.revision == revision and ctx.stable.ready >= ctx.total:
+                return promoted_plan(ctx, revision, stable_rev, history, events)
             gate = Gate(
                 GateKind.ADVANCING,
                 ReleaseReason.PROMOTING,
@@ -164,18 +163,18 @@ class BlueGreen:
         switched = rel.phase in (ReleasePhase.SWITCHED, ReleasePhase.FINALIZING)
         if gate is not None:
             rel.message = gate.message
-        rel.waiting_for_gpus = inp.canary.waiting_for_gpus
+        rel.waiting_for_gpus = ctx.canary.waiting_for_gpus
         return ReleasePlan(
             in_release=True,
             stable_from_spec=rel.phase == ReleasePhase.FINALIZING,
-            stable_replicas=inp.total,
-            canary_replicas=preview if rel.phase == ReleasePhase.STEPPING else inp.total,
+            stable_replicas=ctx.total,
+            canary_replicas=preview if rel.phase == ReleasePhase.STEPPING else ctx.total,
             canary_weight=100 if switched else 0,
             active_revision=revision if switched else stable_rev,
             release=rel,
             history=history,
             gate=gate,
             events=events,
-            requeue_after=requeue(inp, rel, wait),
+            requeue_after=requeue(ctx, rel, wait),
             strategy=Strategy.BLUE_GREEN,
         )

@@ -32,45 +32,23 @@ from chatfleet_operator.context import PassContext
 from chatfleet_operator.converge.facts import PodFacts, deployment_facts
 from chatfleet_operator.release import router
 from chatfleet_operator.release.planner import (
-    ReleaseInput,
     ReleasePlan,
     held_plan,
     plan_release,
-    routed,
     starts_release,
     strategy_of,
 )
-from chatfleet_operator.release.route import observed_route
 from chatfleet_operator.release.router import service_selector
 from chatfleet_operator.release.strategy import selector_text
 from chatfleet_operator.release.traffic import REPLACE_IN_PLACE, SURGE
 from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
 
 
-def route_settle_seconds(ctx: PassContext) -> float:
-    """How long a canary's pods outlive the route change that moves traffic off them: the operator's
-    setting behind an HTTPRoute, 0 where no route carries the split (replica ratio, blue-green's Services)."""
-    return ctx.settings.release.route_settle_seconds if routed(ctx) else 0.0
-
-
 def plan_pass(ctx: PassContext, hold: bool = False) -> ReleasePlan:
-    """The release plan of this pass (planner.plan_release over the parts of the context it reads);
+    """The release plan of this pass (planner.plan_release over the pass's context);
     `hold`: a release it would start is held back (planner.held_plan; the upgrade wave has no place)."""
-    inp = ReleaseInput(
-        ctx.spec,
-        ctx.update_revision,
-        ctx.total,
-        ctx.stable,
-        ctx.canary,
-        ctx.traffic,
-        ctx.now,
-        ctx.measurement,
-        ctx.dialogue_check,
-        route_settle_seconds(ctx),
-        observed_route(ctx, ctx.observed("HTTPRoute", ctx.ref.name), routed(ctx)),
-    )
-    plan = plan_release(inp, ctx.release_status)
-    return held_plan(inp, ctx.release_status) if hold and starts_release(plan) else plan
+    plan = plan_release(ctx)
+    return held_plan(ctx) if hold and starts_release(plan) else plan
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The release planner: one pure function of (spec, old status, facts, now) per pass, for every strategy.
+"""The release planner: one pure function of the pass's context (spec, old status, facts, now), for every strategy.
 
 All release state lives in status (release/state.py). A restarted operator reads it and carries on from
 the same step: no double promotion (promotion is idempotent: it ends when the stable Deployment runs the
@@ -27,7 +27,7 @@ from datetime import datetime
 
 from chatfleet_operator.analysis.assess import ROLLBACK, empty_counters, fold
 from chatfleet_operator.context import PassContext
-from chatfleet_operator.converge.facts import IMAGE_PULL_REASONS
+from chatfleet_operator.converge.facts import IMAGE_PULL_REASONS, Track
 from chatfleet_operator.intents import EventIntent, Gate, GateKind
 from chatfleet_operator.release.bluegreen import BlueGreen
 from chatfleet_operator.release.canary.strategy import Canary
@@ -42,11 +42,9 @@ from chatfleet_operator.release.state import (
     with_entry,
 )
 from chatfleet_operator.release.strategy import (
-    ReleaseInput,
     ReleasePlan,
     ReleaseReason,
     ReleaseStrategy,
-    Track,
     Verdict,
     settling_canary,
 )
@@ -68,11 +66,6 @@ def stepped(strategy: str | None) -> bool:
     shown as stepped, as the canary's, the default strategy."""
     known = next((s for name, s in STRATEGIES.items() if name == strategy), None)
     return known is None or known.stepped
-
-
-def routed(ctx: PassContext) -> bool:
-    """Whether this pass's traffic runs through an HTTPRoute: the strategy's answer for the cluster's traffic mode."""
-    return strategy_of(ctx.spec).routes(ctx.traffic)
 
 
 def analysis_due(spec: ChatbotServiceSpec, rel: ReleaseState | None, canary: Track, now: datetime) -> bool:
@@ -125,24 +118,24 @@ def health_reason(spec: ChatbotServiceSpec, rel: ReleaseState, canary: Track, no
     return ""
 
 
-def fold_measurement(inp: ReleaseInput, rel: ReleaseState) -> Verdict:
+def fold_measurement(ctx: PassContext, rel: ReleaseState) -> Verdict:
     """Step 3: fold this pass's measurement into status.release.analysis; the decision and its reason.
 
     Behind an HTTPRoute the Gateway refuses, a passing measurement counts as Inconclusive (route.route_gated):
     no user reaches the canary through it, so the figures are the probe's alone.
     """
-    if inp.measurement is None:
+    if ctx.measurement is None:
         return Verdict()
-    a = inp.spec.analysis
-    measurement = route_gated(inp.measurement, inp.route)
-    folded = fold(rel.analysis, measurement, a.failure_limit, a.consecutive_error_limit, rfc3339(inp.now))
+    a = ctx.spec.analysis
+    measurement = route_gated(ctx.measurement, ctx.route)
+    folded = fold(rel.analysis, measurement, a.failure_limit, a.consecutive_error_limit, rfc3339(ctx.now))
     rel.analysis = folded.counters
     return Verdict(folded.decision, folded.reason)
 
 
-def rollback_reason(inp: ReleaseInput, rel: ReleaseState, health: str, verdict: Verdict) -> str:
+def rollback_reason(ctx: PassContext, rel: ReleaseState, health: str, verdict: Verdict) -> str:
     """The one predicate that decides a rollback: abort intent, unhealthy pods, or failed analysis."""
-    rollout = inp.spec.rollout
+    rollout = ctx.spec.rollout
     if rollout.wants(rollout.abort, rel.revision):
         return f"aborted by spec.rollout.abort={rollout.abort}"
     if health:
@@ -152,37 +145,37 @@ def rollback_reason(inp: ReleaseInput, rel: ReleaseState, health: str, verdict: 
     return ""
 
 
-def _steady(inp: ReleaseInput, history: list[HistoryEntry]) -> ReleasePlan:
+def _steady(ctx: PassContext, history: list[HistoryEntry]) -> ReleasePlan:
     """No release: the stable Deployment follows the spec, no canary (but for the seconds after a
     promotion that the route takes to move: settling_canary)."""
     last = history[0] if history else None
     promoted_now = (
-        last is not None and last.result == Result.PROMOTED and last.revision == inp.update_revision
+        last is not None and last.result == Result.PROMOTED and last.revision == ctx.update_revision
     )
-    kept, left = settling_canary(inp, last.at if promoted_now else None)
+    kept, left = settling_canary(ctx, last.at if promoted_now else None)
     return ReleasePlan(
         in_release=False,
         stable_from_spec=True,
-        stable_replicas=inp.total,
+        stable_replicas=ctx.total,
         canary_replicas=kept,
         requeue_after=left,
-        active_revision=inp.update_revision,
+        active_revision=ctx.update_revision,
         history=history,
-        strategy=inp.spec.rollout.strategy,
+        strategy=ctx.spec.rollout.strategy,
     )
 
 
-def _new_release(inp: ReleaseInput, stable_rev: str) -> ReleaseState:
+def _new_release(ctx: PassContext, stable_rev: str) -> ReleaseState:
     """status.release of a release that starts now."""
-    now = rfc3339(inp.now)
-    capacity = inp.spec.rollout.gpu_capacity
-    shadow = strategy_of(inp.spec).starts_shadowing(inp.spec)
+    now = rfc3339(ctx.now)
+    capacity = ctx.spec.rollout.gpu_capacity
+    shadow = strategy_of(ctx.spec).starts_shadowing(ctx.spec)
     return ReleaseState(
-        revision=inp.update_revision,
+        revision=ctx.update_revision,
         from_revision=stable_rev,
-        strategy=inp.spec.rollout.strategy,
+        strategy=ctx.spec.rollout.strategy,
         phase=ReleasePhase.SHADOWING if shadow else ReleasePhase.STEPPING,
-        traffic=inp.traffic,
+        traffic=ctx.traffic,
         capacity=SURGE if capacity == AUTO else capacity,
         started_at=now,
         shadow_started_at=now if shadow else None,
@@ -193,7 +186,7 @@ def _new_release(inp: ReleaseInput, stable_rev: str) -> ReleaseState:
     )
 
 
-def covering_canary(inp: ReleaseInput) -> int:
+def covering_canary(ctx: PassContext) -> int:
     """Canary pods kept after a rollback until stable's Ready pods cover the total (make before break).
 
     At weight 100 with replica ratio (or in place) the stable track has no pods left; scaling the canary
@@ -202,7 +195,7 @@ def covering_canary(inp: ReleaseInput) -> int:
     e.g. total 2: stable Ready 0, canary 2 -> 2; stable Ready 1 -> 1; stable Ready 2 -> 0. A stable
     track at full size (HTTPRoute surge) -> 0 at once.
     """
-    return max(0, min(inp.canary.replicas, inp.total - inp.stable.ready))
+    return max(0, min(ctx.canary.replicas, ctx.total - ctx.stable.ready))
 
 
 def covering_weight(canary: int, stable_ready: int) -> int:
@@ -214,37 +207,37 @@ def covering_weight(canary: int, stable_ready: int) -> int:
 
 
 def _rolled_back_plan(
-    inp: ReleaseInput, rel: ReleaseState, history: list[HistoryEntry], stable_rev: str
+    ctx: PassContext, rel: ReleaseState, history: list[HistoryEntry], stable_rev: str
 ) -> ReleasePlan:
     """After a rollback: stable at full size on its old template, the canary gone once stable covers it
     (covering_canary), Stalled until the spec changes. A canary rolled back in its shadow phase never
     answered a user, and covers nothing: it goes at once, whatever stable has Ready."""
     shadow_only = rel.shadow_started_at is not None and rel.shadow_passed_at is None
-    covering = 0 if shadow_only else covering_canary(inp)
-    kept, left = settling_canary(inp, rel.rolled_back_at)
+    covering = 0 if shadow_only else covering_canary(ctx)
+    kept, left = settling_canary(ctx, rel.rolled_back_at)
     return ReleasePlan(
         in_release=True,
         stable_from_spec=False,
-        stable_replicas=inp.total,
+        stable_replicas=ctx.total,
         canary_replicas=max(covering, kept),
-        canary_weight=covering_weight(covering, inp.stable.ready),
+        canary_weight=covering_weight(covering, ctx.stable.ready),
         requeue_after=left,
         active_revision=stable_rev,
         release=rel,
         history=history,
         gate=Gate(GateKind.STALLED, ReleaseReason.ROLLED_BACK, rel.message or ""),
-        strategy=inp.spec.rollout.strategy,
+        strategy=ctx.spec.rollout.strategy,
     )
 
 
 def _rollback(
-    inp: ReleaseInput, rel: ReleaseState, history: list[HistoryEntry], stable_rev: str, why: str
+    ctx: PassContext, rel: ReleaseState, history: list[HistoryEntry], stable_rev: str, why: str
 ) -> ReleasePlan:
     """Roll back now: traffic to stable, canary to zero, status Stalled with the figures, a Warning event."""
     message = f"Rolled back revision {rel.revision} to stable {stable_rev}: {why}"
-    rel.phase, rel.rolled_back_at, rel.message = ReleasePhase.ROLLED_BACK, rfc3339(inp.now), message
-    history = with_entry(history, HistoryEntry(rel.revision, Result.ROLLED_BACK, rfc3339(inp.now), why))
-    plan = _rolled_back_plan(inp, rel, history, stable_rev)
+    rel.phase, rel.rolled_back_at, rel.message = ReleasePhase.ROLLED_BACK, rfc3339(ctx.now), message
+    history = with_entry(history, HistoryEntry(rel.revision, Result.ROLLED_BACK, rfc3339(ctx.now), why))
+    plan = _rolled_back_plan(ctx, rel, history, stable_rev)
     plan.events.append(EventIntent("Warning", ReleaseReason.ROLLED_BACK, message))
     return plan
 
@@ -254,57 +247,58 @@ def starts_release(plan: ReleasePlan) -> bool:
     return any(e.reason == ReleaseReason.STARTED for e in plan.events)
 
 
-def held_plan(inp: ReleaseInput, old: ReleaseStatus) -> ReleasePlan:
+def held_plan(ctx: PassContext) -> ReleasePlan:
     """A release held back before it starts (the upgrade wave has no place for the operator's new defaults):
     no release, the stable Deployment on its observed template at full size, the history as it was."""
+    old = ctx.release_status
     plan = ReleasePlan(
         in_release=False,
         stable_from_spec=False,
-        stable_replicas=inp.total,
+        stable_replicas=ctx.total,
         canary_replicas=0,
         active_revision=old.stable_revision,
         history=list(old.history),
-        strategy=inp.spec.rollout.strategy,
+        strategy=ctx.spec.rollout.strategy,
     )
     plan.stepped = STRATEGIES[plan.strategy].stepped
     return plan
 
 
-def plan_release(inp: ReleaseInput, old: ReleaseStatus) -> ReleasePlan:
+def plan_release(ctx: PassContext) -> ReleasePlan:
     """The whole release decision of one pass (see the module docstring for the order), from the release
-    part of the old status (`old`, left as it is: the planner moves a copy)."""
-    plan = _decide(inp, copy.deepcopy(old))
+    part of the old status (`ctx.release_status`, left as it is: the planner moves a copy)."""
+    plan = _decide(ctx, copy.deepcopy(ctx.release_status))
     plan.stepped = STRATEGIES[plan.strategy].stepped
     return plan
 
 
-def _decide(inp: ReleaseInput, old: ReleaseStatus) -> ReleasePlan:
+def _decide(ctx: PassContext, old: ReleaseStatus) -> ReleasePlan:
     """plan_release's decision."""
     stable_rev, rel, history = old.stable_revision, old.release, old.history
-    target = inp.update_revision
+    target = ctx.update_revision
     active = rel is not None and rel.phase in ACTIVE_PHASES
 
     # 0. No release: nothing serves yet, or the spec is (back) on the stable revision.
-    if not stable_rev or not inp.stable.exists or target == stable_rev:
+    if not stable_rev or not ctx.stable.exists or target == stable_rev:
         if rel is not None and active and rel.revision != target:
             message = f"spec returned to the stable revision {stable_rev}; no analysis needed"
-            entry = HistoryEntry(rel.revision, Result.CANCELLED, rfc3339(inp.now), message)
-            return _steady(inp, with_entry(history, entry))
-        return _steady(inp, history)
+            entry = HistoryEntry(rel.revision, Result.CANCELLED, rfc3339(ctx.now), message)
+            return _steady(ctx, with_entry(history, entry))
+        return _steady(ctx, history)
 
     # A rolled-back revision is not retried until the spec changes again.
     if rel is not None and rel.revision == target and rel.phase == ReleasePhase.ROLLED_BACK:
-        return _rolled_back_plan(inp, rel, history, stable_rev)
+        return _rolled_back_plan(ctx, rel, history, stable_rev)
 
     events: list[EventIntent] = []
     if rel is None or rel.revision != target or not active:
         if rel is not None and active:
             entry = HistoryEntry(
-                rel.revision, Result.SUPERSEDED, rfc3339(inp.now), f"superseded by revision {target}"
+                rel.revision, Result.SUPERSEDED, rfc3339(ctx.now), f"superseded by revision {target}"
             )
             history = with_entry(history, entry)
-        rel = _new_release(inp, stable_rev)
-        strategy_name = inp.spec.rollout.strategy
+        rel = _new_release(ctx, stable_rev)
+        strategy_name = ctx.spec.rollout.strategy
         events.append(
             EventIntent(
                 "Normal",
@@ -312,18 +306,18 @@ def _decide(inp: ReleaseInput, old: ReleaseStatus) -> ReleasePlan:
                 f"Started {strategy_name} release of revision {target} (stable {stable_rev})",
             )
         )
-    rel.traffic = inp.traffic
-    strategy = strategy_of(inp.spec)
+    rel.traffic = ctx.traffic
+    strategy = strategy_of(ctx.spec)
 
     # 1-4. Intents, health, the measurement, the one rollback predicate.
-    strategy.prepare(inp, rel)
-    health = health_reason(inp.spec, rel, inp.canary, inp.now) if strategy.watches_health(rel.phase) else ""
-    verdict = fold_measurement(inp, rel)
-    why = rollback_reason(inp, rel, health, verdict)
+    strategy.prepare(ctx, rel)
+    health = health_reason(ctx.spec, rel, ctx.canary, ctx.now) if strategy.watches_health(rel.phase) else ""
+    verdict = fold_measurement(ctx, rel)
+    why = rollback_reason(ctx, rel, health, verdict)
     if why and strategy.may_roll_back(rel.phase):
-        plan = _rollback(inp, rel, history, stable_rev, why)
+        plan = _rollback(ctx, rel, history, stable_rev, why)
     else:
         # 5. The strategy moves the release.
-        plan = strategy.advance(inp, rel, history, verdict, stable_rev)
+        plan = strategy.advance(ctx, rel, history, verdict, stable_rev)
     plan.events = events + plan.events
     return plan

@@ -115,10 +115,10 @@ def route_state(
     )
 
 
-def observed_route(ctx: PassContext, route: Mapping[str, Any] | None, routed: bool) -> RouteState | None:
+def observed_route(ctx: PassContext, route: Mapping[str, Any] | None) -> RouteState | None:
     """RouteServed of the ChatbotService's HTTPRoute as `route` shows it; None where the pass writes no route
-    (`routed`: planner.routed, the strategy's answer)."""
-    if not routed:
+    (`ctx.routed`: the strategy's answer)."""
+    if not ctx.routed:
         return None
     return _gateways_word(ctx, route, ctx.ref.name)
 
@@ -134,14 +134,14 @@ def _gateways_word(
 
 
 def routing_status(
-    ctx: PassContext, children: Mapping[tuple[str, str], Mapping[str, Any]], routed: bool
+    ctx: PassContext, children: Mapping[tuple[str, str], Mapping[str, Any]]
 ) -> dict[str, Any] | None:
-    """status.routing where an HTTPRoute carries the traffic (`routed`), else None: the route's backends
+    """status.routing where an HTTPRoute carries the traffic (`ctx.routed`), else None: the route's backends
     and, for InferencePools, the Gateway's word on each pool (its status.parents, as for the route). e.g.
     {"backends": "InferencePool", "pools": [{"name": "bot", "status": "True", "reason": "Accepted",
     "message": "Gateway shop/chatfleet serves InferencePool bot"}, {"name": "bot-canary", ...}],
     "picker": {"ready": True}}."""
-    if not routed:
+    if not ctx.routed:
         return None
     if ctx.backends != POOL_BACKENDS:
         return {"backends": ctx.backends}

@@ -10,15 +10,13 @@ enum value in spec/rollout.py and the CRD.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Protocol
 
-from chatfleet_operator.analysis.assess import ERROR_PAUSE, INCONCLUSIVE, SUCCESSFUL, Measurement
+from chatfleet_operator.analysis.assess import ERROR_PAUSE, INCONCLUSIVE, SUCCESSFUL
 from chatfleet_operator.analysis.queries import window_seconds
-from chatfleet_operator.context import DialogueCheck, PassContext
-from chatfleet_operator.converge.facts import Track
+from chatfleet_operator.context import PassContext, route_settle_seconds
 from chatfleet_operator.intents import EventIntent, Gate, GateKind, ReleaseFields
-from chatfleet_operator.release.route import RouteState
 from chatfleet_operator.release.router import TrafficIntent
 from chatfleet_operator.release.state import (
     HistoryEntry,
@@ -51,25 +49,6 @@ class ReleaseReason:
     SHADOW_PASSED = "ShadowPassed"
     SHADOW_NEEDS_GATEWAY = "ShadowNeedsGatewayAPI"
     ROUTE_NOT_SERVED = "RouteNotServed"
-
-
-@dataclass(frozen=True)
-class ReleaseInput:
-    """What one pass observed, besides the old status."""
-
-    spec: ChatbotServiceSpec
-    update_revision: str
-    total: int
-    stable: Track
-    canary: Track
-    traffic: str
-    now: datetime
-    measurement: Measurement | None = None
-    dialogue_check: DialogueCheck | None = None
-    route_settle_seconds: float = 0.0
-    """How long the canary's pods outlive the route change that moved traffic off them (0: no route)."""
-    route: RouteState | None = None
-    """The parent Gateway's word on the HTTPRoute (condition RouteServed); None where no route carries traffic."""
 
 
 @dataclass
@@ -142,7 +121,7 @@ class ReleaseStrategy(Protocol):
     def release_selector(self, ref: ObjectRef, plan: ReleasePlan) -> str:
         """status.selector during a release: the pods that take user traffic (see children.scale_selector)."""
 
-    def prepare(self, inp: ReleaseInput, rel: ReleaseState) -> None:
+    def prepare(self, ctx: PassContext, rel: ReleaseState) -> None:
         """Adjust the release before the shared steps (e.g. the canary's GPU capacity)."""
 
     def watches_health(self, phase: ReleasePhase) -> bool:
@@ -153,7 +132,7 @@ class ReleaseStrategy(Protocol):
 
     def advance(
         self,
-        inp: ReleaseInput,
+        ctx: PassContext,
         rel: ReleaseState,
         history: list[HistoryEntry],
         verdict: Verdict,
@@ -190,11 +169,11 @@ def analysis_hold(rel: ReleaseState, verdict: Verdict) -> Gate | None:
     return None
 
 
-def mark_analysis_start(inp: ReleaseInput, rel: ReleaseState) -> None:
+def mark_analysis_start(ctx: PassContext, rel: ReleaseState) -> None:
     """Record when analysis may start: one rate() window after the first Ready canary/preview pod."""
     if not rel.analysis_from:
-        window = window_seconds(inp.spec.analysis.interval_seconds)
-        rel.analysis_from = rfc3339(inp.now + timedelta(seconds=window))
+        window = window_seconds(ctx.spec.analysis.interval_seconds)
+        rel.analysis_from = rfc3339(ctx.now + timedelta(seconds=window))
 
 
 def passed_since(rel: ReleaseState, start_value: str | None) -> bool:
@@ -203,44 +182,45 @@ def passed_since(rel: ReleaseState, start_value: str | None) -> bool:
     return last is not None and (start is None or last >= start) and rel.last_verdict == SUCCESSFUL
 
 
-def requeue(inp: ReleaseInput, rel: ReleaseState, *candidates: float | None) -> float:
+def requeue(ctx: PassContext, rel: ReleaseState, *candidates: float | None) -> float:
     """Seconds until the next timed event: a measurement, a pause end, a deadline (1 s .. interval)."""
-    interval = float(inp.spec.analysis.interval_seconds)
+    interval = float(ctx.spec.analysis.interval_seconds)
     last = rel.last_measured_at
-    next_measure = interval - since(last, inp.now) if last else 1.0
+    next_measure = interval - since(last, ctx.now) if last else 1.0
     values = [v for v in (next_measure, *candidates) if v is not None and v > 0]
     return max(1.0, min([interval, *values]))
 
 
-def settling_canary(inp: ReleaseInput, moved_at: str | None) -> tuple[int, float | None]:
+def settling_canary(ctx: PassContext, moved_at: str | None) -> tuple[int, float | None]:
     """(canary pods kept, seconds left) while the data plane applies the route that moved traffic off them.
 
     e.g. settle 10 s, canary 2 pods, traffic moved 4 s ago -> (2, 6.0); 10 s ago -> (0, None); no route
     (settle 0) -> (0, None).
     """
-    if not inp.route_settle_seconds or not moved_at or inp.canary.replicas < 1:
+    settle = route_settle_seconds(ctx)
+    if not settle or not moved_at or ctx.canary.replicas < 1:
         return 0, None
-    left = inp.route_settle_seconds - since(moved_at, inp.now)
-    return (inp.canary.replicas, left) if left > 0 else (0, None)
+    left = settle - since(moved_at, ctx.now)
+    return (ctx.canary.replicas, left) if left > 0 else (0, None)
 
 
 def promoted_plan(
-    inp: ReleaseInput, revision: str, stable_rev: str, history: list[HistoryEntry], events: list[EventIntent]
+    ctx: PassContext, revision: str, stable_rev: str, history: list[HistoryEntry], events: list[EventIntent]
 ) -> ReleasePlan:
     """The release is over: the stable Deployment runs `revision` on every replica; history and an event."""
     message = f"Promoted revision {revision} (was {stable_rev})"
-    kept, left = settling_canary(inp, rfc3339(inp.now))
+    kept, left = settling_canary(ctx, rfc3339(ctx.now))
     return ReleasePlan(
         in_release=False,
         stable_from_spec=True,
-        stable_replicas=inp.total,
+        stable_replicas=ctx.total,
         canary_replicas=kept,
         requeue_after=left,
         active_revision=revision,
         release=None,
-        history=with_entry(history, HistoryEntry(revision, Result.PROMOTED, rfc3339(inp.now), message)),
+        history=with_entry(history, HistoryEntry(revision, Result.PROMOTED, rfc3339(ctx.now), message)),
         promoted=revision,
         gate=Gate(GateKind.SUCCEEDED, ReleaseReason.PROMOTED, message),
         events=[*events, EventIntent("Normal", ReleaseReason.PROMOTED, message)],
-        strategy=inp.spec.rollout.strategy,
+        strategy=ctx.spec.rollout.strategy,
     )

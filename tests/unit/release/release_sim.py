@@ -11,18 +11,57 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from chatfleet_operator.analysis.assess import Check, Sample, assess
-from chatfleet_operator.context import DialogueCheck
-from chatfleet_operator.converge.facts import PodFacts
-from chatfleet_operator.release.planner import analysis_due, dialogue_check_due, plan_release
+from chatfleet_operator.analysis.assess import Check, Measurement, Sample, assess
+from chatfleet_operator.context import DialogueCheck, PassContext
+from chatfleet_operator.converge.facts import PodFacts, Track
+from chatfleet_operator.release.planner import analysis_due, dialogue_check_due, plan_release, strategy_of
 from chatfleet_operator.release.route import RouteState
 from chatfleet_operator.release.state import ReleaseStatus
-from chatfleet_operator.release.strategy import ReleaseInput, ReleasePlan, Track
+from chatfleet_operator.release.strategy import ReleasePlan
 from chatfleet_operator.release.traffic import REPLICA_RATIO
-from chatfleet_operator.spec import ChatbotServiceSpec
+from chatfleet_operator.settings import ReleaseSettings, Settings
+from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
 
 T0 = datetime(2026, 11, 21, 10, 0, 0, tzinfo=UTC)
 CHECKS = (Check("error rate", "%", max_value=1.0), Check("P99 latency", "ms", max_value=500.0))
+
+
+def release_context(
+    spec: ChatbotServiceSpec,
+    update_revision: str,
+    total: int,
+    stable: Track,
+    canary: Track,
+    traffic: str,
+    now: datetime,
+    old: ReleaseStatus,
+    measurement: Measurement | None = None,
+    dialogue_check: DialogueCheck | None = None,
+    route_settle: float = 0.0,
+    route: RouteState | None = None,
+) -> PassContext:
+    """The context of one pass as the planner reads it: the tracks, the clock, the release status, this
+    pass's measurements; whether a route carries the traffic is the strategy's answer, as in a real pass."""
+    return PassContext(
+        ref=ObjectRef("shop", "bot", "uid-1"),
+        spec=spec,
+        old_status={},
+        children={},
+        pods=(*stable.pods, *canary.pods),
+        nodes=(),
+        now=now,
+        settings=Settings(release=ReleaseSettings(route_settle_seconds=route_settle)),
+        update_revision=update_revision,
+        total=total,
+        traffic=traffic,
+        stable=stable,
+        canary=canary,
+        routed=strategy_of(spec).routes(traffic),
+        route=route,
+        release_status=old,
+        measurement=measurement,
+        dialogue_check=dialogue_check,
+    )
 
 
 def spec_dict(**rollout: Any) -> dict[str, Any]:
@@ -106,7 +145,7 @@ class World:
                 if self.prometheus_up
                 else DialogueCheck(None, "Prometheus at http://prom did not answer: connection refused")
             )
-        inp = ReleaseInput(
+        ctx = release_context(
             spec,
             self.update,
             self.total,
@@ -114,12 +153,13 @@ class World:
             self.canary,
             self.traffic,
             self.now,
+            old,
             measurement,
             check,
             self.route_settle,
             self.route,
         )
-        plan = plan_release(inp, old)
+        plan = plan_release(ctx)
         self.plans.append(plan)
         self._apply(plan)
         return plan

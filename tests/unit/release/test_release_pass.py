@@ -199,7 +199,7 @@ def test_an_unreachable_prometheus_holds_the_drain_and_says_why():
 
 
 def test_only_a_routed_canary_waits_for_the_route_to_settle():
-    from chatfleet_operator.release.children import route_settle_seconds
+    from chatfleet_operator.context import route_settle_seconds
 
     blue_green = {**NEW, "rollout": {"strategy": "blueGreen"}}
     assert route_settle_seconds(context(NEW, traffic="HTTPRoute")) == 10.0

@@ -127,7 +127,7 @@ def test_status_routing_says_the_backends_and_the_gateways_word_on_each_pool():
         ("InferencePool", "bot"): pool_with("True", "Accepted"),
         ("InferencePool", "bot-canary"): pool_with("False", "InvalidExtensionRef", "no picker"),
     }
-    st = routing_status(ctx, children, routed=True)
+    st = routing_status(ctx, children)
     assert st["backends"] == "InferencePool"
     assert [(p["name"], p["status"], p["reason"]) for p in st["pools"]] == [
         ("bot", "True", "Accepted"),
@@ -135,7 +135,7 @@ def test_status_routing_says_the_backends_and_the_gateways_word_on_each_pool():
     ]
     assert "InferencePool bot-canary: no picker" in st["pools"][1]["message"]
     assert st["picker"] == {"ready": False, "message": "the picker's Deployment is not written yet"}
-    assert routing_status(ctx, {}, routed=True)["pools"][0]["status"] == "Unknown"
+    assert routing_status(ctx, {})["pools"][0]["status"] == "Unknown"
     no_account = {
         "status": {
             "conditions": [
@@ -148,14 +148,12 @@ def test_status_routing_says_the_backends_and_the_gateways_word_on_each_pool():
             ]
         }
     }
-    picker = routing_status(ctx, {("Deployment", "bot-picker"): no_account}, routed=True)["picker"]
+    picker = routing_status(ctx, {("Deployment", "bot-picker"): no_account})["picker"]
     assert picker == {"ready": False, "message": 'serviceaccount "chatfleet-picker" not found'}
     ready = {"status": {"readyReplicas": 1}}
-    assert routing_status(ctx, {("Deployment", "bot-picker"): ready}, routed=True)["picker"] == {
-        "ready": True
-    }
-    assert routing_status(context(SPEC, traffic="HTTPRoute"), {}, routed=True) == {"backends": "Service"}
-    assert routing_status(ctx, children, routed=False) is None
+    assert routing_status(ctx, {("Deployment", "bot-picker"): ready})["picker"] == {"ready": True}
+    assert routing_status(context(SPEC, traffic="HTTPRoute"), {}) == {"backends": "Service"}
+    assert routing_status(replace(ctx, routed=False), children) is None
 
 
 def test_kubectl_chatbot_status_shows_the_routing_and_each_pools_acceptance():

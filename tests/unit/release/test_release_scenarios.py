@@ -378,7 +378,7 @@ def test_no_drain_in_place_where_stable_is_gone_at_full_weight():
 
 def test_rollback_at_full_canary_weight_keeps_the_canary_until_stable_serves_again():
     # ReplicaRatio at the last step (100 %): the stable track has no pod left.
-    from chatfleet_operator.release.strategy import Track
+    from chatfleet_operator.converge.facts import Track
 
     w = world(total=2)
     w.run_until(lambda w: w.plans[-1].stable_replicas == 0 and w.canary.ready == 2)

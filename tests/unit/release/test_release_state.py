@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
-from chatfleet_operator.converge.facts import PodFacts
+from chatfleet_operator.converge.facts import PodFacts, Track
 from chatfleet_operator.release.planner import plan_release
 from chatfleet_operator.release.state import (
     HistoryEntry,
@@ -24,9 +24,9 @@ from chatfleet_operator.release.state import (
     last_verdict,
     mirror_fields,
 )
-from chatfleet_operator.release.strategy import ReleaseInput, Track
 from chatfleet_operator.release.traffic import REPLICA_RATIO
 from chatfleet_operator.spec import ChatbotServiceSpec
+from release_sim import release_context
 
 NOW = datetime(2026, 11, 21, 10, 0, tzinfo=UTC)
 RELEASE = {"revision": "r2", "phase": "Progressing", "stepIndex": 1, "analysis": {"checks": 2, "failed": 1}}
@@ -135,8 +135,8 @@ def test_a_pass_over_a_hand_edited_status_does_not_raise(status):
     spec = ChatbotServiceSpec.from_dict({"model": {"uri": "hf://org/m"}, "scaling": {"replicas": 2}})
     pods = (PodFacts("bot-0", "r1", "stable", "Running", True),)
     stable = Track("r1", 2, 2, pods, exists=True)
-    inp = ReleaseInput(spec, "r2", 2, stable, Track(), REPLICA_RATIO, NOW)
-    plan = plan_release(inp, ReleaseStatus.from_status({"stableRevision": "r1", **status}))
+    old = ReleaseStatus.from_status({"stableRevision": "r1", **status})
+    plan = plan_release(release_context(spec, "r2", 2, stable, Track(), REPLICA_RATIO, NOW, old))
     assert plan.in_release and plan.release is not None and plan.release.revision == "r2"
     fields = mirror_fields(plan.stepped, plan.release, plan.history, plan.canary_weight)
     for h in status.get("releaseHistory", []):

@@ -7,12 +7,12 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
-from chatfleet_operator.converge.facts import PodFacts
+from chatfleet_operator.converge.facts import PodFacts, Track
 from chatfleet_operator.release.planner import STRATEGIES, plan_release, stepped
 from chatfleet_operator.release.state import ReleaseStatus
-from chatfleet_operator.release.strategy import ReleaseInput, Track
 from chatfleet_operator.release.traffic import HTTPROUTE, REPLICA_RATIO
 from chatfleet_operator.spec import ChatbotServiceSpec, Strategy
+from release_sim import release_context
 
 NOW = datetime(2026, 11, 21, 10, 0, tzinfo=UTC)
 
@@ -28,7 +28,7 @@ def first_plan(spec: ChatbotServiceSpec, traffic: str = REPLICA_RATIO):
     pods = (PodFacts("bot-0", "r1", "stable", "Running", True),)
     stable = Track("r1", 2, 2, pods, exists=True)
     old = ReleaseStatus.from_status({"stableRevision": "r1"})
-    return plan_release(ReleaseInput(spec, "r2", 2, stable, Track(), traffic, NOW), old)
+    return plan_release(release_context(spec, "r2", 2, stable, Track(), traffic, NOW, old))
 
 
 def test_every_registered_strategy_answers_the_whole_protocol():

@@ -8,11 +8,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from chatfleet_operator.context import PassContext
 from chatfleet_operator.intents import EventIntent, Gate, GateKind
 from chatfleet_operator.release.route import not_served
 from chatfleet_operator.release.state import HistoryEntry, ReleasePhase, ReleaseState
 from chatfleet_operator.release.strategy import (
-    ReleaseInput,
     ReleasePlan,
     ReleaseReason,
     Verdict,
@@ -40,32 +40,32 @@ class Step:
 
 
 def stepping(
-    inp: ReleaseInput, rel: ReleaseState, steps: Sequence[CanaryStep], capacity: str, verdict: Verdict
+    ctx: PassContext, rel: ReleaseState, steps: Sequence[CanaryStep], capacity: str, verdict: Verdict
 ) -> Step:
     """The stepping phase's pass: wait for the step's pods and pause (and passing analysis), then the next
     step, or the phase after the last one (rel.phase moves)."""
     idx = min(rel.step_index, len(steps) - 1)
     step = steps[idx]
     weight = step.weight
-    s = split(inp.total, weight, inp.traffic, capacity)
-    canary_ready = inp.canary.ready >= s.canary and inp.canary.revision == rel.revision
-    refused = route_hold(inp, f"at step {idx + 1}/{len(steps)}")
+    s = split(ctx.total, weight, ctx.traffic, capacity)
+    canary_ready = ctx.canary.ready >= s.canary and ctx.canary.revision == rel.revision
+    refused = route_hold(ctx, f"at step {idx + 1}/{len(steps)}")
     # The step's clock (its pause, the analysis it needs after) runs while its pods are Ready and
     # users reach them: a route the Gateway refuses stops it, and it starts again once served.
     serving = canary_ready and refused is None
     if not serving:
         rel.canary_ready_at = None
     elif not rel.canary_ready_at:
-        rel.canary_ready_at = rfc3339(inp.now)
+        rel.canary_ready_at = rfc3339(ctx.now)
     if canary_ready:
-        mark_analysis_start(inp, rel)
-    waited = since(rel.canary_ready_at, inp.now) if serving else 0.0
+        mark_analysis_start(ctx, rel)
+    waited = since(rel.canary_ready_at, ctx.now) if serving else 0.0
     pause_left = step.pause_seconds - waited if serving else None
     hold = analysis_hold(rel, verdict)
     gate: Gate | None = None
     label = f"Step {idx + 1}/{len(steps)}"
     if (
-        held := holding_gate(inp, rel, capacity, refused, canary_ready, s.canary, f"at step {idx + 1}", label)
+        held := holding_gate(ctx, rel, capacity, refused, canary_ready, s.canary, f"at step {idx + 1}", label)
     ) is not None:
         gate = held
     elif waited >= step.pause_seconds and (not step.analysis or passed_since(rel, rel.canary_ready_at)):
@@ -74,7 +74,7 @@ def stepping(
             idx += 1
             weight = steps[idx].weight
             rel.step_index = idx
-            rel.step_started_at = rel.ready_deadline_from = rfc3339(inp.now)
+            rel.step_started_at = rel.ready_deadline_from = rfc3339(ctx.now)
             rel.canary_ready_at = None
             pause_left = None
             gate = Gate(
@@ -83,7 +83,7 @@ def stepping(
                 f"Step {idx + 1}/{len(steps)}: weight {weight}%",
             )
         else:
-            rel.phase = after_last_step(inp, capacity)
+            rel.phase = after_last_step(ctx, capacity)
     elif hold is not None and step.analysis:
         gate = hold
     else:
@@ -98,7 +98,7 @@ def stepping(
 
 
 def promoting(
-    inp: ReleaseInput,
+    ctx: PassContext,
     rel: ReleaseState,
     stable_rev: str,
     history: list[HistoryEntry],
@@ -109,24 +109,24 @@ def promoting(
     """Flagger's promotion: the stable Deployment takes the new template at full size while the canary
     keeps serving; once stable runs the new revision on every replica, traffic is all stable and the
     canary goes to zero (promoted_plan). Idempotent, so a restart mid-promotion cannot promote twice."""
-    s = split(inp.total, weight, inp.traffic, capacity)
+    s = split(ctx.total, weight, ctx.traffic, capacity)
     # In place, the canary hands its GPUs back one pod ahead of the stable pods of the new revision
     # (e.g. total 2: canary 1 while stable has 0 Ready on it, then 0), so stable can be scheduled.
-    canary = max(0, inp.total - inp.stable.ready - 1) if capacity == REPLACE_IN_PLACE else s.canary
+    canary = max(0, ctx.total - ctx.stable.ready - 1) if capacity == REPLACE_IN_PLACE else s.canary
     gate = Gate(
         GateKind.ADVANCING,
         ReleaseReason.PROMOTING,
-        f"Promoting revision {rel.revision}: stable {inp.stable.ready}/{inp.total} Ready on it",
+        f"Promoting revision {rel.revision}: stable {ctx.stable.ready}/{ctx.total} Ready on it",
     )
     rel.weight = weight
     return canary_plan(
-        inp,
+        ctx,
         rel,
         stable_rev,
         history,
         events,
         weight=weight,
-        stable=inp.total,
+        stable=ctx.total,
         canary=canary,
         gate=gate,
         requeue_after=1.0,
@@ -135,7 +135,7 @@ def promoting(
 
 
 def holding_gate(
-    inp: ReleaseInput,
+    ctx: PassContext,
     rel: ReleaseState,
     capacity: str,
     refused: Gate | None,
@@ -150,22 +150,22 @@ def holding_gate(
     e.g. where "at step 2", label "Step 2/3": "Release paused by spec.rollout.paused at step 2";
     "Step 2/3: waiting for canary pods (0/1 Ready)".
     """
-    if inp.spec.rollout.paused:
+    if ctx.spec.rollout.paused:
         return Gate(GateKind.PAUSED, ReleaseReason.PAUSED, f"Release paused by spec.rollout.paused {where}")
-    if inp.canary.waiting_for_gpus:
-        return waiting_for_gpus(inp, rel, capacity)
+    if ctx.canary.waiting_for_gpus:
+        return waiting_for_gpus(ctx, rel, capacity)
     if refused is not None:
         return refused
     if not canary_ready:
         return Gate(
             GateKind.ADVANCING,
             ReleaseReason.RELEASING,
-            f"{label}: waiting for canary pods ({inp.canary.ready}/{wanted} Ready)",
+            f"{label}: waiting for canary pods ({ctx.canary.ready}/{wanted} Ready)",
         )
     return None
 
 
-def route_hold(inp: ReleaseInput, where: str) -> Gate | None:
+def route_hold(ctx: PassContext, where: str) -> Gate | None:
     """The gate while the Gateway refuses the HTTPRoute (condition RouteServed False); None while it serves
     it, has not answered yet, or no route carries the traffic.
 
@@ -173,8 +173,8 @@ def route_hold(inp: ReleaseInput, where: str) -> Gate | None:
     paused at step 1/3: the canary gets no user traffic: the route is not served (NotAllowedByListeners:
     Gateway shop/chatfleet does not accept HTTPRoute bot: ...)". It resumes when the Gateway accepts it.
     """
-    route = inp.route
-    if inp.traffic != HTTPROUTE or route is None or not route.refused:
+    route = ctx.route
+    if ctx.traffic != HTTPROUTE or route is None or not route.refused:
         return None
     return Gate(
         GateKind.PAUSED,
@@ -183,10 +183,10 @@ def route_hold(inp: ReleaseInput, where: str) -> Gate | None:
     )
 
 
-def waiting_for_gpus(inp: ReleaseInput, rel: ReleaseState, capacity: str) -> Gate:
+def waiting_for_gpus(ctx: PassContext, rel: ReleaseState, capacity: str) -> Gate:
     """The gate while canary pods cannot be scheduled for lack of GPUs; the wait does not count against
     progressDeadlineSeconds (its clock restarts now)."""
-    rel.ready_deadline_from = rfc3339(inp.now)
+    rel.ready_deadline_from = rfc3339(ctx.now)
     return Gate(
         GateKind.PAUSED,
         ReleaseReason.WAITING_FOR_GPUS,
@@ -196,7 +196,7 @@ def waiting_for_gpus(inp: ReleaseInput, rel: ReleaseState, capacity: str) -> Gat
 
 
 def shadow_phase(
-    inp: ReleaseInput,
+    ctx: PassContext,
     rel: ReleaseState,
     stable_rev: str,
     history: list[HistoryEntry],
@@ -210,18 +210,18 @@ def shadow_phase(
     passing analysis since that pod turned Ready -> step 1. Without Gateway API there is nothing to mirror
     on: the release waits with no canary pod, and says so.
     """
-    shadow = inp.spec.analysis.quality.shadow
-    steps = inp.spec.rollout.canary_steps
-    now = rfc3339(inp.now)
-    routed = inp.traffic == HTTPROUTE
-    s = split(inp.total, shadow.percent if routed else 0, inp.traffic, capacity)
-    canary_ready = routed and inp.canary.ready >= s.canary and inp.canary.revision == rel.revision
-    refused = route_hold(inp, "in the shadow phase")
+    shadow = ctx.spec.analysis.quality.shadow
+    steps = ctx.spec.rollout.canary_steps
+    now = rfc3339(ctx.now)
+    routed = ctx.traffic == HTTPROUTE
+    s = split(ctx.total, shadow.percent if routed else 0, ctx.traffic, capacity)
+    canary_ready = routed and ctx.canary.ready >= s.canary and ctx.canary.revision == rel.revision
+    refused = route_hold(ctx, "in the shadow phase")
     if not canary_ready or refused is not None:  # a refused route mirrors nothing: the phase waits
         rel.canary_ready_at = None
     elif not rel.canary_ready_at:
         rel.canary_ready_at = now
-        mark_analysis_start(inp, rel)
+        mark_analysis_start(ctx, rel)
     hold = analysis_hold(rel, verdict)
     if not routed:
         gate = Gate(
@@ -233,7 +233,7 @@ def shadow_phase(
         rel.ready_deadline_from = now  # waiting for a gateway does not count against the deadline
     elif (
         held := holding_gate(
-            inp, rel, capacity, refused, canary_ready, s.canary, "in the shadow phase", "Shadow"
+            ctx, rel, capacity, refused, canary_ready, s.canary, "in the shadow phase", "Shadow"
         )
     ) is not None:
         gate = held
@@ -258,7 +258,7 @@ def shadow_phase(
         )
     rel.weight = rel.effective_weight = 0
     plan = canary_plan(
-        inp,
+        ctx,
         rel,
         stable_rev,
         history,
@@ -267,29 +267,29 @@ def shadow_phase(
         stable=s.stable,
         canary=s.canary,
         gate=gate,
-        requeue_after=requeue(inp, rel),
+        requeue_after=requeue(ctx, rel),
     )
     plan.route_weight = 0
     return plan
 
 
-def after_last_step(inp: ReleaseInput, capacity: str) -> ReleasePhase:
+def after_last_step(ctx: PassContext, capacity: str) -> ReleasePhase:
     """Draining when the old revision can keep serving its pinned dialogues at full weight to the canary; else Promoting.
 
     That needs stickyDialogues, an HTTPRoute (a header rule reaches the stable pods while the weight is
     all on the canary) and stable pods that stay at 100 % (Surge; in place they are gone by then).
     """
-    if not inp.spec.rollout.sticky.enabled or inp.traffic != HTTPROUTE or inp.stable.ready < 1:
+    if not ctx.spec.rollout.sticky.enabled or ctx.traffic != HTTPROUTE or ctx.stable.ready < 1:
         return ReleasePhase.PROMOTING
     return (
         ReleasePhase.DRAINING
-        if split(inp.total, 100, inp.traffic, capacity).stable > 0
+        if split(ctx.total, 100, ctx.traffic, capacity).stable > 0
         else ReleasePhase.PROMOTING
     )
 
 
 def drain_phase(
-    inp: ReleaseInput,
+    ctx: PassContext,
     rel: ReleaseState,
     stable_rev: str,
     history: list[HistoryEntry],
@@ -301,17 +301,17 @@ def drain_phase(
     e.g. idleSeconds 300, maxDrainSeconds 900: 12 stable requests in the last 300 s -> hold; a later
     check with 0 -> promote; still 3 after 900 s -> promote, 3 recorded as dialoguesMoved, a Warning.
     """
-    sticky = inp.spec.rollout.sticky
-    now = rfc3339(inp.now)
+    sticky = ctx.spec.rollout.sticky
+    now = rfc3339(ctx.now)
     if not rel.drain_started_at:
         rel.drain_started_at = now
         rel.old_revision_requests = rel.dialogue_checked_at = rel.dialogue_check_error = None
-    check = inp.dialogue_check
+    check = ctx.dialogue_check
     if check is not None:
         rel.dialogue_checked_at = now
         rel.old_revision_requests = None if check.requests is None else round(check.requests)
         rel.dialogue_check_error = check.error or None
-    drained_for = since(rel.drain_started_at, inp.now)
+    drained_for = since(rel.drain_started_at, ctx.now)
     requests = rel.old_revision_requests
     if check is not None and requests == 0:
         message = f"Revision {stable_rev} served no request for {sticky.idle_seconds}s: its dialogues ended"
@@ -341,11 +341,11 @@ def drain_phase(
         f"Promotion waits for the dialogues pinned to revision {stable_rev}: {figure}; "
         f"at most {math.ceil(left)}s left (maxDrainSeconds {sticky.max_drain_seconds})",
     )
-    s = split(inp.total, 100, inp.traffic, capacity)
+    s = split(ctx.total, 100, ctx.traffic, capacity)
     rel.weight = rel.effective_weight = 100
-    interval = float(inp.spec.analysis.interval_seconds)
+    interval = float(ctx.spec.analysis.interval_seconds)
     return canary_plan(
-        inp,
+        ctx,
         rel,
         stable_rev,
         history,
@@ -359,7 +359,7 @@ def drain_phase(
 
 
 def canary_plan(
-    inp: ReleaseInput,
+    ctx: PassContext,
     rel: ReleaseState,
     stable_rev: str,
     history: list[HistoryEntry],
@@ -374,7 +374,7 @@ def canary_plan(
 ) -> ReleasePlan:
     """A canary plan of a release still in progress: `weight` percent on the canary, `stable` and `canary`
     replicas, the stable Deployment on its observed template unless `stable_from_spec` (the promotion)."""
-    rel.waiting_for_gpus = inp.canary.waiting_for_gpus
+    rel.waiting_for_gpus = ctx.canary.waiting_for_gpus
     if gate is not None:
         rel.message = gate.message
     return ReleasePlan(

@@ -41,7 +41,6 @@ from chatfleet_operator.release.canary.phases import (
 from chatfleet_operator.release.router import TrafficIntent, WeightedRoute, service_selector
 from chatfleet_operator.release.state import HistoryEntry, ReleasePhase, ReleaseState
 from chatfleet_operator.release.strategy import (
-    ReleaseInput,
     ReleasePlan,
     Verdict,
     promoted_plan,
@@ -83,12 +82,12 @@ class Canary:
         """Both tracks: each takes its share of the traffic."""
         return selector_text(service_selector(ref))
 
-    def prepare(self, inp: ReleaseInput, rel: ReleaseState) -> None:
+    def prepare(self, ctx: PassContext, rel: ReleaseState) -> None:
         """Surge or ReplaceInPlace for this pass; Auto falls back to in-place once a surge pod finds no GPU."""
-        capacity = inp.spec.rollout.gpu_capacity
+        capacity = ctx.spec.rollout.gpu_capacity
         if capacity in (SURGE, REPLACE_IN_PLACE):
             rel.capacity = capacity
-        elif inp.canary.waiting_for_gpus and rel.capacity == SURGE:
+        elif ctx.canary.waiting_for_gpus and rel.capacity == SURGE:
             rel.capacity = REPLACE_IN_PLACE
             rel.capacity_note = "no spare GPU for a surge pod: replacing stable pods in place"
 
@@ -102,7 +101,7 @@ class Canary:
 
     def advance(
         self,
-        inp: ReleaseInput,
+        ctx: PassContext,
         rel: ReleaseState,
         history: list[HistoryEntry],
         verdict: Verdict,
@@ -110,8 +109,8 @@ class Canary:
     ) -> ReleasePlan:
         """One pass of a canary release (step 5 of the planner): the shadow phase, the steps, the drain of
         pinned dialogues and the promotion, each ending the pass with its plan or handing on to the next."""
-        steps = inp.spec.rollout.canary_steps
-        rollout = inp.spec.rollout
+        steps = ctx.spec.rollout.canary_steps
+        rollout = ctx.spec.rollout
         capacity = rel.capacity or SURGE
 
         # Promotion intent: skip the remaining steps (and the drain of pinned dialogues).
@@ -121,40 +120,40 @@ class Canary:
 
         events: list[EventIntent] = []
         if rel.phase == ReleasePhase.SHADOWING:
-            plan = shadow_phase(inp, rel, stable_rev, history, capacity, events, verdict)
+            plan = shadow_phase(ctx, rel, stable_rev, history, capacity, events, verdict)
             if plan is not None:
                 return plan
 
         step = Step(min(rel.step_index, len(steps) - 1), steps[min(rel.step_index, len(steps) - 1)].weight)
         if rel.phase == ReleasePhase.STEPPING:
-            step = stepping(inp, rel, steps, capacity, verdict)
+            step = stepping(ctx, rel, steps, capacity, verdict)
 
         if rel.phase == ReleasePhase.DRAINING:
-            plan = drain_phase(inp, rel, stable_rev, history, capacity, events)
+            plan = drain_phase(ctx, rel, stable_rev, history, capacity, events)
             if plan is not None:
                 return plan
 
         if rel.phase == ReleasePhase.PROMOTING:
-            promoted = inp.stable.revision == rel.revision and inp.stable.ready >= inp.total
+            promoted = ctx.stable.revision == rel.revision and ctx.stable.ready >= ctx.total
             if promoted:
-                return promoted_plan(inp, rel.revision, stable_rev, history, events)
+                return promoted_plan(ctx, rel.revision, stable_rev, history, events)
             last = step.index == len(steps) - 1 or bool(rel.promoted_by)
-            return promoting(inp, rel, stable_rev, history, events, 100 if last else step.weight, capacity)
+            return promoting(ctx, rel, stable_rev, history, events, 100 if last else step.weight, capacity)
 
-        s = split(inp.total, step.weight, inp.traffic, capacity)
+        s = split(ctx.total, step.weight, ctx.traffic, capacity)
         stable_replicas = s.stable
-        if capacity == SURGE and inp.canary.ready < s.canary:
-            stable_replicas = max(s.stable, min(inp.total, inp.stable.replicas))  # surge first, then shrink
+        if capacity == SURGE and ctx.canary.ready < s.canary:
+            stable_replicas = max(s.stable, min(ctx.total, ctx.stable.replicas))  # surge first, then shrink
         route_weight: int | None = None
-        if inp.traffic == HTTPROUTE and not (
-            inp.canary.ready >= s.canary and inp.canary.revision == rel.revision
+        if ctx.traffic == HTTPROUTE and not (
+            ctx.canary.ready >= s.canary and ctx.canary.revision == rel.revision
         ):
             # the step waits for its pods
-            route_weight = covered_weight(inp, steps, step.index, rel.revision, capacity)
+            route_weight = covered_weight(ctx, steps, step.index, rel.revision, capacity)
         rel.weight = step.weight
         rel.effective_weight = s.effective_weight if route_weight is None else route_weight
         plan = canary_plan(
-            inp,
+            ctx,
             rel,
             stable_rev,
             history,
@@ -163,7 +162,7 @@ class Canary:
             stable=stable_replicas,
             canary=s.canary,
             gate=step.gate,
-            requeue_after=requeue(inp, rel, step.pause_left),
+            requeue_after=requeue(ctx, rel, step.pause_left),
         )
         plan.route_weight = route_weight
         return plan
@@ -184,7 +183,7 @@ def shadow_mirror(ctx: PassContext, plan: ReleasePlan) -> Mirror | None:
 
 
 def covered_weight(
-    inp: ReleaseInput, steps: Sequence[CanaryStep], idx: int, revision: str, capacity: str
+    ctx: PassContext, steps: Sequence[CanaryStep], idx: int, revision: str, capacity: str
 ) -> int:
     """The largest weight up to step idx that the canary's Ready pods of `revision` can serve, else 0.
 
@@ -192,10 +191,10 @@ def covered_weight(
     share whether or not it has a Ready endpoint. e.g. total 4, steps 20/50: step 2 with 1 of 2 canary pods
     Ready -> 20; step 1 with 0 Ready (the release just began, or its pod was lost) -> 0.
     """
-    if inp.canary.revision != revision:
+    if ctx.canary.revision != revision:
         return 0
     for step in reversed(steps[:idx]):
-        if inp.canary.ready >= split(inp.total, step.weight, inp.traffic, capacity).canary:
+        if ctx.canary.ready >= split(ctx.total, step.weight, ctx.traffic, capacity).canary:
             return step.weight
     return 0
 

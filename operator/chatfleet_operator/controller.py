@@ -25,10 +25,11 @@ from chatfleet_operator.builders.httproute import GATEWAY_GROUP
 from chatfleet_operator.builders.inferencepool import POOL_GROUP, POOL_VERSION
 from chatfleet_operator.builders.scaledobject import KEDA_GROUP, KEDA_VERSION
 from chatfleet_operator.cache import Key, Snapshot, World
-from chatfleet_operator.reconcile import Client, Gone, Outcome, PassFailed, reconcile_pass, record_error
+from chatfleet_operator.reconcile import Outcome, PassFailed, reconcile_pass, record_error
 from chatfleet_operator.release.measure import Releases
 from chatfleet_operator.settings import Settings
 from chatfleet_operator.wave import UpgradeWave
+from chatfleet_operator.writes import Client, Gone
 
 log = logging.getLogger("chatfleet")
 

@@ -12,17 +12,16 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any
 
 from chatfleet_operator import api, kinds, metrics
-from chatfleet_operator.api import ApiError
 from chatfleet_operator.autoscale.measure import Autoscaling
 from chatfleet_operator.autoscale.state import scaling_condition
-from chatfleet_operator.autoscale.warmpool import PodLabel, plan_serving, pool_status, pool_waits
+from chatfleet_operator.autoscale.warmpool import plan_serving, pool_status, pool_waits
 from chatfleet_operator.builders import deployment_name, endpoint, revision_hash
 from chatfleet_operator.cache import Snapshot, World, resource_version, slim
 from chatfleet_operator.context import PassContext, desired_total
-from chatfleet_operator.converge.changes import Change, diff_children
+from chatfleet_operator.converge.changes import diff_children
 from chatfleet_operator.converge.diagnose import Problem, diagnose
 from chatfleet_operator.converge.facts import deployment_facts, observe_track
 from chatfleet_operator.converge.policy import host_path_problems
@@ -52,6 +51,14 @@ from chatfleet_operator.settings import Settings
 from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
 from chatfleet_operator.timefmt import parse_time
 from chatfleet_operator.wave import UpgradeWave, held_condition, plan_in_wave, report_to_wave
+from chatfleet_operator.writes import (
+    Client,
+    apply_change,
+    label_pods,
+    post_events,
+    seed_replicas,
+    write_status,
+)
 
 log = logging.getLogger("chatfleet")
 
@@ -118,110 +125,6 @@ def gather_context(
     return replace(ctx, route=observed_route(ctx, children.get(("HTTPRoute", ref.name))))
 
 
-class Gone(Exception):
-    """The namespace is being deleted (or gone): nothing to converge, nothing to retry."""
-
-
-def _namespace_gone(exc: ApiError) -> bool:
-    """403 'being terminated' or 404 on the namespace itself."""
-    return (exc.status == 403 and "being terminated" in exc.message) or (
-        exc.status == 404 and "namespaces" in exc.message
-    )
-
-
-class Client(Protocol):
-    """The API calls a pass makes (kube.py in production, a fake in unit tests)."""
-
-    def apply(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
-        """Server-side apply; returns the object."""
-
-    def delete(self, kind: str, namespace: str, name: str) -> None:
-        """Delete; already gone is fine."""
-
-    def patch_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any] | None:
-        """Merge-patch the status; None when the object is gone."""
-
-    def seed_replicas(self, namespace: str, name: str, replicas: int) -> None:
-        """Set spec.scaling.replicas of a ChatbotService where it is absent (the HPA's scale)."""
-
-    def label_pod(
-        self, namespace: str, name: str, labels: Mapping[str, str], annotations: Mapping[str, str | None]
-    ) -> None:
-        """Merge-patch a pod's labels and annotations (None removes one)."""
-
-    def post_event(
-        self, involved: Mapping[str, Any], type_: str, reason: str, message: str, now: datetime | None = None
-    ) -> None:
-        """Post an Event about the object."""
-
-
-def _apply(
-    client: Client, change: Change, world: World, snap: Snapshot, namespace: str
-) -> tuple[str, bool] | None:
-    """Run one planned write; on refusal return (problem message, worth retrying)."""
-    key = (change.kind, change.name)
-    try:
-        if change.verb == "delete":
-            client.delete(change.kind, namespace, change.name)
-            world.remember(
-                change.kind, namespace, change.name, None, resource_version(snap.children.get(key) or {})
-            )
-            snap.children.pop(key, None)
-            log.info("Deleted %s %s/%s (%s)", change.kind, namespace, change.name, change.why)
-            return None
-        assert change.manifest is not None
-        result = slim(client.apply(change.manifest))
-        world.remember(change.kind, namespace, change.name, result, resource_version(result))
-        world.changed(change.kind, result)  # so the watch echo of this write triggers no pass
-        snap.children[key] = result
-        verb = "Created" if change.why == "missing" else "Updated"
-        log.info("%s %s %s/%s (%s)", verb, change.kind, namespace, change.name, change.why)
-    except ApiError as exc:
-        if _namespace_gone(exc):
-            raise Gone(namespace) from exc
-        if exc.status in (400, 422):
-            return f"{change.kind} {change.name} was refused by the API server: {exc.message}", False
-        # e.g. 500 "failed to allocate a serviceIP: range is full", 429, 409: shown, and retried.
-        log.warning("Failed to apply %s %s/%s: %s", change.kind, namespace, change.name, exc)
-        return f"{change.kind} {change.name} could not be applied ({exc.status}): {exc.message}", True
-    return None
-
-
-def _seed_replicas(client: Client, ref: ObjectRef, replicas: int) -> tuple[str, bool] | None:
-    """Write the first spec.scaling.replicas of an autoscaled ChatbotService; on refusal (message, retry)."""
-    try:
-        client.seed_replicas(ref.namespace, ref.name, replicas)
-    except ApiError as exc:
-        log.warning(
-            "Failed to set spec.scaling.replicas of ChatbotService %s/%s: %s", ref.namespace, ref.name, exc
-        )
-        return (
-            f"spec.scaling.replicas could not be set for the autoscaler ({exc.status}): {exc.message}",
-            True,
-        )
-    log.info(
-        "Set spec.scaling.replicas=%d of ChatbotService %s/%s for its HPA", replicas, ref.namespace, ref.name
-    )
-    return None
-
-
-def _label_pods(client: Client, ref: ObjectRef, labels: list[PodLabel]) -> tuple[str, bool] | None:
-    """Flip the warm pool's serving labels and deletion costs; on refusal (message, worth retrying)."""
-    for change in labels:
-        try:
-            client.label_pod(
-                ref.namespace,
-                change.name,
-                {api.LABEL_SERVING: change.serving},
-                {api.ANNOTATION_DELETION_COST: change.deletion_cost},
-            )
-        except ApiError as exc:
-            log.warning("Failed to label pod %s/%s: %s", ref.namespace, change.name, exc)
-            return f"pod {change.name} could not be labelled ({exc.status}): {exc.message}", True
-        log.info("Labelled pod %s/%s %s=%s", ref.namespace, change.name, api.LABEL_SERVING, change.serving)
-    return None
-
-
 def progress_hold(
     old: Mapping[str, Any],
     new: Mapping[str, Any],
@@ -284,11 +187,11 @@ def reconcile_pass(
 
     # 4. Apply: pod labels first (a scale-down then removes standby pods, not serving ones), then only
     #    the children that differ. An invalid object is a problem for the user, not a crash.
-    refused = [r for r in [_label_pods(client, ref, labels)] if r]
-    refused += [r for change in changes if (r := _apply(client, change, world, snap, ref.namespace))]
+    refused = [r for r in [label_pods(client, ref, labels)] if r]
+    refused += [r for change in changes if (r := apply_change(client, change, world, snap, ref.namespace))]
     seed = spec.scaling.autoscale is not None and not spec.scaling.replicas_set
     if seed:  # the HPA reads and writes spec.scaling.replicas (the scale subresource): it must exist
-        refused += [r for r in [_seed_replicas(client, ref, ctx.total)] if r]
+        refused += [r for r in [seed_replicas(client, ref, ctx.total)] if r]
 
     # 5. Compute the whole new status (pure) from the freshest view of the Deployment.
     dep_body = snap.children.get(("Deployment", ref.name))
@@ -331,7 +234,7 @@ def reconcile_pass(
     if hold:
         patch, new_status = {}, dict(ctx.old_status)
     writes = len(changes) + int(seed)
-    written = _write_status(client, world, ref, patch, now)
+    written = write_status(client, world, ref, patch, now)
     if patch and written is not None:
         writes += 1
         ready = next(c for c in new_status["conditions"] if c["type"] == api.COND_READY)
@@ -344,7 +247,7 @@ def reconcile_pass(
             ready["reason"],
         )
         count_release_transitions(plan)  # counted once written (a transition not written is planned again)
-    _post_events(client, body, ref, pass_events(ctx.old_status, new_status, plan.events), now)
+    post_events(client, body, ref, pass_events(ctx.old_status, new_status, plan.events), now)
     return Outcome(
         problems=problems,
         writes=writes,
@@ -365,34 +268,13 @@ def _refuse(
     old_status = body.get("status") or {}
     new_status = refused_status(old_status, ref.generation, problems, now)
     patch = status_patch(old_status, new_status)
-    written = _write_status(client, world, ref, patch, now)
+    written = write_status(client, world, ref, patch, now)
     if patch and written is None:  # the object is gone
         return Outcome(problems=problems, writes=0, status=new_status, refused=True)
     if patch:
         log.info("Refused to build ChatbotService %s/%s: %s", ref.namespace, ref.name, problems[0].message)
-    _post_events(client, body, ref, pass_events(old_status, new_status), now)
+    post_events(client, body, ref, pass_events(old_status, new_status), now)
     return Outcome(problems=problems, writes=int(bool(patch)), status=new_status, refused=True)
-
-
-def _write_status(
-    client: Client, world: World, ref: ObjectRef, patch: Mapping[str, Any], now: datetime
-) -> dict[str, Any] | None:
-    """The pass's one status write when `patch` is not empty, remembered in the world; the written
-    object, or None (nothing to write, or the object is gone)."""
-    written = client.patch_status(ref.namespace, ref.name, patch) if patch else None
-    if written:
-        world.remember(api.KIND, ref.namespace, ref.name, slim(written), resource_version(written))
-        world.status_written((ref.namespace, ref.name), now)
-    return written
-
-
-def _post_events(client: Client, body: Mapping[str, Any], ref: ObjectRef, events, now: datetime) -> None:
-    """Post the events of a pass's status difference."""
-    for event in events:
-        client.post_event(body, event.type, event.reason, event.message, now)
-        log.info(
-            "Posted %s event %s on ChatbotService %s/%s", event.type, event.reason, ref.namespace, ref.name
-        )
 
 
 def count_release_transitions(plan: ReleasePlan) -> None:
@@ -466,8 +348,4 @@ def record_error(
         world.remember(api.KIND, ref.namespace, ref.name, slim(written), resource_version(written))
     if patch and written is None:
         return  # the object is gone
-    for event in pass_events(old_status, new_status):
-        client.post_event(body, event.type, event.reason, event.message, now)
-        log.info(
-            "Posted %s event %s on ChatbotService %s/%s", event.type, event.reason, ref.namespace, ref.name
-        )
+    post_events(client, body, ref, pass_events(old_status, new_status), now)

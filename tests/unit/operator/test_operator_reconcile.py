@@ -16,8 +16,9 @@ from chatfleet_operator.api import ApiError, Reason
 from chatfleet_operator.cache import Snapshot, World
 from chatfleet_operator.controller import Controller, backoff_delay
 from chatfleet_operator.converge.facts import NodeFacts, PodFacts
-from chatfleet_operator.reconcile import Gone, reconcile_pass
+from chatfleet_operator.reconcile import reconcile_pass
 from chatfleet_operator.settings import PodSettings, RetrySettings, Settings
+from chatfleet_operator.writes import Gone
 from operator_helpers import as_observed, cbs_body
 
 NOW = datetime(2026, 11, 21, 10, 0, tzinfo=UTC)

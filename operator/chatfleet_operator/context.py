@@ -11,18 +11,18 @@ status take it (or the parts they need) instead of threading a dozen arguments; 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from chatfleet_operator.analysis.assess import Measurement
 from chatfleet_operator.converge.facts import NodeFacts, PodFacts, Track
-from chatfleet_operator.release.state import ReleaseStatus
 from chatfleet_operator.settings import Settings
 from chatfleet_operator.spec import Autoscale, ChatbotServiceSpec, ObjectRef
 
-if TYPE_CHECKING:  # release/route.py reads the context to build it
+if TYPE_CHECKING:  # types only: the release reads the context (imports run release -> context)
     from chatfleet_operator.release.route import RouteState
+    from chatfleet_operator.release.state import ReleaseStatus
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,9 @@ class PassContext:
     """The stable Deployment as observed."""
     canary: Track
     """The Deployment of the new revision as observed (its track is the strategy's: canary, preview)."""
+    release_status: ReleaseStatus
+    """The release part of old_status, parsed once (the release, its history, the stable revision); the
+    planner works on a copy of it."""
     backends: str = "Service"
     """What the HTTPRoute's backends are: Service, or InferencePool where the cluster serves the Gateway
     API Inference Extension (release/traffic.py, builders/inferencepool.py)."""
@@ -66,9 +69,6 @@ class PassContext:
     route: RouteState | None = None
     """The parent Gateway's word on the HTTPRoute as observed when the pass began (condition RouteServed);
     None where no route carries the traffic (release/route.py observed_route)."""
-    release_status: ReleaseStatus = field(default_factory=ReleaseStatus)
-    """The release part of old_status, parsed once (the release, its history, the stable revision); the
-    planner works on a copy of it."""
     measurement: Measurement | None = None
     """This pass's analysis measurement, when one was due (release/measure.py takes it)."""
     dialogue_check: DialogueCheck | None = None

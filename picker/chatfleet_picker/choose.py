@@ -84,10 +84,15 @@ class Picker:
     def __len__(self) -> int:
         return len(self._dialogues)
 
-    def observe(self, addresses: Iterable[str]) -> None:
-        """Fresh metrics were read for these addresses: their picks-since-read restart at zero."""
+    def observe(self, addresses: Iterable[str], present: Iterable[str]) -> None:
+        """Fresh metrics were read for `addresses`: their picks-since-read restart at zero; the counts of
+        addresses no longer in the fleet (`present`: every replica now) are dropped, so pod churn leaves
+        nothing behind."""
         for address in addresses:
             self._sent.pop(address, None)
+        keep = set(present)
+        for address in [a for a in self._sent if a not in keep]:
+            del self._sent[address]
 
     def saturated(self, e: Endpoint) -> bool:
         """At its queue or KV limit, by its last metrics (picks since then only order new dialogues:

@@ -127,10 +127,11 @@ class Fleet:
 
 
 async def scrape(
-    fleet: Fleet, observed: Callable[[list[str]], None], interval_s: float, timeout_s: float = 1.0
+    fleet: Fleet, observed: Callable[[list[str], list[str]], None], interval_s: float, timeout_s: float = 1.0
 ) -> None:
-    """Every `interval_s`, read each replica's metrics; `observed(addresses)` after each round. A replica
-    that does not answer keeps its last load (the pod watch says whether it is Ready)."""
+    """Every `interval_s`, read each replica's metrics; `observed(read, present)` after each round: the
+    addresses read, and every replica's. A replica that does not answer keeps its last load (the pod watch
+    says whether it is Ready)."""
     import aiohttp
 
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
@@ -145,8 +146,9 @@ async def scrape(
             return r.endpoint.address
 
         while True:
-            done = await asyncio.gather(*(one(r) for r in fleet.replicas()))
-            observed([a for a in done if a])
+            replicas = fleet.replicas()
+            done = await asyncio.gather(*(one(r) for r in replicas))
+            observed([a for a in done if a], [r.endpoint.address for r in replicas])
             await asyncio.sleep(interval_s)
 
 

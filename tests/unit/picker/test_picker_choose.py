@@ -99,8 +99,17 @@ def test_picks_since_the_last_metrics_read_count_until_observed():
         picker.pick(f"d{i}", "stable", one)
     # S1 has 3 picks since its read; an idle S2 appears and takes the next new dialogue
     assert picker.pick("dx", "stable", [S1, S2]).address == S2.address
-    picker.observe([S1.address, S2.address])
+    picker.observe([S1.address, S2.address], [S1.address, S2.address])
     assert picker._sent == {}
+
+
+def test_the_picks_of_a_replica_that_left_the_fleet_are_forgotten():
+    picker = Picker()
+    picker.pick("d1", "stable", [S1])
+    picker.pick("d2", "stable", [S2])
+    # S2's pod is gone before its metrics were read again: only S1 is read, and only S1 is in the fleet
+    picker.observe([], [S1.address])
+    assert picker._sent == {S1.address: 1}
 
 
 def test_no_ready_replica_on_the_routed_track_takes_any_ready_one_and_none_at_all_is_none():

@@ -46,6 +46,16 @@ class Mirror:
     method: str = REQUEST_MIRROR
 
 
+@dataclass(frozen=True)
+class HeaderMatch:
+    """A rule before the weighted one: requests whose `header` is `value` go to `track`'s backend, whatever
+    the weights (e.g. an A/B variant header a strategy routes by)."""
+
+    header: str
+    value: str
+    track: str
+
+
 def mirror_name(ref: ObjectRef) -> str:
     """TraefikService `<name>-mirror` (the TraefikService method)."""
     return f"{ref.name}-mirror"
@@ -62,6 +72,7 @@ def build_httproute(
     hostnames: Sequence[str] = (),
     mirror: Mirror | None = None,
     pool_group: str | None = None,
+    matches: Sequence[HeaderMatch] = (),
 ) -> dict[str, Any]:
     """HTTPRoute `<name>` splitting the chat port between the stable and canary Services by weight.
 
@@ -73,6 +84,8 @@ def build_httproute(
     Mirror(10, "TraefikService") makes TraefikService <name>-mirror the weighted rule's one backend.
     `pool_group` (the Inference Extension's API group): the backends are the tracks' InferencePools, named
     as their Services, instead of the Services (the mirror still goes to the canary Service's shadow port).
+    `matches`: header rules after the pinned ones, e.g. HeaderMatch("x-variant", "b", "canary") sends
+    `x-variant: b` to <name>-canary.
     """
     parent: dict[str, Any] = {"group": GATEWAY_GROUP, "kind": "Gateway", "name": gateway_name}
     if gateway_namespace:
@@ -83,12 +96,15 @@ def build_httproute(
             return {"group": pool_group, "kind": "InferencePool", "name": track_service_name(ref, track)}
         return {"name": track_service_name(ref, track), "port": CHAT_PORT}
 
+    pinned = [
+        HeaderMatch(REVISION_HEADER, revision, track) for revision, track in sorted((pins or {}).items())
+    ]
     rules: list[dict[str, Any]] = [
         {
-            "matches": [{"headers": [{"name": REVISION_HEADER, "value": revision}]}],
-            "backendRefs": [{**backend(track), "weight": 1}],
+            "matches": [{"headers": [{"name": m.header, "value": m.value}]}],
+            "backendRefs": [{**backend(m.track), "weight": 1}],
         }
-        for revision, track in sorted((pins or {}).items())
+        for m in (*pinned, *matches)
     ]
     weighted: dict[str, Any] = {
         "matches": [{"path": {"type": "PathPrefix", "value": "/"}}],

@@ -3,17 +3,19 @@ objects that carry it. Pure.
 
 A strategy says what it wants of the traffic this pass (`TrafficIntent`: which pods the main Service
 selects and with what affinity, whether the new track has a Service of its own, and, behind Gateway API,
-a weighted route with its pinned revisions and its mirror). This module alone knows how that is spelt:
+a weighted route with its pinned revisions, its header rules and its mirror). This module alone knows how
+that is spelt:
 a ClusterIP Service with ClientIP affinity, a Gateway API HTTPRoute, Traefik's TraefikService where
 the gateway lacks the RequestMirror filter, or -- where the cluster serves the Gateway API Inference
 Extension -- an InferencePool per track and their endpoint picker behind the route (ctx.backends). A
-header route, another mirror method or another gateway is an edit here, not in a strategy (Argo
-Rollouts' TrafficRoutingReconciler, Flagger's router.Interface).
+strategy routing by a header names it in its intent (`HeaderMatch`); another mirror method or another
+gateway is an edit here, not in a strategy (Argo Rollouts' TrafficRoutingReconciler, Flagger's
+router.Interface).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -21,6 +23,7 @@ from chatfleet_operator import api
 from chatfleet_operator.builders.httproute import (
     REQUEST_MIRROR,
     TRAEFIK_SERVICE,
+    HeaderMatch,
     Mirror,
     build_httproute,
     build_traefik_mirror,
@@ -40,6 +43,8 @@ class WeightedRoute:
     pins: Mapping[str, str] = field(default_factory=dict)
     """Revision -> track of the route's pinned rules (sticky dialogues)."""
     mirror: Mirror | None = None
+    matches: Sequence[HeaderMatch] = ()
+    """Header rules of the strategy's own, after the pinned ones (e.g. an A/B variant header)."""
 
 
 @dataclass(frozen=True)
@@ -96,6 +101,7 @@ def traffic_objects(ctx: PassContext, intent: TrafficIntent) -> list[dict[str, A
         hostnames=ctx.spec.rollout.hostnames,
         mirror=mirror,
         pool_group=POOL_GROUP if pools else None,
+        matches=intent.route.matches,
     )
     if pools:
         extra = [build_inference_pool(ref, track) for track in (api.TRACK_STABLE, api.TRACK_CANARY)]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from chatfleet_operator.builders.httproute import Mirror
+from chatfleet_operator.builders.httproute import HeaderMatch, Mirror
 from chatfleet_operator.release.router import TrafficIntent, WeightedRoute, traffic_objects
 from chatfleet_operator.settings import Settings
 from pass_helpers import context
@@ -55,6 +55,26 @@ def test_a_weighted_route_with_pins_in_front_of_a_service_per_track():
     ]
     assert ("bot", 80) in backends and ("bot-canary", 20) in backends
     assert "sessionAffinity" not in objects[1]["spec"]
+
+
+def test_a_strategys_header_rule_follows_the_pins_and_comes_before_the_weights():
+    # a strategy routing by a header (an A/B variant) needs no edit of the router or the route builder
+    route = WeightedRoute(0, {"r1": "stable"}, matches=(HeaderMatch("x-chatfleet-variant", "b", "canary"),))
+    (http_route, *_) = traffic_objects(
+        context(SPEC, traffic="HTTPRoute"), TrafficIntent("canary", route=route)
+    )
+    rules = [
+        (
+            [(h["name"], h["value"]) for m in r["matches"] for h in m.get("headers", [])],
+            r["backendRefs"][0]["name"],
+        )
+        for r in http_route["spec"]["rules"]
+    ]
+    assert rules == [
+        ([("x-chatfleet-revision", "r1")], "bot"),
+        ([("x-chatfleet-variant", "b")], "bot-canary"),
+        ([], "bot"),
+    ]
 
 
 def test_only_traefiks_mirror_method_adds_a_traefikservice():

@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 
 from chatfleet_operator import api, kube
+from chatfleet_operator.analysis.assess import Figure
 from chatfleet_operator.release.planner import stepped
 from chatfleet_operator.release.state import ACTIVE_PHASES, ReleasePhase
 from chatfleet_operator.timefmt import parse_time
@@ -80,13 +81,9 @@ def _cond(status: dict[str, Any], ctype: str) -> dict[str, Any]:
 
 
 def _figure(f: dict[str, Any]) -> str:
-    """One analysis figure as text."""
-    unit = f.get("unit", "")
-    canary = f"{f['canary']:.3g}{unit}" if "canary" in f else "no data"
-    limit = f" {'<=' if f.get('ok') else '>'} {f['limit']:.3g}{unit}" if "limit" in f else ""
-    stable = f" (stable {f['stable']:.3g}{unit})" if "stable" in f else ""
-    mark = "ok " if f.get("ok") else "BAD"
-    return f"[{mark}] {f.get('metric')} {canary}{limit}{stable}"
+    """One analysis figure as text, spelt as the analysis spells it (a ceiling, a floor, noise)."""
+    figure = Figure.from_status(f)
+    return f"[{'ok ' if figure.ok else 'BAD'}] {figure.text()}"
 
 
 def render_tree(body: dict[str, Any], pods: list[dict[str, Any]], now: datetime | None = None) -> str:

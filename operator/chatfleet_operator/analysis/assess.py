@@ -97,6 +97,24 @@ class Figure:
         stable = f" (stable {fmt(self.stable, self.unit)})" if self.stable is not None else ""
         return f"{self.metric} {fmt(self.canary, self.unit)}{limit}{stable}"
 
+    @classmethod
+    def from_status(cls, stored: Mapping[str, Any]) -> Figure:
+        """A figure as status.release.analysis.figures keeps it (to_status's inverse; a hand edit that is
+        no number reads as absent)."""
+
+        def number(key: str) -> float | None:
+            value = stored.get(key)
+            return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+        return cls(
+            str(stored.get("metric", "")),
+            number("canary"),
+            number("stable"),
+            number("limit"),
+            str(stored.get("unit", "")),
+            stored.get("ok") is True,
+        )
+
     def to_status(self) -> dict[str, Any]:
         """camelCase dict for status.release.analysis.figures."""
         out: dict[str, Any] = {"metric": self.metric, "ok": self.ok, "unit": self.unit}

@@ -84,6 +84,24 @@ def test_tree_shows_step_weights_and_figures():
     assert "canary bbb: 1/2 Ready" in text and "stable aaa: 1/1 Ready" in text
 
 
+def test_tree_spells_a_failed_floor_and_a_figure_without_data_as_the_analysis_does():
+    # a floor (tokens/s must not fall below 0.8x stable's) failed: the canary is under it, not over it
+    floor = {
+        "metric": "tokens/s",
+        "canary": 30.0,
+        "stable": 50.0,
+        "limit": 40.0,
+        "unit": "tok/s",
+        "ok": False,
+    }
+    empty = {"metric": "TTFT P95", "unit": "ms", "ok": True}
+    figured = body()
+    figured["status"]["release"]["analysis"]["figures"] = [floor, empty]
+    text = render_tree(figured, [pod("stable", "aaa", True), pod("canary", "bbb", True)], NOW)
+    assert "[BAD] tokens/s 30tok/s < 40tok/s (stable 50tok/s)" in text
+    assert "[ok ] TTFT P95: no data" in text
+
+
 def test_tree_shows_the_shadow_phase_before_the_steps():
     shadowing = body()
     rel = shadowing["status"]["release"]

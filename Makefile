@@ -5,7 +5,9 @@ SHELL := /bin/bash
 VENV    ?= .venv
 PY      := $(VENV)/bin/python
 PYTEST  := $(VENV)/bin/pytest
-STAMP   := $(VENV)/.installed-$(shell cat pyproject.toml 2>/dev/null | sha1sum | cut -c1-12)
+# The workspace's pyproject.toml (tools, the dev group) and each package's own (its pinned dependencies)
+PYPROJECTS := pyproject.toml contract/pyproject.toml operator/pyproject.toml picker/pyproject.toml runtime/pyproject.toml hack/pyproject.toml
+STAMP   := $(VENV)/.installed-$(shell cat $(PYPROJECTS) 2>/dev/null | sha1sum | cut -c1-12)
 PLATFORM := $(PY) -m chatfleet_platform.cli
 NODES   ?= 4
 REAL_NODES ?= 1
@@ -47,13 +49,14 @@ setup: venv system-deps ## Python packages, Debian packages, platform binaries, 
 	@$(MAKE) --no-print-directory chart-tools
 
 .PHONY: venv
-venv: $(STAMP) ## Virtual environment with the operator, runtime and dev extras (pinned)
+venv: $(STAMP) ## Virtual environment: the four packages and the platform (editable), the dev tools (pinned)
 
-$(STAMP): pyproject.toml
+$(STAMP): $(PYPROJECTS)
 	@command -v python3 >/dev/null || { echo "error: python3 (>= 3.11) is missing"; exit 1; }
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q -U pip setuptools wheel || { echo "error: cannot reach the Python package registry to install pip/setuptools"; exit 1; }
-	$(PY) -m pip install -q -e '.[operator,picker,runtime,dev]' || { echo "error: pip could not install the pinned packages of pyproject.toml (is the Python package registry reachable?)"; exit 1; }
+	@$(PY) -m pip uninstall -q -y chatfleet 2>/dev/null || true  # the one distribution of checkouts before the split
+	$(PY) -m pip install -q --group dev -e ./contract -e ./operator -e ./picker -e ./runtime -e ./hack || { echo "error: pip could not install the pinned packages of the pyproject.toml files (is the Python package registry reachable?)"; exit 1; }
 	@rm -f $(VENV)/.installed-* && touch $@
 
 .PHONY: system-deps

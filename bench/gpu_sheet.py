@@ -1,6 +1,7 @@
 """The GPU sheet: the runtime's engine on one GPU, at 1 to 256+ concurrent conversations, per precision.
 
-Runnable by anyone with an NVIDIA GPU and the runtime extra installed; needs nothing from the network.
+Runnable by anyone with an NVIDIA GPU and the runtime package installed (`pip install ./contract
+./runtime`); needs nothing from the network.
 ``make bench-gpu`` (or ``python bench/gpu_sheet.py --out DIR``) builds the models, runs every case it has
 time for (``--budget-s``) and writes ``gpu-sheet.json`` (after each case, so a run cut short keeps what it
 measured) and ``gpu-sheet.md`` (the tables docs/runtime.md publishes) into DIR.

@@ -5,7 +5,7 @@
 #   moto      moto's S3 server (s3://) in its own virtual environment (moto needs botocore, whose
 #             python-dateutil<3 pin conflicts with the kubernetes client's >=3 in the project venv):
 #             $CHATFLEET_CACHE/tools/moto-<version>/bin/moto_server
-# The GCS emulator (gs://) and the HTTPS server (http(s)://) come with the dev extra.
+# The GCS emulator (gs://) and the HTTPS server (http(s)://) come with the dev group (pyproject.toml).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=versions.env

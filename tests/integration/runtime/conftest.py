@@ -9,8 +9,8 @@ import pytest
 from needs import need_module
 
 # The runtime's real parts: a missing one fails every test here with how to install it (never a skip).
-need_module("torch", "run `make setup` (the runtime extra)")
-need_module("pytriton", "run `make setup` (the runtime extra: nvidia-pytriton)")
+need_module("torch", "run `make setup` (the runtime package's dependencies)")
+need_module("pytriton", "run `make setup` (the runtime package's dependencies: nvidia-pytriton)")
 
 from chatfleet_platform.localruntime.testing import ChatApiProcess, model_config, tiny_model  # noqa: E402 - after the checks above
 from chatfleet_platform.services import Redis  # noqa: E402 - after the checks above

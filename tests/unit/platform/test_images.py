@@ -88,7 +88,7 @@ def test_archive_is_keyed_by_image_id_and_ref(tmp_path):
 
 
 def test_project_version_is_pyprojects():
-    with (REPO_ROOT / "pyproject.toml").open("rb") as f:
+    with (REPO_ROOT / "operator" / "pyproject.toml").open("rb") as f:
         assert images.project_version() == tomllib.load(f)["project"]["version"]
 
 

@@ -5,7 +5,8 @@
 # outside the repository keyed by version:  $CHATFLEET_CACHE/bin/<name>-<version>/<name>
 # A second run finds every binary and builds nothing.
 # `argo-rollouts` (the Argo Rollouts controller and its CRDs, for `make bench-rollout`) is built only when
-# named: `bash hack/build-platform.sh argo-rollouts`; the default list leaves it out.
+# named: `bash hack/build-platform.sh argo-rollouts`; the default list leaves it out. So is `actionlint`
+# (the CI workflow linter, a chart tool: `make chart-tools` builds it).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=versions.env
@@ -222,6 +223,22 @@ have_argo_rollouts() {
     && [ -f "$BIN/argo-rollouts-$ARGO_ROLLOUTS_VERSION/crds/rollout-crd.yaml" ]
 }
 
+# actionlint, the linter of .github/workflows (a chart tool, not part of the platform: `make chart-tools` builds
+# it, and no build-seconds file, like argo-rollouts). It lints the `run:` scripts with ShellCheck only when
+# one is on PATH, and `make setup` installs none.
+build_actionlint() {
+  local v=$ACTIONLINT_VERSION out
+  out="$BIN/actionlint-$v"
+  have actionlint "$v" && { say "actionlint v$v cached"; return; }
+  say "building actionlint v$v"
+  local t0; t0=$(date +%s)
+  mkdir -p "$out.tmp"
+  GOBIN="$out.tmp" go install -trimpath \
+    -ldflags "-s -w -X github.com/rhysd/actionlint.version=v$v" "github.com/rhysd/actionlint/cmd/actionlint@v$v"
+  rm -rf "$out" && mv "$out.tmp" "$out"
+  say "actionlint v$v built in $(( $(date +%s) - t0 ))s"
+}
+
 targets=${*:-etcd kwok helm kubernetes prometheus keda traefik}
 start=$(date +%s)
 cached() {
@@ -230,7 +247,7 @@ cached() {
     prometheus) have prometheus "$PROMETHEUS_VERSION" ;; traefik) have traefik "$TRAEFIK_VERSION" ;;
     keda) [ -x "$BIN/keda-$KEDA_VERSION/keda-operator" ] && [ -x "$BIN/keda-$KEDA_VERSION/keda-adapter" ] ;;
     kubernetes) local c; for c in $K8S_COMPONENTS; do [ -x "$BIN/kubernetes-$K8S_VERSION/$c" ] || return 1; done ;;
-    argo-rollouts) have_argo_rollouts ;;
+    argo-rollouts) have_argo_rollouts ;; actionlint) have actionlint "$ACTIONLINT_VERSION" ;;
     *) return 1 ;;
   esac
 }
@@ -243,8 +260,8 @@ KMOD_JSON=$(probe_proxy)
 # its module cache.
 for t in $targets; do
   case $t in
-    etcd|kwok|helm|kubernetes|prometheus|keda|traefik|argo-rollouts) ;;
-    *) die "unknown component '$t' (etcd, kwok, helm, kubernetes, prometheus, keda, traefik, argo-rollouts)" ;;
+    etcd|kwok|helm|kubernetes|prometheus|keda|traefik|argo-rollouts|actionlint) ;;
+    *) die "unknown component '$t' (etcd, kwok, helm, kubernetes, prometheus, keda, traefik, argo-rollouts, actionlint)" ;;
   esac
   case $t in kubernetes) fn=build_k8s ;; argo-rollouts) fn=build_argo_rollouts ;; *) fn="build_$t" ;; esac
   # no `|| die` here: it would switch set -e off inside the build, and a failed go build would go on

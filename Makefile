@@ -171,6 +171,11 @@ chart-sync-crds: ## Copy crds/ into the chart after editing the CRD (a test fail
 chart-package: venv platform-build ## helm package into dist/
 	$(HELM) package charts/chatfleet-operator -d dist
 
+.PHONY: release-dry-run
+release-dry-run: ## The release pipeline's script, nothing pushed: tag vs versions, lint, package, render into dist/release; prints the push and sign commands (TAG=vX.Y.Z)
+	@bash hack/build-platform.sh helm
+	@bash hack/release.sh --dry-run $(if $(TAG),--tag $(TAG))
+
 ##@ Benchmarks (apart from tests; each prints a table and writes bench-results/*.json)
 
 .PHONY: bench

@@ -6,20 +6,21 @@
 #   hack/release.sh [--dry-run [--build]] [--tag vX.Y.Z] [--out DIR] [STEP...]
 #
 # Steps, in this order when none is named:
-#   verify    the tag against the three versions (below); helm lint --strict; helm package into DIR;
+#   verify    the tag against the chart's and the packages' versions (below); helm lint --strict; helm package into DIR;
 #             helm template of the packaged chart, whose images must be the released tags
 #   operator  docker buildx: linux/amd64 + linux/arm64, pushed with SBOM and provenance attestations; cosign sign
 #   runtime   the same for the runtime image, linux/amd64 only (see image_platforms)
 #   chart     verify, then helm push to oci://ghcr.io/chatfleet/charts and cosign sign the chart's digest
 #
-# Versions: one version for all. The tag vX.Y.Z must equal Chart.yaml `version` and `appVersion` and
-# pyproject.toml's [project] version (a SemVer pre-release X.Y.Z-rc.N may be spelt X.Y.ZrcN there, PEP 440);
+# Versions: one version for all. The tag vX.Y.Z must equal Chart.yaml `version` and `appVersion` and the
+# [project] version of each package's pyproject.toml (contract/, operator/, picker/, runtime/, hack/; a SemVer
+# pre-release X.Y.Z-rc.N may be spelt X.Y.ZrcN there, PEP 440);
 # the script never edits them: a tag that disagrees fails, naming each field.
 #
 # --dry-run  does for real every step that needs no registry and no credentials (the checks, lint, package,
 #            render) and prints the build, push and sign commands instead of running them. With --build the
 #            images are built too (docker buildx, output to the build cache only: nothing is pushed).
-# --tag      default: $RELEASE_TAG, else (dry run only) v<pyproject.toml version>. A real release needs the tag
+# --tag      default: $RELEASE_TAG, else (dry run only) v<operator/pyproject.toml version>. A real release needs the tag
 #            to exist and to name the checked-out commit, in a clean work tree.
 # --out      where the packaged chart, the rendered manifests and the image digests go (default dist/release).
 # Environment: RELEASE_TAG, RELEASE_DRY_RUN=1 (as --dry-run), HELM (the helm binary; default the one
@@ -84,9 +85,11 @@ run() {
 
 # --- versions ---------------------------------------------------------------------------------------------
 
+# The Python packages, each a distribution of its own with its own pyproject.toml; they share one version.
+PACKAGES=(contract operator picker runtime hack)
 pyproject_version() {
   python3 -c 'import sys, tomllib; print(tomllib.load(open(sys.argv[1], "rb"))["project"]["version"])' \
-    pyproject.toml
+    "$1/pyproject.toml"
 }
 # a top-level key of Chart.yaml (quotes and a trailing comment dropped)
 chart_field() {
@@ -103,11 +106,12 @@ pep440() {
   fi
 }
 
-project=$(pyproject_version) || die "cannot read [project] version from pyproject.toml (python3 >= 3.11 needed)"
+project=$(pyproject_version operator) \
+  || die "cannot read [project] version from operator/pyproject.toml (python3 >= 3.11 needed)"
 if [ -z "$tag" ]; then
   [ -n "$dry_run" ] || die "a release needs its tag: --tag vX.Y.Z (or RELEASE_TAG)"
   tag=v$project
-  say "no tag given: dry run of v$project (pyproject.toml's version)"
+  say "no tag given: dry run of v$project (operator/pyproject.toml's version)"
 fi
 semver='^v(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)(-[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?$'
 [[ $tag =~ $semver ]] || die "tag '$tag' is not vMAJOR.MINOR.PATCH[-PRERELEASE] (SemVer; no +build: OCI tags cannot hold '+')"
@@ -119,14 +123,18 @@ check_versions() {
   app_version=$(chart_field appVersion)
   [ "$chart_version" = "$version" ] || bad+=("$CHART_DIR/Chart.yaml version is '$chart_version'")
   [ "$app_version" = "$version" ] || bad+=("$CHART_DIR/Chart.yaml appVersion is '$app_version'")
-  [ "$project" = "$version" ] || [ "$project" = "$(pep440 "$version")" ] \
-    || bad+=("pyproject.toml [project] version is '$project'")
+  local pkg pkg_version
+  for pkg in "${PACKAGES[@]}"; do
+    pkg_version=$(pyproject_version "$pkg") || die "cannot read [project] version from $pkg/pyproject.toml"
+    [ "$pkg_version" = "$version" ] || [ "$pkg_version" = "$(pep440 "$version")" ] \
+      || bad+=("$pkg/pyproject.toml [project] version is '$pkg_version'")
+  done
   if [ ${#bad[@]} -gt 0 ]; then
     local b
     for b in "${bad[@]}"; do say "error: tag $tag says version $version, but $b"; done
-    die "the tag disagrees with ${#bad[@]} version field(s): set all three to $version (docs/chart.md \"Release flow\")"
+    die "the tag disagrees with ${#bad[@]} version field(s): set them all to $version (docs/chart.md \"Release flow\")"
   fi
-  say "tag $tag = Chart.yaml version = appVersion = pyproject.toml version"
+  say "tag $tag = Chart.yaml version = appVersion = the packages' pyproject.toml version"
   if [ -z "$dry_run" ]; then
     local at head
     at=$(git rev-parse -q --verify "refs/tags/$tag^{commit}") || die "tag $tag is not in this checkout: a release publishes a tag"

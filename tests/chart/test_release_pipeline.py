@@ -34,8 +34,12 @@ DIGEST = "sha256:" + "d" * 64
 CHART_DIGEST = "sha256:" + "c" * 64
 
 
+#: The Python packages, each with its own pyproject.toml and one shared version.
+PACKAGES = ("contract", "operator", "picker", "runtime", "hack")
+
+
 def project_version() -> str:
-    return tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["version"]
+    return tomllib.loads((REPO_ROOT / "operator" / "pyproject.toml").read_text())["project"]["version"]
 
 
 def actionlint() -> str:
@@ -124,10 +128,11 @@ def tree_copy(tmp_path: Path) -> Path:
     (root / "hack").mkdir(parents=True)
     for name in ("release.sh", "versions.env"):
         shutil.copy2(REPO_ROOT / "hack" / name, root / "hack" / name)
-    shutil.copy2(REPO_ROOT / "pyproject.toml", root / "pyproject.toml")
     shutil.copytree(REPO_ROOT / "charts", root / "charts")
+    for name in PACKAGES:
+        (root / name).mkdir(exist_ok=True)
+        shutil.copy2(REPO_ROOT / name / "pyproject.toml", root / name / "pyproject.toml")
     for name in ("operator", "runtime"):
-        (root / name).mkdir()
         shutil.copy2(REPO_ROOT / name / "Dockerfile", root / name / "Dockerfile")
     return root
 
@@ -137,10 +142,11 @@ def set_versions(root: Path, *, chart: str, app: str, project: str) -> None:
     text = re.sub(r"(?m)^version: .*$", f"version: {chart}", chart_yaml.read_text())
     text = re.sub(r"(?m)^appVersion: .*$", f'appVersion: "{app}"', text)
     chart_yaml.write_text(text)
-    pyproject = root / "pyproject.toml"
-    pyproject.write_text(
-        re.sub(r'(?m)^version = ".*"$', f'version = "{project}"', pyproject.read_text(), count=1)
-    )
+    for name in PACKAGES:
+        pyproject = root / name / "pyproject.toml"
+        pyproject.write_text(
+            re.sub(r'(?m)^version = ".*"$', f'version = "{project}"', pyproject.read_text(), count=1)
+        )
 
 
 def packaged_chart(tgz: Path) -> dict:
@@ -268,7 +274,7 @@ def test_dry_run_packages_and_renders_the_projects_version(tmp_path: Path) -> No
 def test_the_chart_and_the_project_share_the_version() -> None:
     chart = yaml.safe_load(CHART_YAML.read_text())
     assert chart["version"] == chart["appVersion"] == project_version(), (
-        "Chart.yaml version, appVersion and pyproject.toml's version are released together (docs/chart.md)"
+        "Chart.yaml version, appVersion and the packages' pyproject.toml version are released together (docs/chart.md)"
     )
 
 

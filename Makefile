@@ -23,7 +23,7 @@ export PYTHONUNBUFFERED := 1
 
 .PHONY: demo
 demo: setup ## The main job on the local platform: GPU nodes, the fleet, a chat, a bad canary rolled back
-	@$(PY) -m chatfleet_platform.demo
+	@$(PY) -m chatfleet_platform.demo.demo
 
 .PHONY: test
 test: setup lint contracts ## Everything: install, lint, layering contracts, then the test layers (cheapest first, the real-pod layer beside them; stops at the first that fails)
@@ -95,12 +95,12 @@ IMAGES ?= base pause operator runtime
 
 .PHONY: images
 images: venv ## Build the operator and runtime images (and containerd's pause) with buildah, no registry; cached
-	@$(PY) -m chatfleet_platform.images build $(IMAGES)
+	@$(PY) -m chatfleet_platform.cluster.images build $(IMAGES)
 
 .PHONY: load-images
 load-images: ## Import the built images into the containerd at ADDRESS (its socket), pause first
 	@test -n "$(ADDRESS)" || { echo "usage: make load-images ADDRESS=/path/to/containerd.sock"; exit 1; }
-	@$(PY) -m chatfleet_platform.images load --address $(ADDRESS)
+	@$(PY) -m chatfleet_platform.cluster.images load --address $(ADDRESS)
 
 ##@ Development
 
@@ -144,7 +144,7 @@ serve: venv system-deps ## Run the runtime locally (Triton + chat API + Redis) o
 
 ##@ Helm chart
 
-HELM = $(shell $(PY) -c 'from chatfleet_platform.config import binaries; print(binaries().helm)' 2>/dev/null)
+HELM = $(shell $(PY) -c 'from chatfleet_platform.common.config import binaries; print(binaries().helm)' 2>/dev/null)
 
 .PHONY: chart-readme
 chart-readme: venv ## Regenerate the chart's README (its values table) from Chart.yaml, values.schema.json and values.yaml

@@ -10,7 +10,7 @@ Four ChatbotServices, one per namespace, see the same demand at the same time:
 
 What is real: the local Kubernetes (kwok GPU nodes), kube-controller-manager's HPA controller, KEDA's
 operator and metrics adapter, the Chatfleet operator, Prometheus scraping the fleet. What is simulated:
-the pods run no containers; `chatfleet_platform.fleetsim` gives each serving replica a capacity and a
+the pods run no containers; `chatfleet_platform.load.fleetsim` gives each serving replica a capacity and a
 model-load time and models the queue (fluid backlog + M/M/m, see its docstring), exporting the runtime's
 metric names per pod and the ground-truth queue wait of every second.
 
@@ -48,10 +48,16 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "hack"))
 
 import kubernetes  # noqa: E402
-from chatfleet_platform import procs, services  # noqa: E402
-from chatfleet_platform.cluster import STAGES_FILE, Cluster  # noqa: E402
-from chatfleet_platform.config import CHATBOT_CRD_FILE, CHATBOT_CRD_NAME, LOCAL_ANALYSIS_ARGS, PlatformError  # noqa: E402
-from chatfleet_platform.fleetsim import DayCurve, Replica, Surge, kwok_load_annotation, replicas_for  # noqa: E402
+from chatfleet_platform.cluster.cluster import STAGES_FILE, Cluster  # noqa: E402
+from chatfleet_platform.common import procs  # noqa: E402
+from chatfleet_platform.common.config import (  # noqa: E402
+    CHATBOT_CRD_FILE,
+    CHATBOT_CRD_NAME,
+    LOCAL_ANALYSIS_ARGS,
+    PlatformError,
+)
+from chatfleet_platform.load.fleetsim import DayCurve, Replica, Surge, kwok_load_annotation, replicas_for  # noqa: E402
+from chatfleet_platform.servers import services  # noqa: E402
 
 RESULTS = REPO / "bench-results"
 DATA = REPO / ".work" / "bench-autoscale-data"
@@ -288,7 +294,7 @@ class Run:
         self.cluster.up(nodes=s.nodes, hpa_sync_seconds=s.loop["hpa_sync_seconds"])
         self.cluster.install_crd(CHATBOT_CRD_FILE, CHATBOT_CRD_NAME)
         try:
-            from chatfleet_platform.keda import Keda
+            from chatfleet_platform.addons.keda import Keda
 
             Keda(self.cluster).up()
             self.notes["keda"] = (
@@ -376,7 +382,9 @@ class Run:
         env = {**self.cluster.env}
         env["PYTHONPATH"] = ":".join(p for p in (str(REPO / "hack"), env.get("PYTHONPATH", "")) if p)
         self.cluster.start_extra(
-            "fleetsim", [sys.executable, "-m", "chatfleet_platform.fleetsim", "--config", str(path)], env=env
+            "fleetsim",
+            [sys.executable, "-m", "chatfleet_platform.load.fleetsim", "--config", str(path)],
+            env=env,
         )
 
     # loops

@@ -36,8 +36,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import kubernetes
-from chatfleet_platform.cluster import Cluster
-from chatfleet_platform.config import CHATBOT_CRD_FILE, CHATBOT_CRD_NAME
+from chatfleet_platform.cluster.cluster import Cluster
+from chatfleet_platform.common.config import CHATBOT_CRD_FILE, CHATBOT_CRD_NAME
 from percentiles import operator_figures
 
 REPO = Path(__file__).resolve().parents[1]

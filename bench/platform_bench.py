@@ -8,7 +8,7 @@ Figures:
 - Memory of the whole platform at rest.
 - Time for 1,000 GPU pods to be Running and Ready across 250 simulated nodes.
 - Real nodes: the node's start (images imported included); the image builds, cold (as recorded when the
-  cache was built), warm and after a one-line change (recorded by `python -m chatfleet_platform.images
+  cache was built), warm and after a one-line change (recorded by `python -m chatfleet_platform.cluster.images
   build --label`); a runtime pod from created to Ready; and a chat's latency through the Service
   (kube-proxy) against the same chat straight to the pod, side by side in one run.
 
@@ -27,8 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from chatfleet_platform.cluster import Cluster
-from chatfleet_platform.config import (
+from chatfleet_platform.cluster.cluster import Cluster
+from chatfleet_platform.common.config import (
     BUILD_SCRIPT,
     CHATBOT_CRD_FILE,
     CHATBOT_CRD_NAME,
@@ -149,9 +149,9 @@ def gpu_pods_at_scale(pods: int, nodes: int) -> dict:
 
 def real_node_figures(chats: int) -> dict:
     """A real node's start, a runtime pod created -> Ready, chat p50 through the Service vs to the pod."""
-    from chatfleet_platform import images
+    from chatfleet_platform.cluster import images
+    from chatfleet_platform.load.realpods import chat_once, on_real_node, service_url
     from chatfleet_platform.localruntime.tiny import build_tiny_model
-    from chatfleet_platform.realpods import chat_once, on_real_node, service_url
 
     builder = images.ImageBuilder()
     t0 = time.monotonic()

@@ -39,10 +39,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "hack"))
 sys.path.insert(0, str(REPO / "bench"))
 
-from chatfleet_platform.dialogues import DialogueLoad  # noqa: E402
-from chatfleet_platform.realnode import CLIENT_ADDRESSES  # noqa: E402
-from chatfleet_platform.realpods import service_url  # noqa: E402
-from chatfleet_platform.releasetraffic import Bot, ready_pods, rolled_back  # noqa: E402
+from chatfleet_platform.cluster.realnode import CLIENT_ADDRESSES  # noqa: E402
+from chatfleet_platform.load.dialogues import DialogueLoad  # noqa: E402
+from chatfleet_platform.load.realpods import service_url  # noqa: E402
+from chatfleet_platform.load.releasetraffic import Bot, ready_pods, rolled_back  # noqa: E402
 from release_traffic_bench import Platform, table  # noqa: E402
 
 USERS = int(os.environ.get("USERS", "8"))

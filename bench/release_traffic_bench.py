@@ -3,14 +3,14 @@
 Everything is real: the local Kubernetes, a real node (kubelet, containerd, runc) running the project's
 runtime image (Triton + the chat API on the tiny model, on CPU), Redis for the sessions, Prometheus
 scraping the pods, Traefik serving the operator's HTTPRoute, and the operator. Users are threads of this
-process (`chatfleet_platform.dialogues.DialogueLoad`): five-turn streamed dialogues with a session id.
+process (`chatfleet_platform.load.dialogues.DialogueLoad`): five-turn streamed dialogues with a session id.
 
 Table 1, zero drop: USERS (32) users chat continuously while the scenario runs PROMOTIONS (5)
 promotions, ROLLBACKS (5) rollbacks (spec.rollout.abort once the canary serves) and SCALE_DOWNS (5)
 scale-downs, interleaved, first through the Service (replica ratio; no Gateway API in the cluster yet),
 then through the gateway (HTTPRoute with sticky dialogues), Traefik with its fast proxy as the platform
 runs it, then the same through Traefik's default proxy (the baseline: Go's ReverseProxy, which cuts a
-streamed answer now and then; see chatfleet_platform.gateway). Counted: streams cut, non-2xx answers,
+streamed answer now and then; see chatfleet_platform.addons.gateway). Counted: streams cut, non-2xx answers,
 turns with no answer, lost histories. Goal 0, 0, 0, 0.
 
 Table 2, sticky dialogues: DIALOGUES (1,000) five-turn dialogues through the gateway while a release
@@ -36,27 +36,29 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "hack"))
 
-from chatfleet_platform import images, scrape, services  # noqa: E402
-from chatfleet_platform.cluster import Cluster  # noqa: E402
-from chatfleet_platform.config import (  # noqa: E402
+from chatfleet_platform.addons import scrape  # noqa: E402
+from chatfleet_platform.addons.gateway import SHARED_NAMESPACE, Gateway  # noqa: E402
+from chatfleet_platform.cluster import images  # noqa: E402
+from chatfleet_platform.cluster.cluster import Cluster  # noqa: E402
+from chatfleet_platform.cluster.realnode import CLIENT_ADDRESSES  # noqa: E402
+from chatfleet_platform.common.config import (  # noqa: E402
     CHATBOT_CRD_FILE,
     CHATBOT_CRD_NAME,
     LOCAL_ANALYSIS_ARGS,
     LOCAL_HOST_PATH_ARGS,
     REAL_NODE_OPERATOR_ENV,
 )
-from chatfleet_platform.dialogues import DialogueLoad  # noqa: E402
-from chatfleet_platform.gateway import SHARED_NAMESPACE, Gateway  # noqa: E402
-from chatfleet_platform.localruntime.tiny import build_tiny_model  # noqa: E402
-from chatfleet_platform.realnode import CLIENT_ADDRESSES  # noqa: E402
-from chatfleet_platform.realpods import fleet_podmonitor, service_url  # noqa: E402
-from chatfleet_platform.releasetraffic import (  # noqa: E402
+from chatfleet_platform.load.dialogues import DialogueLoad  # noqa: E402
+from chatfleet_platform.load.realpods import fleet_podmonitor, service_url  # noqa: E402
+from chatfleet_platform.load.releasetraffic import (  # noqa: E402
     Bot,
     PlainScenario,
     Scenario,
     make_plain,
     traffic_spec,
 )
+from chatfleet_platform.localruntime.tiny import build_tiny_model  # noqa: E402
+from chatfleet_platform.servers import services  # noqa: E402
 
 USERS = int(os.environ.get("USERS", "32"))
 PROMOTIONS = int(os.environ.get("PROMOTIONS", "5"))

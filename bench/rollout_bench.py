@@ -1,10 +1,11 @@
 """`make bench-rollout`: Chatfleet against the real Argo Rollouts controller, on the same platform, measured alike.
 
-Both operators run against one local Kubernetes (kwok GPU nodes, `chatfleet_platform.cluster.Cluster`):
-the Chatfleet operator as a subprocess, and the Argo Rollouts controller v1.10.2 built from the Go module
-proxy (`bash hack/build-platform.sh argo-rollouts`, cached by version) run out of cluster. Each scenario
-gives each tool its own namespace, its own simulated traffic (`chatfleet_platform.trafficsim.TrafficSim`:
-the runtime's metric names, per-track error rate and latency) and one real Prometheus scraping both.
+Both operators run against one local Kubernetes (kwok GPU nodes,
+`chatfleet_platform.cluster.cluster.Cluster`): the Chatfleet operator as a subprocess, and the Argo
+Rollouts controller v1.10.2 built from the Go module proxy (`bash hack/build-platform.sh argo-rollouts`,
+cached by version) run out of cluster. Each scenario gives each tool its own namespace, its own
+simulated traffic (`chatfleet_platform.load.trafficsim.TrafficSim`: the runtime's metric names, per-track
+error rate and latency) and one real Prometheus scraping both.
 Both use the replica-ratio canary (no traffic router): users call one Service whose selector takes stable
 and canary pods, so "no request reaches the canary" means no Ready canary pod among that Service's
 EndpointSlice endpoints. Both are judged by the same PromQL (`chatfleet_operator.analysis.queries`: error
@@ -59,16 +60,17 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "hack"))
 
 from chatfleet_operator.analysis import queries  # noqa: E402
-from chatfleet_platform import procs, services  # noqa: E402
-from chatfleet_platform.cluster import Cluster  # noqa: E402
-from chatfleet_platform.config import (  # noqa: E402
+from chatfleet_platform.cluster.cluster import Cluster  # noqa: E402
+from chatfleet_platform.common import procs  # noqa: E402
+from chatfleet_platform.common.config import (  # noqa: E402
     CHATBOT_CRD_NAME,
     LOCAL_ANALYSIS_ARGS,
     PlatformError,
     cache_dir,
     read_versions,
 )
-from chatfleet_platform.trafficsim import TrafficSim  # noqa: E402
+from chatfleet_platform.load.trafficsim import TrafficSim  # noqa: E402
+from chatfleet_platform.servers import services  # noqa: E402
 
 INTERVAL, FAILURE_LIMIT, CONSECUTIVE_ERROR_LIMIT = 10, 2, 4
 ROLLBACK_RUNS = int(os.environ.get("ROLLBACK_RUNS", "3"))

@@ -53,16 +53,16 @@ sys.path.insert(0, str(ROOT / "picker"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import httpx  # noqa: E402
-from chatfleet_platform import procs  # noqa: E402
-from chatfleet_platform.localruntime.testing import local_runtime, model_config, tiny_model  # noqa: E402
-from chatfleet_platform.poolgateway import (  # noqa: E402
+from chatfleet_platform.addons.poolgateway import (  # noqa: E402
     UPSTREAM_HEADER,
     Pool,
     PoolGateway,
     ServiceBackend,
     start_picker,
 )
-from chatfleet_platform.services import Redis  # noqa: E402
+from chatfleet_platform.common import procs  # noqa: E402
+from chatfleet_platform.localruntime.testing import local_runtime, model_config, tiny_model  # noqa: E402
+from chatfleet_platform.servers.services import Redis  # noqa: E402
 from percentiles import percentile  # noqa: E402
 
 RESULTS = ROOT / "bench-results"

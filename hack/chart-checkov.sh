@@ -14,7 +14,7 @@ if [[ ! -x "$venv/bin/checkov" ]]; then
   "$venv/bin/pip" install -q "checkov==$version" || { echo "error: cannot install checkov==$version from the Python package registry"; exit 1; }
 fi
 [[ "${1:-}" == "--install-only" ]] && exit 0
-helm="$("$root/.venv/bin/python" -c 'from chatfleet_platform.config import binaries; print(binaries().helm)')"
+helm="$("$root/.venv/bin/python" -c 'from chatfleet_platform.common.config import binaries; print(binaries().helm)')"
 [[ -x "$helm" ]] || { echo "error: helm is missing at $helm: run make platform-build"; exit 1; }
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT

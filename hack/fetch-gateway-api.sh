@@ -4,4 +4,4 @@
 #   kubectl apply --server-side -f "$(hack/fetch-gateway-api.sh)"
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec "${PY:-.venv/bin/python}" -m chatfleet_platform.gatewayapi
+exec "${PY:-.venv/bin/python}" -m chatfleet_platform.addons.gatewayapi

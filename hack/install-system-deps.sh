@@ -2,7 +2,7 @@
 # Install the Debian packages the tests and the demo use, when they are missing:
 #   redis-server                  started on 127.0.0.1 by the tests (its packaged service is not used)
 #   prometheus                    for promtool only: the server is built from Go modules (build-platform.sh)
-#   containerd, runc, CNI plugins, iptables, conntrack, socat     the real nodes (hack/chatfleet_platform/realnode.py)
+#   containerd, runc, CNI plugins, iptables, conntrack, socat     the real nodes (hack/chatfleet_platform/cluster/realnode.py)
 #   buildah, skopeo, debootstrap, gcc     the images, built without a registry (make images)
 set -euo pipefail
 need=()

@@ -15,9 +15,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from chatfleet_platform import gatewayapi, services, traefikcrd
-from chatfleet_platform.cluster import Cluster
-from chatfleet_platform.config import (
+from chatfleet_platform.addons import gatewayapi, traefikcrd
+from chatfleet_platform.addons.gateway import Gateway
+from chatfleet_platform.addons.keda import Keda, keda_binaries
+from chatfleet_platform.cluster.cluster import Cluster
+from chatfleet_platform.common.config import (
     BUILD_SCRIPT,
     CHATBOT_CRD_FILE,
     CHATBOT_CRD_NAME,
@@ -26,8 +28,7 @@ from chatfleet_platform.config import (
     PlatformError,
     binaries,
 )
-from chatfleet_platform.gateway import Gateway
-from chatfleet_platform.keda import Keda, keda_binaries
+from chatfleet_platform.servers import services
 from needs import pytest_runtest_makereport  # noqa: F401 - any skip is reported as a failure
 
 WORK = REPO_ROOT / ".work"

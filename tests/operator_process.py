@@ -18,10 +18,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from chatfleet_platform.config import LOCAL_ANALYSIS_ARGS, LOCAL_HOST_PATH_ARGS
-from chatfleet_platform.config import REPO_ROOT as REPO
-from chatfleet_platform.procs import free_port
-from chatfleet_platform.services import wait_until
+from chatfleet_platform.common.config import LOCAL_ANALYSIS_ARGS, LOCAL_HOST_PATH_ARGS
+from chatfleet_platform.common.config import REPO_ROOT as REPO
+from chatfleet_platform.common.procs import free_port
+from chatfleet_platform.servers.services import wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
 #: One scraped sample: (name, sorted label pairs).

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .cluster import Cluster, default_workdir
-from .config import PlatformError
-from .gateway import GATEWAY_NAME, SHARED_NAMESPACE, Gateway
+from chatfleet_platform.addons.gateway import GATEWAY_NAME, SHARED_NAMESPACE, Gateway
+from chatfleet_platform.cluster.cluster import Cluster, default_workdir
+from chatfleet_platform.common.config import PlatformError
 
 
 def _progress(msg: str) -> None:

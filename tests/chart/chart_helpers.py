@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from chatfleet_platform.config import REPO_ROOT, binaries
+from chatfleet_platform.common.config import REPO_ROOT, binaries
 from needs import need_executable
 
 CHART = REPO_ROOT / "charts" / "chatfleet-operator"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 from chart_helpers import VALUE_SETS, render_text
-from chatfleet_platform.config import REPO_ROOT
+from chatfleet_platform.common.config import REPO_ROOT
 from needs import need_executable
 
 pytestmark = pytest.mark.slow

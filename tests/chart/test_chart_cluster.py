@@ -27,8 +27,8 @@ import pytest
 import yaml
 from chart_apiproxy import Record, RecordingProxy
 from chart_helpers import CHART, VALUE_SETS, granted, helm, render_text, set_flags
-from chatfleet_platform import services
-from chatfleet_platform.config import REPO_ROOT
+from chatfleet_platform.common.config import REPO_ROOT
+from chatfleet_platform.servers import services
 from needs import missing, need_executable
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]

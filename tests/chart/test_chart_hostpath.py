@@ -16,8 +16,8 @@ from collections.abc import Iterator
 import pytest
 from chart_helpers import CHART, find, helm, render, set_flags
 from chatfleet_operator.converge.policy import host_path_allowed
-from chatfleet_platform import services
-from chatfleet_platform.config import REPO_ROOT
+from chatfleet_platform.common.config import REPO_ROOT
+from chatfleet_platform.servers import services
 
 POLICY = "templates/admissionpolicy.yaml"
 ALLOWED = ("/data", "/srv/models")

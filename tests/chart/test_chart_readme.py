@@ -11,7 +11,7 @@ import shutil
 import sys
 
 import yaml
-from chatfleet_platform.config import REPO_ROOT
+from chatfleet_platform.common.config import REPO_ROOT
 
 sys.path.insert(0, str(REPO_ROOT / "hack"))
 

@@ -14,7 +14,7 @@ import tarfile
 import pytest
 import yaml
 from chart_helpers import CHART, VALUE_SETS, find, helm, one, render, render_text, set_flags
-from chatfleet_platform.config import REPO_ROOT
+from chatfleet_platform.common.config import REPO_ROOT
 
 SETS = [pytest.param(sets, id=name) for name, sets in VALUE_SETS.items()]
 

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from chatfleet_platform import services
-from chatfleet_platform.trafficsim import TrafficSim
+from chatfleet_platform.load.trafficsim import TrafficSim
+from chatfleet_platform.servers import services
 from operator_process import OperatorProcess
 from release_e2e import Release, wait_until
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from chatfleet_platform import gatewayapi, inferenceext
+from chatfleet_platform.addons import gatewayapi, inferenceext
 from release_e2e import Release, bot_spec, promoted_to
 
 pytestmark = [pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.slow]

@@ -15,12 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from chatfleet_platform import images, scrape, services
-from chatfleet_platform.cluster import NamespaceReaper
-from chatfleet_platform.config import CHATBOT_CRD_NAME, REAL_NODE_OPERATOR_ENV, REPO_ROOT
-from chatfleet_platform.gateway import GATEWAY_NAME, SHARED_NAMESPACE
-from chatfleet_platform.realnode import NodePlan
-from chatfleet_platform.realpods import fleet_podmonitor
+from chatfleet_platform.addons import scrape
+from chatfleet_platform.addons.gateway import GATEWAY_NAME, SHARED_NAMESPACE
+from chatfleet_platform.cluster import images
+from chatfleet_platform.cluster.cluster import NamespaceReaper
+from chatfleet_platform.cluster.realnode import NodePlan
+from chatfleet_platform.common.config import CHATBOT_CRD_NAME, REAL_NODE_OPERATOR_ENV, REPO_ROOT
+from chatfleet_platform.load.realpods import fleet_podmonitor
+from chatfleet_platform.servers import services
 from operator_process import OperatorProcess
 
 #: Namespaces the real-pod operator watches (the other suites' operators leave them alone).

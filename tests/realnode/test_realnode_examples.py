@@ -17,10 +17,10 @@ import time
 
 import pytest
 import yaml
-from chatfleet_platform.cluster import NamespaceReaper
-from chatfleet_platform.config import CHATBOT_CRD_NAME, REPO_ROOT
-from chatfleet_platform.realpods import chat_once, on_real_node, service_url
-from chatfleet_platform.services import wait_until
+from chatfleet_platform.cluster.cluster import NamespaceReaper
+from chatfleet_platform.common.config import CHATBOT_CRD_NAME, REPO_ROOT
+from chatfleet_platform.load.realpods import chat_once, on_real_node, service_url
+from chatfleet_platform.servers.services import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

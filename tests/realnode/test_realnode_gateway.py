@@ -35,9 +35,9 @@ from typing import Any
 
 import pytest
 import yaml
-from chatfleet_platform.config import CHATBOT_CRD_NAME
-from chatfleet_platform.realpods import chat_body, on_real_node
-from chatfleet_platform.services import wait_until
+from chatfleet_platform.common.config import CHATBOT_CRD_NAME
+from chatfleet_platform.load.realpods import chat_body, on_real_node
+from chatfleet_platform.servers.services import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -14,10 +14,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from chatfleet_platform import procs, realnode
-from chatfleet_platform.cluster import Cluster
-from chatfleet_platform.config import REPO_ROOT, PlatformError
-from chatfleet_platform.services import wait_until
+from chatfleet_platform.cluster import realnode
+from chatfleet_platform.cluster.cluster import Cluster
+from chatfleet_platform.common import procs
+from chatfleet_platform.common.config import REPO_ROOT, PlatformError
+from chatfleet_platform.servers.services import wait_until
 
 pytestmark = [pytest.mark.harness, pytest.mark.cluster, pytest.mark.slow]
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from chatfleet_platform.realpods import on_real_node
-from chatfleet_platform.services import wait_until
+from chatfleet_platform.load.realpods import on_real_node
+from chatfleet_platform.servers.services import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

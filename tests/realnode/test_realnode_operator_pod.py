@@ -16,9 +16,9 @@ import uuid
 
 import pytest
 import yaml
-from chatfleet_platform.config import REPO_ROOT, binaries
-from chatfleet_platform.realnode import REAL_LABEL
-from chatfleet_platform.services import wait_until
+from chatfleet_platform.cluster.realnode import REAL_LABEL
+from chatfleet_platform.common.config import REPO_ROOT, binaries
+from chatfleet_platform.servers.services import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -24,9 +24,9 @@ import json
 from typing import Any
 
 import pytest
-from chatfleet_platform.dialogues import DialogueLoad
-from chatfleet_platform.realpods import ChatLoad, on_real_node, service_url
-from chatfleet_platform.releasetraffic import Bot, rolled_back
+from chatfleet_platform.load.dialogues import DialogueLoad
+from chatfleet_platform.load.realpods import ChatLoad, on_real_node, service_url
+from chatfleet_platform.load.releasetraffic import Bot, rolled_back
 from test_realnode_release import bot_spec as release_bot_spec
 
 pytestmark = [pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.slow]

@@ -26,16 +26,16 @@ import time
 from typing import Any
 
 import pytest
-from chatfleet_platform import realnode
-from chatfleet_platform.config import REPO_ROOT
-from chatfleet_platform.realpods import (
+from chatfleet_platform.cluster import realnode
+from chatfleet_platform.common.config import REPO_ROOT
+from chatfleet_platform.load.realpods import (
     NO_SYSTEM_TEMPLATE,
     ChatLoad,
     on_real_node,
     pod_request_counts,
     service_url,
 )
-from chatfleet_platform.releasetraffic import Bot, rolled_back
+from chatfleet_platform.load.releasetraffic import Bot, rolled_back
 
 pytestmark = [pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.slow]
 

@@ -3,7 +3,7 @@
 Test design: a bot on the real node keeps its sessions in a real Redis. Users hold five-turn streamed
 dialogues from background threads (`DialogueLoad`), each turn checking that the stream ended with
 [DONE], that the status was 200 and that the history the answer reports holds every turn saved before.
-While they chat, the scenario (`chatfleet_platform.releasetraffic`) promotes a new revision, rolls one
+While they chat, the scenario (`chatfleet_platform.load.releasetraffic`) promotes a new revision, rolls one
 back with `spec.rollout.abort`, and scales a replica down: each takes pods away, and each pod must drain.
 
 - Through the Service (replica ratio, no Gateway API in the cluster): kube-proxy's ClientIP affinity;
@@ -22,11 +22,11 @@ import shutil
 import time
 
 import pytest
-from chatfleet_platform.dialogues import DialogueLoad
-from chatfleet_platform.gateway import server_errors
-from chatfleet_platform.realnode import CLIENT_ADDRESSES
-from chatfleet_platform.realpods import service_url
-from chatfleet_platform.releasetraffic import Bot, Scenario, traffic_spec
+from chatfleet_platform.addons.gateway import server_errors
+from chatfleet_platform.cluster.realnode import CLIENT_ADDRESSES
+from chatfleet_platform.load.dialogues import DialogueLoad
+from chatfleet_platform.load.realpods import service_url
+from chatfleet_platform.load.releasetraffic import Bot, Scenario, traffic_spec
 
 pytestmark = [pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.slow]
 

@@ -14,7 +14,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from chatfleet_platform.config import REPO_ROOT
+from chatfleet_platform.common.config import REPO_ROOT
 
 OPERATOR_DOCKERFILE = REPO_ROOT / "operator" / "Dockerfile"
 RUNTIME_DOCKERFILE = REPO_ROOT / "runtime" / "Dockerfile"

@@ -27,7 +27,7 @@ from typing import Any
 from chatfleet_contract.tritonconfig import ChatModelConfig
 from chatfleet_runtime.launcher.tritonhome import TritonServer, free_port, local_repository, stop_process
 
-from chatfleet_platform.services import Redis
+from chatfleet_platform.servers.services import Redis
 
 
 def _wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None, what: str = "server") -> None:

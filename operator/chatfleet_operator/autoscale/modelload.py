@@ -2,7 +2,7 @@
 
 A pod's model load is the time from its creation to its Ready condition (the readiness probe passes once
 Triton has loaded the model). Only pods that never restarted count (a restart moves lastTransitionTime).
-On kwok nodes a readiness delay stands in for it (hack/chatfleet_platform/kwok-stages.yaml).
+On kwok nodes a readiness delay stands in for it (hack/chatfleet_platform/cluster/kwok-stages.yaml).
 """
 
 from __future__ import annotations

@@ -102,7 +102,7 @@ def test_a_new_gpu_node_unblocks_without_waiting_for_backoff(kube, operator):
     event follows the node (with pods, their scheduling alone would run a pass); the node arrives once the
     operator has scheduled a retry 20 s away (retries back off 5, 10, 20 s), and the stall must clear well
     before that. Without the node watch the wait below runs out (tried: it does)."""
-    from chatfleet_platform.nodes import GPUProduct, gpu_node
+    from chatfleet_platform.cluster.nodes import GPUProduct, gpu_node
 
     product = "NVIDIA-GB300-TEST"
     kube.apply(chatbot("bot", resources={"gpuProduct": product}, scaling={"replicas": 0}))

@@ -22,7 +22,7 @@ from http.server import ThreadingHTTPServer
 from typing import Any
 
 import pytest
-from chatfleet_platform import procs
+from chatfleet_platform.common import procs
 from operator_it import Kube, chatbot, wait_until
 from operator_process import OperatorProcess
 from prometheus_client import CollectorRegistry

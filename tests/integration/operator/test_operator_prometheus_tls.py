@@ -30,7 +30,8 @@ from chatfleet_operator.analysis.provider import (
 )
 from chatfleet_operator.cli import build_settings, parse_args
 from chatfleet_operator.controller import Controller
-from chatfleet_platform import pki, services
+from chatfleet_platform.common import pki
+from chatfleet_platform.servers import services
 
 pytestmark = [pytest.mark.prometheus]
 

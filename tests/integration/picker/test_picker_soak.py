@@ -15,7 +15,7 @@ from needs import need_module
 
 need_module("envoy_data_plane", "run `make setup` (the picker extra: envoy-data-plane)")
 
-from chatfleet_platform import procs  # noqa: E402 - after the checks above
+from chatfleet_platform.common import procs  # noqa: E402 - after the checks above
 from extproc_gateway import destinations  # noqa: E402 - after the checks above
 
 pytestmark = [pytest.mark.slow]

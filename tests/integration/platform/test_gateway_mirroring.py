@@ -36,9 +36,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
-from chatfleet_platform import hostbackends, traefikcrd
-from chatfleet_platform.config import PlatformError
-from chatfleet_platform.services import wait_until
+from chatfleet_platform.addons import traefikcrd
+from chatfleet_platform.common.config import PlatformError
+from chatfleet_platform.servers import hostbackends
+from chatfleet_platform.servers.services import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.harness, pytest.mark.slow]
 

@@ -2,8 +2,8 @@
 
 Test design: a chat answer is a POST with a JSON body (Content-Length) answered at once with a chunked
 server-sent-event stream. Through Traefik's default proxy (Go's httputil ReverseProxy) some of them are
-cut under load (Go issue 40747, see chatfleet_platform.gateway): the transport's late second read of the
-request body fails once the server has written the response headers, and it closes the upstream
+cut under load (Go issue 40747, see chatfleet_platform.addons.gateway): the transport's late second read
+of the request body fails once the server has written the response headers, and it closes the upstream
 connection mid-answer. The platform runs Traefik's fast proxy, which writes the whole request first.
 
 One HTTPRoute to a Service whose EndpointSlice points at a threaded HTTP server on a host address
@@ -25,9 +25,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
-from chatfleet_platform import hostbackends
-from chatfleet_platform.config import PlatformError
-from chatfleet_platform.services import wait_until
+from chatfleet_platform.common.config import PlatformError
+from chatfleet_platform.servers import hostbackends
+from chatfleet_platform.servers.services import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.harness, pytest.mark.slow]
 

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from chatfleet_platform import images
+from chatfleet_platform.cluster import images
 
 pytestmark = pytest.mark.harness  # tests of the local platform (test infrastructure)
 

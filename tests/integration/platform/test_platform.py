@@ -11,8 +11,8 @@ import urllib.request
 
 import pytest
 import redis
-from chatfleet_platform import nodes
-from chatfleet_platform.services import wait_until
+from chatfleet_platform.cluster import nodes
+from chatfleet_platform.servers.services import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.harness]  # the simulated platform, not the product
 
@@ -219,8 +219,8 @@ def test_prometheus_scrapes_itself_on_loopback(make_prometheus):
 def test_a_crd_deletion_that_stays_pending_is_finished_only_for_crds_without_objects(cluster):
     """Cluster._delete_crds, which uninstall_crds uses: a held CRD is reported by name with its conditions;
     with no_instances (the placeholder) the cleanup finalizer is removed and the CRD goes."""
-    from chatfleet_platform.cluster import placeholder_crd
-    from chatfleet_platform.config import PlatformError
+    from chatfleet_platform.cluster.cluster import placeholder_crd
+    from chatfleet_platform.common.config import PlatformError
 
     crd = placeholder_crd("held.chatfleet.test")
     crd["metadata"]["finalizers"] = ["chatfleet.test/hold"]  # stands in for a cleanup that never ends

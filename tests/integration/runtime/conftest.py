@@ -13,7 +13,7 @@ need_module("torch", "run `make setup` (the runtime package's dependencies)")
 need_module("pytriton", "run `make setup` (the runtime package's dependencies: nvidia-pytriton)")
 
 from chatfleet_platform.localruntime.testing import ChatApiProcess, model_config, tiny_model  # noqa: E402 - after the checks above
-from chatfleet_platform.services import Redis  # noqa: E402 - after the checks above
+from chatfleet_platform.servers.services import Redis  # noqa: E402 - after the checks above
 from chatfleet_runtime.launcher.tritonhome import TritonServer, local_repository  # noqa: E402 - after the checks above
 
 FAQ = json.dumps([{"keywords": ["refund", "money"], "answer": "Refunds take 5 days (FAQ)."}])

@@ -19,8 +19,14 @@ from pathlib import Path
 
 import pytest
 from chatfleet_contract.tritonconfig import ChatModelConfig, config_file_name, model_repository_configs
-from chatfleet_platform import procs
-from chatfleet_platform.objectstores import GcsEmulator, HttpsFileServer, ModelHub, OciRegistry, S3Server
+from chatfleet_platform.common import procs
+from chatfleet_platform.servers.objectstores import (
+    GcsEmulator,
+    HttpsFileServer,
+    ModelHub,
+    OciRegistry,
+    S3Server,
+)
 from chatfleet_runtime.engine import loading
 from chatfleet_runtime.launcher import launch
 from chatfleet_runtime.sources import model_sources

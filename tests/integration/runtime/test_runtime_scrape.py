@@ -21,8 +21,8 @@ from chatfleet_operator.analysis import queries
 from chatfleet_operator.builders import build_deployment
 from chatfleet_operator.settings import PodSettings
 from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
+from chatfleet_platform.load.realpods import fleet_podmonitor
 from chatfleet_platform.localruntime.testing import ChatApiProcess, post_json
-from chatfleet_platform.realpods import fleet_podmonitor
 
 pytestmark = [pytest.mark.triton, pytest.mark.prometheus, pytest.mark.slow]
 

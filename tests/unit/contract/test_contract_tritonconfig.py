@@ -134,7 +134,7 @@ def test_read_model_config_of_an_empty_config():
 
 
 def test_the_parameter_table_in_the_pod_contract_is_the_schema():
-    from chatfleet_platform.config import REPO_ROOT
+    from chatfleet_platform.common.config import REPO_ROOT
 
     text = (REPO_ROOT / "docs" / "pod-contract.md").read_text()
     rows = re.findall(r"^  \| `(\w+)` \| (.+?) \| (always|when not the default) \|$", text, re.M)

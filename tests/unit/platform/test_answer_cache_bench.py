@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 
 import pytest
-from chatfleet_platform.config import REPO_ROOT
+from chatfleet_platform.common.config import REPO_ROOT
 
 sys.path.insert(0, str(REPO_ROOT / "bench"))
 

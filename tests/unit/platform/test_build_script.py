@@ -6,7 +6,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from chatfleet_platform.config import BUILD_SCRIPT
+from chatfleet_platform.common.config import BUILD_SCRIPT
 
 pytestmark = pytest.mark.harness
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from chatfleet_platform.cluster import Cluster, NamespaceReaper
+from chatfleet_platform.cluster.cluster import Cluster, NamespaceReaper
 
 pytestmark = pytest.mark.harness
 

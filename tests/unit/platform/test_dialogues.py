@@ -11,7 +11,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from chatfleet_platform.dialogues import DialogueLoad
+from chatfleet_platform.load.dialogues import DialogueLoad
 
 pytestmark = pytest.mark.harness
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from chatfleet_platform.fleetsim import (
+from chatfleet_platform.load.fleetsim import (
     DayCurve,
     QueueModel,
     Replica,
@@ -230,7 +230,7 @@ class TestKwokAnnotation:
         assert kwok_load_annotation(STAGES.split("---")[1]) is None
 
     def test_the_platform_stages_name_the_model_load_annotation(self) -> None:
-        from chatfleet_platform.config import REPO_ROOT
+        from chatfleet_platform.common.config import REPO_ROOT
 
-        stages = (REPO_ROOT / "hack" / "chatfleet_platform" / "kwok-stages.yaml").read_text()
+        stages = (REPO_ROOT / "hack" / "chatfleet_platform" / "cluster" / "kwok-stages.yaml").read_text()
         assert kwok_load_annotation(stages) == "sim.chatfleet.io/model-load-delay"

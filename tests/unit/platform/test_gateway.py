@@ -4,9 +4,8 @@ import ipaddress
 
 import pytest
 import yaml
-from chatfleet_platform import gatewayapi, hostbackends, traefikcrd
-from chatfleet_platform.config import PlatformError, go_module_dir, read_versions
-from chatfleet_platform.gateway import (
+from chatfleet_platform.addons import gatewayapi, traefikcrd
+from chatfleet_platform.addons.gateway import (
     CONTROLLER_NAME,
     SHARED_NAMESPACE,
     Gateway,
@@ -14,6 +13,8 @@ from chatfleet_platform.gateway import (
     gateway_manifest,
     traefik_args,
 )
+from chatfleet_platform.common.config import PlatformError, go_module_dir, read_versions
+from chatfleet_platform.servers import hostbackends
 
 pytestmark = pytest.mark.harness
 
@@ -153,7 +154,7 @@ class TestHostBackends:
 
 
 def test_the_placeholder_crd_is_of_the_group_and_approved_for_k8s_io_groups():
-    from chatfleet_platform.cluster import placeholder_crd
+    from chatfleet_platform.cluster.cluster import placeholder_crd
 
     crd = placeholder_crd("gateway.networking.k8s.io")
     assert crd["metadata"]["name"] == "chatfleetplaceholders.gateway.networking.k8s.io"

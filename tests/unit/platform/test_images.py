@@ -9,8 +9,8 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from chatfleet_platform import images
-from chatfleet_platform.config import REPO_ROOT, PlatformError
+from chatfleet_platform.cluster import images
+from chatfleet_platform.common.config import REPO_ROOT, PlatformError
 
 pytestmark = pytest.mark.harness  # tests of the local platform (test infrastructure)
 

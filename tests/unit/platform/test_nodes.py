@@ -1,7 +1,7 @@
 """The simulated GPU fleet's node manifests."""
 
 import pytest
-from chatfleet_platform import nodes
+from chatfleet_platform.cluster import nodes
 
 pytestmark = pytest.mark.harness  # the simulated platform, not the product
 

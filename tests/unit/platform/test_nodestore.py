@@ -8,7 +8,7 @@ Test design: folders under tmp_path stand in for containerd roots (a marker file
 from __future__ import annotations
 
 import pytest
-from chatfleet_platform import nodestore
+from chatfleet_platform.cluster import nodestore
 
 pytestmark = pytest.mark.harness
 

@@ -1,4 +1,4 @@
-"""The local platform's InferencePool gateway (chatfleet_platform.poolgateway): Envoy's config from the
+"""The local platform's InferencePool gateway (chatfleet_platform.addons.poolgateway): Envoy's config from the
 objects the operator writes, and the plain-Service gateway the routing benchmark compares against."""
 
 from __future__ import annotations
@@ -7,8 +7,7 @@ import pytest
 from chatfleet_operator.builders.httproute import build_httproute
 from chatfleet_operator.builders.inferencepool import PICKER_PORTS, build_inference_pool
 from chatfleet_operator.spec import ObjectRef
-from chatfleet_platform.config import PlatformError
-from chatfleet_platform.poolgateway import (
+from chatfleet_platform.addons.poolgateway import (
     DESTINATION_HEADER,
     EXT_PROC,
     UPSTREAM_HEADER,
@@ -17,6 +16,7 @@ from chatfleet_platform.poolgateway import (
     pools_of,
     service_config,
 )
+from chatfleet_platform.common.config import PlatformError
 
 pytestmark = pytest.mark.harness
 REF = ObjectRef("ns", "bot", "uid")

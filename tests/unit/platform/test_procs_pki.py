@@ -6,7 +6,7 @@ import sys
 
 import pytest
 import yaml
-from chatfleet_platform import pki, procs
+from chatfleet_platform.common import pki, procs
 from cryptography import x509
 
 pytestmark = pytest.mark.harness  # the simulated platform, not the product

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import grpc
 import pytest
-from chatfleet_platform import fakegpu, realnode
-from chatfleet_platform.config import PlatformError
+from chatfleet_platform.cluster import fakegpu, realnode
+from chatfleet_platform.common.config import PlatformError
 
 pytestmark = pytest.mark.harness  # tests of the local platform (test infrastructure)
 
@@ -142,7 +142,7 @@ def test_chat_load_users_arrive_steadily_and_come_back_only_after_the_affinity_t
     """Each address is a user: a new one every reuse_after/len(sources) s, an address again only after reuse_after."""
     import time
 
-    from chatfleet_platform.realpods import ChatLoad
+    from chatfleet_platform.load.realpods import ChatLoad
 
     load = ChatLoad("http://unused", sources=("a", "b"), reuse_after=0.4)
     first = load._arrive()
@@ -158,7 +158,7 @@ def test_chat_load_users_arrive_steadily_and_come_back_only_after_the_affinity_t
 
 
 def test_demo_waits_for_the_new_release_not_the_rolled_back_one():
-    from chatfleet_platform.demo_release import _promoted_to_new_revision
+    from chatfleet_platform.demo.demo_release import _promoted_to_new_revision
 
     done = _promoted_to_new_revision()
     rolled_back = {"stableRevision": "s1", "release": {"phase": "RolledBack", "revision": "bad"}}

@@ -17,7 +17,7 @@ from chatfleet_operator.builders import build_deployment
 from chatfleet_operator.builders.deployment import DRAIN_HOOK
 from chatfleet_operator.settings import PodSettings
 from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
-from chatfleet_platform.releasetraffic import (
+from chatfleet_platform.load.releasetraffic import (
     PLAIN_GRACE_SECONDS,
     PLAIN_PRESTOP_SECONDS,
     plain_deployment,

@@ -12,7 +12,7 @@ import sys
 import pytest
 from chatfleet_operator.analysis import provider
 from chatfleet_operator.spec import AnalysisSpec
-from chatfleet_platform.config import REPO_ROOT
+from chatfleet_platform.common.config import REPO_ROOT
 
 sys.path.insert(0, str(REPO_ROOT / "bench"))
 

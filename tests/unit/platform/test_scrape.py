@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from chatfleet_platform.scrape import podmonitor_scrape_configs, selector_rules
+from chatfleet_platform.addons.scrape import podmonitor_scrape_configs, selector_rules
 
 pytestmark = pytest.mark.harness  # tests of the local platform (test infrastructure)
 

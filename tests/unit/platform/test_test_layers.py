@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from chatfleet_platform.config import REPO_ROOT
+from chatfleet_platform.common.config import REPO_ROOT
 
 pytestmark = pytest.mark.harness
 

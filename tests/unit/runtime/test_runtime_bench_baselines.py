@@ -13,7 +13,7 @@ import sys
 import threading
 
 import pytest
-from chatfleet_platform.config import REPO_ROOT
+from chatfleet_platform.common.config import REPO_ROOT
 
 sys.path.insert(0, str(REPO_ROOT / "bench"))
 

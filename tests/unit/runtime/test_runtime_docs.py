@@ -15,7 +15,7 @@ import yaml
 from chatfleet_operator.builders import build_deployment
 from chatfleet_operator.settings import PodSettings
 from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
-from chatfleet_platform.config import REPO_ROOT
+from chatfleet_platform.common.config import REPO_ROOT
 from chatfleet_runtime import prompting
 
 DOCS = REPO_ROOT / "docs"

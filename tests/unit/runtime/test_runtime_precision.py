@@ -115,7 +115,7 @@ def test_half_precision_asked_on_cpu_says_fp32_runs(tiny_model_dir, caplog, monk
 def test_bench_precision_row_compares_int8_with_fp32(tiny_model_dir):
     import importlib.util
 
-    from chatfleet_platform.config import REPO_ROOT
+    from chatfleet_platform.common.config import REPO_ROOT
 
     spec = importlib.util.spec_from_file_location("runtime_bench", REPO_ROOT / "bench" / "runtime_bench.py")
     bench = importlib.util.module_from_spec(spec)

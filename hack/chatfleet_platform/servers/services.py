@@ -20,8 +20,8 @@ from pathlib import Path
 
 import yaml
 
-from . import pki, procs
-from .config import require_binaries, require_tool
+from chatfleet_platform.common import pki, procs
+from chatfleet_platform.common.config import require_binaries, require_tool
 
 DEBIAN_HINT = "run `make system-deps` (installs the Debian package redis-server)"
 

@@ -1,4 +1,4 @@
-"""Container images built on this machine, with no image registry: `python -m chatfleet_platform.images`.
+"""Container images built on this machine, with no image registry: `python -m chatfleet_platform.cluster.images`.
 
 Four images, each cached so that unchanged inputs rebuild nothing:
 
@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import REPO_ROOT, PlatformError, cache_dir, read_json, write_json
+from chatfleet_platform.common.config import REPO_ROOT, PlatformError, cache_dir, read_json, write_json
 
 BASE_SUITE = "bookworm"
 # libpython3.11: the Triton Python-backend stub links it; python-is-python3: the operator image runs `python`.

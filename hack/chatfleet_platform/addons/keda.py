@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import pki, procs
-from .config import PlatformError, cache_dir, read_versions
+from chatfleet_platform.common import pki, procs
+from chatfleet_platform.common.config import PlatformError, cache_dir, read_versions
 
 if TYPE_CHECKING:
-    from .cluster import Cluster
+    from chatfleet_platform.cluster.cluster import Cluster
 
 NAMESPACE = "keda"
 ADAPTER_SERVICE = "keda-metrics-apiserver"

@@ -10,11 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .config import PlatformError, go_module_dir
+from chatfleet_platform.common.config import PlatformError, go_module_dir
 
 #: Pinned Gateway API release (standard channel: HTTPRoute v1 with weighted backendRefs). v1.4.0 at least:
-#: Traefik 3.6 (chatfleet_platform.gateway) lists BackendTLSPolicy v1, which v1.3.0 does not serve; there
-#: it keeps retrying that list and never writes a route's status nor serves it.
+#: Traefik 3.6 (chatfleet_platform.addons.gateway) lists BackendTLSPolicy v1, which v1.3.0 does not serve;
+#: there it keeps retrying that list and never writes a route's status nor serves it.
 GATEWAY_API_VERSION = "v1.4.0"
 MODULE = "sigs.k8s.io/gateway-api"
 GROUP_NAME = "gateway.networking.k8s.io"

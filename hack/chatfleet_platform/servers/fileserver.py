@@ -1,6 +1,6 @@
 """A static HTTP(S) file server for tests: serves a folder on 127.0.0.1, over TLS when given a certificate.
 
-``python -m chatfleet_platform.fileserver --root DIR --port N [--cert C --key K] [--token T]``
+``python -m chatfleet_platform.servers.fileserver --root DIR --port N [--cert C --key K] [--token T]``
 With --token, every request must carry ``Authorization: Bearer T`` (401 otherwise). Paths ending in "/"
 are folders: listings are refused (403), so a client must name the files it wants.
 """

@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .config import PlatformError, go_module_dir, read_versions
+from chatfleet_platform.common.config import PlatformError, go_module_dir, read_versions
 
 MODULE = "github.com/traefik/traefik/v3"
 GROUP = "traefik.io"

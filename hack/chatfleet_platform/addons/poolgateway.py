@@ -24,8 +24,8 @@ from typing import Any
 
 import yaml
 
-from . import procs
-from .config import PlatformError
+from chatfleet_platform.common import procs
+from chatfleet_platform.common.config import PlatformError
 
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
 EXT_PROC = "envoy.filters.http.ext_proc"

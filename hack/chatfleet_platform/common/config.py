@@ -10,7 +10,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 VERSIONS_FILE = REPO_ROOT / "hack" / "versions.env"
 BUILD_SCRIPT = REPO_ROOT / "hack" / "build-platform.sh"
 #: The ChatbotService CRD: its file and its name (what `Cluster.install_crd` waits for).
@@ -109,7 +109,7 @@ def binaries(versions: dict[str, str] | None = None) -> Binaries:
 CLUSTER_BINARIES = ("etcd", "kube_apiserver", "kube_controller_manager", "kube_scheduler", "kubectl", "kwok")
 #: What a real node runs besides containerd and runc (Debian packages).
 NODE_BINARIES = ("kubelet", "kube_proxy")
-#: The Gateway API data plane (chatfleet_platform.gateway).
+#: The Gateway API data plane (chatfleet_platform.addons.gateway).
 GATEWAY_BINARIES = ("traefik",)
 
 

@@ -34,7 +34,7 @@ Which pods serve: Ready, not deleting, and not labelled chatfleet.io/serving="fa
 standby pods), and loaded: `load_seconds` after Ready when the simulator stands in for model loading;
 0 when the kwok stages delay readiness themselves (a pod annotation, see `kwok_load_annotation`).
 
-CLI: python -m chatfleet_platform.fleetsim --config fleetsim.json  (written by bench/autoscale_bench.py)
+CLI: python -m chatfleet_platform.load.fleetsim --config fleetsim.json  (written by bench/autoscale_bench.py)
 """
 
 from __future__ import annotations

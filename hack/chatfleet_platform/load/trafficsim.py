@@ -12,7 +12,7 @@ Per track (stable, canary, preview) a test sets requests per second, error rate,
 It also answers chat completions at /probe/<track>/v1/chat/completions (the operator's bounded probe
 load), counting each as one request of that track with the track's error rate and latency.
 
-CLI: python -m chatfleet_platform.trafficsim --namespace default --service support-bot [--port N]
+CLI: python -m chatfleet_platform.load.trafficsim --namespace default --service support-bot [--port N]
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from . import procs
+from chatfleet_platform.common import procs
 
 #: The chat API's latency buckets (runtime/chatfleet_runtime/chat/metrics.py), so quantiles match production.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import cache_dir
+from chatfleet_platform.common.config import cache_dir
 
 
 @dataclass(frozen=True)

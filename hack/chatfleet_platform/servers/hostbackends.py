@@ -13,7 +13,7 @@ import ipaddress
 import os
 import subprocess
 
-from .config import PlatformError, require_tool
+from chatfleet_platform.common.config import PlatformError, require_tool
 
 #: Where HostAddress picks its /32 addresses: outside the kwok pods (10.244/16), the real nodes' pods
 #: (10.245/16) and the Services (10.96/16).

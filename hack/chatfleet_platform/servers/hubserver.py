@@ -1,6 +1,6 @@
 """A minimal model hub for tests: the few Hugging Face Hub HTTP routes `snapshot_download` uses.
 
-``python -m chatfleet_platform.hubserver --root DIR --port N [--token T]`` serves every folder
+``python -m chatfleet_platform.servers.hubserver --root DIR --port N [--token T]`` serves every folder
 DIR/ORG/NAME as the model repository ORG/NAME with one commit (branch ``main``), so the launcher's
 ``hf://`` fetcher can be run with ``HF_ENDPOINT=http://127.0.0.1:N``. Routes:
 ``GET /api/models/ORG/NAME/revision/REV`` (repository info), ``GET /api/models/ORG/NAME/tree/REV``

@@ -1,4 +1,4 @@
-"""A fake NVIDIA device plugin for the real nodes: `python -m chatfleet_platform.fakegpu --count 4`.
+"""A fake NVIDIA device plugin for the real nodes: `python -m chatfleet_platform.cluster.fakegpu --count 4`.
 
 It speaks the kubelet's device-plugin gRPC API (v1beta1) exactly as NVIDIA's plugin does: it registers
 `nvidia.com/gpu` with the kubelet, lists N healthy devices, and answers Allocate. So the scheduler counts

@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from chatfleet_platform.servers.services import wait_until
+
 from .realpods import on_real_node
-from .services import wait_until
 
 #: A short interval keeps a release to a couple of minutes on two cores; generous limits, because a
 #: loaded CPU is slow and these scenarios are about dropped streams, not latency.

@@ -18,9 +18,9 @@ import sys
 import time
 from typing import Any
 
-from . import services
-from .config import PlatformError
-from .trafficsim import TrafficSim
+from chatfleet_platform.common.config import PlatformError
+from chatfleet_platform.load.trafficsim import TrafficSim
+from chatfleet_platform.servers import services
 
 NS, NAME = "default", "support-bot"
 REAL_NS, REAL_NAME = "default", "chat-bot"
@@ -165,7 +165,7 @@ def _promoted_to_new_revision() -> Any:
 
 def run_real_release_demo(demo: Any, prometheus: services.Prometheus) -> None:
     """On real pods: a bad canary rolled back on the errors it really served, then a good one promoted."""
-    from .realpods import NO_SYSTEM_TEMPLATE, ChatLoad, pod_request_counts, service_url
+    from chatfleet_platform.load.realpods import NO_SYSTEM_TEMPLATE, ChatLoad, pod_request_counts, service_url
 
     name, ns = REAL_NAME, REAL_NS
     load = ChatLoad(service_url(demo.cluster, ns, name), workers=2, max_seconds=900).start()

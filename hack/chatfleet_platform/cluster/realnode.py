@@ -52,8 +52,10 @@ from pathlib import Path
 
 import yaml
 
-from . import nodestore, pki, procs
-from .config import Binaries, PlatformError, read_json, require_tool, write_json
+from chatfleet_platform.common import pki, procs
+from chatfleet_platform.common.config import Binaries, PlatformError, read_json, require_tool, write_json
+
+from . import nodestore
 from .nodestore import NodeImages
 
 REAL_LABEL = "chatfleet.io/real-node"
@@ -68,6 +70,10 @@ API_FORWARD_PORT = 6443
 #: (replica-ratio releases pin a client to a track) spreads them over the pods as it would real users.
 CLIENT_ADDRESSES = tuple(f"10.245.255.{i}" for i in range(1, 201))
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
+#: The fake GPU device plugin, run as `python -m DEVICE_PLUGIN`. The sweep also knows it by the module path it
+#: had before the platform's sub-packages (chatfleet_platform.fakegpu), as a killed older run left it.
+DEVICE_PLUGIN = "chatfleet_platform.cluster.fakegpu"
+DEVICE_PLUGIN_COMMANDS = (DEVICE_PLUGIN.encode(), b"chatfleet_platform.fakegpu")
 GUARD_COMMENT = "chatfleet-real-node"
 #: Where the nodes' folders live (short, for the Unix sockets in them); removed by down.
 NODES_ROOT = Path("/var/lib/chatfleet-real")
@@ -603,7 +609,7 @@ class RealNodes:
                 state,
                 f"{node.name}/device-plugin",
                 node,
-                [sys.executable, "-m", "chatfleet_platform.fakegpu", "--count", str(node.gpus)],
+                [sys.executable, "-m", DEVICE_PLUGIN, "--count", str(node.gpus)],
             )
             procs.wait_for(
                 f"{node.name} advertising {node.gpus} nvidia.com/gpu",
@@ -740,7 +746,7 @@ def sweep_host() -> list[str]:
         except OSError:
             continue
         forwarder = cmd.startswith(b"socat\0") and b"bind=10.245." in cmd
-        if root in cmd or forwarder or b"chatfleet_platform.fakegpu" in cmd:
+        if root in cmd or forwarder or any(plugin in cmd for plugin in DEVICE_PLUGIN_COMMANDS):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(proc.name), signal.SIGKILL)
                 found.append(f"process {proc.name}")

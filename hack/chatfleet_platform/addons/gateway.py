@@ -5,13 +5,13 @@ kubernetescrd provider, reading the API through the cluster's admin kubeconfig (
 from the Go module proxy by `hack/build-platform.sh traefik` and cached by version.
 
 What it needs out of a cluster:
-- the Gateway API CRDs of v1.4.0 or newer (chatfleet_platform.gatewayapi): Traefik 3.6 lists
+- the Gateway API CRDs of v1.4.0 or newer (chatfleet_platform.addons.gatewayapi): Traefik 3.6 lists
   BackendTLSPolicy v1, which v1.3.0 does not serve, and with v1.3.0 no route ever gets a status or traffic;
 - one entryPoint per listener port: Traefik maps a Gateway listener to the entryPoint whose address ends
   in `:<listener port>`. The entryPoint listens on 127.0.0.1 on a port picked free, and every Gateway here
   has one HTTP listener on that same port;
 - the Gateway's status address given (`statusaddress.ip`): without it no Gateway turns Programmed;
-- Traefik's own CRDs (chatfleet_platform.traefikcrd), for the kubernetescrd provider: an HTTPRoute
+- Traefik's own CRDs (chatfleet_platform.addons.traefikcrd), for the kubernetescrd provider: an HTTPRoute
   backendRef may name a TraefikService, and a TraefikService mirrors (`spec.mirroring`), which the Gateway
   provider's HTTPRoute `RequestMirror` filter does not do in Traefik 3.6 (the rule answers 500).
 
@@ -38,11 +38,13 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import gatewayapi, procs, traefikcrd
-from .config import GATEWAY_BINARIES, read_json, require_binaries, write_json
+from chatfleet_platform.common import procs
+from chatfleet_platform.common.config import GATEWAY_BINARIES, read_json, require_binaries, write_json
+
+from . import gatewayapi, traefikcrd
 
 if TYPE_CHECKING:
-    from .cluster import Cluster
+    from chatfleet_platform.cluster.cluster import Cluster
 
 #: The GatewayClass Traefik's Gateway provider claims (its controllerName is fixed by Traefik).
 GATEWAY_CLASS = "traefik"

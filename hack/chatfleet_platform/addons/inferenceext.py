@@ -1,7 +1,7 @@
 """The Gateway API Inference Extension's InferencePool CRD (inference.networking.k8s.io/v1), from the Go
 module `sigs.k8s.io/gateway-api-inference-extension` (the module proxy serves pinned versions only; its
 version list is refused). Fetched once into the Go module cache, never committed; install/uninstall go
-through the cluster's kubectl, like chatfleet_platform.gatewayapi.
+through the cluster's kubectl, like chatfleet_platform.addons.gatewayapi.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .config import PlatformError, go_module_dir
+from chatfleet_platform.common.config import PlatformError, go_module_dir
 
 #: Pinned release whose InferencePool is the GA v1 API (v1.0.0 was the first).
 INFERENCE_EXTENSION_VERSION = "v1.0.2"

@@ -24,9 +24,19 @@ from pathlib import Path
 
 import yaml
 
+from chatfleet_platform.common import pki, procs
+from chatfleet_platform.common.config import (
+    REPO_ROOT,
+    Binaries,
+    PlatformError,
+    read_json,
+    read_versions,
+    require_binaries,
+    write_json,
+)
+
 from . import nodes as nodes_mod
-from . import pki, procs, realnode
-from .config import REPO_ROOT, Binaries, PlatformError, read_json, read_versions, require_binaries, write_json
+from . import realnode
 
 STAGES_FILE = Path(__file__).with_name("kwok-stages.yaml")
 SERVICE_CIDR = "10.96.0.0/16"  # room for thousands of Services (one ClusterIP per ChatbotService)

@@ -23,8 +23,8 @@ import textwrap
 import time
 from pathlib import Path
 
-from .cluster import Cluster, default_workdir
-from .config import (
+from chatfleet_platform.cluster.cluster import Cluster, default_workdir
+from chatfleet_platform.common.config import (
     CHATBOT_CRD_FILE,
     CHATBOT_CRD_NAME,
     LOCAL_ANALYSIS_ARGS,
@@ -77,7 +77,7 @@ class Demo:
         """Step 1: the local Kubernetes with GPU nodes."""
         self.step("A real local Kubernetes: simulated GPU nodes for scale, a real node for real pods")
         if self.real_nodes:
-            from . import images
+            from chatfleet_platform.cluster import images
 
             self.say(
                 "building the operator and runtime images from their Dockerfiles (cached; cold: minutes)"
@@ -113,7 +113,7 @@ class Demo:
         return self.cluster.workdir.parent / "demo-model"
 
     def _operator_alive(self) -> bool:
-        from . import procs
+        from chatfleet_platform.common import procs
 
         return procs.is_ours(procs.Proc.from_json(self.cluster.state().get("extras", {}).get("operator")))
 
@@ -174,9 +174,10 @@ class Demo:
         """Step 4: a ChatbotService on real pods answers a chat through its Service."""
         if not self.real_nodes:
             return self._chat_beside_the_cluster()
-        from . import images
+        from chatfleet_platform.cluster import images
+        from chatfleet_platform.load.realpods import on_real_node, service_url
+
         from .demo_release import REAL_NAME, REAL_NS
-        from .realpods import on_real_node, service_url
 
         self.step("A chatbot on real pods: the runtime image on the real node, a chat through the Service")
         from chatfleet_platform.localruntime.tiny import build_tiny_model
@@ -248,10 +249,11 @@ class Demo:
                 "Releases (simulated traffic: REAL_NODES=0): a bad canary rolled back, a good one promoted"
             )
             return run_release_demo(self)
+        from chatfleet_platform.addons.scrape import podmonitor_scrape_configs
+        from chatfleet_platform.load.realpods import fleet_podmonitor
+        from chatfleet_platform.servers.services import Prometheus
+
         from .demo_release import run_real_release_demo
-        from .realpods import fleet_podmonitor
-        from .scrape import podmonitor_scrape_configs
-        from .services import Prometheus
 
         self.step("Releases on the real pods: a bad canary rolled back, a good one promoted")
         configs = podmonitor_scrape_configs(

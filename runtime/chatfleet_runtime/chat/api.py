@@ -15,7 +15,8 @@ Every response (JSON, stream, error, health) carries ``x-chatfleet-track`` (and 
 when the pod knows them (``CHATFLEET_TRACK``, ``CHATFLEET_REVISION``, set by the operator).
 
 Ports (docs/security.md "Ports"): each listening socket serves its own routes, told apart by the port a
-request arrived on (the ASGI scope's ``server``), and nothing else there (404):
+request arrived on (the ASGI scope's ``server``; ``chatfleet_runtime.chat.middleware.PortRoutes``), and
+nothing else there (404):
 
 - chat (``--port``, 8080; end users, through the Service and the gateway): ``POST /v1/chat/completions``,
   ``GET /v1/models`` and ``GET /health`` (200 or 503, nothing more), nothing that changes the replica's state;
@@ -44,7 +45,6 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Awaitable, Callable, Mapping
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -54,121 +54,13 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from chatfleet_runtime.chat.apisettings import ApiSettings
 from chatfleet_runtime.chat.backend import TritonChat
 from chatfleet_runtime.chat.drain import Drain
+from chatfleet_runtime.chat.middleware import DrainGate, Handler, PortRoutes, TrackHeaders, loopback_only
 from chatfleet_runtime.chat.pipeline import ChatPipeline
 from chatfleet_runtime.chat.responses import Reply
 
 __all__ = ["ApiSettings", "create_app", "main", "serve"]
 
 log = logging.getLogger("chatfleet.api")
-
-#: The chat requests the drain counts (in flight, arrivals) on the chat port; nothing on the admin, metrics
-#: or shadow ports is work (mirrors are refused once draining and never hold a drain).
-WORK_PATHS = frozenset({"/v1/chat/completions"})
-
-
-class TrackHeaders:
-    """ASGI middleware: adds fixed headers (track, revision) to every HTTP response, streams included.
-
-    Pure ASGI rather than Starlette's BaseHTTPMiddleware, which would wrap streaming responses and
-    break the client-disconnect cancellation the streams rely on.
-    """
-
-    def __init__(self, app, headers: Mapping[str, str]):
-        self.app = app
-        self.headers = [(k.lower().encode(), v.encode()) for k, v in headers.items()]
-
-    async def __call__(self, scope, receive, send):
-        """Pass through, adding the headers to `http.response.start`."""
-        if scope["type"] != "http" or not self.headers:
-            return await self.app(scope, receive, send)
-
-        async def send_with_headers(message):
-            if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", []), *self.headers]}
-            await send(message)
-
-        return await self.app(scope, receive, send_with_headers)
-
-
-class DrainGate:
-    """ASGI middleware: counts chat requests in and out of the drain (arrival to last byte, streams
-    included, a client that left included) and adds ``Connection: close`` to every response while
-    draining, so keep-alive clients take their next request elsewhere."""
-
-    def __init__(self, app, drain: Drain, other_ports: frozenset[int] = frozenset()):
-        self.app = app
-        self.drain = drain
-        self.other_ports = frozenset(p for p in other_ports if p)
-        """The ports that are not the chat port (admin, metrics, shadow): nothing there is work."""
-
-    async def __call__(self, scope, receive, send):
-        """Pass through; count work requests, close connections while draining."""
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-
-        async def send_closing(message):
-            if message["type"] == "http.response.start" and self.drain.draining:
-                headers = list(message.get("headers", []))
-                if not any(k.lower() == b"connection" for k, _ in headers):
-                    message = {**message, "headers": [*headers, (b"connection", b"close")]}
-            await send(message)
-
-        if scope["path"] not in WORK_PATHS or arrival_port(scope) in self.other_ports:
-            return await self.app(scope, receive, send_closing)
-        self.drain.enter()
-        try:
-            return await self.app(scope, receive, send_closing)
-        finally:
-            self.drain.leave()
-
-
-Handler = Callable[[Request], Awaitable[Response]]
-
-
-#: Where a request to the drain may come from: the pod itself (its preStop hook), never the network.
-LOOPBACK = frozenset({"127.0.0.1", "::1"})
-
-
-def loopback_only(handler: Handler) -> Handler:
-    """The handler for requests from this pod's own loopback (the kernel drops loopback sources arriving
-    on any other interface); 403 for anyone else."""
-
-    async def guarded(request: Request) -> Response:
-        if request.client is None or request.client.host not in LOOPBACK:
-            return JSONResponse({"detail": "the drain is the pod's own (loopback only)"}, status_code=403)
-        return await handler(request)
-
-    return guarded
-
-
-def arrival_port(scope) -> int | None:
-    """The listening port an HTTP request arrived on (the ASGI scope's ``server``), None if unknown."""
-    server = scope.get("server") if scope["type"] == "http" else None
-    return server[1] if server is not None else None
-
-
-class PortRoutes:
-    """ASGI middleware: a request that arrived on one of the given ports gets that port's routes and
-    nothing else (404, whatever the method); a request on any other port (the chat port) passes on to the
-    chat API's routes. Lifespan and other scopes pass through."""
-
-    def __init__(self, app, ports: Mapping[int, Mapping[tuple[str, str], Handler]]):
-        self.app = app
-        self.ports = {port: routes for port, routes in ports.items() if port}
-        """port -> {(method, path): handler}; port 0 (off) never matches."""
-
-    async def __call__(self, scope, receive, send):
-        """Route requests of the listed ports here; pass everything else through."""
-        routes = self.ports.get(arrival_port(scope))
-        if routes is None:
-            return await self.app(scope, receive, send)
-        route = routes.get((scope["method"], scope["path"]))
-        if route is None:
-            response: Response = JSONResponse({"detail": "Not Found"}, status_code=404)
-        else:
-            response = await route(Request(scope, receive))
-        await response(scope, receive, send)
-
 
 #: Redis time-outs (seconds): a refused connection fails at once; a reply may take this long. Not less:
 #: the time-out runs on the event loop's clock, and a chat API at its CPU limit serving many streams

@@ -124,7 +124,7 @@ class ChatPipeline:
             request_timeout_s=settings.request_timeout_s,
             clock=clock,
         )
-        """The replica's drain; the API counts chat requests in and out of it (api.DrainGate)."""
+        """The replica's drain; the API counts chat requests in and out of it (middleware.DrainGate)."""
         metrics.draining.labels(name).set(0)
         metrics.drain_refused.labels(name)
         metrics.revision_switches.labels(name)

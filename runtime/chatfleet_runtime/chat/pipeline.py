@@ -22,6 +22,9 @@ seed 0, max_tokens capped at ``--shadow-max-tokens``, never streamed); the histo
 saved and the active-session gauges are not touched; and every one the model was asked about leaves a
 record (``chatfleet_runtime.chat.shadow.Shadow``), a fallback answer recorded as an error.
 
+Steps 1 to 3 are here, with the checks of the body and the ``Turn`` they make in
+``chatfleet_runtime.chat.turn``; steps 4 and 5, and the answers that are not the model's (the answer
+cache's, the fallback), in ``chatfleet_runtime.chat.answering`` (``AnswerSteps``, this class's base).
 It returns a ``Reply`` (``chatfleet_runtime.chat.responses``); ``chatfleet_runtime.chat.api`` sends it.
 """
 
@@ -29,72 +32,32 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from chatfleet_contract.parameters import ModelParameters
 from prometheus_client import generate_latest
 
 from chatfleet_runtime.chat import responses
-from chatfleet_runtime.chat.answercache import AnswerCache, Cached
+from chatfleet_runtime.chat.answercache import AnswerCache
+from chatfleet_runtime.chat.answering import AnswerSteps
 from chatfleet_runtime.chat.apisettings import ApiSettings
-from chatfleet_runtime.chat.backend import BackendError, Chunk, triton_params
+from chatfleet_runtime.chat.backend import triton_params
 from chatfleet_runtime.chat.breaker import STATE_VALUE, CircuitBreaker, Fallback
 from chatfleet_runtime.chat.drain import EXIT_MARGIN_S, Drain
 from chatfleet_runtime.chat.metrics import ApiMetrics
 from chatfleet_runtime.chat.responses import Reply
 from chatfleet_runtime.chat.sessions import ActiveSessions, History, SessionStore, compose
 from chatfleet_runtime.chat.shadow import Shadow
-from chatfleet_runtime.prompting import (
-    RequestError,
-    SamplingParams,
-    check_openai_fields,
-    parse_sampling,
-    session_key_from_user,
-    validate_messages,
-    validate_session_id,
-)
+from chatfleet_runtime.chat.turn import Turn, bypasses_cache, parse_request, read_body
+from chatfleet_runtime.prompting import RequestError, SamplingParams
 
 log = logging.getLogger("chatfleet.api")
 
-#: Retry-After (seconds) of the 429 answered when the model's KV budget refused a request.
-OVERLOADED_RETRY_AFTER_S = 1
 
-
-@dataclass
-class Turn:
-    """One validated request on its way through the pipeline."""
-
-    messages: list[dict[str, str]]
-    """The request's messages, as sent (the fallback answers from these before Triton is asked)."""
-    prompt_messages: list[dict[str, str]]
-    """What the model sees: the stored history, then the request's messages."""
-    params: dict[str, Any]
-    """The PARAMETERS input of the Triton model (sampling and session id)."""
-    stream: bool
-    session_id: str | None
-    info: dict[str, Any]
-    """The `chatfleet` fields of the answer: history state, ignored fields."""
-    t0: float
-    """When the request arrived (time.monotonic)."""
-    previous_revision: str | None = None
-    """The revision that answered the conversation's last stored turn, when known."""
-    store: bool = True
-    """Whether the answered turn is saved to the history (False for a mirrored request: read, never written)."""
-    cache_key: str | None = None
-    """The answer cache's key of this turn; None when the cache is off or the turn is not cacheable."""
-
-    @property
-    def new_messages(self) -> list[dict[str, str]]:
-        """The request's messages without system prompts: what the stored turn and a late fallback use."""
-        return [m for m in self.messages if m["role"] != "system"]
-
-
-class ChatPipeline:
+class ChatPipeline(AnswerSteps):
     """The chat API's state (breaker, in-flight count, sessions, metrics) and its request steps."""
 
     def __init__(
@@ -297,7 +260,7 @@ class ChatPipeline:
         # 1. parse
         stream = False
         try:
-            body = self._body(raw)
+            body = read_body(raw, self.settings.max_body_bytes)
             stream = body.get("stream", False)
             if not isinstance(stream, bool):
                 raise RequestError("stream: must be true or false")
@@ -306,7 +269,7 @@ class ChatPipeline:
                     "stream: streaming is turned off for this service (spec.runtime.streaming: false); "
                     "send stream: false"
                 )
-            messages, sampling, sid, ignored = self._parse(body, headers)
+            messages, sampling, sid, ignored = parse_request(body, headers, self.name, self.max_new_tokens)
         except RequestError as exc:
             self._count("client_error", exc.status, stream and not shadow)
             return responses.error(exc.status, str(exc))
@@ -330,7 +293,7 @@ class ChatPipeline:
             info["previous_revision"] = history.revision
         params = triton_params(sampling, sid)
         key = None
-        if self.cache is not None and not shadow and not _bypasses_cache(headers):
+        if self.cache is not None and not shadow and not bypasses_cache(headers):
             key = self.cache.key(messages, params, history.turns, self.settings.revision, self.name)
         return Turn(
             messages,
@@ -369,290 +332,10 @@ class ChatPipeline:
         # 4. and 5.
         return await (self._stream(turn) if turn.stream else self._complete(turn))
 
-    def _body(self, raw: bytes) -> dict[str, Any]:
-        """The request body as a JSON object, within the size limit."""
-        if len(raw) > self.settings.max_body_bytes:
-            raise RequestError(
-                f"body: {len(raw)} bytes is more than the limit {self.settings.max_body_bytes}", 413
-            )
-        try:
-            body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise RequestError(f"body: not valid JSON ({getattr(exc, 'msg', exc)})") from exc
-        if not isinstance(body, dict):
-            raise RequestError("body: must be a JSON object")
-        return body
-
-    def _parse(
-        self, body: dict[str, Any], headers: Mapping[str, str]
-    ) -> tuple[list[dict[str, str]], SamplingParams, str | None, list[str]]:
-        """(messages, sampling, session id, ignored fields) of a request body, or RequestError."""
-        model = body.get("model", self.name)
-        if model != self.name:
-            raise RequestError(f"model: {model!r:.80} is not served here (available: {self.name})", 404)
-        messages = validate_messages(body.get("messages"))
-        ignored = check_openai_fields(body)
-        sampling = parse_sampling(body, max_new_tokens_limit=self.max_new_tokens)
-        if body.get("n", 1) not in (1, None):
-            raise RequestError("n: only 1 is supported")
-        sid = None
-        if headers.get("x-session-id") is not None:
-            sid = validate_session_id(headers["x-session-id"], "X-Session-Id")
-        elif body.get("session_id") is not None:
-            sid = validate_session_id(body["session_id"], "session_id")
-        elif body.get("user") is not None:
-            sid = session_key_from_user(body["user"])
-        return messages, sampling, sid, ignored
-
     def _refused(self) -> Reply:
         """A 503 for a chat request that could not finish before the draining pod must exit."""
         self.metrics.drain_refused.labels(self.name).inc()
         return responses.draining()
-
-    async def _remember(self, turn: Turn, reply: str) -> None:
-        """Store the answered turn with this pod's revision; count a revision switch once it is stored."""
-        if turn.session_id is None or not turn.store:
-            return
-        revision = self.settings.revision
-        saved = await self.store.append(turn.session_id, turn.new_messages, reply, revision)
-        if saved and revision and turn.previous_revision and turn.previous_revision != revision:
-            self.metrics.revision_switches.labels(self.name).inc()
-
-    def _count(self, outcome: str, code: int, stream: bool) -> None:
-        self.metrics.requests.labels(self.name, outcome, str(code), str(stream).lower()).inc()
-
-    def _keep(self, turn: Turn, text: str, finish_reason: str, prompt_tokens: int, num_tokens: int) -> None:
-        """Keep a whole answer of a cacheable turn in the answer cache."""
-        if self.cache is None or turn.cache_key is None:
-            return
-        self.cache.put(turn.cache_key, text, finish_reason, prompt_tokens, num_tokens)
-        self.metrics.answer_cache_entries.labels(self.name).set(len(self.cache))
-
-    async def _from_cache(self, turn: Turn, kept: Cached) -> Reply:
-        """The kept answer of a repeated first-turn question, saved to the session like a generated one;
-        marked by ``X-Chatfleet-Cache: hit`` and ``"chatfleet": {"cache": "hit"}``."""
-        info = {**turn.info, "cache": "hit"}
-        headers = {"X-Chatfleet-Cache": "hit"}
-        used = responses.usage(kept.prompt_tokens, kept.num_tokens)
-        finish = "length" if kept.finish_reason == "length" else "stop"
-
-        def done() -> None:
-            elapsed = time.monotonic() - turn.t0
-            stream = str(turn.stream).lower()
-            self.metrics.duration.labels(self.name, stream).observe(elapsed)
-            self.metrics.ttft.labels(self.name, stream).observe(elapsed)
-            self.metrics.gen_ai(self.name, elapsed, ttft=elapsed)
-            self._count("success", 200, turn.stream)
-
-        if not turn.stream:
-            await self._remember(turn, kept.text)
-            done()
-            head = responses.envelope(self.name, "chat.completion", turn.session_id, info)
-            return Reply(responses.completion(head, kept.text, finish, used), headers=headers)
-
-        async def events() -> AsyncIterator[str]:
-            head = responses.envelope(self.name, "chat.completion.chunk", turn.session_id, info)
-            yield responses.sse(head, {"role": "assistant", "content": ""}, None)
-            yield responses.sse(head, {"content": kept.text}, None)
-            yield responses.sse(head, {}, finish, used)
-            await self._remember(turn, kept.text)  # before [DONE], as a generated answer
-            yield responses.DONE
-            done()
-
-        return Reply(events=events(), headers={**headers, "Cache-Control": "no-cache"})
-
-    def _fallback(self, turn: Turn, messages: list[dict[str, str]], reason: str) -> Reply:
-        """The FAQ or fallback text instead of the model's answer, marked as such."""
-        text, source = self.fallback.answer(messages)
-        self.metrics.fallbacks.labels(self.name, reason, source).inc()
-        self._count("fallback", 200, turn.stream)
-        elapsed = time.monotonic() - turn.t0
-        self.metrics.duration.labels(self.name, str(turn.stream).lower()).observe(elapsed)
-        self.metrics.gen_ai(self.name, elapsed, error=f"fallback_{reason}")
-        meta = {"fallback": True, "reason": reason, "source": source, **turn.info}
-        headers = {"X-Chatfleet-Fallback": source}
-        if not turn.stream:
-            head = responses.envelope(self.name, "chat.completion", turn.session_id, meta)
-            return Reply(responses.completion(head, text, "stop", responses.usage(0, 0)), headers=headers)
-
-        async def events():
-            head = responses.envelope(self.name, "chat.completion.chunk", turn.session_id, meta)
-            yield responses.sse(head, {"role": "assistant", "content": text}, "stop")
-            yield responses.DONE
-
-        return Reply(events=events(), headers=headers)
-
-    def _failed(self, turn: Turn, exc: BackendError) -> Reply:
-        """Triton failed before any answer: the client's fault is a 400 and a full KV budget a 429 with
-        Retry-After (neither a breaker failure), anything else a breaker failure and a fallback answer."""
-        if exc.kind in ("invalid", "overloaded"):
-            self.metrics.gen_ai(self.name, time.monotonic() - turn.t0, error=exc.kind)
-        if exc.kind == "invalid":
-            self.breaker.record_success()
-            self._count("client_error", 400, turn.stream)
-            return responses.error(400, str(exc))
-        if exc.kind == "overloaded":  # the replica is healthy, its KV budget full: retry soon
-            self.breaker.record_success()
-            self._count("overloaded", 429, turn.stream)
-            reply = responses.error(429, str(exc))
-            reply.body["error"]["code"] = "overloaded"
-            reply.headers["Retry-After"] = str(OVERLOADED_RETRY_AFTER_S)
-            return reply
-        self.breaker.record_failure()
-        return self._fallback(turn, turn.new_messages, exc.kind)
-
-    async def _complete(self, turn: Turn) -> Reply:
-        """Steps 4 and 5 without streaming: one completion within the deadline."""
-        slot = _Slot(self)
-        timeout = self.settings.request_timeout_s
-        try:
-            async with asyncio.timeout(timeout):
-                result = await self.backend.complete(turn.prompt_messages, turn.params, timeout)
-        except BackendError as exc:
-            return self._failed(turn, exc)
-        except TimeoutError:
-            self.breaker.record_failure()
-            return self._fallback(turn, turn.new_messages, "timeout")
-        finally:
-            slot.release()
-        self.breaker.record_success()
-        elapsed = time.monotonic() - turn.t0
-        self.metrics.duration.labels(self.name, "false").observe(elapsed)
-        self.metrics.ttft.labels(self.name, "false").observe(elapsed)
-        self.metrics.tokens.labels(self.name).inc(result.num_tokens)
-        # not streamed: the first token's time is unknown here, so time to first token is the whole
-        # response (as chatfleet_time_to_first_token_seconds) and no time per output token is recorded
-        self.metrics.gen_ai(self.name, elapsed, ttft=elapsed)
-        self._count("success", 200, False)
-        await self._remember(turn, result.text)
-        self._keep(turn, result.text, result.finish_reason or "stop", result.prompt_tokens, result.num_tokens)
-        head = responses.envelope(self.name, "chat.completion", turn.session_id, turn.info)
-        used = responses.usage(result.prompt_tokens, result.num_tokens)
-        return Reply(responses.completion(head, result.text, result.finish_reason or "stop", used))
-
-    async def _stream(self, turn: Turn) -> Reply:
-        """Steps 4 and 5 streamed: wait for the first chunk here (a failure is still a fallback), then
-        hand the rest to the reply's event stream."""
-        deadline = turn.t0 + self.settings.request_timeout_s
-        it = self.backend.stream(
-            turn.prompt_messages, turn.params, self.settings.request_timeout_s
-        ).__aiter__()
-        slot = _Slot(self)
-        try:
-            async with asyncio.timeout(max(0.001, deadline - time.monotonic())):
-                first = await it.__anext__()
-        except BackendError as exc:
-            slot.release()
-            await _close(it)
-            return self._failed(turn, exc)
-        except (TimeoutError, StopAsyncIteration):
-            slot.release()
-            await _close(it)
-            self.breaker.record_failure()
-            return self._fallback(turn, turn.new_messages, "timeout")
-        ttft = time.monotonic() - turn.t0
-        self.metrics.ttft.labels(self.name, "true").observe(ttft)
-        events = self._events(turn, it, first, slot, deadline, ttft)
-        return Reply(events=events, headers={"Cache-Control": "no-cache"})
-
-    async def _events(
-        self, turn: Turn, it: AsyncIterator[Chunk], first: Chunk, slot: _Slot, deadline: float, ttft: float
-    ) -> AsyncIterator[str]:
-        """The stream's server-sent events; a client that goes away mid-stream is a 499, not a failure."""
-        head = responses.envelope(self.name, "chat.completion.chunk", turn.session_id, turn.info)
-        parts: list[str] = []
-        finish, num_tokens, prompt_tokens, last = "", 0, 0, time.monotonic()
-        completed = timed_out = False
-        try:
-            yield responses.sse(head, {"role": "assistant", "content": ""}, None)
-            chunk = first
-            while True:
-                if chunk.text:
-                    parts.append(chunk.text)
-                    yield responses.sse(head, {"content": chunk.text}, None)
-                if chunk.finish_reason:
-                    finish, num_tokens = chunk.finish_reason, chunk.num_tokens
-                    prompt_tokens = chunk.prompt_tokens
-                    break
-                try:
-                    async with asyncio.timeout(max(0.001, deadline - time.monotonic())):
-                        chunk = await it.__anext__()
-                except TimeoutError:
-                    # The deadline cut the answer short: the client gets what came, ended as
-                    # "length", but it is an error for the metrics (and the canary analysis).
-                    finish, timed_out = "length", True
-                    self.breaker.record_failure()
-                    break
-                now = time.monotonic()
-                self.metrics.itl.labels(self.name).observe(now - last)
-                last = now
-            if not timed_out:
-                self.breaker.record_success()
-            used = responses.usage(prompt_tokens, num_tokens)
-            yield responses.sse(head, {}, "length" if finish == "length" else "stop", used)
-            if not timed_out:
-                # Stored before [DONE]: a client that saw a turn end finds it in its next turn's history.
-                await self._remember(turn, "".join(parts))
-                self._keep(turn, "".join(parts), finish, prompt_tokens, num_tokens)
-            yield responses.DONE
-            completed = True
-        except BackendError:
-            self.breaker.record_failure()
-            yield responses.sse(head, {}, "stop")
-            yield responses.DONE
-            completed = True
-            self.metrics.gen_ai(self.name, time.monotonic() - turn.t0, error="backend_error")
-            self._count("error", 200, True)
-            return
-        finally:
-            slot.release()
-            await _close(it)
-            if not completed:
-                self.metrics.disconnects.labels(self.name).inc()
-                self.breaker.release()
-                self._count("client_error", 499, True)
-        elapsed = time.monotonic() - turn.t0
-        self.metrics.duration.labels(self.name, "true").observe(elapsed)
-        self.metrics.tokens.labels(self.name).inc(num_tokens)
-        if timed_out:
-            self.metrics.gen_ai(self.name, elapsed, error="timeout")
-            self._count("error", 200, True)
-            return
-        self.metrics.gen_ai(self.name, elapsed, ttft=ttft, tokens=num_tokens)
-        if num_tokens > 1 and elapsed > ttft:
-            self.metrics.tps.labels(self.name).observe(num_tokens / (elapsed - ttft))
-        self._count("success", 200, True)
-
-
-class _Slot:
-    """One request's place among the in-flight ones (count and gauge), given back exactly once."""
-
-    def __init__(self, pipeline: ChatPipeline):
-        self.pipeline = pipeline
-        self.held = True
-        pipeline.inflight += 1
-        pipeline.metrics.inflight.labels(pipeline.name).inc()
-
-    def release(self) -> None:
-        """Give the place back (a second call does nothing)."""
-        if self.held:
-            self.held = False
-            self.pipeline.inflight -= 1
-            self.pipeline.metrics.inflight.labels(self.pipeline.name).dec()
-
-
-#: Request headers that keep a request away from the answer cache: the release analysis asks the model,
-#: never the cache (its quality and traffic probes), and so does a client that says no-cache or no-store.
-_ANALYSIS_HEADERS = ("x-chatfleet-quality", "x-chatfleet-probe")
-
-
-def _bypasses_cache(headers: Mapping[str, str]) -> bool:
-    """Whether a request must neither be answered from the answer cache nor fill it."""
-    lower = {k.lower(): v for k, v in headers.items()}
-    if any(lower.get(h) for h in _ANALYSIS_HEADERS):
-        return True
-    directives = lower.get("cache-control", "").lower()
-    return "no-cache" in directives or "no-store" in directives
 
 
 def _answer_or_error(reply: Reply) -> tuple[str | None, str | None]:
@@ -668,9 +351,3 @@ def _answer_or_error(reply: Reply) -> tuple[str | None, str | None]:
     if meta.get("fallback"):
         return None, f"fallback ({meta.get('reason')})"
     return body["choices"][0]["message"]["content"], None
-
-
-async def _close(it) -> None:
-    """Close a backend stream, whatever it raises."""
-    with contextlib.suppress(BaseException):
-        await it.aclose()

@@ -12,8 +12,9 @@ from __future__ import annotations
 import threading
 
 import pytest
-from chatfleet_runtime.engine.generation import BatchGenerator, chunk_end
+from chatfleet_runtime.engine.generation import BatchGenerator
 from chatfleet_runtime.engine.inflight import InflightEngine, length_groups
+from chatfleet_runtime.engine.prefill import chunk_end
 from chatfleet_runtime.engine.rows import GenerationRequest
 from chatfleet_runtime.prompting import SamplingParams, render_prompt
 

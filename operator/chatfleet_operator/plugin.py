@@ -1,4 +1,4 @@
-"""`kubectl chatbot`: release status as a readable tree, promote, abort, pause, resume, history, and the
+"""`kubectl chatbot`: release status as a readable tree, promote, abort, pause, resume, retry, history, and the
 generated Triton config each track's pods run (`config`: it rides in the Deployments' pod templates).
 
 Manual control writes the same spec fields a GitOps commit would (docs/releases.md), so Git and kubectl
@@ -7,7 +7,10 @@ are one mechanism and the operator has one place to read intents from:
   abort NAME    -> spec.rollout.abort   = <revision under release>   (roll back now)
   pause NAME    -> spec.rollout.paused  = true
   resume NAME   -> spec.rollout.paused  = false
-Naming the revision makes an intent one-shot: it cannot touch a later release.
+  retry NAME    -> spec.rollout.retry   = <now>  (a rolled-back release starts again; an abort naming its
+                                                  revision is cleared, or it would roll the retry back)
+Naming the revision makes an intent one-shot: it cannot touch a later release; the retry token starts the
+rolled-back release once per new token.
 API access goes through chatfleet_operator.kube (the one module that talks to the API).
 """
 
@@ -29,7 +32,7 @@ from chatfleet_operator import api, kube
 from chatfleet_operator.analysis.assess import Figure
 from chatfleet_operator.release.planner import stepped
 from chatfleet_operator.release.state import ACTIVE_PHASES, ReleasePhase
-from chatfleet_operator.timefmt import parse_time
+from chatfleet_operator.timefmt import parse_time, rfc3339
 
 
 def current_namespace(context: str | None = None) -> str:
@@ -333,11 +336,28 @@ def follow(
         sleep(interval)
 
 
+def retry(ns: str, name: str, body: dict[str, Any], now: datetime | None = None) -> int:
+    """`retry`: start a rolled-back release again (spec.rollout.retry = the time, a new token); an abort
+    naming its revision ('*' any) is cleared with it, or it would roll the retry back at once."""
+    rel = (body.get("status") or {}).get("release") or {}
+    revision = rel.get("revision") if rel.get("phase") == ReleasePhase.ROLLED_BACK else None
+    if not revision:
+        print(f"error: no rolled-back release to retry on {ns}/{name}", file=sys.stderr)
+        return 1
+    fields: dict[str, Any] = {"retry": rfc3339(now or datetime.now(UTC))}
+    if ((body.get("spec") or {}).get("rollout") or {}).get("abort") in (revision, "*"):
+        fields["abort"] = None
+    patch_rollout(ns, name, fields)
+    print(f"chatbotservice {ns}/{name}: retry of revision {revision} requested")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `kubectl chatbot` (installed as kubectl-chatbot)."""
     parser = argparse.ArgumentParser(prog="kubectl chatbot", description="Chatfleet releases from kubectl")
     parser.add_argument(
-        "command", choices=["status", "promote", "abort", "pause", "resume", "history", "get", "config"]
+        "command",
+        choices=["status", "promote", "abort", "pause", "resume", "retry", "history", "get", "config"],
     )
     parser.add_argument("name", nargs="?")
     parser.add_argument("-n", "--namespace", default=None)
@@ -398,6 +418,8 @@ def main(argv: list[str] | None = None) -> int:
         patch_rollout(ns, args.name, {args.command: revision})
         print(f"chatbotservice {ns}/{args.name}: {args.command} revision {revision} requested")
         return 0
+    if args.command == "retry":
+        return retry(ns, args.name, body)
     patch_rollout(ns, args.name, {"paused": args.command == "pause"})
     print(f"chatbotservice {ns}/{args.name}: release {'paused' if args.command == 'pause' else 'resumed'}")
     return 0

@@ -3,7 +3,7 @@
 All release state lives in status (release/state.py). A restarted operator reads it and carries on from
 the same step: no double promotion (promotion is idempotent: it ends when the stable Deployment runs the
 new revision), no lost rollback (a rollback is written as phase RolledBack and its revision is never
-retried until the spec changes).
+retried until the spec changes, or spec.rollout.retry names a token other than the release's own).
 
 One pass, in order (`plan_release`):
   0. no release when the spec revision is the stable one (returning to the stable hash skips analysis);
@@ -183,7 +183,14 @@ def _new_release(ctx: PassContext, stable_rev: str) -> ReleaseState:
         step_started_at=now,
         ready_deadline_from=now,
         analysis=empty_counters(),
+        retry=ctx.spec.rollout.retry or None,
     )
+
+
+def retry_asked(spec: ChatbotServiceSpec, rel: ReleaseState) -> bool:
+    """Whether spec.rollout.retry asks the rolled-back release `rel` to start again: a token other than the
+    one the release started with. e.g. started with none, retry "t1" -> True; started with "t1" -> False."""
+    return bool(spec.rollout.retry) and spec.rollout.retry != (rel.retry or "")
 
 
 def covering_canary(ctx: PassContext) -> int:
@@ -286,8 +293,9 @@ def _decide(ctx: PassContext, old: ReleaseStatus) -> ReleasePlan:
             return _steady(ctx, with_entry(history, entry))
         return _steady(ctx, history)
 
-    # A rolled-back revision is not retried until the spec changes again.
-    if rel is not None and rel.revision == target and rel.phase == ReleasePhase.ROLLED_BACK:
+    # A rolled-back revision is not retried until the spec changes again, or spec.rollout.retry asks.
+    retry = rel is not None and rel.revision == target and rel.phase == ReleasePhase.ROLLED_BACK
+    if retry and not retry_asked(ctx.spec, rel):
         return _rolled_back_plan(ctx, rel, history, stable_rev)
 
     events: list[EventIntent] = []
@@ -299,11 +307,12 @@ def _decide(ctx: PassContext, old: ReleaseStatus) -> ReleasePlan:
             history = with_entry(history, entry)
         rel = _new_release(ctx, stable_rev)
         strategy_name = ctx.spec.rollout.strategy
+        again = f", again after its rollback (spec.rollout.retry={ctx.spec.rollout.retry})" if retry else ""
         events.append(
             EventIntent(
                 "Normal",
                 ReleaseReason.STARTED,
-                f"Started {strategy_name} release of revision {target} (stable {stable_rev})",
+                f"Started {strategy_name} release of revision {target} (stable {stable_rev}){again}",
             )
         )
     rel.traffic = ctx.traffic

@@ -116,6 +116,7 @@ _FIELDS = (
     ("revision", "revision", str),
     ("fromRevision", "from_revision", str),
     ("origin", "origin", str),
+    ("retry", "retry", str),
     ("strategy", "strategy", str),
     ("phase", "phase", str),
     ("traffic", "traffic", str),
@@ -163,6 +164,8 @@ class ReleaseState:
     origin: str | None = None
     """"operator" for a release the operator's own defaults started (a new default runtime image, with the
     spec unchanged), admitted by the upgrade wave (wave.py); None for a release of a spec change."""
+    retry: str | None = None
+    """spec.rollout.retry as this release started: once it is rolled back, a different token starts it again."""
     strategy: str = Strategy.CANARY
     phase: ReleasePhase = ReleasePhase.STEPPING
     traffic: str = ""

@@ -51,7 +51,7 @@ class StickyDialogues:
 
 @dataclass(frozen=True)
 class RolloutSpec:
-    """spec.rollout: the strategy, its parameters, and the GitOps intents (paused, promote, abort)."""
+    """spec.rollout: the strategy, its parameters, and the GitOps intents (paused, promote, abort, retry)."""
 
     strategy: Strategy = Strategy.CANARY
     canary_steps: tuple[CanaryStep, ...] = DEFAULT_CANARY_STEPS
@@ -65,6 +65,9 @@ class RolloutSpec:
     """spec.rollout.promote: the revision to promote now ('*' any)."""
     abort: str = ""
     """spec.rollout.abort: the revision to roll back now ('*' any)."""
+    retry: str = ""
+    """spec.rollout.retry: a token; a rolled-back release of the spec's revision starts again when the token
+    differs from the one that release started with (`kubectl chatbot retry` writes the time)."""
     gpu_capacity: str = "Auto"
     """spec.rollout.gpuCapacity: Surge, ReplaceInPlace, or Auto (surge until a pod finds no GPU)."""
     sticky: StickyDialogues = field(default_factory=StickyDialogues)
@@ -101,6 +104,7 @@ class RolloutSpec:
             paused=bool(d.get("paused") or False),
             promote=str(d.get("promote") or ""),
             abort=str(d.get("abort") or ""),
+            retry=str(d.get("retry") or ""),
             gpu_capacity=str(d.get("gpuCapacity") or "Auto"),
             sticky=StickyDialogues.from_dict(sub_mapping(d, "stickyDialogues")),
             hostnames=tuple(str(h) for h in d.get("hostnames") or ()),

@@ -8,6 +8,8 @@ API (kube.request, kube.configure).
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pytest
 from chatfleet_operator import api, kube, plugin
 
@@ -152,3 +154,25 @@ def test_context_picks_the_kubeconfigs_context_and_its_namespace(monkeypatch, tm
     monkeypatch.setattr(kube, "request", lambda method, path, **kw: asked.append(path) or {"items": []})
     assert plugin.main(["get", "--context", "b"]) == 0
     assert configured == ["b"] and asked == [kube.object_path(api.KIND, "ns-b")]
+
+
+def test_retry_writes_a_new_token_and_clears_the_abort_that_rolled_the_release_back(monkeypatch, capsys):
+    patched = []
+    monkeypatch.setattr(plugin, "patch_rollout", lambda ns, name, fields: patched.append((ns, name, fields)))
+    body = cbs(release={"revision": "r3", "phase": "RolledBack"})
+    body["spec"] = {"rollout": {"abort": "r3"}}
+    now = datetime(2026, 11, 28, 11, 0, tzinfo=UTC)
+    assert plugin.retry("team", "bot", body, now) == 0
+    assert patched == [("team", "bot", {"retry": "2026-11-28T11:00:00Z", "abort": None})]
+    assert "retry of revision r3 requested" in capsys.readouterr().out
+    # an abort naming another revision is left as it is
+    body["spec"] = {"rollout": {"abort": "r9"}}
+    plugin.retry("team", "bot", body, now)
+    assert patched[-1][2] == {"retry": "2026-11-28T11:00:00Z"}
+
+
+@pytest.mark.parametrize("release", [None, {"revision": "r3", "phase": "Progressing"}])
+def test_retry_refuses_without_a_rolled_back_release(monkeypatch, capsys, release):
+    monkeypatch.setattr(plugin, "patch_rollout", lambda *a: pytest.fail("nothing to retry, nothing patched"))
+    assert plugin.retry("team", "bot", cbs(release=release)) == 1
+    assert "no rolled-back release to retry on team/bot" in capsys.readouterr().err

@@ -65,6 +65,40 @@ def test_error_rate_regression_rolls_back_in_failure_limit_checks():
     assert w.tick().release.revision == "C"
 
 
+def test_a_new_retry_token_starts_a_rolled_back_release_again_once():
+    w = world()
+    w.error_rate = 4.2
+    w.run_until(lambda w: w.phase == ROLLED_BACK)
+    # the canary is fixed outside the spec (a model server's dependency, a node): retry the same revision
+    w.error_rate = 0.1
+    w.set_rollout(retry="2026-11-21T10:05:00Z")
+    plan = w.tick()
+    assert plan.release.revision == "B" and w.phase == PROGRESSING and plan.canary_replicas > 0
+    assert w.status["release"]["retry"] == "2026-11-21T10:05:00Z"
+    (started,) = [e for e in plan.events if e.reason == ReleaseReason.STARTED]
+    assert "again after its rollback (spec.rollout.retry=2026-11-21T10:05:00Z)" in started.message
+    assert [h["result"] for h in w.status["releaseHistory"]] == ["RolledBack"]
+    # it fails again: rolled back, and the same token never starts it a third time
+    w.error_rate = 4.2
+    w.run_until(lambda w: w.phase == ROLLED_BACK)
+    for _ in range(30):
+        assert w.tick().canary_replicas == 0
+    # a new token does
+    w.error_rate = 0.1
+    w.set_rollout(retry="2026-11-21T10:30:00Z")
+    w.tick()
+    w.run_until(promoted, max_ticks=200)
+
+
+def test_a_retry_token_set_before_a_release_does_not_restart_its_rollback():
+    w = world(rollout={"retry": "t1"})
+    w.error_rate = 4.2
+    w.run_until(lambda w: w.phase == ROLLED_BACK)
+    assert w.status["release"]["retry"] == "t1"
+    for _ in range(30):
+        assert w.tick().canary_replicas == 0
+
+
 def test_latency_regression_alone_rolls_back():
     w = world()
     w.latency = 900.0  # error rate fine, P99 900 ms > 500 ms

@@ -162,6 +162,28 @@ def test_manual_abort_from_the_plugin(bot, prometheus, traffic):
     assert f"failed: revision {new} was rolled back" in out
 
 
+def test_a_release_rolled_back_by_hand_is_retried_from_the_plugin_and_promoted(bot, prometheus, traffic):
+    start(bot, prometheus)
+    new = release(bot)
+    bot.wait(lambda r: r.release().get("revision") == new, 30, "release started")
+    bot.plugin("abort", "bot")
+    bot.wait(rolled_back, 30, "abort")
+    # retry starts the same revision again (the abort that rolled it back is cleared with it) and the
+    # healthy canary is promoted; afterwards there is nothing to retry
+    out = bot.plugin("retry", "bot")
+    assert f"retry of revision {new} requested" in out
+    rollout = bot.body()["spec"]["rollout"]
+    assert rollout.get("retry") and "abort" not in rollout
+    bot.wait(lambda r: r.release().get("phase") not in (None, "RolledBack"), 30, "the release started again")
+    assert bot.release()["revision"] == new and bot.release()["retry"] == rollout["retry"]
+    bot.wait(promoted_to(new), 150, "promotion after the retry")
+    results = [h["result"] for h in bot.status()["releaseHistory"]]
+    assert results[:2] == ["Promoted", "RolledBack"], results
+    assert any("again after its rollback" in e["message"] for e in bot.events("ReleaseStarted"))
+    bot.plugin("retry", "bot", expect=1)  # nothing rolled back: refused (exit 1), nothing written
+    assert bot.body()["spec"]["rollout"]["retry"] == rollout["retry"]
+
+
 def test_manual_promote_and_pause_from_the_plugin(bot, prometheus, traffic):
     start(
         bot,

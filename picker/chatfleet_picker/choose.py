@@ -88,11 +88,8 @@ class Picker:
         """Fresh metrics were read for `addresses`: their picks-since-read restart at zero; the counts of
         addresses no longer in the fleet (`present`: every replica now) are dropped, so pod churn leaves
         nothing behind."""
-        for address in addresses:
-            self._sent.pop(address, None)
-        keep = set(present)
-        for address in [a for a in self._sent if a not in keep]:
-            del self._sent[address]
+        read, kept = set(addresses), set(present)
+        self._sent = {a: n for a, n in self._sent.items() if a in kept and a not in read}
 
     def saturated(self, e: Endpoint) -> bool:
         """At its queue or KV limit, by its last metrics (picks since then only order new dialogues:

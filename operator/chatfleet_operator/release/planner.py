@@ -1,4 +1,5 @@
-"""The release planner: one pure function of the pass's context (spec, old status, facts, now), for every strategy.
+"""The release planner: one pure function of the pass's context (spec, old status, facts, now), for every
+strategy.
 
 All release state lives in status (release/state.py). A restarted operator reads it and carries on from
 the same step: no double promotion (promotion is idempotent: it ends when the stable Deployment runs the
@@ -294,8 +295,8 @@ def _decide(ctx: PassContext, old: ReleaseStatus) -> ReleasePlan:
         return _steady(ctx, history)
 
     # A rolled-back revision is not retried until the spec changes again, or spec.rollout.retry asks.
-    retry = rel is not None and rel.revision == target and rel.phase == ReleasePhase.ROLLED_BACK
-    if retry and not retry_asked(ctx.spec, rel):
+    rolled_back = rel is not None and rel.revision == target and rel.phase == ReleasePhase.ROLLED_BACK
+    if rolled_back and not retry_asked(ctx.spec, rel):
         return _rolled_back_plan(ctx, rel, history, stable_rev)
 
     events: list[EventIntent] = []
@@ -307,7 +308,9 @@ def _decide(ctx: PassContext, old: ReleaseStatus) -> ReleasePlan:
             history = with_entry(history, entry)
         rel = _new_release(ctx, stable_rev)
         strategy_name = ctx.spec.rollout.strategy
-        again = f", again after its rollback (spec.rollout.retry={ctx.spec.rollout.retry})" if retry else ""
+        again = (
+            f", again after its rollback (spec.rollout.retry={ctx.spec.rollout.retry})" if rolled_back else ""
+        )
         events.append(
             EventIntent(
                 "Normal",

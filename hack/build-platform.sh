@@ -127,32 +127,32 @@ build_prometheus() {
   record "prometheus-$v" $(( $(date +%s) - t0 ))
 }
 
-build_kwok() {
-  local v=$KWOK_VERSION out
-  out="$BIN/kwok-$v"
-  have kwok "$v" && { say "kwok v$v cached"; return; }
-  say "building kwok v$v"
+# `go install PACKAGE@vVERSION` of one command into $BIN/NAME-VERSION, once (cached by version), with LDFLAGS;
+# its cold build's seconds are recorded, unless the fifth argument is "unrecorded" (a tool outside the
+# platform, whose build `make bench-platform` does not count).
+go_install() {
+  local name=$1 v=$2 package=$3 ldflags=$4 out="$BIN/$1-$2"
+  have "$name" "$v" && { say "$name v$v cached"; return; }
+  say "building $name v$v"
   local t0; t0=$(date +%s)
   mkdir -p "$out.tmp"
-  GOBIN="$out.tmp" go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@v$v"
+  GOBIN="$out.tmp" go install -trimpath -ldflags "$ldflags" "$package@v$v"
   rm -rf "$out" && mv "$out.tmp" "$out"
-  record "kwok-$v" $(( $(date +%s) - t0 ))
+  if [ "${5:-}" = unrecorded ]; then
+    say "$name v$v built in $(( $(date +%s) - t0 ))s"
+  else
+    record "$name-$v" $(( $(date +%s) - t0 ))
+  fi
 }
 
+build_kwok() { go_install kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok "-s -w"; }
+
 build_helm() {
-  local v=$HELM_VERSION out kmin=${K8S_VERSION#1.}
-  out="$BIN/helm-$v"
+  local v=$HELM_VERSION kmin=${K8S_VERSION#1.}
   kmin=${kmin%%.*}
-  have helm "$v" && { say "helm v$v cached"; return; }
-  say "building helm v$v"
-  local t0; t0=$(date +%s)
-  mkdir -p "$out.tmp"
-  GOBIN="$out.tmp" go install -trimpath -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=v$v \
+  go_install helm "$v" helm.sh/helm/v3/cmd/helm "-s -w -X helm.sh/helm/v3/internal/version.version=v$v \
     -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$kmin \
-    -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$kmin" \
-    "helm.sh/helm/v3/cmd/helm@v$v"
-  rm -rf "$out" && mv "$out.tmp" "$out"
-  record "helm-$v" $(( $(date +%s) - t0 ))
+    -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$kmin"
 }
 
 # KEDA's operator and metrics adapter: the custom/external metrics API the HPA reads. Its go.mod has
@@ -227,16 +227,9 @@ have_argo_rollouts() {
 # it, and no build-seconds file, like argo-rollouts). It lints the `run:` scripts with ShellCheck only when
 # one is on PATH, and `make setup` installs none.
 build_actionlint() {
-  local v=$ACTIONLINT_VERSION out
-  out="$BIN/actionlint-$v"
-  have actionlint "$v" && { say "actionlint v$v cached"; return; }
-  say "building actionlint v$v"
-  local t0; t0=$(date +%s)
-  mkdir -p "$out.tmp"
-  GOBIN="$out.tmp" go install -trimpath \
-    -ldflags "-s -w -X github.com/rhysd/actionlint.version=v$v" "github.com/rhysd/actionlint/cmd/actionlint@v$v"
-  rm -rf "$out" && mv "$out.tmp" "$out"
-  say "actionlint v$v built in $(( $(date +%s) - t0 ))s"
+  local v=$ACTIONLINT_VERSION
+  go_install actionlint "$v" github.com/rhysd/actionlint/cmd/actionlint \
+    "-s -w -X github.com/rhysd/actionlint.version=v$v" unrecorded
 }
 
 targets=${*:-etcd kwok helm kubernetes prometheus keda traefik}

@@ -158,9 +158,9 @@ image_repo() { case $1 in operator) operator_repo ;; runtime) runtime_repo ;; es
 
 # The operator's base (python:3.12-slim-bookworm) and every wheel of its dependencies (operator/ and
 # picker/pyproject.toml) exist for amd64 and arm64, so one manifest list serves both (arm64 built under QEMU
-# in CI: pure wheel installs, minutes). The runtime is amd64 only: its base is NVIDIA's Triton image and its ~6 GB of CUDA wheels (torch, nvidia-*) are
-# the amd64 builds it is tested with; an arm64 (Grace) runtime would need its own base, wheels and test pass,
-# and building it under QEMU would take hours.
+# in CI: pure wheel installs, minutes). The runtime is amd64 only: its base is NVIDIA's Triton image and its
+# ~6 GB of CUDA wheels (torch, nvidia-*) are the amd64 builds it is tested with; an arm64 (Grace) runtime
+# would need its own base, wheels and test pass, and building it under QEMU would take hours.
 image_platforms() { case $1 in operator) echo linux/amd64,linux/arm64 ;; runtime) echo linux/amd64 ;; esac; }
 
 summary() { if [ -n "${GITHUB_STEP_SUMMARY:-}" ]; then printf '%s\n' "$*" >> "$GITHUB_STEP_SUMMARY"; fi; }

@@ -19,6 +19,7 @@ from chatfleet_operator.api import (
     COND_ROUTE_SERVED,
     COND_SCALING_ACTIVE,
     COND_STALLED,
+    COND_UPGRADE_HELD,
     Phase,
     Reason,
 )
@@ -399,26 +400,30 @@ def refused_status(
 
 
 def status_events(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list[EventIntent]:
-    """Events from the old -> new difference: one Warning per newly appeared problem (nothing else).
+    """Events from the old -> new difference: one Warning per newly appeared problem, one event per new
+    hold of the upgrade wave (nothing else).
 
     Problems are Stalled or Degraded True, ScalingActive False (the autoscaler cannot read its metrics)
     and RouteServed False (the Gateway refuses the HTTPRoute), each with the condition's reason: posted
-    when it turns so or its reason changes, never again while it stays.
+    when it turns so or its reason changes, never again while it stays. UpgradeHeld True is told the same
+    way: Normal for UpgradeQueued (a fleet waiting its turn), Warning for UpgradeHalted (another fleet's
+    update failed).
     """
     events = []
-    for ctype in (COND_SCALING_ACTIVE, COND_ROUTE_SERVED):
-        before, after = get_condition(old, ctype), get_condition(new, ctype) or {}
-        flipped = (
-            before is None or before.get("status") != "False" or before.get("reason") != after.get("reason")
-        )
-        if after.get("status") == "False" and flipped:
-            events.append(EventIntent("Warning", after["reason"], after["message"]))
-    for ctype in (COND_STALLED, COND_DEGRADED):
-        before, after = get_condition(old, ctype), get_condition(new, ctype)
-        if after is None or after.get("status") != "True":
+    for ctype, problem in (
+        (COND_SCALING_ACTIVE, "False"),
+        (COND_ROUTE_SERVED, "False"),
+        (COND_STALLED, "True"),
+        (COND_DEGRADED, "True"),
+        (COND_UPGRADE_HELD, "True"),
+    ):
+        before, after = get_condition(old, ctype) or {}, get_condition(new, ctype) or {}
+        if after.get("status") != problem:
             continue
-        if before is None or before.get("status") != "True" or before.get("reason") != after.get("reason"):
-            events.append(EventIntent("Warning", after["reason"], after["message"]))
+        if before.get("status") == problem and before.get("reason") == after.get("reason"):
+            continue  # told when it turned so
+        kind = "Normal" if after["reason"] == Reason.UPGRADE_QUEUED else "Warning"
+        events.append(EventIntent(kind, after["reason"], after["message"]))
     return events
 
 

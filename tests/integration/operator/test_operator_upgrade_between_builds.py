@@ -5,9 +5,10 @@ Test design: the "old build" (an operator process whose pod settings give the ch
 four ChatbotServices Ready in a namespace no other operator watches; it stops, and the "new build" (the
 default 500m: a new pod template with the same revision, as a new annotation or env var in the builders
 would make) starts with `--upgrade-wave=1`. While it works, the Deployments are sampled: no two fleets
-may be rolling the new template at once, the fleets waiting say so in condition UpgradeHeld, and every
-fleet ends on the new template, Ready, with no UpgradeHeld left. Before the wave, the new process
-re-templated all four in its first passes.
+may be rolling the new template at once, and every fleet ends on the new template, Ready, with no
+UpgradeHeld left. The fleets that waited said so: a Normal event UpgradeQueued each (the condition
+UpgradeHeld they carried meanwhile may come and go between two samples on a loaded machine; the event
+stays). Before the wave, the new process re-templated all four in its first passes.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def rolling(dep: dict[str, Any]) -> bool:
 
 
 def sample(kube: Kube) -> tuple[list[str], list[str], dict[str, str]]:
-    """(fleets rolling the new template, fleets on it and rolled out, UpgradeHeld reasons by fleet)."""
+    """(fleets rolling the new template, fleets on it and rolled out, UpgradeHeld reasons by fleet now)."""
     deps = {
         d["metadata"]["name"]: d for d in kube.get("deployment", selector="chatfleet.io/track=stable") or []
     }
@@ -80,13 +81,12 @@ def test_an_upgrade_between_two_builds_rolls_one_fleet_at_a_time(chatfleet_crd, 
     new = OperatorProcess(cluster, tmp_path / "new", scope, extra_args=("--upgrade-wave=1",))
     kube.operator = new
     new.start()
-    most_rolling, held_seen, done = 0, {}, []
+    most_rolling, done = 0, []
     try:
         deadline = time.monotonic() + 150
         while time.monotonic() < deadline:
             now_rolling, done, held = sample(kube)
             most_rolling = max(most_rolling, len(now_rolling))
-            held_seen.update(held)
             if len(done) == len(NAMES) and not held:
                 break
             time.sleep(0.3)
@@ -94,7 +94,9 @@ def test_an_upgrade_between_two_builds_rolls_one_fleet_at_a_time(chatfleet_crd, 
         assert sorted(done) == NAMES, (
             f"not every fleet reached the new template: {done}\n{new.log_text()[-3000:]}"
         )
-        assert "UpgradeQueued" in held_seen.values(), held_seen  # the ones waiting said so
+        queued = {n: [e["type"] for e in kube.events(n) if e["reason"] == "UpgradeQueued"] for n in NAMES}
+        assert sum(map(len, queued.values())) >= 1, queued  # with one place, at least one fleet waited
+        assert all(types in ([], ["Normal"]) for types in queued.values()), queued  # told once each
         for n in NAMES:
             assert kube.condition(n, "Ready")["status"] == "True"
             assert kube.condition(n, "UpgradeHeld") == {}

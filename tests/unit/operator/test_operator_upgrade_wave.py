@@ -73,6 +73,10 @@ class Fleet:
     def applied(self) -> list[tuple[str, str]]:
         return [w[1] for w in self.client.writes if w[0] == "apply"]
 
+    def events(self) -> list[tuple[str, str]]:
+        """(type, reason) of the events the last pass posted."""
+        return [w[1] for w in self.client.writes if w[0] == "event"]
+
     def held(self) -> dict[str, Any] | None:
         return next(
             (c for c in self.body["status"]["conditions"] if c["type"] == api.COND_UPGRADE_HELD), None
@@ -114,8 +118,11 @@ def test_an_upgrade_reaches_at_most_n_fleets_and_the_next_goes_when_one_is_done(
     assert "2 of 2 fleets" in held["message"] and "--upgrade-wave" in held["message"]
     assert wave.rolling() == [("ns", "a"), ("ns", "b")]
 
-    # a pass of the held fleet changes nothing while the wave is full
+    # the hold is told once as a Normal event (kubectl describe / get events); the held pass posts it,
+    # the next pass of the held fleet changes nothing and says nothing again while the wave is full
+    assert fleets[2].events() == [("Normal", api.Reason.UPGRADE_QUEUED)]
     assert fleets[2].run(NEW, wave).upgrade_held and fleets[2].applied() == []
+    assert fleets[2].events() == []
 
     fleets[0].rolled_out()
     assert fleets[0].run(NEW, wave).wave_freed and fleets[0].held() is None
@@ -149,6 +156,7 @@ def test_a_failing_upgrade_halts_the_wave_until_it_recovers():
     assert outcome.upgrade_held and chat_api_cpu(b) == "250m"
     assert held is not None and held["reason"] == api.Reason.UPGRADE_HALTED
     assert "ns/a failed its update" in held["message"] and "crash-looping" in held["message"]
+    assert b.events() == [("Warning", api.Reason.UPGRADE_HALTED)]  # a halt is a problem elsewhere
 
     a.snap.pods = []
     a.rolled_out()

@@ -39,6 +39,8 @@ TRITON_CONFIG_PREFIX = "triton.chatfleet.io/"
 
 #: The ReplicaSet removes pods with the lowest cost first on scale-down (standby and drained pods).
 ANNOTATION_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+#: On each pod (never the template): spec.fallback as the chat API's settings file (converge/fallback.py).
+ANNOTATION_FALLBACK = f"{GROUP}/fallback"
 #: Deletion cost of standby and drained pods (serving pods carry none, i.e. 0); new stable pods start with it.
 STANDBY_DELETION_COST = "-100"
 

@@ -24,6 +24,7 @@ from chatfleet_operator.context import PassContext, desired_total
 from chatfleet_operator.converge.changes import diff_children
 from chatfleet_operator.converge.diagnose import Problem, diagnose
 from chatfleet_operator.converge.facts import deployment_facts, observe_track
+from chatfleet_operator.converge.fallback import plan_fallback
 from chatfleet_operator.converge.policy import host_path_problems
 from chatfleet_operator.converge.status import (
     Observation,
@@ -53,6 +54,7 @@ from chatfleet_operator.timefmt import parse_time
 from chatfleet_operator.wave import UpgradeWave, held_condition, plan_in_wave, report_to_wave
 from chatfleet_operator.writes import (
     Client,
+    annotate_pods,
     apply_change,
     label_pods,
     post_events,
@@ -184,10 +186,12 @@ def reconcile_pass(
     changes = diff_children(desired, snap.children, kinds.DELETABLE, kinds.DELETABLE_COMPONENTS)
     pool = warm_pool(ctx, plan) if spec.scaling.warm_pool > 0 else 0
     labels = plan_serving(ctx.pods, plan.stable_replicas) if spec.scaling.warm_pool > 0 else []
+    fallback = plan_fallback(ctx.pods, spec.fallback.annotation() if spec.fallback else None)
 
-    # 4. Apply: pod labels first (a scale-down then removes standby pods, not serving ones), then only
-    #    the children that differ. An invalid object is a problem for the user, not a crash.
-    refused = [r for r in [label_pods(client, ref, labels)] if r]
+    # 4. Apply: pod labels first (a scale-down then removes standby pods, not serving ones), spec.fallback
+    #    into the pods' annotations, then only the children that differ. An invalid object is a problem
+    #    for the user, not a crash.
+    refused = [r for r in [label_pods(client, ref, labels), annotate_pods(client, ref, fallback)] if r]
     refused += [r for change in changes if (r := apply_change(client, change, world, snap, ref.namespace))]
     seed = spec.scaling.autoscale is not None and not spec.scaling.replicas_set
     if seed:  # the HPA reads and writes spec.scaling.replicas (the scale subresource): it must exist
@@ -233,7 +237,7 @@ def reconcile_pass(
     hold = progress_hold(ctx.old_status, new_status, last_write, now, settings) if patch else 0.0
     if hold:
         patch, new_status = {}, dict(ctx.old_status)
-    writes = len(changes) + int(seed)
+    writes = len(changes) + int(seed) + len(fallback)
     written = write_status(client, world, ref, patch, now)
     if patch and written is not None:
         writes += 1

@@ -18,6 +18,7 @@ from chatfleet_operator.api import ApiError
 from chatfleet_operator.autoscale.warmpool import PodLabel
 from chatfleet_operator.cache import Snapshot, World, resource_version, slim
 from chatfleet_operator.converge.changes import Change
+from chatfleet_operator.converge.fallback import PodAnnotation
 from chatfleet_operator.spec import ObjectRef
 
 log = logging.getLogger("chatfleet")
@@ -124,6 +125,19 @@ def label_pods(client: Client, ref: ObjectRef, labels: list[PodLabel]) -> tuple[
             log.warning("Failed to label pod %s/%s: %s", ref.namespace, change.name, exc)
             return f"pod {change.name} could not be labelled ({exc.status}): {exc.message}", True
         log.info("Labelled pod %s/%s %s=%s", ref.namespace, change.name, api.LABEL_SERVING, change.serving)
+    return None
+
+
+def annotate_pods(client: Client, ref: ObjectRef, changes: list[PodAnnotation]) -> tuple[str, bool] | None:
+    """Write spec.fallback into each pod's chatfleet.io/fallback annotation (None removes it); on refusal
+    (message, worth retrying)."""
+    for change in changes:
+        try:
+            client.label_pod(ref.namespace, change.name, {}, {api.ANNOTATION_FALLBACK: change.value})
+        except ApiError as exc:
+            log.warning("Failed to annotate pod %s/%s: %s", ref.namespace, change.name, exc)
+            return f"pod {change.name} could not be annotated ({exc.status}): {exc.message}", True
+        log.info("Annotated pod %s/%s with spec.fallback", ref.namespace, change.name)
     return None
 
 

@@ -177,6 +177,23 @@ def _calibration_volume(spec: ChatbotServiceSpec) -> dict[str, Any] | None:
     }
 
 
+#: Where the chat API reads spec.fallback: the pod's chatfleet.io/fallback annotation, which the operator
+#: writes on each pod (never in the template: a change restarts nothing); empty while it has none.
+CHAT_SETTINGS_DIR = "/etc/chatfleet/chat"
+FALLBACK_FILE = f"{CHAT_SETTINGS_DIR}/fallback.json"
+CHAT_SETTINGS_VOLUME = {
+    "name": "chat-settings",
+    "downwardAPI": {
+        "items": [
+            {
+                "path": "fallback.json",
+                "fieldRef": {"fieldPath": f"metadata.annotations['{api.ANNOTATION_FALLBACK}']"},
+            }
+        ]
+    },
+}
+
+
 def _label_env(name: str, label: str) -> dict[str, Any]:
     """An env var holding one of the pod's labels (downward API)."""
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{label}']"}}}
@@ -203,6 +220,9 @@ def _chat_api_container(ref: ObjectRef, spec: ChatbotServiceSpec, pod: PodSettin
         # endpoints, and the grace period a new request must fit in.
         {"name": "CHATFLEET_DRAIN_SETTLE_SECONDS", "value": str(pod.drain_settle_seconds)},
         {"name": "CHATFLEET_DRAIN_GRACE_SECONDS", "value": str(grace_seconds(spec, pod))},
+        # spec.fallback, as the pod's annotation the operator writes (converge/fallback.py): re-read
+        # when kubelet rewrites it, so a change restarts nothing.
+        {"name": "CHATFLEET_FALLBACK_FILE", "value": FALLBACK_FILE},
     ]
     if rt.answer_cache is not None:  # only then: a fleet without it keeps the template it had
         cache = rt.answer_cache
@@ -248,7 +268,10 @@ def _chat_api_container(ref: ObjectRef, spec: ChatbotServiceSpec, pod: PodSettin
             "requests": {"cpu": pod.chat_api_cpu, "memory": pod.chat_api_memory},
             "limits": {"cpu": pod.chat_api_cpu, "memory": pod.chat_api_memory},
         },
-        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp", "subPath": "chat-api"}],
+        "volumeMounts": [
+            {"name": "tmp", "mountPath": "/tmp", "subPath": "chat-api"},
+            {"name": "chat-settings", "mountPath": CHAT_SETTINGS_DIR, "readOnly": True},
+        ],
         "readinessProbe": _probe("/readyz", "admin", 5, 3),
         "livenessProbe": _probe("/healthz", "admin", 15, 3),
         "lifecycle": {"preStop": copy.deepcopy(DRAIN_HOOK)},
@@ -284,7 +307,7 @@ def build_pod_template(
         labels[api.LABEL_SERVING] = serving
     config = triton_config_annotations(spec)
     annotations = {
-        **spec.pod_metadata.annotations,
+        **{k: v for k, v in spec.pod_metadata.annotations.items() if k != api.ANNOTATION_FALLBACK},
         # The scrape contract (docs/metrics.md): the chat API's scrape port carries every metric the
         # analysis and the HPA read, Triton's re-exported, so annotation discovery finds them all.
         "prometheus.io/scrape": "true",
@@ -323,6 +346,7 @@ def build_pod_template(
             weights_volume,
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": res.shm_size}},
             {"name": "tmp", "emptyDir": {"sizeLimit": pod.tmp_size}},
+            copy.deepcopy(CHAT_SETTINGS_VOLUME),
         ],
     }
     if (calibration := _calibration_volume(spec)) is not None:

@@ -76,6 +76,9 @@ class PodFacts:
     """The controller.kubernetes.io/pod-deletion-cost annotation ('' when absent)."""
     ip: str = ""
     """status.podIP ('' before the pod has one): where the quality gate sends its golden prompts."""
+    fallback_digest: str = ""
+    """A digest of the chatfleet.io/fallback annotation ('' when absent): whether the pod carries
+    spec.fallback as it is now (converge/fallback.py), without keeping the text itself."""
     terminated_message: str = ""
     """The first container's termination message (state.terminated, else lastState.terminated; '' when none):
     what a runtime that refused to serve said, e.g. the int8 precision check's measured agreement."""
@@ -126,8 +129,14 @@ def pod_facts(body: Mapping[str, Any]) -> PodFacts:
         serving=labels.get(api.LABEL_SERVING, ""),
         deletion_cost=(meta.get("annotations") or {}).get(api.ANNOTATION_DELETION_COST, ""),
         ip=str(status.get("podIP") or ""),
+        fallback_digest=text_digest((meta.get("annotations") or {}).get(api.ANNOTATION_FALLBACK)),
         terminated_message=terminated_message,
     )
+
+
+def text_digest(text: str | None) -> str:
+    """A short digest of an annotation's text, '' for none. e.g. None -> ''; "x" -> "2d711642b726b044"."""
+    return "" if text is None else hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -348,7 +357,9 @@ def httproute_signature(body: Mapping[str, Any]) -> tuple[Any, ...]:
 
 def pod_signature(body: Mapping[str, Any]) -> tuple[Any, ...]:
     """Change signature of a pod: problem signals (unschedulable, a waiting reason, restarts), and with a
-    warm pool its serving label and readiness (a standby pod that got Ready may join at once).
+    warm pool its serving label and readiness (a standby pod that got Ready may join at once), and the
+    digest of its chatfleet.io/fallback annotation (a pod that lost it, or was given another, is passed
+    over again).
 
     Healthy pod progress without a warm pool already shows in the Deployment's counts.
     """
@@ -359,6 +370,7 @@ def pod_signature(body: Mapping[str, Any]) -> tuple[Any, ...]:
         p.waiting_reason,
         p.restarts > 0,
         p.ready and p.restarts > 0,
+        p.fallback_digest,
         *pool,
     )
 
@@ -370,4 +382,4 @@ def node_signature(body: Mapping[str, Any]) -> tuple[Any, ...]:
 
 
 #: A healthy pod's signature: no problem signal at all.
-QUIET_POD = (False, "", False, False, "", False)
+QUIET_POD = (False, "", False, False, "", "", False)

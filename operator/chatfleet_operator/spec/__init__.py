@@ -4,7 +4,7 @@ The CRD carries the same defaults (the apiserver fills them in); they are repeat
 work on partial specs in unit tests and on objects stored before a default existed. A unit test checks
 that both sets of defaults agree.
 
-One module per part of the spec (`model`, `runtime`, `resources`, `scaling`, `rollout`, `analysis`; what
+One module per part of the spec (`model`, `runtime`, `resources`, `scaling`, `rollout`, `analysis`, `fallback`; what
 they share in `fields`); this package's top holds the whole spec and the object's identity, and names
 every part's types, so callers import them from `chatfleet_operator.spec`.
 """
@@ -28,6 +28,7 @@ from chatfleet_operator.spec.analysis import (
     Thresholds,
     golden_prompt_of,
 )
+from chatfleet_operator.spec.fallback import FallbackSpec, FaqAnswer
 from chatfleet_operator.spec.fields import (
     DEFAULT_FALLBACK_TEXT,
     DEFAULT_IMAGE,
@@ -71,6 +72,8 @@ __all__ = [
     "ConfigMapKeyRef",
     "CustomQuery",
     "DynamicBatching",
+    "FallbackSpec",
+    "FaqAnswer",
     "ForecastSpec",
     "GoldenExpectation",
     "GoldenPromptSpec",
@@ -116,6 +119,8 @@ class ChatbotServiceSpec:
     rollout: RolloutSpec = field(default_factory=RolloutSpec)
     analysis: AnalysisSpec = field(default_factory=AnalysisSpec)
     pod_metadata: PodMetadata = field(default_factory=PodMetadata)
+    fallback: FallbackSpec | None = None
+    """spec.fallback; None when absent (outside the revision: no release, docs/api.md)."""
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None) -> ChatbotServiceSpec:
@@ -132,6 +137,7 @@ class ChatbotServiceSpec:
             pod_metadata=PodMetadata(
                 dict(field_value(pm, "labels", {})), dict(field_value(pm, "annotations", {}))
             ),
+            fallback=FallbackSpec.from_dict(sub_mapping(d, "fallback")),
         )
 
 

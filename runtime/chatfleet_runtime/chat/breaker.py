@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 CLOSED, HALF_OPEN, OPEN = "closed", "half_open", "open"
 #: Numeric value of each state for the ``chatfleet_breaker_state`` gauge.
@@ -101,6 +102,20 @@ class CircuitBreaker:
         with self._lock:
             self._probe_in_flight = False
 
+    def configure(self, failure_threshold: int, reset_timeout_s: float) -> None:
+        """New thresholds, in place: the state, the failure count and an open breaker's start are kept.
+        A lower threshold takes effect at the next failure; an open breaker turns half-open once the new
+        reset timeout has passed since it opened.
+
+        >>> b = CircuitBreaker(failure_threshold=3); b.record_failure(); b.configure(2, 1.0)
+        >>> b.state, b.failure_threshold; b.record_failure(); b.state
+        ('closed', 2)
+        'open'
+        """
+        with self._lock:
+            self.failure_threshold = max(1, failure_threshold)
+            self.reset_timeout_s = reset_timeout_s
+
 
 @dataclass(frozen=True)
 class FaqEntry:
@@ -117,11 +132,49 @@ def _words(text: str) -> set[str]:
     return set(_WORD.findall(text.lower()))
 
 
+def faq_entries(data: Any) -> tuple[FaqEntry, ...]:
+    """The FAQ entries of a parsed list ``[{"question"|"keywords", "answer"}]``: a question's words of
+    more than three letters are its keywords. A ValueError names the first entry that is not one.
+
+    >>> faq_entries([{"question": "How do I reset my password?", "answer": "A"}])[0].keywords
+    ('password', 'reset')
+    >>> faq_entries([{"keywords": "refund", "answer": "A"}])
+    Traceback (most recent call last):
+    ...
+    ValueError: faq[0].keywords: must be a list of strings
+    """
+    if not isinstance(data, list):
+        raise ValueError("faq: must be a list of entries")
+    entries = []
+    for i, item in enumerate(data):
+        if not isinstance(item, dict) or not isinstance(item.get("answer"), str):
+            raise ValueError(f"faq[{i}]: needs an answer string")
+        keywords = item.get("keywords")
+        if keywords is not None and not (
+            isinstance(keywords, list) and all(isinstance(k, str) for k in keywords)
+        ):
+            raise ValueError(f"faq[{i}].keywords: must be a list of strings")
+        question = item.get("question", "")
+        if not isinstance(question, str):
+            raise ValueError(f"faq[{i}].question: must be a string")
+        if not keywords:
+            keywords = sorted(w for w in _words(question) if len(w) > 3)
+        entries.append(FaqEntry(tuple(k.lower() for k in keywords), item["answer"]))
+    return tuple(entries)
+
+
 class Fallback:
-    """Answers when Triton cannot: the best-matching FAQ entry, else the configured fallback text."""
+    """Answers when Triton cannot: the best-matching FAQ entry, else the configured fallback text.
+
+    The FAQ may be replaced while requests read it (``replace_faq``): a reader sees the old tuple or the
+    new one, never a mix."""
 
     def __init__(self, text: str, faq: Sequence[FaqEntry] = ()):
         self.text = text
+        self.faq: tuple[FaqEntry, ...] = tuple(faq)
+
+    def replace_faq(self, faq: Sequence[FaqEntry]) -> None:
+        """Answer from these entries from now on (one assignment of a new tuple)."""
         self.faq = tuple(faq)
 
     def answer(self, messages: Sequence[dict[str, str]]) -> tuple[str, str]:
@@ -129,7 +182,8 @@ class Fallback:
         last = next((m["content"] for m in reversed(messages) if m.get("role") == "user"), "")
         words = _words(last)
         best, score = None, 0
-        for entry in self.faq:
+        faq = self.faq  # one read: a concurrent replace_faq does not change the entries under the loop
+        for entry in faq:
             hits = sum(1 for k in entry.keywords if k in words)
             if hits > score:
                 best, score = entry, hits
@@ -154,12 +208,4 @@ class Fallback:
                 data = json.loads(raw)
         else:
             data = json.loads(raw)
-        entries = []
-        for i, item in enumerate(data):
-            if not isinstance(item, dict) or not isinstance(item.get("answer"), str):
-                raise ValueError(f"faq[{i}]: needs an answer string")
-            keywords = item.get("keywords") or sorted(
-                w for w in _words(item.get("question", "")) if len(w) > 3
-            )
-            entries.append(FaqEntry(tuple(k.lower() for k in keywords), item["answer"]))
-        return cls(text, entries)
+        return cls(text, faq_entries(data))

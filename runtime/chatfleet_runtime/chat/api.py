@@ -8,6 +8,10 @@ session id is given) -> breaker and in-flight limit -> Triton over gRPC (the one
 Triton is down, slow or overloaded the answer comes from the FAQ or fallback text, marked
 ``"chatfleet": {"fallback": true, ...}`` and with the header ``X-Chatfleet-Fallback``.
 
+With ``CHATFLEET_FALLBACK_FILE`` the FAQ and the breaker's thresholds follow that file while the API runs
+(``chatfleet_runtime.chat.livesettings``): read at start-up before serving, then every
+``CHATFLEET_FALLBACK_RELOAD_SECONDS`` by a background task that ends with the app.
+
 Session id, first found: header ``X-Session-Id``, body ``session_id``, body ``user`` (OpenAI's field;
 a value that is not a valid session id, such as an e-mail address, is hashed into one).
 
@@ -104,10 +108,19 @@ def create_app(settings: ApiSettings, backend=None, redis_client=None, clock=tim
     pipeline = ChatPipeline(settings, backend, redis_client, clock=clock)
 
     @contextlib.asynccontextmanager
-    async def lifespan(_app):
+    async def lifespan(app_):
         task = asyncio.create_task(pipeline.wait_ready())
+        watch = None
+        if pipeline.live is not None:  # the fallback file: read before serving, then every few seconds
+            pipeline.live.poll()
+            watch = asyncio.create_task(pipeline.live.watch(settings.fallback_reload_s))
+        app_.state.fallback_watch = watch
         yield
         task.cancel()
+        if watch is not None:
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
         await pipeline.close()
 
     async def shadow_chat(request: Request) -> Response:

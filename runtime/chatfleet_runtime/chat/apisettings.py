@@ -39,6 +39,12 @@ class ApiSettings:
     max_inflight: int = 256
     breaker_failures: int = 3
     breaker_reset_s: float = 5.0
+    fallback_file: str | None = None
+    """A JSON file of FAQ and breaker settings that may change while the API runs (the pod annotation
+    ``chatfleet.io/fallback`` through a downward API volume); its absent keys take the three settings
+    above (chat/livesettings.py). None: no file, those settings only."""
+    fallback_reload_s: float = 2.0
+    """How often the fallback file is read again."""
     max_body_bytes: int = 1_000_000
     track: str | None = None
     """The pod's release track (stable, canary, preview), echoed as `x-chatfleet-track`."""
@@ -109,6 +115,8 @@ class ApiSettings:
             "max_inflight": ("CHATFLEET_MAX_INFLIGHT", int),
             "breaker_failures": ("CHATFLEET_BREAKER_FAILURES", int),
             "breaker_reset_s": ("CHATFLEET_BREAKER_RESET_SECONDS", float),
+            "fallback_file": ("CHATFLEET_FALLBACK_FILE", str),
+            "fallback_reload_s": ("CHATFLEET_FALLBACK_RELOAD_SECONDS", float),
             "track": ("CHATFLEET_TRACK", str),
             "revision": ("CHATFLEET_REVISION", str),
             "triton_metrics_url": ("CHATFLEET_TRITON_METRICS_URL", str),

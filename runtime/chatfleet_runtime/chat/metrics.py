@@ -102,6 +102,13 @@ class ApiMetrics:
             ["model", "reason", "source"],
             registry=r,
         )
+        self.fallback_reloads = Counter(
+            "chatfleet_fallback_settings_reloads",
+            "New contents of the fallback settings file (CHATFLEET_FALLBACK_FILE), by result: applied, "
+            "or invalid (the last good settings kept)",
+            ["model", "result"],
+            registry=r,
+        )
         self.session_errors = Counter(
             "chatfleet_session_store_errors",
             "Redis operations that failed (the turn was answered without history)",

@@ -47,6 +47,7 @@ from chatfleet_runtime.chat.apisettings import ApiSettings
 from chatfleet_runtime.chat.backend import triton_params
 from chatfleet_runtime.chat.breaker import STATE_VALUE, CircuitBreaker, Fallback
 from chatfleet_runtime.chat.drain import EXIT_MARGIN_S, Drain
+from chatfleet_runtime.chat.livesettings import APPLIED, INVALID, FallbackSettings, LiveSettings
 from chatfleet_runtime.chat.metrics import ApiMetrics
 from chatfleet_runtime.chat.responses import Reply
 from chatfleet_runtime.chat.sessions import ActiveSessions, History, SessionStore, compose
@@ -100,6 +101,21 @@ class ChatPipeline(AnswerSteps):
         for outcome in ("answered", "error", "dropped"):
             metrics.shadow_requests.labels(name, outcome)
         self.fallback = Fallback.from_config(settings.fallback_text, settings.faq)
+        self.live: LiveSettings | None = None
+        """The fallback file's poller (CHATFLEET_FALLBACK_FILE); None without one. The API polls it."""
+        if settings.fallback_file:
+            for result in (APPLIED, INVALID):
+                metrics.fallback_reloads.labels(name, result)
+            env = FallbackSettings(
+                self.fallback.faq, self.breaker.failure_threshold, settings.breaker_reset_s
+            )
+            self.live = LiveSettings(
+                settings.fallback_file,
+                env,
+                self.fallback,
+                self.breaker,
+                on_result=lambda result: metrics.fallback_reloads.labels(name, result).inc(),
+            )
         self.cache = (
             AnswerCache(
                 settings.answer_cache_ttl_s,

@@ -7,13 +7,17 @@ namespace, in waves of two: a runtime pod requests 0.55 CPU (Triton 250m + the c
 real node has two, and a rolling update's surge pod needs room beside its wave. Each must turn Ready, which needs the real kubelet's probes on the real Triton and
 the real chat API. Each must then answer a chat through its Service's ClusterIP (kube-proxy's rules), with
 the Triton instances on the CPU because the device plugin marked the GPU simulated. Before the CPU path,
-the Triton container died on KIND_GPU with no GPU, and no example turned Ready.
+the Triton container died on KIND_GPU with no GPU, and no example turned Ready. An example with
+spec.fallback (04-full) must have its breaker threshold and FAQ in force on the running pod (its scrape
+port), and a change of spec.fallback must reach that same pod with no restart, no new template and no
+release (the operator's pod annotation, the real kubelet's downward API file, the chat API's re-read).
 """
 
 from __future__ import annotations
 
 import json
 import time
+import urllib.request
 
 import pytest
 import yaml
@@ -73,6 +77,53 @@ def _serve_and_chat(cluster, ns: str, name: str) -> None:
     assert outcomes == ["ok", "ok"], f"{ns}/{name} through {url}: {outcomes}"
 
 
+def _gauge(ip: str, name: str) -> float | None:
+    """One of the chat API's gauges, from the pod's scrape port (what Prometheus reads)."""
+    try:
+        with urllib.request.urlopen(f"http://{ip}:8090/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return None
+    return next((float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + "{")), None)
+
+
+def _fallback_follows_the_spec(cluster, ns: str, name: str, doc: dict) -> None:
+    """spec.fallback reaches the running pod (the operator's annotation, kubelet's downward API file, the
+    chat API's re-read), and a change of it reaches the same pod: no restart, no new template, no release."""
+    failures = doc["spec"]["fallback"]["breaker"]["failures"]
+    pods = json.loads(cluster.kubectl("get", "pods", "-o", "json", namespace=ns).stdout)["items"]
+    pod = next(p for p in pods if _pod_ready(p))
+    ip, restarts = pod["status"]["podIP"], sum(c["restartCount"] for c in pod["status"]["containerStatuses"])
+    threshold = "chatfleet_breaker_failure_threshold"
+    assert wait_until(lambda: _gauge(ip, threshold) == failures, 120, 2), _gauge(ip, threshold)
+    assert _gauge(ip, "chatfleet_fallback_faq_entries") == len(doc["spec"]["fallback"]["faq"])
+    generation = cluster.kubectl(
+        "get", "deployment", name, "-o", "jsonpath={.metadata.generation}", namespace=ns
+    ).stdout
+    patch = {"spec": {"fallback": {"breaker": {"failures": failures + 2}}}}
+    cluster.kubectl("patch", "cbs", name, "--type=merge", "-p", json.dumps(patch), namespace=ns)
+    t0 = time.monotonic()
+    ok = wait_until(lambda: _gauge(ip, threshold) == failures + 2, 150, 2)
+    print(
+        f"[examples] {ns}/{name}: spec.fallback changed, in force on the running pod after {time.monotonic() - t0:.0f}s"
+    )
+    assert ok, f"the running pod still has {_gauge(ip, threshold)} after 150 s"
+    after = json.loads(
+        cluster.kubectl("get", "pod", pod["metadata"]["name"], "-o", "json", namespace=ns).stdout
+    )
+    assert sum(c["restartCount"] for c in after["status"]["containerStatuses"]) == restarts
+    assert (
+        cluster.kubectl(
+            "get", "deployment", name, "-o", "jsonpath={.metadata.generation}", namespace=ns
+        ).stdout
+        == generation
+    ), "a spec.fallback change must not touch the pod template"
+    deployments = cluster.kubectl("get", "deployments", "-o", "name", namespace=ns).stdout.split()
+    assert deployments == [f"deployment.apps/{name}"], (
+        f"a spec.fallback change started a release: {deployments}"
+    )
+
+
 def _what_holds(cluster, ns: str) -> str:
     """Why a namespace outlives its deletion: its pods, the ChatbotServices' finalizers, the last events."""
     out = [cluster.kubectl("get", "pods,cbs", "-o", "wide", namespace=ns, check=False).stdout]
@@ -92,7 +143,7 @@ def _what_holds(cluster, ns: str) -> str:
 @pytest.mark.timeout(1500)  # three waves of real Triton pods on two cores: each wave <= 2 x 300 s + 90 s
 def test_examples_serve_a_chat_on_the_real_node(cluster, real_operator, runtime_image, host_model_dir):
     for start in range(0, len(EXAMPLES), WAVE):
-        created: list[tuple[str, str]] = []
+        created: list[tuple[str, str, dict]] = []
         try:
             for i, path in enumerate(EXAMPLES[start : start + WAVE], start):
                 ns = f"real-ex{i}-{path.stem[:2]}"
@@ -102,9 +153,11 @@ def test_examples_serve_a_chat_on_the_real_node(cluster, real_operator, runtime_
                     cluster.kubectl(
                         "apply", "-f", "-", input=yaml.safe_dump({**doc, "spec": spec}), namespace=ns
                     )
-                    created.append((ns, doc["metadata"]["name"]))
-            for ns, name in created:
+                    created.append((ns, doc["metadata"]["name"], doc))
+            for ns, name, doc in created:
                 _serve_and_chat(cluster, ns, name)
+                if "fallback" in doc["spec"]:
+                    _fallback_follows_the_spec(cluster, ns, name, doc)
         finally:
             # The wave's namespaces go together, each the way `Cluster.delete_namespace` does it: its
             # ChatbotServices first, its pods waited for, then the namespace. Deleting the namespace with
@@ -112,7 +165,7 @@ def test_examples_serve_a_chat_on_the_real_node(cluster, real_operator, runtime_
             # period (48-64 s per wave, measured; the pods drain in about 10 s).
             t0 = time.monotonic()
             reaper = NamespaceReaper(cluster, first=[CHATBOT_CRD_NAME])
-            for ns in sorted({ns for ns, _ in created}):
+            for ns in sorted({ns for ns, _, _ in created}):
                 reaper.delete(ns)
             left = reaper.finish()
             print(f"[examples] wave deleted, {left or 'none'} left, after {time.monotonic() - t0:.0f}s")

@@ -81,6 +81,18 @@ class ApiMetrics:
         self.breaker_state = Gauge(
             "chatfleet_breaker_state", "Circuit breaker: 0 closed, 1 half-open, 2 open", ["model"], registry=r
         )
+        self.breaker_failure_threshold = Gauge(
+            "chatfleet_breaker_failure_threshold",
+            "Failed model calls in a row that open the circuit breaker, as now in force (spec.fallback.breaker)",
+            ["model"],
+            registry=r,
+        )
+        self.fallback_faq_entries = Gauge(
+            "chatfleet_fallback_faq_entries",
+            "FAQ entries the fallback answers from, as now in force",
+            ["model"],
+            registry=r,
+        )
         self.breaker_transitions = Counter(
             "chatfleet_breaker_transitions",
             "Breaker state changes, by new state",

@@ -188,6 +188,8 @@ class ChatPipeline(AnswerSteps):
         self.metrics.open_dialogues.labels(self.name).set(self.active.count(self.settings.idle_s))
         self.metrics.draining.labels(self.name).set(int(self.drain.draining))
         self.metrics.breaker_state.labels(self.name).set(STATE_VALUE[self.breaker.state])
+        self.metrics.breaker_failure_threshold.labels(self.name).set(self.breaker.failure_threshold)
+        self.metrics.fallback_faq_entries.labels(self.name).set(len(self.fallback.faq))
         triton = await self._triton_metrics()
         return generate_latest(self.metrics.registry).decode() + triton
 

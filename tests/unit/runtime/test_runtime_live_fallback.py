@@ -216,6 +216,9 @@ def test_the_running_app_follows_the_file_without_a_restart(tmp_path):
         wait_for(lambda: answer(client, "where is my parcel") == "parcel v2")
         assert answer(client, "a refund please") == "busy"
         assert app.state.breaker.failure_threshold == 1 and app.state.breaker.reset_timeout_s == 60
+        # what is in force shows on /metrics (what a real-pod test and an operator can read)
+        assert metric(client, "chatfleet_breaker_failure_threshold") == 1
+        assert metric(client, "chatfleet_fallback_faq_entries") == 1
         replace(path, "{not json")
         wait_for(lambda: metric(client, "chatfleet_fallback_settings_reloads_total", result="invalid") == 1)
         assert answer(client, "where is my parcel") == "parcel v2"  # the last good settings stay

@@ -1,4 +1,4 @@
-"""`kubectl chatbot`: release status as a readable tree, promote, abort, pause, resume, retry, history, and the
+"""`kubectl chatbot`: release status as a readable tree, promote, abort, pause, resume, retry, undo, history, and the
 generated Triton config each track's pods run (`config`: it rides in the Deployments' pod templates).
 
 Manual control writes the same spec fields a GitOps commit would (docs/releases.md), so Git and kubectl
@@ -9,6 +9,10 @@ are one mechanism and the operator has one place to read intents from:
   resume NAME   -> spec.rollout.paused  = false
   retry NAME    -> spec.rollout.retry   = <now>  (a rolled-back release starts again; an abort naming its
                                                   revision is cleared, or it would roll the retry back)
+  undo NAME [--to-revision R]
+                -> spec.model, .runtime, .resources, .podMetadata = those of the revision the last promotion
+                   replaced (or R: a revision a kept promotion replaced), from status.releaseHistory[].previous;
+                   the operator releases it back like any change, canary and analysis included
 Naming the revision makes an intent one-shot: it cannot touch a later release; the retry token starts the
 rolled-back release once per new token.
 API access goes through chatfleet_operator.kube (the one module that talks to the API).
@@ -30,6 +34,7 @@ import yaml
 
 from chatfleet_operator import api, kube
 from chatfleet_operator.analysis.assess import Figure
+from chatfleet_operator.builders.common import REVISION_FIELDS
 from chatfleet_operator.release.planner import stepped
 from chatfleet_operator.release.state import ACTIVE_PHASES, ReleasePhase
 from chatfleet_operator.timefmt import parse_time, rfc3339
@@ -55,6 +60,17 @@ def get_service(namespace: str, name: str) -> dict[str, Any]:
     if body is None:
         raise SystemExit(f"error: chatbotservice {namespace}/{name} not found")
     return body
+
+
+def patch_spec(namespace: str, name: str, spec: dict[str, Any]) -> None:
+    """JSON merge patch of the spec (None removes a field)."""
+    kube.request(
+        "PATCH",
+        kube.object_path(api.KIND, namespace, name),
+        body={"spec": spec},
+        content_type="application/merge-patch+json",
+        kind=api.KIND,
+    )
 
 
 def patch_rollout(namespace: str, name: str, fields: dict[str, Any]) -> None:
@@ -352,12 +368,65 @@ def retry(ns: str, name: str, body: dict[str, Any], now: datetime | None = None)
     return 0
 
 
+def undo(ns: str, name: str, body: dict[str, Any], to_revision: str | None = None) -> int:
+    """`undo`: put back the spec fields of the revision a promotion replaced (the last promotion's, or the
+    one that replaced `to_revision`), so the operator releases that revision again. Refused during a
+    release (abort it instead), without a kept previous spec, or when the spec already holds it; an abort
+    naming the revision going back ('*' any) is cleared with it, or it would roll the undo back."""
+    st = body.get("status") or {}
+    if ((st.get("release") or {}).get("phase")) in ACTIVE_PHASES:
+        print(f"error: a release is in progress on {ns}/{name}: abort it instead", file=sys.stderr)
+        return 1
+    kept = [
+        h
+        for h in st.get("releaseHistory") or []
+        if h.get("result") == "Promoted" and isinstance(h.get("previous"), dict)
+    ]
+    if to_revision is None:
+        entry = next((h for h in kept if h.get("revision") == st.get("stableRevision")), None)
+    else:
+        entry = next((h for h in kept if h["previous"].get("revision") == to_revision), None)
+    if entry is None or not isinstance(entry["previous"].get("spec"), dict):
+        which = f"revision {to_revision}" if to_revision else "the revision before the stable one"
+        print(f"error: no kept spec of {which} on {ns}/{name} (kubectl chatbot history)", file=sys.stderr)
+        return 1
+    previous = entry["previous"]
+    spec = body.get("spec") or {}
+    fields = {key: previous["spec"].get(key) for key in REVISION_FIELDS}
+    if all(spec.get(key) == value for key, value in fields.items()):
+        print(
+            f"error: the spec of {ns}/{name} already holds revision {previous.get('revision')}'s fields "
+            "(that release came from the operator's defaults, not the spec)",
+            file=sys.stderr,
+        )
+        return 1
+    rollout = spec.get("rollout") or {}
+    if rollout.get("abort") in (previous.get("revision"), "*"):
+        fields["rollout"] = {"abort": None}
+    patch_spec(ns, name, fields)
+    print(
+        f"chatbotservice {ns}/{name}: undo to revision {previous.get('revision')} requested (a release starts)"
+    )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `kubectl chatbot` (installed as kubectl-chatbot)."""
     parser = argparse.ArgumentParser(prog="kubectl chatbot", description="Chatfleet releases from kubectl")
     parser.add_argument(
         "command",
-        choices=["status", "promote", "abort", "pause", "resume", "retry", "history", "get", "config"],
+        choices=[
+            "status",
+            "promote",
+            "abort",
+            "pause",
+            "resume",
+            "retry",
+            "undo",
+            "history",
+            "get",
+            "config",
+        ],
     )
     parser.add_argument("name", nargs="?")
     parser.add_argument("-n", "--namespace", default=None)
@@ -372,6 +441,11 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help=f"status: wait up to this many seconds for the rollout; exit {DONE} when the spec's revision is "
         f"stable and Ready, {FAILED} when it failed (rolled back, Stalled), {TIMED_OUT} when time ran out",
+    )
+    parser.add_argument(
+        "--to-revision",
+        default=None,
+        help="undo: the revision to go back to (default: the one before stable)",
     )
     parser.add_argument("--interval", type=float, default=2.0, help=argparse.SUPPRESS)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
@@ -420,6 +494,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "retry":
         return retry(ns, args.name, body)
+    if args.command == "undo":
+        return undo(ns, args.name, body, args.to_revision)
     patch_rollout(ns, args.name, {"paused": args.command == "pause"})
     print(f"chatbotservice {ns}/{args.name}: release {'paused' if args.command == 'pause' else 'resumed'}")
     return 0

@@ -18,7 +18,7 @@ from chatfleet_operator import api, kinds, metrics
 from chatfleet_operator.autoscale.measure import Autoscaling
 from chatfleet_operator.autoscale.state import scaling_condition
 from chatfleet_operator.autoscale.warmpool import plan_serving, pool_status, pool_waits
-from chatfleet_operator.builders import deployment_name, endpoint, revision_hash
+from chatfleet_operator.builders import deployment_name, endpoint, revision_fields, revision_hash
 from chatfleet_operator.cache import Snapshot, World, resource_version, slim
 from chatfleet_operator.context import PassContext, desired_total
 from chatfleet_operator.converge.changes import diff_children
@@ -226,6 +226,7 @@ def reconcile_pass(
         route_served=_route_served(ctx, snap),
         routing=routing_status(ctx, snap.children),
         upgrade_held=held_condition(held, ref.generation) if held is not None else None,
+        spec_fields=revision_fields(body.get("spec") or {}),
     )
     new_status = compute_status(ctx.old_status, obs, now, plan.status_fields(ctx.update_revision))
 

@@ -162,8 +162,10 @@ def test_manual_abort_from_the_plugin(bot, prometheus, traffic):
     assert f"failed: revision {new} was rolled back" in out
 
 
-def test_a_release_rolled_back_by_hand_is_retried_from_the_plugin_and_promoted(bot, prometheus, traffic):
-    start(bot, prometheus)
+def test_a_release_rolled_back_by_hand_is_retried_from_the_plugin_promoted_and_undone(
+    bot, prometheus, traffic
+):
+    first = start(bot, prometheus)
     new = release(bot)
     bot.wait(lambda r: r.release().get("revision") == new, 30, "release started")
     bot.plugin("abort", "bot")
@@ -182,6 +184,15 @@ def test_a_release_rolled_back_by_hand_is_retried_from_the_plugin_and_promoted(b
     assert any("again after its rollback" in e["message"] for e in bot.events("ReleaseStarted"))
     bot.plugin("retry", "bot", expect=1)  # nothing rolled back: refused (exit 1), nothing written
     assert bot.body()["spec"]["rollout"]["retry"] == rollout["retry"]
+    # undo puts back the spec fields of the revision the promotion replaced (kept in its history entry):
+    # the operator releases v1 again, canary and analysis included
+    assert bot.status()["releaseHistory"][0]["previous"]["revision"] == first
+    out = bot.plugin("undo", "bot")
+    assert f"undo to revision {first} requested" in out
+    assert bot.body()["spec"]["model"]["revision"] == "v1"
+    bot.wait(lambda r: r.release().get("revision") == first, 30, "the undo's release started")
+    bot.wait(promoted_to(first), 150, "promotion of the undo")
+    assert bot.status()["releaseHistory"][0]["previous"]["revision"] == new
 
 
 def test_manual_promote_and_pause_from_the_plugin(bot, prometheus, traffic):

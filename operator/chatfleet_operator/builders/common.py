@@ -24,6 +24,11 @@ def short_hash(value: Any, length: int = 10) -> str:
     return hashlib.sha256(stable_json(value).encode()).hexdigest()[:length]
 
 
+def revision_fields(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields of a spec that make its revision, those present. e.g. {model, scaling} -> {model}."""
+    return {key: spec[key] for key in REVISION_FIELDS if key in spec}
+
+
 def revision_hash(spec: Mapping[str, Any]) -> str:
     """Revision of a spec: hash of model, runtime, resources and podMetadata (not scaling/rollout)."""
     return short_hash({key: spec.get(key) for key in REVISION_FIELDS})

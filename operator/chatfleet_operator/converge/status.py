@@ -7,6 +7,7 @@ so a pass over unchanged facts yields an identical status and no write. `phase` 
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -106,6 +107,9 @@ class Observation:
     upgrade_held: Mapping[str, Any] | None = None
     """The UpgradeHeld condition (without timestamp), None unless the upgrade wave holds a new pod template
     back (wave.py)."""
+    spec_fields: Mapping[str, Any] | None = None
+    """The spec's revision fields as the user wrote them (model, runtime, resources, podMetadata): they
+    become status.stableSpec when the spec's revision becomes the stable one."""
 
 
 def _ready_and_reconciling(obs: Observation) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -220,7 +224,9 @@ def compute_status(
     """The whole new status; equal to `old` when nothing changed (so the caller skips the write).
 
     The one writer of stableRevision: the revision a release promoted this pass, else the serving
-    revision once it is Ready on every replica, else the old value.
+    revision once it is Ready on every replica, else the old value; and of stableSpec, the spec fields of
+    the stable revision as written (kept while it stays stable; absent when the spec that made it is not
+    known: it became stable before this field existed, or the spec moved on since).
     """
     old = old or {}
     dep = obs.deployment
@@ -255,6 +261,11 @@ def compute_status(
     }
     if stable:
         status["stableRevision"] = stable
+    spec_revision = status["updateRevision"]
+    if stable and stable == spec_revision and obs.spec_fields is not None:
+        status["stableSpec"] = copy.deepcopy(dict(obs.spec_fields))  # never the body's own dicts
+    elif stable and stable == old.get("stableRevision") and "stableSpec" in old:
+        status["stableSpec"] = old["stableSpec"]
     if obs.autoscaling is not None:
         status["autoscaling"] = dict(obs.autoscaling)
     if obs.routing is not None:

@@ -88,22 +88,35 @@ class HistoryEntry:
     """A Result, or the raw string of a hand-edited entry (kept as written, never raised on)."""
     at: str
     message: str
+    previous: Mapping[str, Any] | None = None
+    """A promotion's: the revision it replaced and that revision's spec fields as the user wrote them
+    ({"revision", "spec"}: status.stableSpec before it), what `kubectl chatbot undo` puts back."""
 
     @classmethod
     def from_status(cls, d: Any) -> HistoryEntry | None:
         """Read one stored entry (None when it is no object)."""
         if not isinstance(d, Mapping):
             return None
+        previous = d.get("previous")
         return cls(
             str(d.get("revision") or ""),
             enum_or_raw(Result, d.get("result")),
             str(d.get("at") or ""),
             str(d.get("message") or ""),
+            dict(previous) if isinstance(previous, Mapping) else None,
         )
 
     def to_status(self) -> dict[str, Any]:
         """The stored form."""
-        return {"revision": self.revision, "result": str(self.result), "at": self.at, "message": self.message}
+        out: dict[str, Any] = {
+            "revision": self.revision,
+            "result": str(self.result),
+            "at": self.at,
+            "message": self.message,
+        }
+        if self.previous is not None:
+            out["previous"] = dict(self.previous)
+        return out
 
 
 def with_entry(history: list[HistoryEntry], entry: HistoryEntry) -> list[HistoryEntry]:

@@ -9,6 +9,8 @@ enum value in spec/rollout.py and the CRD.
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Protocol
@@ -210,6 +212,12 @@ def promoted_plan(
     """The release is over: the stable Deployment runs `revision` on every replica; history and an event."""
     message = f"Promoted revision {revision} (was {stable_rev})"
     kept, left = settling_canary(ctx, rfc3339(ctx.now))
+    was = ctx.old_status.get("stableSpec")
+    previous = (
+        {"revision": stable_rev, "spec": copy.deepcopy(dict(was))}
+        if isinstance(was, Mapping) and stable_rev != revision
+        else None
+    )
     return ReleasePlan(
         in_release=False,
         stable_from_spec=True,
@@ -218,7 +226,9 @@ def promoted_plan(
         requeue_after=left,
         active_revision=revision,
         release=None,
-        history=with_entry(history, HistoryEntry(revision, Result.PROMOTED, rfc3339(ctx.now), message)),
+        history=with_entry(
+            history, HistoryEntry(revision, Result.PROMOTED, rfc3339(ctx.now), message, previous)
+        ),
         promoted=revision,
         gate=Gate(GateKind.SUCCEEDED, ReleaseReason.PROMOTED, message),
         events=[*events, EventIntent("Normal", ReleaseReason.PROMOTED, message)],

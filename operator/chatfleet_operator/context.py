@@ -78,9 +78,11 @@ class PassContext:
     forecast: Mapping[str, Any] | None = None
     """status.autoscaling.forecast of this pass (autoscale/measure.py), when forecasting."""
     floor: int | None = None
-    """The autoscaler's minimum from the forecast (None: minReplicas)."""
+    """The autoscaler's minimum from the forecast and the SLO (None: minReplicas)."""
     forecast_in: float | None = None
-    """Seconds until the forecast is due again (the pass requeues then)."""
+    """Seconds until the forecast or the SLO check is due again (the pass requeues then)."""
+    slo: Mapping[str, Any] | None = None
+    """status.autoscaling.slo of this pass (autoscale/slo.py), with spec.scaling.autoscale.slo."""
     model_load: Mapping[str, Any] | None = None
     """status.autoscaling.modelLoadSeconds of this pass."""
 

@@ -90,6 +90,7 @@ class Controller:
         self.autoscaling = Autoscaling(
             serves_keda=keda,
             range_query=prometheus.query_range,
+            instant_query=prometheus.query,
             settings=settings.release,
             cache_seconds=settings.release.discovery_cache_seconds,
             cluster_domain=settings.runtime.cluster_domain,
@@ -345,3 +346,4 @@ class Controller:
         if retry is not None:
             retry.cancel()
         self.world.forget(*key)
+        self.autoscaling.forget(key)

@@ -172,11 +172,11 @@ def reconcile_pass(
     if refusal:
         return _refuse(client, body, world, refusal, now)
 
-    # 2. Observe what the caches cannot tell: the release's measurement, the model-load time and the
-    #    demand forecast when due (its floor raises the total at once). A missing Secret needs no read:
-    #    the pods' own status tells (CreateContainerConfigError, diagnosed in step 5).
+    # 2. Observe what the caches cannot tell: the release's measurement, the model-load time, the demand
+    #    forecast and the SLO when due (their floors raise the total at once). A missing Secret needs no
+    #    read: the pods' own status tells (CreateContainerConfigError, diagnosed in step 5).
     ctx = releases.measure_if_due(ctx)
-    ctx = autoscaling.forecast_if_due(ctx)
+    ctx = autoscaling.slo_if_due(autoscaling.forecast_if_due(ctx))
 
     # 3. Plan (pure): the release, then every child built once for its track; diff with the observed ones;
     #    with a warm pool, which Ready stable pods serve. An update from the operator itself (a new stable
@@ -309,6 +309,8 @@ def _autoscaling_status(ctx: PassContext, pool: int, stable_pods: list[Any]) -> 
         out["warmPool"] = pool_status(stable_pods, pool, spec.resources.gpus_per_replica)
     if ctx.model_load is not None:
         out["modelLoadSeconds"] = dict(ctx.model_load)
+    if ctx.slo is not None:
+        out["slo"] = dict(ctx.slo)
     return out
 
 

@@ -21,6 +21,7 @@ from chatfleet_operator.analysis.provider import PrometheusProvider, short_error
 from chatfleet_operator.analysis.targets import analysis_target_errors
 from chatfleet_operator.autoscale.forecast import Demand, forecast_peak, lead_seconds, step_seconds
 from chatfleet_operator.autoscale.modelload import model_load_status
+from chatfleet_operator.autoscale.slo import p95_ttft_query, slo_floor, slo_step
 from chatfleet_operator.autoscale.state import forecast_status, forecast_wait
 from chatfleet_operator.context import PassContext
 from chatfleet_operator.discovery import ServedGroup
@@ -29,6 +30,7 @@ from chatfleet_operator.settings import ReleaseSettings
 log = logging.getLogger("chatfleet")
 
 RangeQuery = Callable[[str, str, datetime, datetime, int], Sequence[tuple[float, float]]]
+InstantQuery = Callable[[str, str], float | None]
 #: Most samples one range query asks for (Prometheus refuses more than 11,000 per series).
 MAX_POINTS = 10_000
 
@@ -48,9 +50,14 @@ class Autoscaling:
         settings: ReleaseSettings | None = None,
         cache_seconds: float = 10.0,
         cluster_domain: str = "cluster.local",
+        instant_query: InstantQuery | None = None,
     ) -> None:
         self._keda = ServedGroup("keda.sh", serves_keda, cache_seconds)
-        self._range_query = range_query or PrometheusProvider().query_range
+        provider = PrometheusProvider() if range_query is None or instant_query is None else None
+        self._range_query = range_query or provider.query_range  # type: ignore[union-attr]
+        self._instant_query = instant_query or provider.query  # type: ignore[union-attr]
+        self._slo_checked: dict[tuple[str, str], datetime] = {}
+        """When each fleet's SLO was last measured (this process's memory: a restart measures at once)."""
         self.settings = settings or ReleaseSettings()
         self.cluster_domain = cluster_domain
 
@@ -62,24 +69,73 @@ class Autoscaling:
         """KEDA when the cluster serves keda.sh/v1alpha1 (discovery, cached a few seconds), else HPA."""
         return api.METRICS_KEDA if self._keda.served() else api.METRICS_HPA
 
-    def _demand(self, ctx: PassContext, lead: int) -> tuple[Demand | None, str]:
-        """(the forecast, '') or (None, why it failed): one range query and one fit. Never raises."""
-        autoscale = ctx.spec.scaling.autoscale
-        assert autoscale is not None
-        fc = autoscale.forecast
-        address = ctx.spec.analysis.prometheus_address
+    def _refused_address(self, ctx: PassContext) -> str:
+        """Why the spec's Prometheus address may not be queried ('' when it may)."""
         refused = analysis_target_errors(
             ctx.spec.analysis.probe,
-            address,
+            ctx.spec.analysis.prometheus_address,
             ctx.ref.namespace,
             ctx.ref.name,
             default_probe_template=self.settings.probe_url_template,
             allowed=self.settings.analysis_allowed_hosts,
             cluster_domain=self.cluster_domain,
         )
-        refused = [r for r in refused if "prometheusAddress" in r]
+        return "; ".join(r for r in refused if "prometheusAddress" in r)
+
+    def slo_if_due(self, ctx: PassContext) -> PassContext:
+        """The context with the SLO's state (measured anew when due) and its floor: the Deployment grows in
+        this pass and the autoscaler's minimum with it. Never raises: a failed query is said in the state."""
+        autoscale = ctx.spec.scaling.autoscale
+        if autoscale is None or autoscale.slo is None:
+            return ctx
+        slo, key = autoscale.slo, (ctx.ref.namespace, ctx.ref.name)
+        state: dict[str, Any] = dict((ctx.old_status.get("autoscaling") or {}).get("slo") or {})
+        last = self._slo_checked.get(key)
+        elapsed = None if last is None else (ctx.now - last).total_seconds()
+        if elapsed is None or elapsed >= slo.check_seconds or elapsed < 0:
+            p95, error = self._p95(ctx)
+            self._slo_checked[key] = ctx.now
+            elapsed = 0.0
+            load = (ctx.model_load or {}).get("seconds")
+            state = slo_step(slo, state, p95, ctx.now, ctx.total, autoscale.max_replicas, load, error)
+            if "reason" in state and state.get("reason") != (ctx.old_status.get("autoscaling") or {}).get(
+                "slo", {}
+            ).get("reason"):
+                log.info("SLO of ChatbotService %s/%s: %s", *key, state["reason"])
+        floor = slo_floor(state)
+        next_in = max(1.0, slo.check_seconds - elapsed)
+        return replace(
+            ctx,
+            slo=state,
+            floor=max(ctx.floor or autoscale.min_replicas, floor) if floor else ctx.floor,
+            total=max(ctx.total, floor),
+            forecast_in=min(ctx.forecast_in or next_in, next_in),
+        )
+
+    def _p95(self, ctx: PassContext) -> tuple[float | None, str]:
+        """(the fleet's p95 time to first token in ms, '') or (None, why it was not measured). Never raises."""
+        refused = self._refused_address(ctx)
         if refused:
-            return None, "; ".join(refused)
+            return None, refused
+        address = ctx.spec.analysis.prometheus_address
+        try:
+            return self._instant_query(address, p95_ttft_query(ctx.ref.namespace, ctx.ref.name)), ""
+        except Exception as exc:  # never raise: the floor stays as it is
+            return None, f"Prometheus at {address} did not answer: {short_error(exc)}"
+
+    def forget(self, key: tuple[str, str]) -> None:
+        """A deleted ChatbotService: its SLO's memory goes."""
+        self._slo_checked.pop(key, None)
+
+    def _demand(self, ctx: PassContext, lead: int) -> tuple[Demand | None, str]:
+        """(the forecast, '') or (None, why it failed): one range query and one fit. Never raises."""
+        autoscale = ctx.spec.scaling.autoscale
+        assert autoscale is not None
+        fc = autoscale.forecast
+        address = ctx.spec.analysis.prometheus_address
+        refused = self._refused_address(ctx)
+        if refused:
+            return None, refused
         step = max(step_seconds(fc.seasonal_period_seconds), math.ceil(fc.history / MAX_POINTS))
         query = request_rate_query(ctx.ref.namespace, ctx.ref.name)
         try:

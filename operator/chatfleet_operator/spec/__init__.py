@@ -55,7 +55,7 @@ from chatfleet_operator.spec.runtime import (
     RuntimeSpec,
     Sessions,
 )
-from chatfleet_operator.spec.scaling import Autoscale, AutoscaleTargets, ForecastSpec, ScalingSpec
+from chatfleet_operator.spec.scaling import Autoscale, AutoscaleTargets, ForecastSpec, ScalingSpec, SloSpec
 
 __all__ = [
     "DEFAULT_CANARY_STEPS",
@@ -93,6 +93,7 @@ __all__ = [
     "ScalingSpec",
     "Sessions",
     "ShadowSpec",
+    "SloSpec",
     "StickyDialogues",
     "Strategy",
     "Thresholds",

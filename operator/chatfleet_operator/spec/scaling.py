@@ -1,4 +1,4 @@
-"""spec.scaling: a fixed size, or the autoscaler's range, targets, forecast and warm pool."""
+"""spec.scaling: a fixed size, or the autoscaler's range, targets, forecast, warm pool and SLO."""
 
 from __future__ import annotations
 
@@ -55,6 +55,28 @@ class ForecastSpec:
 
 
 @dataclass(frozen=True)
+class SloSpec:
+    """spec.scaling.autoscale.slo: the fleet's time to first token, kept by raising its floor at once."""
+
+    ttft_p95_milliseconds: int
+    """The p95 time to first token the fleet must keep (timeToFirstTokenP95Milliseconds)."""
+    breach_seconds: int = 5
+    """How long it must be exceeded before the floor is raised (a breach, not a blip)."""
+
+    @property
+    def check_seconds(self) -> float:
+        """How often the operator measures it: twice per breach window, at least once a second."""
+        return max(1.0, self.breach_seconds / 2)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> SloSpec | None:
+        """Parse spec.scaling.autoscale.slo; None when absent."""
+        if not d or d.get("timeToFirstTokenP95Milliseconds") is None:
+            return None
+        return cls(int(d["timeToFirstTokenP95Milliseconds"]), int(field_value(d, "breachSeconds", 5)))
+
+
+@dataclass(frozen=True)
 class Autoscale:
     """spec.scaling.autoscale."""
 
@@ -65,6 +87,8 @@ class Autoscale:
     forecast: ForecastSpec = field(default_factory=ForecastSpec)
     warm_pool: int = 0
     """warmPool.replicas: standby Ready replicas outside the Service (docs/autoscaling.md)."""
+    slo: SloSpec | None = None
+    """The time-to-first-token SLO the operator keeps by raising the floor on a breach (None: none)."""
 
     @property
     def forecasting(self) -> bool:
@@ -110,6 +134,7 @@ class ScalingSpec:
                 scale_down_stabilization_seconds=int(field_value(a, "scaleDownStabilizationSeconds", 300)),
                 forecast=ForecastSpec.from_dict(sub_mapping(a, "forecast")),
                 warm_pool=int(field_value(sub_mapping(a, "warmPool"), "replicas", 0)),
+                slo=SloSpec.from_dict(sub_mapping(a, "slo")),
             )
         return cls(
             replicas=int(field_value(d, "replicas", 1)),

@@ -1,10 +1,13 @@
-"""`make bench-autoscale`: a compressed day of chat traffic and a sudden surge, four ways of sizing the fleet.
+"""`make bench-autoscale`: a compressed day of chat traffic and a sudden surge, five ways of sizing the fleet.
 
-Four ChatbotServices, one per namespace, see the same demand at the same time:
+Five ChatbotServices, one per namespace, see the same demand at the same time:
 
   static      spec.scaling.replicas sized for the highest demand of the day (surge included)
   reactive    spec.scaling.autoscale with an in-flight target: the operator's autoscaler (KEDA -> HPA)
   predictive  reactive + spec.scaling.autoscale.forecast (floor ahead of demand) + .warmPool
+  slo         predictive + spec.scaling.autoscale.slo (the p95 time to first token kept: a sustained breach
+              raises the floor at once, and the warm pool's standbys join at once); target = the queue-wait
+              SLO + one replica's own time to first token
   oracle      a loop here that knows the curve and sets spec.scaling.replicas `load + margin` seconds
               ahead of demand (no autoscale): the cheapest fleet that never waits for a model to load
 
@@ -63,7 +66,7 @@ RESULTS = REPO / "bench-results"
 DATA = REPO / ".work" / "bench-autoscale-data"
 GROUP, VERSION, PLURAL = "chatfleet.io", "v1alpha1", "chatbotservices"
 NAME = "chat"
-CONFIGS = ("static", "reactive", "predictive", "oracle")
+CONFIGS = ("static", "reactive", "predictive", "slo", "oracle")
 GPU_PRODUCT = "NVIDIA-H100-80GB-HBM3"
 
 
@@ -177,7 +180,7 @@ def config_spec(kind: str, s: Settings, prometheus: str, annotations: dict[str, 
             "targets": {"inFlightRequests": max(1, round(s.target_utilization * s.replica.slots))},
             "scaleDownStabilizationSeconds": loop["scale_down_stabilization_seconds"],
         }
-        if kind == "predictive":
+        if kind in ("predictive", "slo"):
             autoscale["forecast"] = {
                 "enabled": True,
                 # usable capacity of one replica: at the same utilisation the in-flight target keeps
@@ -189,6 +192,12 @@ def config_spec(kind: str, s: Settings, prometheus: str, annotations: dict[str, 
                 "intervalSeconds": loop["forecast_interval_seconds"],
             }
             autoscale["warmPool"] = {"replicas": s.warm_pool}
+        if kind == "slo":
+            # the bench's SLO is on the queue wait; the chat API's time to first token adds the replica's own
+            autoscale["slo"] = {
+                "timeToFirstTokenP95Milliseconds": round(s.slo_ms + s.replica.ttft_seconds * 1000),
+                "breachSeconds": max(1, round(5 / s.loop_compression)),
+            }
         spec["scaling"] = {"autoscale": autoscale}
     return spec
 
@@ -207,8 +216,8 @@ def oracle_target(s: Settings, curve: DayCurve, t: float) -> int:
 
 
 def crd_admits(crd: dict[str, Any]) -> dict[str, bool]:
-    """Whether the installed CRD's schema has spec.scaling.autoscale.forecast and .warmPool."""
-    out = {"forecast": False, "warmPool": False}
+    """Whether the installed CRD's schema has spec.scaling.autoscale.forecast, .warmPool and .slo."""
+    out = {"forecast": False, "warmPool": False, "slo": False}
     for version in crd.get("spec", {}).get("versions", []):
         props = version.get("schema", {}).get("openAPIV3Schema", {}).get("properties", {})
         auto = (
@@ -327,10 +336,12 @@ class Run:
         """Configuration -> why it cannot run on this build ('' when it can)."""
         crd = json.loads(self.cluster.kubectl("get", "crd", CHATBOT_CRD_NAME, "-o", "json").stdout)
         admits = crd_admits(crd)
-        missing = [f"spec.scaling.autoscale.{k}" for k, ok in admits.items() if not ok]
+        missing = [f"spec.scaling.autoscale.{k}" for k, ok in admits.items() if not ok and k != "slo"]
         why = {k: "" for k in self.s.configs}
         if "predictive" in why and missing:
             why["predictive"] = f"not available on this build: the CRD does not admit {', '.join(missing)}"
+        if "slo" in why and not admits["slo"]:
+            why["slo"] = "not available on this build: the CRD does not admit spec.scaling.autoscale.slo"
         return why
 
     def create(self, kinds: list[str], annotations: dict[str, str]) -> None:
@@ -499,7 +510,9 @@ def main(argv: list[str] | None = None) -> int:
             progress(run, s)
         run._stop.set()
         result["autoscalers"] = {
-            k: run.autoscaler_report(run.namespaces[k]) for k in kinds if k in ("reactive", "predictive")
+            k: run.autoscaler_report(run.namespaces[k])
+            for k in kinds
+            if k in ("reactive", "predictive", "slo")
         }
         result["notes"] = run.notes
     finally:
@@ -589,7 +602,13 @@ def plot(rows: list[dict[str, Any]], samples, s: Settings, namespaces: dict[str,
     start = s.measured_start
     hours = 24 / s.day_seconds
     fig, (ax_rate, ax_rep, ax_wait) = plt.subplots(3, 1, figsize=(11, 9), sharex=True)
-    colors = {"static": "tab:gray", "reactive": "tab:red", "predictive": "tab:green", "oracle": "tab:blue"}
+    colors = {
+        "static": "tab:gray",
+        "reactive": "tab:red",
+        "predictive": "tab:green",
+        "slo": "tab:orange",
+        "oracle": "tab:blue",
+    }
     curve, rep = s.curve(), s.replica
     ts = [start + i for i in range(int(s.day_seconds))]
     ax_rate.plot([(t - start) * hours for t in ts], [curve.rate(t) for t in ts], color="black")
@@ -619,7 +638,7 @@ def plot(rows: list[dict[str, Any]], samples, s: Settings, namespaces: dict[str,
     ax_wait.set_ylabel("p95 queue wait (s)")
     ax_wait.set_xlabel(f"hour of the measured day (1 h = {s.day_seconds / 24:.0f} s)")
     ax_wait.legend(fontsize=7, ncol=5, loc="upper right")
-    fig.suptitle("make bench-autoscale: static vs reactive vs forecast + warm pool vs oracle")
+    fig.suptitle("make bench-autoscale: static vs reactive vs forecast + warm pool vs SLO vs oracle")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)

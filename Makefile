@@ -68,7 +68,7 @@ platform-build: ## Build etcd, Kubernetes, kwok, helm, Prometheus, KEDA and Trae
 	@bash hack/build-platform.sh
 
 .PHONY: test-servers
-test-servers: ## The OCI registry (Go module proxy) and moto's S3 server (own venv) the model-URI tests start
+test-servers: ## The OCI registry (Go module proxy) and moto's S3 server (own venv) the model-URI tests start; guidellm (own venv), the stock benchmark client
 	@bash hack/build-test-servers.sh
 
 .PHONY: chart-tools

@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
-# Build the servers the model-URI tests start on 127.0.0.1, once, cached by version:
+# Build the servers the model-URI tests start on 127.0.0.1, and the stock client the chat API is tested with,
+# once, cached by version:
 #   registry  the CNCF distribution registry (oci://), from the Go module proxy:
 #             $CHATFLEET_CACHE/bin/registry-<version>/registry  (cold: ~3 min on 2 cores)
 #   moto      moto's S3 server (s3://) in its own virtual environment (moto needs botocore, whose
 #             python-dateutil<3 pin conflicts with the kubernetes client's >=3 in the project venv):
 #             $CHATFLEET_CACHE/tools/moto-<version>/bin/moto_server
+#   guidellm  the stock OpenAI-compatible benchmark client (tests/integration/runtime/test_runtime_stock_client.py)
+#             in its own virtual environment, its unpinned dependencies kept out of the project venv. It needs
+#             torch, whose only Linux x86_64 wheel in the Python package registry is the CUDA build with its
+#             nvidia-* libraries: the venv is ~6 GB (cold: ~2 min here):
+#             $CHATFLEET_CACHE/tools/guidellm-<version>/bin/guidellm
 # The GCS emulator (gs://) and the HTTPS server (http(s)://) come with the dev group (pyproject.toml).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -37,9 +43,20 @@ build_moto() {
   touch "$venv/.complete"
 }
 
-for t in ${*:-registry moto}; do
+build_guidellm() {
+  local v=$GUIDELLM_VERSION venv="$CACHE/tools/guidellm-$GUIDELLM_VERSION"
+  [ -f "$venv/.complete" ] && { say "guidellm v$v cached"; return; }
+  say "installing guidellm==$v into $venv (torch and its CUDA libraries: ~6 GB)"
+  rm -rf "$venv"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q "guidellm==$v" || die "cannot install guidellm==$v from the Python package registry"
+  "$venv/bin/guidellm" --help >/dev/null || die "guidellm==$v installed into $venv but does not start"
+  touch "$venv/.complete"
+}
+
+for t in ${*:-registry moto guidellm}; do
   case $t in
-    registry) build_registry ;; moto) build_moto ;;
-    *) die "unknown test server '$t' (registry, moto)" ;;
+    registry) build_registry ;; moto) build_moto ;; guidellm) build_guidellm ;;
+    *) die "unknown test server '$t' (registry, moto, guidellm)" ;;
   esac
 done

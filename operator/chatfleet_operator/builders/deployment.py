@@ -21,7 +21,7 @@ from chatfleet_operator.builders.tritonconfig import (
     triton_config_volume,
 )
 from chatfleet_operator.settings import PodSettings
-from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
+from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef, TracingSpec
 
 CONFIG_DIR = "/etc/chatfleet/triton"
 REPOSITORY_DIR = "/tmp/model-repository"
@@ -199,6 +199,28 @@ def _label_env(name: str, label: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{label}']"}}}
 
 
+#: The sampler the chat API's tracer uses (spec.observability.tracing): a request whose W3C traceparent
+#: says sampled is traced, one that says not sampled is not, a new trace by its trace id's ratio.
+TRACES_SAMPLER = "parentbased_traceidratio"
+
+
+def _tracing_env(ref: ObjectRef, tracing: TracingSpec) -> list[dict[str, Any]]:
+    """OpenTelemetry's standard environment for the chat API's tracer (docs/pod-contract.md). The resource
+    attributes name the pod's track and revision through the downward API variables defined before them
+    (Kubernetes expands $(VAR) from earlier entries), so they follow the pod's labels."""
+    attributes = (
+        f"k8s.namespace.name={ref.namespace},"
+        "chatfleet.track=$(CHATFLEET_TRACK),chatfleet.revision=$(CHATFLEET_REVISION)"
+    )
+    return [
+        {"name": "OTEL_SERVICE_NAME", "value": ref.name},
+        {"name": "OTEL_RESOURCE_ATTRIBUTES", "value": attributes},
+        {"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": tracing.endpoint},
+        {"name": "OTEL_TRACES_SAMPLER", "value": TRACES_SAMPLER},
+        {"name": "OTEL_TRACES_SAMPLER_ARG", "value": tracing.sampler_arg()},
+    ]
+
+
 def _chat_api_container(ref: ObjectRef, spec: ChatbotServiceSpec, pod: PodSettings) -> dict[str, Any]:
     """The `chat-api` container: OpenAI-style HTTP API relaying to Triton over local gRPC."""
     rt = spec.runtime
@@ -232,6 +254,8 @@ def _chat_api_container(ref: ObjectRef, spec: ChatbotServiceSpec, pod: PodSettin
             {"name": "CHATFLEET_ANSWER_CACHE_MAX_ENTRIES", "value": str(cache.max_entries)},
             {"name": "CHATFLEET_ANSWER_CACHE_SAMPLED", "value": "true" if cache.sampled else "false"},
         ]
+    if spec.observability.tracing is not None:  # only then: a fleet without it keeps the template it had
+        env += _tracing_env(ref, spec.observability.tracing)
     if rt.sessions.redis is not None:
         env.append(
             {

@@ -4,9 +4,9 @@ The CRD carries the same defaults (the apiserver fills them in); they are repeat
 work on partial specs in unit tests and on objects stored before a default existed. A unit test checks
 that both sets of defaults agree.
 
-One module per part of the spec (`model`, `runtime`, `resources`, `scaling`, `rollout`, `analysis`, `fallback`; what
-they share in `fields`); this package's top holds the whole spec and the object's identity, and names
-every part's types, so callers import them from `chatfleet_operator.spec`.
+One module per part of the spec (`model`, `runtime`, `resources`, `scaling`, `rollout`, `analysis`, `fallback`,
+`observability`; what they share in `fields`); this package's top holds the whole spec and the object's
+identity, and names every part's types, so callers import them from `chatfleet_operator.spec`.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from chatfleet_operator.spec.fields import (
     sub_mapping,
 )
 from chatfleet_operator.spec.model import ModelSpec, PvcSource
+from chatfleet_operator.spec.observability import DEFAULT_SAMPLING_RATIO, ObservabilitySpec, TracingSpec
 from chatfleet_operator.spec.resources import ResourcesSpec
 from chatfleet_operator.spec.rollout import (
     DEFAULT_CANARY_STEPS,
@@ -62,6 +63,7 @@ __all__ = [
     "DEFAULT_FALLBACK_TEXT",
     "DEFAULT_IMAGE",
     "DEFAULT_PROMETHEUS",
+    "DEFAULT_SAMPLING_RATIO",
     "AnalysisSpec",
     "AnswerCache",
     "Autoscale",
@@ -80,6 +82,7 @@ __all__ = [
     "KvCache",
     "ModelSpec",
     "ObjectRef",
+    "ObservabilitySpec",
     "PodMetadata",
     "ProbeSpec",
     "PromptsSource",
@@ -97,6 +100,7 @@ __all__ = [
     "StickyDialogues",
     "Strategy",
     "Thresholds",
+    "TracingSpec",
     "golden_prompt_of",
 ]
 
@@ -122,6 +126,8 @@ class ChatbotServiceSpec:
     pod_metadata: PodMetadata = field(default_factory=PodMetadata)
     fallback: FallbackSpec | None = None
     """spec.fallback; None when absent (outside the revision: no release, docs/api.md)."""
+    observability: ObservabilitySpec = field(default_factory=ObservabilitySpec)
+    """spec.observability (outside the revision: a change rolls the pods, no release; docs/api.md)."""
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None) -> ChatbotServiceSpec:
@@ -139,6 +145,7 @@ class ChatbotServiceSpec:
                 dict(field_value(pm, "labels", {})), dict(field_value(pm, "annotations", {}))
             ),
             fallback=FallbackSpec.from_dict(sub_mapping(d, "fallback")),
+            observability=ObservabilitySpec.from_dict(sub_mapping(d, "observability")),
         )
 
 

@@ -75,6 +75,10 @@ class TestSchema:
         [
             pytest.param({"model": {"uri": "hf://a/b"}}, id="minimal"),
             pytest.param({"model": {"uri": "hf://a/b"}, "scaling": {"autoscale": {}}}, id="autoscale"),
+            pytest.param(
+                {"model": {"uri": "hf://a/b"}, "observability": {"tracing": {"endpoint": "http://c:4318"}}},
+                id="tracing",
+            ),
         ],
     )
     def test_crd_defaults_agree_with_spec_py(self, crd_schema, spec):

@@ -78,6 +78,7 @@ class AnswerSteps:
             self.metrics.gen_ai(self.name, elapsed, ttft=elapsed)
             self._count("success", 200, turn.stream)
 
+        turn.trace.answered(finish, kept.prompt_tokens, kept.num_tokens)
         if not turn.stream:
             await self._remember(turn, kept.text)
             done()
@@ -98,6 +99,7 @@ class AnswerSteps:
     def _fallback(self, turn: Turn, messages: list[dict[str, str]], reason: str) -> Reply:
         """The FAQ or fallback text instead of the model's answer, marked as such."""
         text, source = self.fallback.answer(messages)
+        turn.trace.fallback(reason)
         self.metrics.fallbacks.labels(self.name, reason, source).inc()
         self._count("fallback", 200, turn.stream)
         elapsed = time.monotonic() - turn.t0
@@ -150,6 +152,7 @@ class AnswerSteps:
         finally:
             slot.release()
         self.breaker.record_success()
+        turn.trace.answered(result.finish_reason or "stop", result.prompt_tokens, result.num_tokens)
         elapsed = time.monotonic() - turn.t0
         self.metrics.duration.labels(self.name, "false").observe(elapsed)
         self.metrics.ttft.labels(self.name, "false").observe(elapsed)
@@ -186,6 +189,7 @@ class AnswerSteps:
             return self._fallback(turn, turn.new_messages, "timeout")
         ttft = time.monotonic() - turn.t0
         self.metrics.ttft.labels(self.name, "true").observe(ttft)
+        turn.trace.first_chunk(ttft)
         events = self._events(turn, it, first, slot, deadline, ttft)
         return Reply(events=events, headers={"Cache-Control": "no-cache"})
 
@@ -222,6 +226,9 @@ class AnswerSteps:
                 last = now
             if not timed_out:
                 self.breaker.record_success()
+            turn.trace.answered(finish, prompt_tokens, num_tokens)
+            if timed_out:
+                turn.trace.failed("timeout")
             used = responses.usage(prompt_tokens, num_tokens)
             yield responses.sse(head, {}, "length" if finish == "length" else "stop", used)
             if not timed_out:
@@ -232,6 +239,7 @@ class AnswerSteps:
             completed = True
         except BackendError:
             self.breaker.record_failure()
+            turn.trace.failed("backend_error")
             yield responses.sse(head, {}, "stop")
             yield responses.DONE
             completed = True

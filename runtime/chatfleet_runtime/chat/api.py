@@ -61,6 +61,7 @@ from chatfleet_runtime.chat.drain import Drain
 from chatfleet_runtime.chat.middleware import DrainGate, Handler, PortRoutes, TrackHeaders, loopback_only
 from chatfleet_runtime.chat.pipeline import ChatPipeline
 from chatfleet_runtime.chat.responses import Reply
+from chatfleet_runtime.chat.tracing import configure as configure_tracing
 
 __all__ = ["ApiSettings", "create_app", "main", "serve"]
 
@@ -105,7 +106,8 @@ def create_app(settings: ApiSettings, backend=None, redis_client=None, clock=tim
         backend = TritonChat(settings.triton_grpc)
     if redis_client is None:
         redis_client = _redis_client(settings.redis_url)
-    pipeline = ChatPipeline(settings, backend, redis_client, clock=clock)
+    # spans of chat requests only with OTEL_EXPORTER_OTLP_ENDPOINT (spec.observability.tracing)
+    pipeline = ChatPipeline(settings, backend, redis_client, clock=clock, tracing=configure_tracing(settings))
 
     @contextlib.asynccontextmanager
     async def lifespan(app_):
@@ -170,7 +172,14 @@ def create_app(settings: ApiSettings, backend=None, redis_client=None, clock=tim
         settings.shadow_port: {("POST", "/v1/chat/completions"): shadow_chat},
     }
     app = FastAPI(
-        title="chatfleet chat API", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
+        title="chatfleet chat API",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        # FastAPI's own telemetry off, whatever the environment says: the chat API's only spans are its
+        # own (chat/tracing.py), which carry no request text (FastAPI's logs would carry exception messages)
+        telemetry={"tracing": False, "metrics": False, "logs": False, "auto_configure": False},
     )
     # innermost: the track headers and the drain's Connection: close apply on every port
     app.add_middleware(PortRoutes, ports=ports)

@@ -22,6 +22,10 @@ seed 0, max_tokens capped at ``--shadow-max-tokens``, never streamed); the histo
 saved and the active-session gauges are not touched; and every one the model was asked about leaves a
 record (``chatfleet_runtime.chat.shadow.Shadow``), a fallback answer recorded as an error.
 
+With tracing on (``OTEL_EXPORTER_OTLP_ENDPOINT``), ``chat`` gives each request a span
+(``chatfleet_runtime.chat.tracing``): begun on arrival, ended with the reply (a stream's with the stream);
+the steps tell it what happened through the turn's ``trace``. Mirrored requests are not traced.
+
 Steps 1 to 3 are here, with the checks of the body and the ``Turn`` they make in
 ``chatfleet_runtime.chat.turn``; steps 4 and 5, and the answers that are not the model's (the answer
 cache's, the fallback), in ``chatfleet_runtime.chat.answering`` (``AnswerSteps``, this class's base).
@@ -52,6 +56,7 @@ from chatfleet_runtime.chat.metrics import ApiMetrics
 from chatfleet_runtime.chat.responses import Reply
 from chatfleet_runtime.chat.sessions import ActiveSessions, History, SessionStore, compose
 from chatfleet_runtime.chat.shadow import Shadow
+from chatfleet_runtime.chat.tracing import NO_TRACING, NoTracing, RequestTrace, Tracing
 from chatfleet_runtime.chat.turn import Turn, bypasses_cache, parse_request, read_body
 from chatfleet_runtime.prompting import RequestError, SamplingParams
 
@@ -67,8 +72,11 @@ class ChatPipeline(AnswerSteps):
         backend,
         redis_client=None,
         clock: Callable[[], float] = time.monotonic,
+        tracing: Tracing | NoTracing = NO_TRACING,
     ):
         self.settings = settings
+        self.tracing = tracing
+        """The chat requests' spans (chat/tracing.py): ``NO_TRACING`` unless the environment asks for them."""
         self.name = name = settings.model_name
         self.metrics = metrics = ApiMetrics()
         self.backend = backend
@@ -156,7 +164,10 @@ class ChatPipeline(AnswerSteps):
                 await asyncio.sleep(0.5)
 
     async def close(self) -> None:
-        """Close the Triton channel and the Redis client (errors ignored: the process is ending)."""
+        """Close the Triton channel and the Redis client, and send the last spans (errors ignored: the
+        process is ending)."""
+        with contextlib.suppress(Exception):
+            await self.tracing.close()
         with contextlib.suppress(Exception):
             await self.backend.close()
         if self.redis_client is not None:
@@ -214,13 +225,24 @@ class ChatPipeline(AnswerSteps):
     # ---- chat completions -----------------------------------------------------------------------
 
     async def chat(self, raw: bytes, headers: Mapping[str, str]) -> Reply:
-        """One OpenAI chat-completions request, through steps 1 to 5 (see the module docstring)."""
+        """One OpenAI chat-completions request, through steps 1 to 5 (see the module docstring), in its span."""
         t0 = time.monotonic()
+        trace = self.tracing.begin(headers)
+        try:
+            reply = await self._chat(raw, headers, t0, trace)
+        except BaseException as exc:
+            trace.abort(exc)
+            raise
+        return trace.end(reply)
+
+    async def _chat(self, raw: bytes, headers: Mapping[str, str], t0: float, trace: RequestTrace) -> Reply:
         if not self.drain.admit():
             return self._refused()
         turn = await self._prepare(raw, headers, t0)
         if isinstance(turn, Reply):
             return turn
+        turn.trace = trace
+        trace.request(turn)
         return await self._answer(turn)
 
     async def shadow_chat(self, raw: bytes, headers: Mapping[str, str]) -> Reply:
@@ -333,6 +355,7 @@ class ChatPipeline(AnswerSteps):
             kept = self.cache.get(turn.cache_key)
             self.metrics.answer_cache.labels(self.name, "hit" if kept else "miss").inc()
             if kept is not None:
+                turn.trace.cache_hit()
                 return await self._from_cache(turn, kept)
         reply = await self._generate(turn)
         if turn.cache_key is not None:

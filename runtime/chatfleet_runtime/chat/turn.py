@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from chatfleet_runtime.chat.tracing import NO_TRACE, RequestTrace
 from chatfleet_runtime.prompting import (
     RequestError,
     SamplingParams,
@@ -45,6 +46,9 @@ class Turn:
     """Whether the answered turn is saved to the history (False for a mirrored request: read, never written)."""
     cache_key: str | None = None
     """The answer cache's key of this turn; None when the cache is off or the turn is not cacheable."""
+    trace: RequestTrace = NO_TRACE
+    """The request's span (chat/tracing.py); ``NO_TRACE`` when tracing is off, the request not sampled, or
+    the request mirrored."""
 
     @property
     def new_messages(self) -> list[dict[str, str]]:

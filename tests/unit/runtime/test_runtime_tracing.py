@@ -228,7 +228,13 @@ def test_every_chat_request_is_one_genai_span_at_the_collector(monkeypatch):
             backend.mode = "slow"
             leave_mid_stream(url)
             assert httpx.post(f"{url}/v1/chat/completions", content=b"{", timeout=10).status_code == 400
-            time.sleep(0.5)  # the abandoned stream: the server notices at its next write
+            # the abandoned stream: the server finds the client gone at its next write and closes it
+            registry = app.state.metrics.registry
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                if registry.get_sample_value("chatfleet_client_disconnects_total", {"model": "bot"}):
+                    break
+                time.sleep(0.05)
         # the server stopped: the app's shutdown flushed every span (nothing sent after it)
         assert collector.refused == []
         spans = collector.spans()

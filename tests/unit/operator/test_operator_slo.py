@@ -88,7 +88,7 @@ SPEC = {
             "maxReplicas": 10,
             "targets": {"inFlightRequests": 4},
             "slo": {"timeToFirstTokenP95Milliseconds": 400, "breachSeconds": 5},
-        }
+        },
     },
 }
 

@@ -80,11 +80,12 @@ def slo_step(
             step = max(1, math.ceil(base * min(1.0, p95_ms / target - 1)))
             new = min(max_replicas, base + step)
             if new > floor:
+                capped = " (maxReplicas)" if new == max_replicas else ""
                 st.update(
                     floor=new,
                     raisedAt=rfc3339(now),
                     reason=f"p95 time to first token {p95_ms:.0f} ms over {target} ms for {breached:.0f} s: "
-                    f"floor {base} -> {new}",
+                    f"floor {floor or 'none'} -> {new}{capped} ({base} replicas before)",
                 )
         return st
     st.pop("breachingSince", None)

@@ -46,7 +46,10 @@ def test_a_blip_raises_nothing_a_sustained_breach_raises_the_floor():
     assert "floor" not in st  # 4 s over: not yet
     st = slo_step(SLO, st, 900.0, at(9), total=4, max_replicas=20)
     assert st["floor"] == 8 and st["raisedAt"] == "2026-11-21T10:00:09Z"  # 900/400 - 1 > 100 %: doubled
-    assert st["reason"] == "p95 time to first token 900 ms over 400 ms for 5 s: floor 4 -> 8"
+    assert (
+        st["reason"]
+        == "p95 time to first token 900 ms over 400 ms for 5 s: floor none -> 8 (4 replicas before)"
+    )
 
 
 def test_the_next_raise_waits_one_model_load_and_stays_within_max():
@@ -57,8 +60,9 @@ def test_the_next_raise_waits_one_model_load_and_stays_within_max():
     assert st["floor"] == 5  # the new pod is still loading: no judgement yet
     st = slo_step(SLO, st, 500.0, at(45), total=5, max_replicas=6, load_seconds=40)
     assert st["floor"] == 6
+    assert st["reason"].endswith("floor 5 -> 6 (maxReplicas) (5 replicas before)")
     st = slo_step(SLO, st, 5000.0, at(90), total=6, max_replicas=6, load_seconds=40)
-    assert st["floor"] == 6  # maxReplicas
+    assert st["floor"] == 6 and st["raisedAt"] == "2026-11-21T10:00:45Z"  # at maxReplicas: nothing new
 
 
 def test_a_met_slo_releases_the_floor_after_twice_the_settle_time():

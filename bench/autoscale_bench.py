@@ -1,6 +1,6 @@
-"""`make bench-autoscale`: a compressed day of chat traffic and a sudden surge, five ways of sizing the fleet.
+"""`make bench-autoscale`: a compressed day of chat traffic and a sudden surge, six ways of sizing the fleet.
 
-Five ChatbotServices, one per namespace, see the same demand at the same time:
+Six ChatbotServices, one per namespace, see the same demand at the same time:
 
   static      spec.scaling.replicas sized for the highest demand of the day (surge included)
   reactive    spec.scaling.autoscale with an in-flight target: the operator's autoscaler (KEDA -> HPA)
@@ -8,6 +8,8 @@ Five ChatbotServices, one per namespace, see the same demand at the same time:
   slo         predictive + spec.scaling.autoscale.slo (the p95 time to first token kept: a sustained breach
               raises the floor at once, and the warm pool's standbys join at once); target = the queue-wait
               SLO + one replica's own time to first token
+  surge       slo + spec.scaling.autoscale.surge (the bench's surge declared: 5x within 10 s): the warm
+              pool sized to absorb it, loaded ahead
   oracle      a loop here that knows the curve and sets spec.scaling.replicas `load + margin` seconds
               ahead of demand (no autoscale): the cheapest fleet that never waits for a model to load
 
@@ -66,7 +68,7 @@ RESULTS = REPO / "bench-results"
 DATA = REPO / ".work" / "bench-autoscale-data"
 GROUP, VERSION, PLURAL = "chatfleet.io", "v1alpha1", "chatbotservices"
 NAME = "chat"
-CONFIGS = ("static", "reactive", "predictive", "slo", "oracle")
+CONFIGS = ("static", "reactive", "predictive", "slo", "surge", "oracle")
 GPU_PRODUCT = "NVIDIA-H100-80GB-HBM3"
 
 
@@ -180,7 +182,7 @@ def config_spec(kind: str, s: Settings, prometheus: str, annotations: dict[str, 
             "targets": {"inFlightRequests": max(1, round(s.target_utilization * s.replica.slots))},
             "scaleDownStabilizationSeconds": loop["scale_down_stabilization_seconds"],
         }
-        if kind in ("predictive", "slo"):
+        if kind in ("predictive", "slo", "surge"):
             autoscale["forecast"] = {
                 "enabled": True,
                 # usable capacity of one replica: at the same utilisation the in-flight target keeps
@@ -192,12 +194,14 @@ def config_spec(kind: str, s: Settings, prometheus: str, annotations: dict[str, 
                 "intervalSeconds": loop["forecast_interval_seconds"],
             }
             autoscale["warmPool"] = {"replicas": s.warm_pool}
-        if kind == "slo":
+        if kind in ("slo", "surge"):
             # the bench's SLO is on the queue wait; the chat API's time to first token adds the replica's own
             autoscale["slo"] = {
                 "timeToFirstTokenP95Milliseconds": round(s.slo_ms + s.replica.ttft_seconds * 1000),
                 "breachSeconds": max(1, round(5 / s.loop_compression)),
             }
+        if kind == "surge":
+            autoscale["surge"] = {"factor": s.surge_factor, "withinSeconds": 10}
         spec["scaling"] = {"autoscale": autoscale}
     return spec
 
@@ -216,8 +220,8 @@ def oracle_target(s: Settings, curve: DayCurve, t: float) -> int:
 
 
 def crd_admits(crd: dict[str, Any]) -> dict[str, bool]:
-    """Whether the installed CRD's schema has spec.scaling.autoscale.forecast, .warmPool and .slo."""
-    out = {"forecast": False, "warmPool": False, "slo": False}
+    """Whether the installed CRD's schema has spec.scaling.autoscale.forecast, .warmPool, .slo and .surge."""
+    out = {"forecast": False, "warmPool": False, "slo": False, "surge": False}
     for version in crd.get("spec", {}).get("versions", []):
         props = version.get("schema", {}).get("openAPIV3Schema", {}).get("properties", {})
         auto = (
@@ -336,12 +340,17 @@ class Run:
         """Configuration -> why it cannot run on this build ('' when it can)."""
         crd = json.loads(self.cluster.kubectl("get", "crd", CHATBOT_CRD_NAME, "-o", "json").stdout)
         admits = crd_admits(crd)
-        missing = [f"spec.scaling.autoscale.{k}" for k, ok in admits.items() if not ok and k != "slo"]
+        missing = [
+            f"spec.scaling.autoscale.{k}" for k, ok in admits.items() if not ok and k not in ("slo", "surge")
+        ]
         why = {k: "" for k in self.s.configs}
         if "predictive" in why and missing:
             why["predictive"] = f"not available on this build: the CRD does not admit {', '.join(missing)}"
-        if "slo" in why and not admits["slo"]:
-            why["slo"] = "not available on this build: the CRD does not admit spec.scaling.autoscale.slo"
+        for kind in ("slo", "surge"):
+            if kind in why and not admits[kind]:
+                why[kind] = (
+                    f"not available on this build: the CRD does not admit spec.scaling.autoscale.{kind}"
+                )
         return why
 
     def create(self, kinds: list[str], annotations: dict[str, str]) -> None:
@@ -512,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
         result["autoscalers"] = {
             k: run.autoscaler_report(run.namespaces[k])
             for k in kinds
-            if k in ("reactive", "predictive", "slo")
+            if k in ("reactive", "predictive", "slo", "surge")
         }
         result["notes"] = run.notes
     finally:
@@ -607,6 +616,7 @@ def plot(rows: list[dict[str, Any]], samples, s: Settings, namespaces: dict[str,
         "reactive": "tab:red",
         "predictive": "tab:green",
         "slo": "tab:orange",
+        "surge": "tab:purple",
         "oracle": "tab:blue",
     }
     curve, rep = s.curve(), s.replica
@@ -638,7 +648,7 @@ def plot(rows: list[dict[str, Any]], samples, s: Settings, namespaces: dict[str,
     ax_wait.set_ylabel("p95 queue wait (s)")
     ax_wait.set_xlabel(f"hour of the measured day (1 h = {s.day_seconds / 24:.0f} s)")
     ax_wait.legend(fontsize=7, ncol=5, loc="upper right")
-    fig.suptitle("make bench-autoscale: static vs reactive vs forecast + warm pool vs SLO vs oracle")
+    fig.suptitle("make bench-autoscale: static, reactive, forecast + warm pool, + SLO, + surge pool, oracle")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)

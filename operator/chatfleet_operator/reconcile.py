@@ -17,7 +17,7 @@ from typing import Any
 from chatfleet_operator import api, kinds, metrics
 from chatfleet_operator.autoscale.measure import Autoscaling
 from chatfleet_operator.autoscale.state import scaling_condition
-from chatfleet_operator.autoscale.warmpool import plan_serving, pool_status, pool_waits
+from chatfleet_operator.autoscale.warmpool import SurgePool, plan_serving, pool_status, pool_waits
 from chatfleet_operator.builders import deployment_name, endpoint, revision_fields, revision_hash
 from chatfleet_operator.cache import Snapshot, World, resource_version, slim
 from chatfleet_operator.context import PassContext, desired_total
@@ -40,6 +40,7 @@ from chatfleet_operator.defaults import effective_spec
 from chatfleet_operator.release.children import (
     scale_selector,
     serving_revision,
+    surge_of,
     warm_pool,
 )
 from chatfleet_operator.release.measure import Releases
@@ -184,8 +185,8 @@ def reconcile_pass(
     #    wave; without one the stable Deployment keeps its observed template and no release starts.
     plan, desired, held = plan_in_wave(ctx, wave)
     changes = diff_children(desired, snap.children, kinds.DELETABLE, kinds.DELETABLE_COMPONENTS)
-    pool = warm_pool(ctx, plan) if spec.scaling.warm_pool > 0 else 0
-    labels = plan_serving(ctx.pods, plan.stable_replicas) if spec.scaling.warm_pool > 0 else []
+    pool = warm_pool(ctx, plan) if spec.scaling.pooled else 0
+    labels = plan_serving(ctx.pods, plan.stable_replicas) if spec.scaling.pooled else []
     fallback = plan_fallback(ctx.pods, spec.fallback.annotation() if spec.fallback else None)
 
     # 4. Apply: pod labels first (a scale-down then removes standby pods, not serving ones), spec.fallback
@@ -202,7 +203,7 @@ def reconcile_pass(
     dep = deployment_facts(dep_body) if dep_body is not None else None
     stable_pods = [p for p in snap.pods if p.track == api.TRACK_STABLE]
     problems = diagnose(spec, ctx.nodes, stable_pods, dep)  # canary pods: the release judges them
-    if spec.scaling.warm_pool > 0:  # standby pods waiting for GPUs are no problem while enough serve
+    if spec.scaling.pooled:  # standby pods waiting for GPUs are no problem while enough serve
         problems = pool_waits(problems, stable_pods, plan.stable_replicas)
     problems += [Problem(api.Reason.APPLY_FAILED, msg) for msg, _ in refused]
     problems += [
@@ -221,7 +222,7 @@ def reconcile_pass(
         problems=problems,
         standby=pool,
         standby_pods=sum(1 for p in stable_pods if p.serving == "false" and not p.deleting),
-        autoscaling=_autoscaling_status(ctx, pool, stable_pods),
+        autoscaling=_autoscaling_status(ctx, pool, stable_pods, surge_of(ctx, plan.stable_replicas)),
         scaling_active=_scaling_active(ctx),
         route_served=_route_served(ctx, snap),
         routing=routing_status(ctx, snap.children),
@@ -297,7 +298,9 @@ def count_release_transitions(plan: ReleasePlan) -> None:
             metrics.release_rolled_back(strategy, first_failed, rolled_back)
 
 
-def _autoscaling_status(ctx: PassContext, pool: int, stable_pods: list[Any]) -> dict[str, Any] | None:
+def _autoscaling_status(
+    ctx: PassContext, pool: int, stable_pods: list[Any], surge: SurgePool | None
+) -> dict[str, Any] | None:
     """status.autoscaling of this pass (None without spec.scaling.autoscale)."""
     spec = ctx.spec
     if spec.scaling.autoscale is None:
@@ -305,12 +308,14 @@ def _autoscaling_status(ctx: PassContext, pool: int, stable_pods: list[Any]) -> 
     out: dict[str, Any] = {"metricsSource": ctx.metrics_source}
     if ctx.forecast is not None:
         out["forecast"] = dict(ctx.forecast)
-    if spec.scaling.warm_pool > 0:
+    if spec.scaling.pooled:
         out["warmPool"] = pool_status(stable_pods, pool, spec.resources.gpus_per_replica)
     if ctx.model_load is not None:
         out["modelLoadSeconds"] = dict(ctx.model_load)
     if ctx.slo is not None:
         out["slo"] = dict(ctx.slo)
+    if surge is not None:
+        out["surge"] = {"standby": surge.standby, "reason": surge.reason}
     return out
 
 

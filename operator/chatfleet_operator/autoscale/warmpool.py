@@ -12,16 +12,22 @@ Under GPU scarcity the pool is the first to wait: pods are not tied to a role, a
 labelled serving, so whichever pods find a GPU serve first and the pool is what is left over. While a
 release's new revision waits for GPUs, the pool is given up (`pool_size` returns 0) so its GPUs go to
 the release. Canary and preview pods are never in the pool: their template says serving=true.
+
+With spec.scaling.autoscale.surge the pool is sized for the surge instead (`surge_pool`, at least
+warmPool.replicas): the standbys that let demand grow `factor`-fold within `withinSeconds`, when that is
+shorter than a decision and a model load.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from chatfleet_operator import api
 from chatfleet_operator.converge.diagnose import Problem
 from chatfleet_operator.converge.facts import PodFacts
+from chatfleet_operator.spec import SloSpec, SurgeSpec
 
 STANDBY_DELETION_COST = api.STANDBY_DELETION_COST
 
@@ -34,6 +40,56 @@ class PodLabel:
     serving: str
     deletion_cost: str | None
     """The annotation's new value; None: remove it."""
+
+
+#: Seconds from a surge to the HPA's decision without an SLO: its sync period and a scrape (15 s each,
+#: the defaults; the operator cannot read the controller's flag).
+HPA_DECISION_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
+class SurgePool:
+    """The standbys a declared surge asks for, and why (status.autoscaling.surge)."""
+
+    standby: int
+    reason: str
+    decision_seconds: float
+    """How long after a surge begins the fleet decides to grow (the SLO's breach, else the HPA's sync)."""
+
+
+def surge_pool(
+    surge: SurgeSpec,
+    serving: int,
+    max_replicas: int,
+    load_seconds: float | None,
+    slo: SloSpec | None = None,
+) -> SurgePool:
+    """Standby replicas that let `serving` replicas' worth of demand grow `factor`-fold within `withinSeconds`.
+
+    New pods serve only after a model load; when the decision plus a load fits in withinSeconds, none are
+    needed. Otherwise the pool holds ceil(serving * factor) - serving replicas, loaded, within maxReplicas
+    (serving + pool <= maxReplicas: a surge beyond maxReplicas is not absorbed). e.g. factor 5 within
+    10 s, 2 serving, load 40 s, max 13 -> 8 standbys; 12 serving -> 1 (maxReplicas).
+    """
+    decision = (slo.breach_seconds + slo.check_seconds) if slo is not None else HPA_DECISION_SECONDS
+    head = f"{surge.factor:g}x within {surge.within_seconds} s"
+    if load_seconds is not None and decision + load_seconds <= surge.within_seconds:
+        return SurgePool(
+            0,
+            f"{head}: a decision ({decision:g} s) and a model load ({load_seconds:g} s) fit in it",
+            decision,
+        )
+    wanted = max(0, math.ceil(serving * surge.factor - 1e-9) - serving)
+    standby = max(0, min(wanted, max_replicas - serving))
+    load = "not measured yet" if load_seconds is None else f"{load_seconds:g} s"
+    reason = f"{head} of {serving} serving: {wanted} more loaded ahead (model load {load})"
+    if standby < wanted:
+        reason += f", {standby} within maxReplicas {max_replicas}"
+    if decision > surge.within_seconds:
+        reason += f"; the decision to grow takes about {decision:g} s" + (
+            "" if slo is not None else " (the HPA's sync: spec.scaling.autoscale.slo decides sooner)"
+        )
+    return SurgePool(standby, reason, decision)
 
 
 def pool_size(requested: int, release_waits_for_gpus: bool) -> int:

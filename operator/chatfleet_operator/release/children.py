@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from chatfleet_operator import api
-from chatfleet_operator.autoscale.warmpool import pool_size
+from chatfleet_operator.autoscale.warmpool import SurgePool, pool_size, surge_pool
 from chatfleet_operator.builders import (
     build_deployment,
     build_hpa,
@@ -78,7 +78,22 @@ def warm_pool(ctx: PassContext, plan: ReleasePlan) -> int:
     waits = plan.in_release and (
         ctx.canary.waiting_for_gpus or (rel is not None and rel.capacity == REPLACE_IN_PLACE)
     )
-    return pool_size(ctx.spec.scaling.warm_pool, waits)
+    return pool_size(pool_wanted(ctx, plan.stable_replicas), waits)
+
+
+def surge_of(ctx: PassContext, serving: int) -> SurgePool | None:
+    """What spec.scaling.autoscale.surge asks of the pool with `serving` replicas (None without one)."""
+    autoscale = ctx.spec.scaling.autoscale
+    if autoscale is None or autoscale.surge is None:
+        return None
+    load = (ctx.model_load or {}).get("seconds")
+    return surge_pool(autoscale.surge, serving, autoscale.max_replicas, load, autoscale.slo)
+
+
+def pool_wanted(ctx: PassContext, serving: int) -> int:
+    """Standbys asked for: warmPool.replicas, or more when a declared surge needs them (autoscale/warmpool.py)."""
+    surge = surge_of(ctx, serving)
+    return max(ctx.spec.scaling.warm_pool, surge.standby if surge else 0)
 
 
 def stable_build(ctx: PassContext, plan: ReleasePlan) -> TrackBuild:
@@ -119,7 +134,7 @@ def _track_deployment(ctx: PassContext, build: TrackBuild, in_place: bool) -> di
         "replicas": build.replicas,
         "in_place": in_place,
     }
-    if spec.scaling.warm_pool > 0 and build.template is None:
+    if spec.scaling.pooled and build.template is None:
         # stable pods join when the operator says; release pods always serve; an observed template keeps
         # its labels
         common["serving"] = "false" if build.track == api.TRACK_STABLE else "true"
@@ -138,7 +153,7 @@ def desired_children(ctx: PassContext, plan: ReleasePlan) -> list[dict[str, Any]
     new = new_revision_build(ctx, plan, strategy.track)
     new_objs = [_track_deployment(ctx, new, in_place)] if new else []
     traffic = [
-        serving_only(m) if spec.scaling.warm_pool > 0 else m
+        serving_only(m) if spec.scaling.pooled else m
         for m in router.traffic_objects(ctx, strategy.traffic_intent(ctx, plan, stable.revision))
     ]
     rest = [build_pdb(ref)] if pdb_wanted(spec) else []
@@ -186,7 +201,7 @@ def scale_selector(ref: ObjectRef, spec: ChatbotServiceSpec, plan: ReleasePlan) 
         selector = selector_text(service_selector(ref, **{api.LABEL_TRACK: api.TRACK_STABLE}))
     else:
         selector = strategy_of(spec).release_selector(ref, plan)
-    if spec.scaling.warm_pool > 0:  # the HPA averages over the pods that take traffic, not the pool
+    if spec.scaling.pooled:  # the HPA averages over the pods that take traffic, not the pool
         selector += f",{api.LABEL_SERVING}=true"
     return selector
 

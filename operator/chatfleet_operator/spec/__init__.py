@@ -56,7 +56,14 @@ from chatfleet_operator.spec.runtime import (
     RuntimeSpec,
     Sessions,
 )
-from chatfleet_operator.spec.scaling import Autoscale, AutoscaleTargets, ForecastSpec, ScalingSpec, SloSpec
+from chatfleet_operator.spec.scaling import (
+    Autoscale,
+    AutoscaleTargets,
+    ForecastSpec,
+    ScalingSpec,
+    SloSpec,
+    SurgeSpec,
+)
 
 __all__ = [
     "DEFAULT_CANARY_STEPS",
@@ -99,6 +106,7 @@ __all__ = [
     "SloSpec",
     "StickyDialogues",
     "Strategy",
+    "SurgeSpec",
     "Thresholds",
     "TracingSpec",
     "golden_prompt_of",

@@ -1,4 +1,4 @@
-"""spec.scaling: a fixed size, or the autoscaler's range, targets, forecast, warm pool and SLO."""
+"""spec.scaling: a fixed size, or the autoscaler's range, targets, forecast, warm pool, SLO and surge."""
 
 from __future__ import annotations
 
@@ -77,6 +77,23 @@ class SloSpec:
 
 
 @dataclass(frozen=True)
+class SurgeSpec:
+    """spec.scaling.autoscale.surge: a sudden rise the fleet must absorb from loaded standbys."""
+
+    factor: float
+    """Demand may reach this many times the serving replicas' worth."""
+    within_seconds: int = 10
+    """...this fast: faster than a model loads, so the capacity must be loaded already."""
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> SurgeSpec | None:
+        """Parse spec.scaling.autoscale.surge; None when absent."""
+        if not d or d.get("factor") is None:
+            return None
+        return cls(float(d["factor"]), int(field_value(d, "withinSeconds", 10)))
+
+
+@dataclass(frozen=True)
 class Autoscale:
     """spec.scaling.autoscale."""
 
@@ -89,6 +106,8 @@ class Autoscale:
     """warmPool.replicas: standby Ready replicas outside the Service (docs/autoscaling.md)."""
     slo: SloSpec | None = None
     """The time-to-first-token SLO the operator keeps by raising the floor on a breach (None: none)."""
+    surge: SurgeSpec | None = None
+    """The surge the warm pool is sized to absorb (None: the pool is warmPool.replicas)."""
 
     @property
     def forecasting(self) -> bool:
@@ -109,6 +128,12 @@ class ScalingSpec:
     def warm_pool(self) -> int:
         """Standby replicas asked for (spec.scaling.autoscale.warmPool.replicas; 0 without autoscale)."""
         return self.autoscale.warm_pool if self.autoscale is not None else 0
+
+    @property
+    def pooled(self) -> bool:
+        """Whether stable pods may stand by (a warm pool, or one sized for a surge): the serving label, the
+        Service's selector on it, the standbys' deletion cost."""
+        return self.warm_pool > 0 or (self.autoscale is not None and self.autoscale.surge is not None)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ScalingSpec:
@@ -135,6 +160,7 @@ class ScalingSpec:
                 forecast=ForecastSpec.from_dict(sub_mapping(a, "forecast")),
                 warm_pool=int(field_value(sub_mapping(a, "warmPool"), "replicas", 0)),
                 slo=SloSpec.from_dict(sub_mapping(a, "slo")),
+                surge=SurgeSpec.from_dict(sub_mapping(a, "surge")),
             )
         return cls(
             replicas=int(field_value(d, "replicas", 1)),

@@ -33,26 +33,26 @@ build_registry() {
   rm -rf "$out" && mv "$out.tmp" "$out"
 }
 
-build_moto() {
-  local v=$MOTO_VERSION venv="$CACHE/tools/moto-$MOTO_VERSION"
-  [ -f "$venv/.complete" ] && { say "moto v$v cached"; return; }
-  say "installing moto[server]==$v into $venv"
+# pip_tool NAME VERSION SPEC [CHECK...]: SPEC pip-installed into its own venv $CACHE/tools/NAME-VERSION, once
+# (a .complete marker); CHECK, when given, is a command run from the venv's bin/ that must succeed.
+pip_tool() {
+  local name=$1 v=$2 spec=$3 venv="$CACHE/tools/$1-$2"
+  shift 3
+  [ -f "$venv/.complete" ] && { say "$name v$v cached"; return; }
+  say "installing $spec into $venv"
   rm -rf "$venv"
   python3 -m venv "$venv"
-  "$venv/bin/pip" install -q "moto[server]==$v" || die "cannot install moto[server]==$v from the Python package registry"
+  "$venv/bin/pip" install -q "$spec" || die "cannot install $spec from the Python package registry"
+  if [ $# -gt 0 ]; then
+    "$venv/bin/$1" "${@:2}" >/dev/null || die "$spec installed into $venv but does not start"
+  fi
   touch "$venv/.complete"
 }
 
-build_guidellm() {
-  local v=$GUIDELLM_VERSION venv="$CACHE/tools/guidellm-$GUIDELLM_VERSION"
-  [ -f "$venv/.complete" ] && { say "guidellm v$v cached"; return; }
-  say "installing guidellm==$v into $venv (torch and its CUDA libraries: ~6 GB)"
-  rm -rf "$venv"
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install -q "guidellm==$v" || die "cannot install guidellm==$v from the Python package registry"
-  "$venv/bin/guidellm" --help >/dev/null || die "guidellm==$v installed into $venv but does not start"
-  touch "$venv/.complete"
-}
+build_moto() { pip_tool moto "$MOTO_VERSION" "moto[server]==$MOTO_VERSION"; }
+
+# guidellm's torch is the registry's CUDA build with its nvidia-* libraries (~6 GB)
+build_guidellm() { pip_tool guidellm "$GUIDELLM_VERSION" "guidellm==$GUIDELLM_VERSION" guidellm --help; }
 
 for t in ${*:-registry moto guidellm}; do
   case $t in

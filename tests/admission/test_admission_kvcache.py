@@ -7,31 +7,16 @@ what would be stored, so the defaults are read from it.
 
 from __future__ import annotations
 
-import json
-
 import pytest
-import yaml
+from admission_stored import stored as stored_object
 
-BASE = {
-    "apiVersion": "chatfleet.io/v1alpha1",
-    "kind": "ChatbotService",
-    "metadata": {"name": "kv-bot"},
-    "spec": {"model": {"uri": "hf://org/model"}},
-}
+MODEL = {"uri": "hf://org/model"}
 
 
 def stored(cluster, tmp_path, runtime: dict | None = None) -> dict:
-    """The object the API server would store for BASE with spec.runtime = runtime."""
-    body = json.loads(json.dumps(BASE))
-    if runtime is not None:
-        body["spec"]["runtime"] = runtime
-    path = tmp_path / "bot.yaml"
-    path.write_text(yaml.safe_dump(body))
-    result = cluster.kubectl(
-        "apply", "--dry-run=server", "-n", "default", "-o", "json", "-f", str(path), check=False
-    )
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
+    """The object the API server would store with spec.runtime = runtime."""
+    spec = {"model": MODEL, **({"runtime": runtime} if runtime is not None else {})}
+    return stored_object(cluster, tmp_path, spec, "kv-bot")
 
 
 @pytest.mark.cluster

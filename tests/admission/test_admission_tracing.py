@@ -7,31 +7,16 @@ what would be stored.
 
 from __future__ import annotations
 
-import json
-
 import pytest
-import yaml
+from admission_stored import stored as stored_object
 
-BASE = {
-    "apiVersion": "chatfleet.io/v1alpha1",
-    "kind": "ChatbotService",
-    "metadata": {"name": "traced-bot"},
-    "spec": {"model": {"uri": "hf://org/model"}},
-}
+MODEL = {"uri": "hf://org/model"}
 
 
 def stored(cluster, tmp_path, observability: dict | None) -> dict:
-    """The spec the API server would store for BASE with spec.observability = observability."""
-    body = json.loads(json.dumps(BASE))
-    if observability is not None:
-        body["spec"]["observability"] = observability
-    path = tmp_path / "bot.yaml"
-    path.write_text(yaml.safe_dump(body))
-    result = cluster.kubectl(
-        "apply", "--dry-run=server", "-n", "default", "-o", "json", "-f", str(path), check=False
-    )
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)["spec"]
+    """The spec the API server would store with spec.observability = observability."""
+    spec = {"model": MODEL, **({"observability": observability} if observability is not None else {})}
+    return stored_object(cluster, tmp_path, spec, "traced-bot")["spec"]
 
 
 @pytest.mark.cluster

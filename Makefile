@@ -216,7 +216,7 @@ bench-rollout: setup ## Chatfleet vs the real Argo Rollouts v1.10.2 (built on fi
 	$(PY) bench/rollout_bench.py
 
 .PHONY: bench-autoscale
-bench-autoscale: setup ## Autoscaling: a compressed day + 5x surge; static vs reactive vs forecast+warm pool vs SLO vs oracle (~22 min)
+bench-autoscale: setup ## Autoscaling: a compressed day + 5x surge; static, reactive, forecast+warm pool, +SLO, +declared surge, oracle (~22 min)
 	$(PY) bench/autoscale_bench.py $(BENCH_ARGS)
 
 .PHONY: bench-release-traffic

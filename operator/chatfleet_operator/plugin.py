@@ -36,7 +36,7 @@ from chatfleet_operator import api, kube
 from chatfleet_operator.analysis.assess import Figure
 from chatfleet_operator.builders.common import REVISION_FIELDS
 from chatfleet_operator.release.planner import stepped
-from chatfleet_operator.release.state import ACTIVE_PHASES, ReleasePhase
+from chatfleet_operator.release.state import ACTIVE_PHASES, ReleasePhase, Result
 from chatfleet_operator.timefmt import parse_time, rfc3339
 
 
@@ -75,13 +75,12 @@ def patch_spec(namespace: str, name: str, spec: dict[str, Any]) -> None:
 
 def patch_rollout(namespace: str, name: str, fields: dict[str, Any]) -> None:
     """JSON merge patch of spec.rollout (the GitOps fields)."""
-    kube.request(
-        "PATCH",
-        kube.object_path(api.KIND, namespace, name),
-        body={"spec": {"rollout": fields}},
-        content_type="application/merge-patch+json",
-        kind=api.KIND,
-    )
+    patch_spec(namespace, name, {"rollout": fields})
+
+
+def aborts(body: dict[str, Any], revision: str) -> bool:
+    """Whether spec.rollout.abort names `revision` ('*': any): a release of it would be rolled back at once."""
+    return ((body.get("spec") or {}).get("rollout") or {}).get("abort") in (revision, "*")
 
 
 def _ago(value: Any, now: datetime) -> str:
@@ -361,7 +360,7 @@ def retry(ns: str, name: str, body: dict[str, Any], now: datetime | None = None)
         print(f"error: no rolled-back release to retry on {ns}/{name}", file=sys.stderr)
         return 1
     fields: dict[str, Any] = {"retry": rfc3339(now or datetime.now(UTC))}
-    if ((body.get("spec") or {}).get("rollout") or {}).get("abort") in (revision, "*"):
+    if aborts(body, revision):
         fields["abort"] = None
     patch_rollout(ns, name, fields)
     print(f"chatbotservice {ns}/{name}: retry of revision {revision} requested")
@@ -380,7 +379,7 @@ def undo(ns: str, name: str, body: dict[str, Any], to_revision: str | None = Non
     kept = [
         h
         for h in st.get("releaseHistory") or []
-        if h.get("result") == "Promoted" and isinstance(h.get("previous"), dict)
+        if h.get("result") == Result.PROMOTED and isinstance(h.get("previous"), dict)
     ]
     if to_revision is None:
         entry = next((h for h in kept if h.get("revision") == st.get("stableRevision")), None)
@@ -400,8 +399,7 @@ def undo(ns: str, name: str, body: dict[str, Any], to_revision: str | None = Non
             file=sys.stderr,
         )
         return 1
-    rollout = spec.get("rollout") or {}
-    if rollout.get("abort") in (previous.get("revision"), "*"):
+    if aborts(body, previous.get("revision", "")):
         fields["rollout"] = {"abort": None}
     patch_spec(ns, name, fields)
     print(

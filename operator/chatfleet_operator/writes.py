@@ -111,34 +111,37 @@ def seed_replicas(client: Client, ref: ObjectRef, replicas: int) -> tuple[str, b
     return None
 
 
-def label_pods(client: Client, ref: ObjectRef, labels: list[PodLabel]) -> tuple[str, bool] | None:
-    """Flip the warm pool's serving labels and deletion costs; on refusal (message, worth retrying)."""
-    for change in labels:
+def patch_pods(
+    client: Client,
+    ref: ObjectRef,
+    patches: list[tuple[str, dict[str, str], dict[str, str | None]]],
+    what: str,
+) -> tuple[str, bool] | None:
+    """Merge-patch each (pod, labels, annotations) in turn (None removes an annotation); on the first
+    refusal (message, worth retrying). `what` says what the patches do, e.g. "labelled"."""
+    for name, labels, notes in patches:
         try:
-            client.label_pod(
-                ref.namespace,
-                change.name,
-                {api.LABEL_SERVING: change.serving},
-                {api.ANNOTATION_DELETION_COST: change.deletion_cost},
-            )
+            client.label_pod(ref.namespace, name, labels, notes)
         except ApiError as exc:
-            log.warning("Failed to label pod %s/%s: %s", ref.namespace, change.name, exc)
-            return f"pod {change.name} could not be labelled ({exc.status}): {exc.message}", True
-        log.info("Labelled pod %s/%s %s=%s", ref.namespace, change.name, api.LABEL_SERVING, change.serving)
+            log.warning("Failed to patch pod %s/%s (%s): %s", ref.namespace, name, what, exc)
+            return f"pod {name} could not be {what} ({exc.status}): {exc.message}", True
+        log.info("Pod %s/%s %s: %s %s", ref.namespace, name, what, labels, sorted(notes))
     return None
+
+
+def label_pods(client: Client, ref: ObjectRef, labels: list[PodLabel]) -> tuple[str, bool] | None:
+    """Flip the warm pool's serving labels and deletion costs."""
+    patches = [
+        (c.name, {api.LABEL_SERVING: c.serving}, {api.ANNOTATION_DELETION_COST: c.deletion_cost})
+        for c in labels
+    ]
+    return patch_pods(client, ref, patches, "labelled")
 
 
 def annotate_pods(client: Client, ref: ObjectRef, changes: list[PodAnnotation]) -> tuple[str, bool] | None:
-    """Write spec.fallback into each pod's chatfleet.io/fallback annotation (None removes it); on refusal
-    (message, worth retrying)."""
-    for change in changes:
-        try:
-            client.label_pod(ref.namespace, change.name, {}, {api.ANNOTATION_FALLBACK: change.value})
-        except ApiError as exc:
-            log.warning("Failed to annotate pod %s/%s: %s", ref.namespace, change.name, exc)
-            return f"pod {change.name} could not be annotated ({exc.status}): {exc.message}", True
-        log.info("Annotated pod %s/%s with spec.fallback", ref.namespace, change.name)
-    return None
+    """Write spec.fallback into each pod's chatfleet.io/fallback annotation (None removes it)."""
+    patches = [(c.name, {}, {api.ANNOTATION_FALLBACK: c.value}) for c in changes]
+    return patch_pods(client, ref, patches, "annotated")
 
 
 def write_status(

@@ -89,7 +89,8 @@ class Autoscaling:
         if autoscale is None or autoscale.slo is None:
             return ctx
         slo, key = autoscale.slo, (ctx.ref.namespace, ctx.ref.name)
-        state: dict[str, Any] = dict((ctx.old_status.get("autoscaling") or {}).get("slo") or {})
+        old: dict[str, Any] = dict((ctx.old_status.get("autoscaling") or {}).get("slo") or {})
+        state = old
         last = self._slo_checked.get(key)
         elapsed = None if last is None else (ctx.now - last).total_seconds()
         if elapsed is None or elapsed >= slo.check_seconds or elapsed < 0:
@@ -97,10 +98,8 @@ class Autoscaling:
             self._slo_checked[key] = ctx.now
             elapsed = 0.0
             load = (ctx.model_load or {}).get("seconds")
-            state = slo_step(slo, state, p95, ctx.now, ctx.total, autoscale.max_replicas, load, error)
-            if "reason" in state and state.get("reason") != (ctx.old_status.get("autoscaling") or {}).get(
-                "slo", {}
-            ).get("reason"):
+            state = slo_step(slo, old, p95, ctx.now, ctx.total, autoscale.max_replicas, load, error)
+            if state.get("reason", "") != old.get("reason", ""):
                 log.info("SLO of ChatbotService %s/%s: %s", *key, state["reason"])
         floor = slo_floor(state)
         next_in = max(1.0, slo.check_seconds - elapsed)

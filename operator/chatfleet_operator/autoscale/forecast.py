@@ -24,6 +24,8 @@ MIN_STEP = 5
 MIN_POINTS = 6
 #: Lead added to the measured model-load time when spec.scaling.autoscale.forecast.leadSeconds is unset.
 LEAD_MARGIN_SECONDS = 60
+#: One-sided 95 % of a normal error: the standbys cover demand the forecast misses 19 times in 20.
+ERROR_Z = 1.645
 
 
 def step_seconds(period_seconds: int) -> int:
@@ -45,13 +47,16 @@ class Demand:
     peak_rps: float | None
     """Peak forecast requests/s over [now, now + lead]; None: no forecast (too little history)."""
     model: str
+    error_rps: float | None = None
+    """How far off it may be over the lead, requests/s: the fit's root-mean-square one-step residual times
+    the square root of the lead in steps (None: no forecast)."""
 
 
 def forecast_peak(values: Sequence[float], step: int, period_seconds: int, lead: int) -> Demand:
     """Peak of the forecast over the next `lead` seconds from samples `step` seconds apart.
 
     e.g. 2 full seasons of a sine day -> Holt-Winters; 10 samples -> Holt's linear trend;
-    3 samples -> no forecast.
+    3 samples -> no forecast. Its error: the fit's RMS one-step residual x sqrt(horizon in steps).
     """
     from statsmodels.tsa.holtwinters import ExponentialSmoothing  # heavy import, only when forecasting
 
@@ -71,10 +76,22 @@ def forecast_peak(values: Sequence[float], step: int, period_seconds: int, lead:
             fit = ExponentialSmoothing(data, trend="add", initialization_method="estimated").fit()
             model = f"Holt linear trend (history {len(data)} samples < two seasons of {season})"
         ahead = [float(v) for v in fit.forecast(horizon)]
+        residuals = [float(r) for r in fit.resid if math.isfinite(r)]
     finite = [v for v in ahead if math.isfinite(v)]
     if not finite:
         return Demand(None, f"{model} gave no finite forecast")
-    return Demand(max(0.0, max(finite)), model)
+    rms = math.sqrt(sum(r * r for r in residuals) / len(residuals)) if residuals else 0.0
+    return Demand(max(0.0, max(finite)), model, rms * math.sqrt(horizon))
+
+
+def error_standbys(error_rps: float | None, requests_per_replica: float | None) -> int:
+    """Standby replicas that cover the forecast's error: ceil(1.645 x error / requestsPerReplica).
+
+    e.g. error 6 req/s, 7 per replica -> ceil(1.41) = 2; error 0 -> 0; no forecast (None) -> 0.
+    """
+    if error_rps is None or not requests_per_replica or not math.isfinite(error_rps):
+        return 0
+    return max(0, math.ceil(ERROR_Z * error_rps / requests_per_replica - 1e-9))
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from chatfleet_operator import api
-from chatfleet_operator.autoscale.forecast import Demand, replica_floor
+from chatfleet_operator.autoscale.forecast import Demand, error_standbys, replica_floor
 from chatfleet_operator.spec import Autoscale
 from chatfleet_operator.timefmt import parse_time, rfc3339
 
@@ -65,10 +65,15 @@ def forecast_status(
         fc = {"computedAt": stamp, "model": demand.model, "consecutiveErrors": 0}
         if demand.peak_rps is not None:
             fc["requestsPerSecond"] = round(demand.peak_rps, 3)
+        if demand.peak_rps is not None and demand.error_rps is not None:
+            fc["errorRequestsPerSecond"] = round(demand.error_rps, 3)
     else:
-        fc = {
-            k: old[k] for k in ("computedAt", "model", "consecutiveErrors", "requestsPerSecond") if k in old
-        }
+        kept = ("computedAt", "model", "consecutiveErrors", "requestsPerSecond", "errorRequestsPerSecond")
+        fc = {k: old[k] for k in kept if k in old}
+    if autoscale.pool_from_forecast_error:
+        fc["standbys"] = error_standbys(
+            fc.get("errorRequestsPerSecond"), autoscale.forecast.requests_per_replica
+        )
     floor = replica_floor(autoscale, fc.get("requestsPerSecond"))
     fc["floor"] = floor.replicas
     fc["leadSeconds"] = lead

@@ -91,9 +91,19 @@ def surge_of(ctx: PassContext, serving: int) -> SurgePool | None:
 
 
 def pool_wanted(ctx: PassContext, serving: int) -> int:
-    """Standbys asked for: warmPool.replicas, or more when a declared surge needs them (autoscale/warmpool.py)."""
+    """Standbys asked for: warmPool.replicas, or more when the forecast's error (warmPool.fromForecastError:
+    status.autoscaling.forecast.standbys, autoscale/forecast.py) or a declared surge (autoscale/warmpool.py)
+    needs them; within maxReplicas beside the serving ones, never under warmPool.replicas."""
     surge = surge_of(ctx, serving)
-    return max(ctx.spec.scaling.warm_pool, surge.standby if surge else 0)
+    autoscale, fixed = ctx.spec.scaling.autoscale, ctx.spec.scaling.warm_pool
+    error = (
+        int((ctx.forecast or {}).get("standbys") or 0)
+        if autoscale and autoscale.pool_from_forecast_error
+        else 0
+    )
+    if autoscale is not None:
+        error = min(error, max(0, autoscale.max_replicas - serving))
+    return max(fixed, error, surge.standby if surge else 0)
 
 
 def stable_build(ctx: PassContext, plan: ReleasePlan) -> TrackBuild:

@@ -104,6 +104,8 @@ class Autoscale:
     forecast: ForecastSpec = field(default_factory=ForecastSpec)
     warm_pool: int = 0
     """warmPool.replicas: standby Ready replicas outside the Service (docs/autoscaling.md)."""
+    pool_from_forecast_error: bool = False
+    """warmPool.fromForecastError: the pool also covers the forecast's error (autoscale/warmpool.py)."""
     slo: SloSpec | None = None
     """The time-to-first-token SLO the operator keeps by raising the floor on a breach (None: none)."""
     surge: SurgeSpec | None = None
@@ -133,7 +135,8 @@ class ScalingSpec:
     def pooled(self) -> bool:
         """Whether stable pods may stand by (a warm pool, or one sized for a surge): the serving label, the
         Service's selector on it, the standbys' deletion cost."""
-        return self.warm_pool > 0 or (self.autoscale is not None and self.autoscale.surge is not None)
+        a = self.autoscale
+        return self.warm_pool > 0 or (a is not None and (a.surge is not None or a.pool_from_forecast_error))
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ScalingSpec:
@@ -159,6 +162,9 @@ class ScalingSpec:
                 scale_down_stabilization_seconds=int(field_value(a, "scaleDownStabilizationSeconds", 300)),
                 forecast=ForecastSpec.from_dict(sub_mapping(a, "forecast")),
                 warm_pool=int(field_value(sub_mapping(a, "warmPool"), "replicas", 0)),
+                pool_from_forecast_error=bool(
+                    field_value(sub_mapping(a, "warmPool"), "fromForecastError", False)
+                ),
                 slo=SloSpec.from_dict(sub_mapping(a, "slo")),
                 surge=SurgeSpec.from_dict(sub_mapping(a, "surge")),
             )

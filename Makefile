@@ -179,7 +179,7 @@ release-dry-run: ## The release pipeline's script, nothing pushed: tag vs versio
 ##@ Benchmarks (apart from tests; each prints a table and writes bench-results/*.json)
 
 .PHONY: bench
-bench: bench-platform bench-operator bench-runtime bench-rollout bench-autoscale bench-release-traffic bench-quality bench-answer-cache bench-routing ## All benchmarks
+bench: bench-platform bench-operator bench-runtime bench-rollout bench-autoscale bench-autoscale-ramp bench-release-traffic bench-quality bench-answer-cache bench-routing ## All benchmarks
 
 .PHONY: bench-platform
 bench-platform: setup ## Platform: cold build, warm start-to-ready, memory at rest, 1,000 GPU pods on 250 nodes
@@ -218,6 +218,10 @@ bench-rollout: setup ## Chatfleet vs the real Argo Rollouts v1.10.2 (built on fi
 .PHONY: bench-autoscale
 bench-autoscale: setup ## Autoscaling: a compressed day + 5x surge; static, reactive, forecast+warm pool, +SLO, +declared surge, oracle (~22 min)
 	$(PY) bench/autoscale_bench.py $(BENCH_ARGS)
+
+.PHONY: bench-autoscale-ramp
+bench-autoscale-ramp: setup ## Autoscaling, the fair run: nothing compressed, an hour of the morning ramp + a 5x surge, the same six rows (~75 min)
+	$(PY) bench/autoscale_bench.py --ramp $(BENCH_ARGS)
 
 .PHONY: bench-release-traffic
 bench-release-traffic: setup ## Releases on real pods: streams cut, non-2xx, lost histories (plain Deployment without the drain, Service, Traefik); sticky vs unpinned dialogues (ROWS= picks rows)

@@ -15,6 +15,7 @@ from typing import Any
 from urllib.parse import quote
 
 import kubernetes
+import urllib3
 from kubernetes.client import ApiClient, Configuration
 
 from chatfleet_operator import api, metrics
@@ -30,6 +31,10 @@ KINDS: dict[str, tuple[str, str]] = API_PATHS
 #: Content type of server-side apply (counted as the APPLY verb, as the API server counts it).
 APPLY_PATCH = "application/apply-patch+yaml"
 _client: ApiClient | None = None
+
+#: What the client raises when it has no cluster to talk to: no usable kubeconfig, or no answer from the API
+#: server (refused, reset, timed out, TLS). The plugin prints unreachable_reason() of these, one line.
+UNREACHABLE: tuple[type[Exception], ...] = (kubernetes.config.ConfigException, urllib3.exceptions.HTTPError)
 
 
 def configure(kubeconfig: str | None = None, pool_size: int = 32, context: str | None = None) -> None:
@@ -47,6 +52,17 @@ def configure(kubeconfig: str | None = None, pool_size: int = 32, context: str |
         )
     config.connection_pool_maxsize = pool_size
     _client = ApiClient(configuration=config)
+
+
+def unreachable_reason(exc: Exception) -> str:
+    """One line for an UNREACHABLE error: "no answer from https://127.0.0.1:6443: Failed to establish a new
+    connection: [Errno 111] Connection refused", or "no cluster configured (...): <the loader's reason>"."""
+    if isinstance(exc, kubernetes.config.ConfigException):
+        return f"no cluster configured (KUBECONFIG, ~/.kube/config, --kubeconfig, --context): {exc}"
+    # MaxRetryError keeps the last attempt's error in .reason; its text ends with the socket's complaint
+    reason = str(getattr(exc, "reason", None) or exc).rsplit("): ", 1)[-1]
+    host = _client.configuration.host if _client is not None else "the API server"
+    return f"no answer from {host}: {reason}"
 
 
 def _api() -> ApiClient:

@@ -221,6 +221,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--interval", type=float, default=2.0, help=argparse.SUPPRESS)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        return run(args)
+    except kube.UNREACHABLE as exc:
+        print(f"error: {kube.unreachable_reason(exc)}", file=sys.stderr)
+    except api.ApiError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+    return 1
+
+
+def run(args: argparse.Namespace) -> int:
+    """One command of `kubectl chatbot` (parsed by main), its exit code."""
     if args.kubeconfig or args.context:
         kube.configure(args.kubeconfig, context=args.context)
     ns = args.namespace or current_namespace(args.context)

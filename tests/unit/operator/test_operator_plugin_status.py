@@ -11,6 +11,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
+import urllib3
 from chatfleet_operator import api, kube, plugin
 
 
@@ -136,6 +137,49 @@ def test_get_all_namespaces_lists_every_namespace(monkeypatch, capsys):
     assert asked == [kube.object_path(api.KIND, None)] and "/namespaces/" not in asked[0]
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[:2] == ["team", "bot"] and lines[1].split()[:2] == ["other", "faq"]
+
+
+@pytest.mark.parametrize(
+    "error, said",
+    [
+        pytest.param(
+            kube.UNREACHABLE[0]("Invalid kube-config file. No configuration found."),
+            "error: no cluster configured (KUBECONFIG, ~/.kube/config, --kubeconfig, --context): Invalid kube-config",
+            id="no-kubeconfig",
+        ),
+        pytest.param(
+            urllib3.exceptions.MaxRetryError(
+                None,
+                "/apis",
+                urllib3.exceptions.NewConnectionError(
+                    None,
+                    "HTTPSConnection(host='127.0.0.1', port=1): Failed to establish a new connection: "
+                    "[Errno 111] Connection refused",
+                ),
+            ),
+            "error: no answer from the API server: Failed to establish a new connection",
+            id="refused",
+        ),
+        pytest.param(
+            api.ApiError(403, "Forbidden", '{"message": "chatbotservices is forbidden"}'),
+            "error: 403 Forbidden: chatbotservices is forbidden",
+            id="forbidden",
+        ),
+    ],
+)
+def test_no_cluster_is_one_line_and_exit_1(monkeypatch, capsys, error, said):
+    """No kubeconfig, no answer, or a refusal: one line on stderr, exit 1, no traceback."""
+
+    def request(method, path, **kw):
+        raise error
+
+    monkeypatch.setattr(kube, "request", request)
+    monkeypatch.setattr(plugin, "current_namespace", lambda context=None: "team")
+    assert plugin.main(["get"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(said) and err.count("\n") == 1, err
+    if "no answer" in said:
+        assert err.rstrip().endswith(": [Errno 111] Connection refused"), err
 
 
 def test_a_namespaced_path_needs_a_namespace_for_a_name():

@@ -72,10 +72,10 @@ test-servers: ## The OCI registry (Go module proxy) and moto's S3 server (own ve
 	@bash hack/build-test-servers.sh
 
 .PHONY: chart-tools
-chart-tools: venv platform-build ## checkov in its own venv (.work/checkov), the Prometheus Operator CRDs, actionlint (cached by version)
+chart-tools: venv platform-build ## checkov in its own venv (.work/checkov), the Prometheus Operator CRDs, actionlint, krew (cached by version)
 	@bash hack/chart-checkov.sh --install-only
 	@bash hack/chart-monitoring-crds.sh >/dev/null
-	@bash hack/build-platform.sh actionlint
+	@bash hack/build-platform.sh actionlint krew
 
 ##@ Local platform
 

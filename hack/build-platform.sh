@@ -5,8 +5,8 @@
 # outside the repository keyed by version:  $CHATFLEET_CACHE/bin/<name>-<version>/<name>
 # A second run finds every binary and builds nothing.
 # `argo-rollouts` (the Argo Rollouts controller and its CRDs, for `make bench-rollout`) is built only when
-# named: `bash hack/build-platform.sh argo-rollouts`; the default list leaves it out. So is `actionlint`
-# (the CI workflow linter, a chart tool: `make chart-tools` builds it).
+# named: `bash hack/build-platform.sh argo-rollouts`; the default list leaves it out. So are `actionlint`
+# (the CI workflow linter) and `krew` (the kubectl plugin manager), chart tools: `make chart-tools` builds them.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=versions.env
@@ -232,6 +232,25 @@ build_actionlint() {
     "-s -w -X github.com/rhysd/actionlint.version=v$v" unrecorded
 }
 
+# krew, the kubectl plugin manager: its manifest validator and krew itself, installed as kubectl-krew (the name
+# kubectl finds it by), which tests/chart/test_plugin_krew.py runs on plugins/chatbot.yaml and the plugin's
+# archive. A chart tool like actionlint: built when named (`make chart-tools`), no build-seconds file.
+have_krew() {
+  [ -x "$BIN/krew-$KREW_VERSION/kubectl-krew" ] && [ -x "$BIN/krew-$KREW_VERSION/validate-krew-manifest" ]
+}
+build_krew() {
+  local v=$KREW_VERSION out="$BIN/krew-$KREW_VERSION"
+  have_krew && { say "krew v$v cached"; return; }
+  say "building krew v$v"
+  local t0; t0=$(date +%s)
+  rm -rf "$out.tmp" && mkdir -p "$out.tmp"
+  GOBIN="$out.tmp" go install -trimpath -ldflags "-s -w -X sigs.k8s.io/krew/internal/version.gitTag=v$v" \
+    "sigs.k8s.io/krew/cmd/krew@v$v" "sigs.k8s.io/krew/cmd/validate-krew-manifest@v$v"
+  mv "$out.tmp/krew" "$out.tmp/kubectl-krew"
+  rm -rf "$out" && mv "$out.tmp" "$out"
+  say "krew v$v built in $(( $(date +%s) - t0 ))s"
+}
+
 targets=${*:-etcd kwok helm kubernetes prometheus keda traefik}
 start=$(date +%s)
 cached() {
@@ -240,7 +259,7 @@ cached() {
     prometheus) have prometheus "$PROMETHEUS_VERSION" ;; traefik) have traefik "$TRAEFIK_VERSION" ;;
     keda) [ -x "$BIN/keda-$KEDA_VERSION/keda-operator" ] && [ -x "$BIN/keda-$KEDA_VERSION/keda-adapter" ] ;;
     kubernetes) local c; for c in $K8S_COMPONENTS; do [ -x "$BIN/kubernetes-$K8S_VERSION/$c" ] || return 1; done ;;
-    argo-rollouts) have_argo_rollouts ;; actionlint) have actionlint "$ACTIONLINT_VERSION" ;;
+    argo-rollouts) have_argo_rollouts ;; actionlint) have actionlint "$ACTIONLINT_VERSION" ;; krew) have_krew ;;
     *) return 1 ;;
   esac
 }
@@ -253,8 +272,8 @@ KMOD_JSON=$(probe_proxy)
 # its module cache.
 for t in $targets; do
   case $t in
-    etcd|kwok|helm|kubernetes|prometheus|keda|traefik|argo-rollouts|actionlint) ;;
-    *) die "unknown component '$t' (etcd, kwok, helm, kubernetes, prometheus, keda, traefik, argo-rollouts, actionlint)" ;;
+    etcd|kwok|helm|kubernetes|prometheus|keda|traefik|argo-rollouts|actionlint|krew) ;;
+    *) die "unknown component '$t' (etcd, kwok, helm, kubernetes, prometheus, keda, traefik, argo-rollouts, actionlint, krew)" ;;
   esac
   case $t in kubernetes) fn=build_k8s ;; argo-rollouts) fn=build_argo_rollouts ;; *) fn="build_$t" ;; esac
   # no `|| die` here: it would switch set -e off inside the build, and a failed go build would go on

@@ -11,6 +11,14 @@
 #   operator  docker buildx: linux/amd64 + linux/arm64, pushed with SBOM and provenance attestations; cosign sign
 #   runtime   the same for the runtime image, linux/amd64 only (see image_platforms)
 #   chart     verify, then helm push to oci://ghcr.io/chatfleet/charts and cosign sign the chart's digest
+# and, only when named (the kubectl plugin for krew; one runner per platform builds its archive):
+#   github-release  the tag's GitHub release, created as a draft unless it exists (it holds the plugin's files)
+#   plugin-archive  kubectl-chatbot for this machine's OS and arch: one executable (PyInstaller, in a clean venv
+#             holding contract/ and operator/ only) packed with LICENSE into
+#             DIR/kubectl-chatbot_X.Y.Z_<os>_<arch>.tar.gz, its checksum in that name + .sha256; both uploaded
+#             to the release
+#   krew-manifest   plugins/chatbot.yaml (the krew manifest's template) filled in with the tag and each
+#             archive's sha256 (downloaded from the release) into DIR/chatbot.yaml, uploaded to the release
 #
 # Versions: one version for all. The tag vX.Y.Z must equal Chart.yaml `version` and `appVersion` and the
 # [project] version of each package's pyproject.toml (contract/, operator/, picker/, runtime/, hack/; a SemVer
@@ -18,15 +26,20 @@
 # the script never edits them: a tag that disagrees fails, naming each field.
 #
 # --dry-run  does for real every step that needs no registry and no credentials (the checks, lint, package,
-#            render) and prints the build, push and sign commands instead of running them. With --build the
+#            render, the plugin's archive) and prints the build, push, sign and upload commands instead of
+#            running them; the krew manifest gets zeros for the sha256 of each archive not built here. With --build the
 #            images are built too (docker buildx, output to the build cache only: nothing is pushed).
 # --tag      default: $RELEASE_TAG, else (dry run only) v<operator/pyproject.toml version>. A real release needs the tag
 #            to exist and to name the checked-out commit, in a clean work tree.
 # --out      where the packaged chart, the rendered manifests and the image digests go (default dist/release).
 # Environment: RELEASE_TAG, RELEASE_DRY_RUN=1 (as --dry-run), HELM (the helm binary; default the one
 # `make platform-build` builds), TRITON_IMAGE (the runtime's base image, required to build it; the workflow
-# passes it), GITHUB_STEP_SUMMARY (digests are appended there when set).
-# Needs: bash, git, python3 >= 3.11 (tomllib), helm (verify, chart); docker buildx and cosign (images, chart).
+# passes it), GITHUB_STEP_SUMMARY (digests are appended there when set); PYTHON (plugin-archive: the Python
+# 3.11-3.13, with its shared libpython, that builds the executable; default the first of python3.13, python3.12,
+# python3.11, python3 that is one), PLUGIN_PLATFORM (plugin-archive: the os_arch the runner must be), GH_TOKEN
+# and GH_REPO (gh's, on a real release).
+# Needs: bash, git, python3 >= 3.11 (tomllib), helm (verify, chart); docker buildx and cosign (images, chart);
+# the Python package registry (plugin-archive); gh (github-release, plugin-archive, krew-manifest).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -54,8 +67,8 @@ while [ $# -gt 0 ]; do
     --out) [ $# -ge 2 ] || die "--out needs a folder"; out=$2; shift ;;
     --out=*) out=${1#--out=} ;;
     -h|--help) usage; exit 0 ;;
-    verify|operator|runtime|chart) steps+=("$1") ;;
-    *) die "unknown argument '$1' (steps: verify, operator, runtime, chart; hack/release.sh --help)" ;;
+    verify|operator|runtime|chart|github-release|plugin-archive|krew-manifest) steps+=("$1") ;;
+    *) die "unknown argument '$1' (steps: verify, operator, runtime, chart, github-release, plugin-archive, krew-manifest; hack/release.sh --help)" ;;
   esac
   shift
 done
@@ -264,6 +277,133 @@ release_chart() {
   summary "- chart \`$CHART_REPO/$CHART_NAME\` $version: \`$digest\` (signed)"
 }
 
+# --- the kubectl plugin, for krew ----------------------------------------------------------------------------
+
+KREW_TEMPLATE=plugins/chatbot.yaml
+# The platforms of the plugin's archives, as krew names them (os_arch): each is built on a runner of its own
+# (.github/workflows/release.yaml, job plugin), since the executable carries that platform's Python and wheels.
+PLUGIN_PLATFORMS=(linux_amd64 linux_arm64 darwin_amd64 darwin_arm64)
+
+plugin_platform() {
+  local os arch
+  case $(uname -s) in
+    Linux) os=linux ;; Darwin) os=darwin ;;
+    *) die "kubectl-chatbot archives are built on Linux and macOS, not on $(uname -s)" ;;
+  esac
+  case $(uname -m) in
+    x86_64|amd64) arch=amd64 ;; aarch64|arm64) arch=arm64 ;;
+    *) die "kubectl-chatbot archives are built for amd64 and arm64, not for $(uname -m)" ;;
+  esac
+  printf '%s_%s' "$os" "$arch"
+}
+plugin_archive_name() { printf 'kubectl-chatbot_%s_%s.tar.gz' "$version" "$1"; }
+sha256_of() {
+  if command -v sha256sum >/dev/null 2>&1; then sha256sum "$1" | cut -d' ' -f1; else shasum -a 256 "$1" | cut -d' ' -f1; fi
+}
+pinned() { (. hack/versions.env && printf '%s' "${!1}"); }
+
+# A Python that operator/pyproject.toml allows (>= 3.11, < 3.14): $PYTHON, else the first on PATH.
+plugin_python() {
+  local c
+  for c in ${PYTHON:-python3.13 python3.12 python3.11 python3}; do
+    if "$c" -c 'import sys; sys.exit(not (3, 11) <= sys.version_info[:2] < (3, 14))' >/dev/null 2>&1; then
+      command -v "$c"
+      return
+    fi
+  done
+  die "no Python 3.11-3.13 to build kubectl-chatbot with (${PYTHON:-python3.13, python3.12, python3.11, python3}): set PYTHON"
+}
+
+# The tag's GitHub release holds the plugin's archives and its krew manifest. One job creates it before the
+# platforms' jobs upload into it (drafts do not claim their tag: two creators racing would make two); a
+# draft, published by hand with the notes (docs/chart.md "Release flow").
+github_release() {
+  if [ -z "$dry_run" ] && gh release view "$tag" >/dev/null 2>&1; then
+    say "GitHub release $tag exists"
+    return
+  fi
+  run gh release create "$tag" --verify-tag --draft --title "$tag" \
+    --notes "Chatfleet $tag: the images, the chart and kubectl-chatbot (docs/chart.md \"Release flow\")."
+}
+
+# kubectl-chatbot as one executable: PyInstaller's bootloader, this platform's Python and the plugin's
+# imports (the kubernetes client, pydantic's native core, PyYAML), unpacked to a temporary folder at each
+# start. Built from copies of contract/ and operator/, installed into a venv of their own, so nothing of a
+# development install rides along and the work tree stays clean.
+plugin_work=""
+trap '[ -z "$plugin_work" ] || rm -rf "$plugin_work"' EXIT
+plugin_archive() {
+  local platform name py work pyinstaller hooks
+  platform=$(plugin_platform)
+  [ -z "${PLUGIN_PLATFORM:-}" ] || [ "$PLUGIN_PLATFORM" = "$platform" ] \
+    || die "this machine is $platform, not $PLUGIN_PLATFORM (PLUGIN_PLATFORM)"
+  name=$(plugin_archive_name "$platform")
+  py=$(plugin_python)
+  pyinstaller=$(pinned PYINSTALLER_VERSION)
+  hooks=$(pinned PYINSTALLER_HOOKS_CONTRIB_VERSION)
+  work=$(mktemp -d)
+  plugin_work=$work
+  say "kubectl-chatbot for $platform: PyInstaller $pyinstaller, $("$py" -V 2>&1) ($py)"
+  mkdir -p "$work/src"
+  cp -R contract operator "$work/src/"
+  rm -rf "$work"/src/*/build "$work"/src/*/*.egg-info
+  "$py" -m venv "$work/venv"
+  "$work/venv/bin/python" -m pip install -q --disable-pip-version-check "$work/src/contract" "$work/src/operator" \
+    "pyinstaller==$pyinstaller" "pyinstaller-hooks-contrib==$hooks" \
+    || die "pip could not install contract/, operator/ and PyInstaller $pyinstaller (is the Python package registry reachable?)"
+  printf 'import sys\n\nfrom chatfleet_operator.plugin import main\n\nsys.exit(main())\n' > "$work/kubectl-chatbot.py"
+  "$work/venv/bin/pyinstaller" --onefile --noconfirm --clean --log-level WARN --name kubectl-chatbot \
+    --distpath "$work/stage" --workpath "$work/build" --specpath "$work/build" "$work/kubectl-chatbot.py" >&2 \
+    || die "PyInstaller $pyinstaller could not build kubectl-chatbot"
+  cp LICENSE "$work/stage/LICENSE"
+  chmod 0755 "$work/stage/kubectl-chatbot"
+  chmod 0644 "$work/stage/LICENSE"
+  # it runs with no Python and no venv around it
+  env -i HOME="$work" PATH=/usr/bin:/bin "$work/stage/kubectl-chatbot" --help >/dev/null \
+    || die "the built kubectl-chatbot does not run: $work/stage/kubectl-chatbot --help"
+  # COPYFILE_DISABLE: macOS's tar adds no ._ metadata files
+  COPYFILE_DISABLE=1 tar -czf "$out/$name" -C "$work/stage" kubectl-chatbot LICENSE
+  printf '%s  %s\n' "$(sha256_of "$out/$name")" "$name" > "$out/$name.sha256"
+  say "$out/$name ($(( $(wc -c < "$out/$name") / 1024 / 1024 )) MiB), sha256 $(cut -d' ' -f1 "$out/$name.sha256")"
+  run gh release upload "$tag" "$out/$name" "$out/$name.sha256" --clobber
+  summary "- kubectl-chatbot \`$name\`: sha256 \`$(cut -d' ' -f1 "$out/$name.sha256")\`"
+}
+
+# plugins/chatbot.yaml with {{TAG}}, {{VERSION}} and {{SHA256 <os_arch>}} filled in: the manifest that
+# `kubectl krew install --manifest-url=<the release's chatbot.yaml>` reads.
+krew_manifest() {
+  local p file sha missing=() rendered=$out/chatbot.yaml
+  local fill=(-e "s/{{TAG}}/$tag/g" -e "s/{{VERSION}}/$version/g")
+  # the archives' checksums, each uploaded by its platform's job
+  [ -n "$dry_run" ] || run gh release download "$tag" --pattern 'kubectl-chatbot_*.sha256' --dir "$out" --clobber
+  for p in "${PLUGIN_PLATFORMS[@]}"; do
+    grep -qF "{{SHA256 $p}}" "$KREW_TEMPLATE" || die "$KREW_TEMPLATE has no platform $p ({{SHA256 $p}})"
+    file=$out/$(plugin_archive_name "$p").sha256
+    if [ -f "$file" ]; then
+      sha=$(cut -d' ' -f1 "$file")
+    elif [ -n "$dry_run" ]; then
+      sha=0000000000000000000000000000000000000000000000000000000000000000
+      missing+=("$p")
+    else
+      die "no $file: the release $tag has no kubectl-chatbot archive for $p"
+    fi
+    [[ $sha =~ ^[0-9a-f]{64}$ ]] || die "$file holds no sha256: '$sha'"
+    fill+=(-e "s/{{SHA256 $p}}/$sha/g")
+  done
+  # the template's opening comment (how to fill it) gives way to one line saying where this one comes from
+  {
+    printf '# kubectl chatbot %s for krew, rendered from %s by hack/release.sh krew-manifest\n' "$tag" "$KREW_TEMPLATE"
+    sed -n '/^[^#]/,$p' "$KREW_TEMPLATE" | sed "${fill[@]}"
+  } > "$rendered"
+  if grep -q '{{' "$rendered"; then
+    die "$KREW_TEMPLATE has placeholders the release does not fill: $(grep -o '{{[^}]*}}' "$rendered" | sort -u | tr '\n' ' ')"
+  fi
+  [ ${#missing[@]} -eq 0 ] || say "dry run: no archive here for ${missing[*]}: their sha256 in $rendered is zeros"
+  say "krew manifest $rendered ($tag)"
+  run gh release upload "$tag" "$rendered" --clobber
+  summary "- krew manifest \`chatbot.yaml\`: \`kubectl krew install --manifest-url=https://github.com/chatfleet/chatfleet/releases/download/$tag/chatbot.yaml\`"
+}
+
 # --- main -------------------------------------------------------------------------------------------------
 
 say "$tag${dry_run:+ (dry run: nothing is pushed or signed)}; output in $out"
@@ -273,6 +413,9 @@ for step in "${steps[@]}"; do
     verify) verify_chart ;;
     operator|runtime) release_image "$step" ;;
     chart) release_chart ;;
+    github-release) github_release ;;
+    plugin-archive) plugin_archive ;;
+    krew-manifest) krew_manifest ;;
   esac
 done
 printf '%s\n' "$version" > "$out/version"

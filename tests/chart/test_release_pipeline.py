@@ -205,12 +205,25 @@ def test_the_release_workflow_runs_the_script_on_a_tag() -> None:
     assert dispatch["dry_run"]["type"] == "boolean" and dispatch["dry_run"]["default"] is True
     assert doc["permissions"] == {}, "nothing by default: each job asks for what it uses"
     jobs = doc["jobs"]
-    assert set(jobs) == {"verify", "images", "chart"}
+    assert set(jobs) == {"verify", "images", "chart", "github-release", "plugin", "krew"}
     assert jobs["images"]["needs"] == "verify" and jobs["chart"]["needs"] == "images"
     assert jobs["verify"]["permissions"] == {"contents": "read"}
     for name in ("images", "chart"):
         assert jobs[name]["permissions"] == {"contents": "read", "packages": "write", "id-token": "write"}
     assert jobs["images"]["strategy"]["matrix"]["image"] == ["operator", "runtime"]
+    # the kubectl plugin: the release that holds its files, an archive per platform on its own runner, the manifest
+    assert jobs["github-release"]["needs"] == "verify" and jobs["plugin"]["needs"] == "github-release"
+    assert jobs["krew"]["needs"] == "plugin"
+    for name in ("github-release", "plugin", "krew"):
+        assert jobs[name]["permissions"] == {"contents": "write"}, name
+    platforms = {row["platform"]: row["runner"] for row in jobs["plugin"]["strategy"]["matrix"]["include"]}
+    assert platforms == {
+        "linux_amd64": "ubuntu-22.04",
+        "linux_arm64": "ubuntu-22.04-arm",
+        "darwin_amd64": "macos-15-intel",
+        "darwin_arm64": "macos-15",
+    }
+    assert jobs["plugin"]["runs-on"] == "${{ matrix.runner }}"
     for name, job in jobs.items():
         runs = " ".join(step.get("run", "") for step in job["steps"])
         assert "bash hack/release.sh" in runs, f"job {name} does not run hack/release.sh"

@@ -4,8 +4,8 @@ Six ChatbotServices, one per namespace, see the same demand at the same time:
 
   static      spec.scaling.replicas sized for the highest demand of the day (surge included)
   reactive    spec.scaling.autoscale with an in-flight target: the operator's autoscaler (KEDA -> HPA)
-  predictive  reactive + spec.scaling.autoscale.forecast (floor ahead of demand) + .warmPool sized from the
-              forecast's error (.warmPool.fromForecastError)
+  predictive  reactive + spec.scaling.autoscale.forecast (floor ahead of demand; scale-down follows it,
+              .forecast.scaleDown Forecast) + .warmPool sized from the forecast's error (.fromForecastError)
   slo         predictive + spec.scaling.autoscale.slo (the p95 time to first token kept: a sustained breach
               raises the floor at once, and the warm pool's standbys join at once); target = the queue-wait
               SLO + one replica's own time to first token
@@ -246,6 +246,8 @@ def config_spec(kind: str, s: Settings, prometheus: str, annotations: dict[str, 
                 "leadSeconds": int(s.load_seconds + loop["forecast_extra_lead_seconds"]),
                 "maxOverProvisionPercent": 50,
                 "intervalSeconds": loop["forecast_interval_seconds"],
+                # scale-down follows the forecast (the floor guards), not the fixed window
+                "scaleDown": "Forecast",
             }
             # the standbys: sized from the forecast's error (at least --warm-pool)
             autoscale["warmPool"] = {"replicas": s.warm_pool, "fromForecastError": True}

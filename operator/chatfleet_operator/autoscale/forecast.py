@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from chatfleet_operator.spec import Autoscale
 
@@ -82,6 +83,25 @@ def forecast_peak(values: Sequence[float], step: int, period_seconds: int, lead:
         return Demand(None, f"{model} gave no finite forecast")
     rms = math.sqrt(sum(r * r for r in residuals) / len(residuals)) if residuals else 0.0
     return Demand(max(0.0, max(finite)), model, rms * math.sqrt(horizon))
+
+
+#: forecast.scaleDown: the floor guards, the autoscaler's scale-down window is the forecast's interval.
+SCALE_DOWN_FORECAST = "Forecast"
+
+
+def scale_down_seconds(autoscale: Autoscale, forecast: Mapping[str, Any] | None) -> int:
+    """The autoscaler's scale-down stabilization window, seconds.
+
+    scaleDownStabilizationSeconds, unless forecast.scaleDown is Forecast and the forecast holds a floor
+    now (a peak in status.autoscaling.forecast): then forecast.intervalSeconds, since the floor keeps what
+    the coming lead needs and is recomputed that often. e.g. Window, 300 -> 300; Forecast, interval 60,
+    a forecast of 42 req/s -> 60; Forecast with the forecast failing -> 300.
+    """
+    fc = autoscale.forecast
+    holds = (forecast or {}).get("requestsPerSecond") is not None
+    if autoscale.forecasting and fc.scale_down == SCALE_DOWN_FORECAST and holds:
+        return min(fc.interval_seconds, autoscale.scale_down_stabilization_seconds)
+    return autoscale.scale_down_stabilization_seconds
 
 
 def error_standbys(error_rps: float | None, requests_per_replica: float | None) -> int:

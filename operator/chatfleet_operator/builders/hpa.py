@@ -50,15 +50,21 @@ def scale_target_ref(ref: ObjectRef) -> dict[str, str]:
     return {"apiVersion": api.API_VERSION, "kind": api.KIND, "name": ref.name}
 
 
-def hpa_behavior(autoscale: Autoscale) -> dict[str, Any]:
-    """The HPA's behavior: the spec's scale-down stabilization window (scale-up keeps the HPA's default)."""
-    return {"scaleDown": {"stabilizationWindowSeconds": autoscale.scale_down_stabilization_seconds}}
+def hpa_behavior(scale_down_seconds: int) -> dict[str, Any]:
+    """The HPA's behavior: the scale-down stabilization window (scale-up keeps the HPA's default)."""
+    return {"scaleDown": {"stabilizationWindowSeconds": scale_down_seconds}}
 
 
 def build_hpa(
-    ref: ObjectRef, autoscale: Autoscale, names: HpaMetricSettings, min_replicas: int | None = None
+    ref: ObjectRef,
+    autoscale: Autoscale,
+    names: HpaMetricSettings,
+    min_replicas: int | None = None,
+    scale_down_seconds: int | None = None,
 ) -> dict[str, Any]:
-    """HPA scaling the ChatbotService (its scale subresource) between the floor (or minReplicas) and maxReplicas."""
+    """HPA scaling the ChatbotService (its scale subresource) between the floor (or minReplicas) and
+    maxReplicas; its scale-down window `scale_down_seconds` (None: scaleDownStabilizationSeconds)."""
+    window = autoscale.scale_down_stabilization_seconds if scale_down_seconds is None else scale_down_seconds
     return with_desired_hash(
         {
             "apiVersion": "autoscaling/v2",
@@ -69,7 +75,7 @@ def build_hpa(
                 "minReplicas": autoscale.min_replicas if min_replicas is None else min_replicas,
                 "maxReplicas": autoscale.max_replicas,
                 "metrics": hpa_metrics(autoscale, names),
-                "behavior": hpa_behavior(autoscale),
+                "behavior": hpa_behavior(window),
             },
         }
     )

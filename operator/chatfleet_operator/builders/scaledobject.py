@@ -67,9 +67,15 @@ def trigger_queries(ref: ObjectRef, autoscale: Autoscale) -> list[tuple[str, str
 
 
 def build_scaledobject(
-    ref: ObjectRef, autoscale: Autoscale, prometheus: str, min_replicas: int | None = None
+    ref: ObjectRef,
+    autoscale: Autoscale,
+    prometheus: str,
+    min_replicas: int | None = None,
+    scale_down_seconds: int | None = None,
 ) -> dict[str, Any]:
-    """ScaledObject scaling the ChatbotService between the floor (or minReplicas) and maxReplicas."""
+    """ScaledObject scaling the ChatbotService between the floor (or minReplicas) and maxReplicas; its
+    HPA's scale-down window `scale_down_seconds` (None: scaleDownStabilizationSeconds)."""
+    window = autoscale.scale_down_stabilization_seconds if scale_down_seconds is None else scale_down_seconds
     triggers = [
         {
             "type": "prometheus",
@@ -93,7 +99,7 @@ def build_scaledobject(
                 "scaleTargetRef": scale_target_ref(ref),
                 "minReplicaCount": autoscale.min_replicas if min_replicas is None else min_replicas,
                 "maxReplicaCount": autoscale.max_replicas,
-                "advanced": {"horizontalPodAutoscalerConfig": {"behavior": hpa_behavior(autoscale)}},
+                "advanced": {"horizontalPodAutoscalerConfig": {"behavior": hpa_behavior(window)}},
                 "triggers": triggers,
             },
         }

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from chatfleet_operator import api
+from chatfleet_operator.autoscale.forecast import scale_down_seconds
 from chatfleet_operator.autoscale.warmpool import SurgePool, pool_size, surge_pool
 from chatfleet_operator.builders import (
     build_deployment,
@@ -191,13 +192,16 @@ def serving_only(manifest: dict[str, Any]) -> dict[str, Any]:
 
 
 def autoscaler_objects(ctx: PassContext) -> list[dict[str, Any]]:
-    """The ScaledObject (the cluster serves KEDA) or the HPA, with the forecast floor as its minimum."""
+    """The ScaledObject (the cluster serves KEDA) or the HPA, with the forecast floor as its minimum and the
+    scale-down window forecast.scaleDown asks for."""
     autoscale = ctx.spec.scaling.autoscale
     if autoscale is None:
         return []
+    window = scale_down_seconds(autoscale, ctx.forecast)
     if ctx.metrics_source == api.METRICS_KEDA:
-        return [build_scaledobject(ctx.ref, autoscale, ctx.spec.analysis.prometheus_address, ctx.floor)]
-    return [build_hpa(ctx.ref, autoscale, ctx.settings.hpa_metrics, ctx.floor)]
+        address = ctx.spec.analysis.prometheus_address
+        return [build_scaledobject(ctx.ref, autoscale, address, ctx.floor, window)]
+    return [build_hpa(ctx.ref, autoscale, ctx.settings.hpa_metrics, ctx.floor, window)]
 
 
 def scale_selector(ref: ObjectRef, spec: ChatbotServiceSpec, plan: ReleasePlan) -> str:

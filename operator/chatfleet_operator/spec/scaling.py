@@ -33,6 +33,8 @@ class ForecastSpec:
     """How far ahead the floor looks; None: the measured model-load time + 60 s."""
     max_over_provision_percent: int = 50
     interval_seconds: int = 60
+    scale_down: str = "Window"
+    """Window (scaleDownStabilizationSeconds) or Forecast (the floor guards, the window is intervalSeconds)."""
 
     @property
     def history(self) -> int:
@@ -51,6 +53,7 @@ class ForecastSpec:
             lead_seconds=None if lead is None else int(lead),
             max_over_provision_percent=int(field_value(d, "maxOverProvisionPercent", 50)),
             interval_seconds=int(field_value(d, "intervalSeconds", 60)),
+            scale_down=str(field_value(d, "scaleDown", "Window")),
         )
 
 

@@ -103,10 +103,16 @@ def calls(tools: Path) -> list[str]:
 
 
 def release(
-    root: Path, *args: str, tools: Path | None = None, env: dict[str, str] | None = None
+    root: Path,
+    *args: str,
+    tools: Path | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 300,
 ) -> subprocess.CompletedProcess[str]:
-    """Run hack/release.sh of `root` with the repository's helm (or the stand-ins of `tools` first on PATH)."""
-    full = {k: v for k, v in os.environ.items() if k not in ("RELEASE_TAG", "RELEASE_DRY_RUN")}
+    """Run hack/release.sh of `root` with the repository's helm (or the stand-ins of `tools` first on PATH),
+    none of the workflow's variables inherited."""
+    scrubbed = ("RELEASE_TAG", "RELEASE_DRY_RUN", "PLUGIN_PLATFORM")
+    full = {k: v for k, v in os.environ.items() if k not in scrubbed}
     full["HELM"] = str(tools / "helm") if tools else str(need_helm())
     if tools:
         full["PATH"] = f"{tools}{os.pathsep}{full['PATH']}"
@@ -117,7 +123,7 @@ def release(
         env=full,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
         check=False,
     )
 

@@ -50,9 +50,11 @@ def scale_target_ref(ref: ObjectRef) -> dict[str, str]:
     return {"apiVersion": api.API_VERSION, "kind": api.KIND, "name": ref.name}
 
 
-def hpa_behavior(scale_down_seconds: int) -> dict[str, Any]:
-    """The HPA's behavior: the scale-down stabilization window (scale-up keeps the HPA's default)."""
-    return {"scaleDown": {"stabilizationWindowSeconds": scale_down_seconds}}
+def hpa_behavior(autoscale: Autoscale, scale_down_seconds: int | None = None) -> dict[str, Any]:
+    """The HPA's behavior: the scale-down stabilization window `scale_down_seconds` (None: the spec's
+    scaleDownStabilizationSeconds); scale-up keeps the HPA's default."""
+    window = autoscale.scale_down_stabilization_seconds if scale_down_seconds is None else scale_down_seconds
+    return {"scaleDown": {"stabilizationWindowSeconds": window}}
 
 
 def build_hpa(
@@ -64,7 +66,6 @@ def build_hpa(
 ) -> dict[str, Any]:
     """HPA scaling the ChatbotService (its scale subresource) between the floor (or minReplicas) and
     maxReplicas; its scale-down window `scale_down_seconds` (None: scaleDownStabilizationSeconds)."""
-    window = autoscale.scale_down_stabilization_seconds if scale_down_seconds is None else scale_down_seconds
     return with_desired_hash(
         {
             "apiVersion": "autoscaling/v2",
@@ -75,7 +76,7 @@ def build_hpa(
                 "minReplicas": autoscale.min_replicas if min_replicas is None else min_replicas,
                 "maxReplicas": autoscale.max_replicas,
                 "metrics": hpa_metrics(autoscale, names),
-                "behavior": hpa_behavior(window),
+                "behavior": hpa_behavior(autoscale, scale_down_seconds),
             },
         }
     )

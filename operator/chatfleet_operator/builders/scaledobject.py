@@ -75,7 +75,6 @@ def build_scaledobject(
 ) -> dict[str, Any]:
     """ScaledObject scaling the ChatbotService between the floor (or minReplicas) and maxReplicas; its
     HPA's scale-down window `scale_down_seconds` (None: scaleDownStabilizationSeconds)."""
-    window = autoscale.scale_down_stabilization_seconds if scale_down_seconds is None else scale_down_seconds
     triggers = [
         {
             "type": "prometheus",
@@ -99,7 +98,9 @@ def build_scaledobject(
                 "scaleTargetRef": scale_target_ref(ref),
                 "minReplicaCount": autoscale.min_replicas if min_replicas is None else min_replicas,
                 "maxReplicaCount": autoscale.max_replicas,
-                "advanced": {"horizontalPodAutoscalerConfig": {"behavior": hpa_behavior(window)}},
+                "advanced": {
+                    "horizontalPodAutoscalerConfig": {"behavior": hpa_behavior(autoscale, scale_down_seconds)}
+                },
                 "triggers": triggers,
             },
         }

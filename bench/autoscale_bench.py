@@ -228,7 +228,7 @@ def config_spec(kind: str, s: Settings, prometheus: str, annotations: dict[str, 
     if kind == "static":
         spec["scaling"] = {"replicas": sizes["static"]}
     elif kind == "oracle":
-        spec["scaling"] = {"replicas": oracle_target(s, s.curve(), 0.0)}
+        spec["scaling"] = {"replicas": initial_replicas("oracle", s)}
     else:
         autoscale: dict[str, Any] = {
             "minReplicas": sizes["min"],
@@ -259,15 +259,22 @@ def config_spec(kind: str, s: Settings, prometheus: str, annotations: dict[str, 
             }
         if kind == "surge":
             autoscale["surge"] = {"factor": s.surge_factor, "withinSeconds": 10}
-        spec["scaling"] = {"autoscale": autoscale}
+        # the autoscaler owns spec.scaling.replicas from here; it starts where the replay does
+        spec["scaling"] = {"replicas": initial_replicas(kind, s), "autoscale": autoscale}
     return spec
 
 
 def initial_replicas(kind: str, s: Settings) -> int:
-    """Replicas a configuration starts with (what the bench waits for before demand begins)."""
-    return {"static": s.sizes()["static"], "oracle": oracle_target(s, s.curve(), 0.0)}.get(
-        kind, s.sizes()["min"]
-    )
+    """Replicas a configuration starts with (what the bench waits for before demand begins): the autoscaled
+    ones the demand where the replay starts needs (the night's in the compressed day; in the fair run the
+    morning's, as if they had followed the night up), the oracle its own target there."""
+    sizes = s.sizes()
+    if kind == "static":
+        return sizes["static"]
+    if kind == "oracle":
+        return oracle_target(s, s.curve(), s.replay_start)
+    need = replicas_for(s.curve().rate(s.replay_start), s.replica, p95_wait=s.slo_ms / 2000)
+    return min(sizes["max"], max(sizes["min"], need))
 
 
 def oracle_target(s: Settings, curve: DayCurve, t: float) -> int:

@@ -102,3 +102,17 @@ def test_the_summary_reports_attainment_gpu_hours_and_the_surge_apart():
     assert out["reactive"]["gpu_hours_vs_static"] == 0.5 and out["reactive"]["gpu_hours_vs_oracle"] == 1.25
     assert out["reactive"]["goal_day_met"] is False  # 1.25x the oracle's GPU-hours, and the surge missed
     assert "day_minutes_over_slo" not in out["reactive"]  # an hour, not a day
+
+
+def test_every_row_starts_where_the_replay_starts():
+    """The fair run begins mid-morning: an autoscaled row starting at the night's minimum would spend the
+    lead-in catching up (and its scale-down window holding the catch-up), which is no morning's story."""
+    s = ab.parse(["--ramp"])
+    morning = ab.replicas_for(s.curve().rate(s.replay_start), s.replica, p95_wait=s.slo_ms / 2000)
+    assert morning > s.sizes()["min"]
+    for kind in ("reactive", "predictive", "slo", "surge"):
+        assert ab.initial_replicas(kind, s) == morning
+        assert ab.config_spec(kind, s, "http://p", {})["scaling"]["replicas"] == morning
+    assert ab.initial_replicas("oracle", s) == ab.oracle_target(s, s.curve(), s.replay_start)
+    day = ab.parse([])  # the compressed day starts at night
+    assert ab.initial_replicas("reactive", day) == day.sizes()["min"]

@@ -105,13 +105,14 @@ def scale_down_seconds(autoscale: Autoscale, forecast: Mapping[str, Any] | None)
 
 
 def error_standbys(error_rps: float | None, requests_per_replica: float | None) -> int:
-    """Standby replicas that cover the forecast's error: ceil(1.645 x error / requestsPerReplica).
+    """Standby replicas that cover the forecast's error: ceil(1.645 x error / requestsPerReplica), the
+    share of a replica taken to the hundredth (an error of a thousandth of a replica asks for none).
 
-    e.g. error 6 req/s, 7 per replica -> ceil(1.41) = 2; error 0 -> 0; no forecast (None) -> 0.
+    e.g. error 6 req/s, 7 per replica -> ceil(1.41) = 2; error 0.001 -> 0; error 0 -> 0; no forecast -> 0.
     """
     if error_rps is None or not requests_per_replica or not math.isfinite(error_rps):
         return 0
-    return max(0, math.ceil(ERROR_Z * error_rps / requests_per_replica - 1e-9))
+    return max(0, math.ceil(round(ERROR_Z * error_rps / requests_per_replica, 2)))
 
 
 @dataclass(frozen=True)

@@ -173,30 +173,45 @@ def eos_biased_away(model_dir) -> dict:
 def test_a_non_streamed_request_joins_a_running_stream_in_the_same_batch(triton, tiny_model_dir):
     """The one model serves both kinds through one in-flight batch: a `stream: false` request sent while a
     long stream runs joins that running batch (a join at 2 rows), finishes while the stream still runs,
-    and answers what it answers alone."""
+    and answers what it answers alone.
+
+    The long stream is 64 tokens, about 0.1 s on the tiny model: on a loaded machine it can end before the
+    short request reaches the engine at all, which says nothing about batching. Such a try (the stream's
+    final response came before the short answer) is inconclusive and is tried again, at most three times;
+    an engine that never lets a request join a running batch (static batching) makes every try so, and the
+    test fails saying it never joined."""
     no_eos = eos_biased_away(tiny_model_dir)
     other = [{"role": "user", "content": "A short one, please"}]
     alone = ask(triton.grpc_url, other, {**no_eos, "max_tokens": 3, "stream": False})
-    rows = metric_value(triton.metrics_url, "chatfleet_model_batch_size_sum", model="chat")
-    joins = metric_value(triton.metrics_url, "chatfleet_model_batch_size_count", model="chat")
-    long, short = Stream(triton.grpc_url), Stream(triton.grpc_url)
-    try:
-        long.send(USER, {**no_eos, "max_tokens": 64})
-        first = [long.next()]  # the stream is running: its first delta came
-        assert first[0][1] == "", first
-        short.send(other, {**no_eos, "max_tokens": 3, "stream": False})
-        answer = short.answer()
-        # The short answer is done; the long stream is still at work (no final response yet).
-        so_far = []
-        while not long.q.empty():
-            so_far.append(long.next())
-        assert all(finish == "" for _, finish, _ in so_far), so_far
-        _, finish, tokens = long.answer()
-    finally:
-        long.close()
-        short.close()
-    assert answer == alone and len(answer[0]) == 1  # one final response, the same text as alone
-    assert (finish, tokens) == ("length", 64)
+    tries = []
+    for _ in range(3):
+        rows = metric_value(triton.metrics_url, "chatfleet_model_batch_size_sum", model="chat")
+        joins = metric_value(triton.metrics_url, "chatfleet_model_batch_size_count", model="chat")
+        long, short = Stream(triton.grpc_url), Stream(triton.grpc_url)
+        try:
+            long.send(USER, {**no_eos, "max_tokens": 64})
+            first = [long.next()]  # the stream is running: its first delta came
+            assert first[0][1] == "", first
+            short.send(other, {**no_eos, "max_tokens": 3, "stream": False})
+            answer = short.answer()
+            # Was the long stream still at work when the short answer was done (no final response yet)?
+            so_far = []
+            while not long.q.empty():
+                so_far.append(long.next())
+            ended_first = any(finish for _, finish, _ in so_far)
+            _, finish, tokens = so_far[-1] if ended_first else long.answer()
+        finally:
+            long.close()
+            short.close()
+        assert answer == alone and len(answer[0]) == 1  # one final response, the same text as alone
+        assert (finish, tokens) == ("length", 64)
+        tries.append(len(so_far))
+        if not ended_first:
+            break
+    else:
+        pytest.fail(
+            f"in 3 tries the stream ended before the short request was answered: it never joined {tries}"
+        )
     grown_rows = metric_value(triton.metrics_url, "chatfleet_model_batch_size_sum", model="chat") - rows
     grown_joins = metric_value(triton.metrics_url, "chatfleet_model_batch_size_count", model="chat") - joins
     # Two joins (1 row, then 2 rows), or one join of both: either way a batch of 2 rows.

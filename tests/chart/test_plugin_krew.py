@@ -29,8 +29,8 @@ import pytest
 import yaml
 from chatfleet_platform.common.config import REPO_ROOT, binaries, cache_dir, read_versions
 from needs import need_executable
-from test_release_pipeline import git, tree_copy
 from test_release_pipeline import release as run_release
+from test_release_pipeline import tagged, tree_copy
 
 TEMPLATE = REPO_ROOT / "plugins" / "chatbot.yaml"
 SCRIPT = REPO_ROOT / "hack" / "release.sh"
@@ -275,29 +275,19 @@ def test_krew_installs_the_archive_and_kubectl_finds_the_plugin(
         "PATH": f"{root / 'bin'}{os.pathsep}{tools}",
         "TMPDIR": str(tmp_path),
     }
-    proc = subprocess.run(
-        ["kubectl", "krew", "install", f"--manifest={manifest}", f"--archive={archive}"],
-        env=env,
-        executable=str(tools / "kubectl"),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+
+    def kubectl(*args: str) -> subprocess.CompletedProcess[str]:
+        """kubectl with only the test's KREW_ROOT and PATH (its plugin lookup finds krew's links there)."""
+        return subprocess.run(["kubectl", *args], env=env, executable=str(tools / "kubectl"),
+                              capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+
+    proc = kubectl("krew", "install", f"--manifest={manifest}", f"--archive={archive}")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Installed plugin: chatbot" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
     installed = root / "store" / "chatbot" / f"v{version()}"
     assert (installed / "LICENSE").exists()
     assert stat.S_IMODE((installed / "kubectl-chatbot").stat().st_mode) & 0o111
-    proc = subprocess.run(
-        ["kubectl", "chatbot", "--help"],
-        env=env,
-        executable=str(tools / "kubectl"),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    proc = kubectl("chatbot", "--help")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("usage: kubectl chatbot"), proc.stdout
 
@@ -333,10 +323,7 @@ def test_a_release_creates_the_draft_and_uploads_the_manifest(tmp_path: Path) ->
     tag = f"v{version()}"
     root = tree_copy(tmp_path)
     shutil.copytree(REPO_ROOT / "plugins", root / "plugins")
-    git(root, "init", "-q")
-    git(root, "add", ".")
-    git(root, "commit", "-q", "-m", "release")
-    git(root, "tag", "-a", tag, "-m", tag)
+    tagged(root, tag)
     tools = fake_gh(tmp_path / "tools")
     out = tmp_path / "out"
     proc = run_release(root, "--tag", tag, "--out", str(out), "github-release", "krew-manifest", tools=tools)

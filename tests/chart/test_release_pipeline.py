@@ -143,6 +143,15 @@ def tree_copy(tmp_path: Path) -> Path:
     return root
 
 
+def tagged(root: Path, tag: str) -> Path:
+    """`root` as a git repository with one commit, tagged `tag` (what a real release runs on)."""
+    git(root, "init", "-q")
+    git(root, "add", ".")
+    git(root, "commit", "-q", "-m", "release")
+    git(root, "tag", "-a", tag, "-m", tag)
+    return root
+
+
 def set_versions(root: Path, *, chart: str, app: str, project: str) -> None:
     chart_yaml = root / "charts" / "chatfleet-operator" / "Chart.yaml"
     text = re.sub(r"(?m)^version: .*$", f"version: {chart}", chart_yaml.read_text())
@@ -352,11 +361,7 @@ def git(root: Path, *args: str) -> str:
 def test_a_release_pushes_and_signs_each_digest(tmp_path: Path) -> None:
     version = project_version()
     tag = f"v{version}"
-    root = tree_copy(tmp_path)
-    git(root, "init", "-q")
-    git(root, "add", ".")
-    git(root, "commit", "-q", "-m", "release")
-    git(root, "tag", "-a", tag, "-m", tag)
+    root = tagged(tree_copy(tmp_path), tag)
     tools = fake_tools(tmp_path / "tools")
     out = tmp_path / "out"
     summary = tmp_path / "summary.md"

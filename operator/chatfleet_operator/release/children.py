@@ -96,15 +96,12 @@ def pool_wanted(ctx: PassContext, serving: int) -> int:
     status.autoscaling.forecast.standbys, autoscale/forecast.py) or a declared surge (autoscale/warmpool.py)
     needs them; within maxReplicas beside the serving ones, never under warmPool.replicas."""
     surge = surge_of(ctx, serving)
-    autoscale, fixed = ctx.spec.scaling.autoscale, ctx.spec.scaling.warm_pool
-    error = (
-        int((ctx.forecast or {}).get("standbys") or 0)
-        if autoscale and autoscale.pool_from_forecast_error
-        else 0
-    )
-    if autoscale is not None:
-        error = min(error, max(0, autoscale.max_replicas - serving))
-    return max(fixed, error, surge.standby if surge else 0)
+    autoscale = ctx.spec.scaling.autoscale
+    error = 0
+    if autoscale is not None and autoscale.pool_from_forecast_error:
+        wanted = int((ctx.forecast or {}).get("standbys") or 0)
+        error = min(wanted, max(0, autoscale.max_replicas - serving))
+    return max(ctx.spec.scaling.warm_pool, error, surge.standby if surge else 0)
 
 
 def stable_build(ctx: PassContext, plan: ReleasePlan) -> TrackBuild:

@@ -108,7 +108,8 @@ class Autoscale:
     warm_pool: int = 0
     """warmPool.replicas: standby Ready replicas outside the Service (docs/autoscaling.md)."""
     pool_from_forecast_error: bool = False
-    """warmPool.fromForecastError: the pool also covers the forecast's error (autoscale/warmpool.py)."""
+    """warmPool.fromForecastError: the pool also covers the forecast's error (autoscale/forecast.py,
+    error_standbys)."""
     slo: SloSpec | None = None
     """The time-to-first-token SLO the operator keeps by raising the floor on a breach (None: none)."""
     surge: SurgeSpec | None = None
@@ -136,8 +137,8 @@ class ScalingSpec:
 
     @property
     def pooled(self) -> bool:
-        """Whether stable pods may stand by (a warm pool, or one sized for a surge): the serving label, the
-        Service's selector on it, the standbys' deletion cost."""
+        """Whether stable pods may stand by (a warm pool, one sized from the forecast's error, or one sized
+        for a surge): the serving label, the Service's selector on it, the standbys' deletion cost."""
         a = self.autoscale
         return self.warm_pool > 0 or (a is not None and (a.surge is not None or a.pool_from_forecast_error))
 

@@ -200,7 +200,7 @@ class ClosedLoop:
         messages, params = self.prompts.request(k)
         record = Record(sent=time.perf_counter())
         prepared = self.service.prepare(
-            messages, params, on_text=lambda text: record.texts.append(time.perf_counter())
+            messages, params, on_text=lambda *_: record.texts.append(time.perf_counter())
         )
         if prepared.request is None:
             raise RuntimeError(f"request {k} refused by prepare: {prepared.error}")

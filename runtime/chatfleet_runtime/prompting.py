@@ -62,6 +62,8 @@ HONOURED_FIELDS = frozenset(
         "presence_penalty",
         "frequency_penalty",
         "logit_bias",
+        "continue_final_message",
+        "add_generation_prompt",
     }
 )
 #: OpenAI bookkeeping fields accepted without effect (documented no-ops, not reported as ignored).
@@ -141,11 +143,23 @@ def check_openai_fields(body: dict[str, Any]) -> list[str]:
     if options is not None:
         if not isinstance(options, dict):
             raise RequestError("stream_options: must be an object")
-        include = options.get("include_usage")
-        if include is not None and not isinstance(include, bool):
-            raise RequestError("stream_options.include_usage: must be true or false")
+        for key in ("include_usage", "continuous_usage_stats"):
+            value = options.get(key)
+            if value is not None and not isinstance(value, bool):
+                raise RequestError(f"stream_options.{key}: must be true or false")
     known = HONOURED_FIELDS | NO_OP_FIELDS | REFUSED_FIELDS.keys()
     return sorted(k for k in body if k not in known)
+
+
+def continuous_usage(body: dict[str, Any]) -> bool:
+    """vLLM's ``stream_options.continuous_usage_stats``: every content chunk of a stream carries ``usage``
+    (the tokens so far), not only the last (checked by ``check_openai_fields``).
+
+    >>> continuous_usage({"stream_options": {"continuous_usage_stats": True}})
+    True
+    """
+    options = body.get("stream_options")
+    return isinstance(options, dict) and options.get("continuous_usage_stats") is True
 
 
 def parse_logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
@@ -168,9 +182,14 @@ def parse_logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
 
 
 def validate_messages(
-    messages: Any, *, max_content_chars: int = MAX_CONTENT_CHARS, allow_empty_list: bool = False
+    messages: Any,
+    *,
+    max_content_chars: int = MAX_CONTENT_CHARS,
+    allow_empty_list: bool = False,
+    continuing: bool = False,
 ) -> list[dict[str, str]]:
-    """Check an OpenAI-shaped messages list and return it as plain {role, content} dicts."""
+    """Check an OpenAI-shaped messages list and return it as plain {role, content} dicts (the last one an
+    assistant's only when ``continuing``: ``continue_final_message``)."""
     if not isinstance(messages, list):
         raise RequestError("messages: must be a list of {role, content} objects")
     if not messages and not allow_empty_list:
@@ -201,8 +220,11 @@ def validate_messages(
                 status=413,
             )
         out.append({"role": role, "content": content})
-    if out and out[-1]["role"] == "assistant" and not allow_empty_list:
-        raise RequestError(f"messages[{len(out) - 1}].role: the last message must be from user or system")
+    if out and out[-1]["role"] == "assistant" and not (allow_empty_list or continuing):
+        raise RequestError(
+            f"messages[{len(out) - 1}].role: the last message must be from user or system (an assistant's "
+            "only with continue_final_message: true)"
+        )
     return out
 
 
@@ -269,19 +291,76 @@ def parse_sampling(
     return SamplingParams(max_tokens, temperature, top_p, stops, seed, presence, frequency, bias)
 
 
-def _encode(tokenizer, messages: Sequence[dict[str, str]], add_generation_prompt: bool) -> list[int]:
+def continuation_flag(body: dict[str, Any]) -> bool:
+    """``continue_final_message`` as a bool, with ``add_generation_prompt`` checked against it (either
+    wrong: an error naming the field). Read before the messages, whose last may then be the assistant's.
+
+    >>> continuation_flag({"continue_final_message": True, "add_generation_prompt": False})
+    True
+    """
+    cont = body.get("continue_final_message", False)
+    if not isinstance(cont, bool):
+        raise RequestError("continue_final_message: must be true or false")
+    gen = body.get("add_generation_prompt")
+    if gen is not None and not isinstance(gen, bool):
+        raise RequestError("add_generation_prompt: must be true or false")
+    if cont and gen:
+        raise RequestError(
+            "add_generation_prompt: must be false with continue_final_message: true (the answer continues "
+            "the final message)"
+        )
+    if gen is False and not cont:
+        raise RequestError("add_generation_prompt: false is supported only with continue_final_message: true")
+    return cont
+
+
+def parse_continuation(body: dict[str, Any], messages: Sequence[dict[str, str]]) -> bool:
+    """Whether the request continues its final (assistant) message instead of answering it.
+
+    vLLM's fields: ``continue_final_message: true`` (with ``add_generation_prompt`` absent or false) renders
+    the conversation up to the final message's last character, and the answer is the rest of that
+    message. A stream relay sends it to resume an answer another replica began (docs/runtime.md "Streams
+    that survive their replica").
+
+    >>> parse_continuation({"continue_final_message": True}, [{"role": "assistant", "content": "Par"}])
+    True
+    >>> parse_continuation({}, [{"role": "user", "content": "hi"}])
+    False
+    """
+    cont = continuation_flag(body)
+    if cont and messages[-1]["role"] != "assistant":
+        raise RequestError(
+            f"messages[{len(messages) - 1}].role: continue_final_message needs the final message to be the "
+            f"assistant's (got {messages[-1]['role']!r})"
+        )
+    return cont
+
+
+def _encode(
+    tokenizer, messages: Sequence[dict[str, str]], add_generation_prompt: bool, continue_final: bool = False
+) -> list[int]:
     text = tokenizer.apply_chat_template(
-        list(messages), tokenize=False, add_generation_prompt=add_generation_prompt
+        list(messages),
+        tokenize=False,
+        add_generation_prompt=add_generation_prompt and not continue_final,
+        continue_final_message=continue_final,
     )
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def render_prompt(
-    tokenizer, messages: Sequence[dict[str, str]], *, max_context_tokens: int, max_new_tokens: int
+    tokenizer,
+    messages: Sequence[dict[str, str]],
+    *,
+    max_context_tokens: int,
+    max_new_tokens: int,
+    continue_final: bool = False,
 ) -> Prompt:
     """Apply the chat template; drop the oldest non-system messages until prompt + answer fit the context.
 
-    Example: context 2048, max_new_tokens 256 -> the prompt may hold at most 1792 tokens.
+    Example: context 2048, max_new_tokens 256 -> the prompt may hold at most 1792 tokens. With
+    ``continue_final`` the prompt ends inside the final (assistant) message, which is never dropped, nor
+    the message before it.
     """
     budget = max_context_tokens - max_new_tokens
     if budget < 1:
@@ -293,10 +372,10 @@ def render_prompt(
     dropped = 0
     while True:
         msgs = system + rest
-        ids = _encode(tokenizer, msgs, add_generation_prompt=True)
+        ids = _encode(tokenizer, msgs, add_generation_prompt=True, continue_final=continue_final)
         if len(ids) <= budget:
             break
-        if len(rest) <= 1:
+        if len(rest) <= (2 if continue_final else 1):
             raise RequestError(
                 f"messages: the prompt is {len(ids)} tokens, more than the {budget} left in the context "
                 f"({max_context_tokens}) after max_tokens ({max_new_tokens})"

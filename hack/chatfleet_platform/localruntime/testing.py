@@ -111,6 +111,49 @@ class ChatApiProcess:
         self.proc = None
 
 
+@dataclass
+class RelayProcess:
+    """``python -m chatfleet_runtime.relay`` (the stream relay) as a subprocess on 127.0.0.1, in front of
+    the given chat API URLs."""
+
+    upstreams: list[str]
+    log_path: Path | None = None
+    stall_seconds: float = 15.0
+    port: int = 0
+    metrics_port: int = 0
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        """Base URL of the relay's chat routes."""
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        """Its scrape endpoint (its own port)."""
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    def start(self, timeout: float = 30.0) -> RelayProcess:
+        """Start and wait for its ports (``GET /v1/models`` answers as a replica does; it moves no turn)."""
+        self.port = self.port or free_port()
+        self.metrics_port = self.metrics_port or free_port()
+        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        command = [sys.executable, "-m", "chatfleet_runtime.relay", "--host=127.0.0.1", f"--port={self.port}"]
+        command += [f"--metrics-port={self.metrics_port}", f"--stall-seconds={self.stall_seconds}"]
+        command += [f"--upstream={url}" for url in self.upstreams]
+        self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        if out is not subprocess.DEVNULL:
+            out.close()
+        _wait_http(self.metrics_url, timeout, self.proc, "stream relay")
+        _wait_http(f"{self.url}/v1/models", timeout, self.proc, "stream relay")
+        return self
+
+    def stop(self) -> None:
+        """Stop by PID."""
+        stop_process(self.proc)
+        self.proc = None
+
+
 def tiny_model(cache_dir: Path, size: str = "tiny") -> Path:
     """Build (once) and return the tiny model folder under cache_dir."""
     from chatfleet_platform.localruntime.tiny import build_tiny_model

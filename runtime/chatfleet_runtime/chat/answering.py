@@ -48,7 +48,9 @@ class AnswerSteps:
         if turn.session_id is None or not turn.store:
             return
         revision = self.settings.revision
-        saved = await self.store.append(turn.session_id, turn.new_messages, reply, revision)
+        saved = await self.store.append(
+            turn.session_id, turn.stored_turn, turn.stored_answer(reply), revision
+        )
         if saved and revision and turn.previous_revision and turn.previous_revision != revision:
             self.metrics.revision_switches.labels(self.name).inc()
 
@@ -97,7 +99,17 @@ class AnswerSteps:
         return Reply(events=events(), headers={**headers, "Cache-Control": "no-cache"})
 
     def _fallback(self, turn: Turn, messages: list[dict[str, str]], reason: str) -> Reply:
-        """The FAQ or fallback text instead of the model's answer, marked as such."""
+        """The FAQ or fallback text instead of the model's answer, marked as such; a 503 for a request that
+        continues an answer (a fallback text glued to it would read as the model's; the relay tries another
+        replica)."""
+        if turn.continuing:
+            turn.trace.failed(reason)
+            self._count("error", 503, turn.stream)
+            reply = responses.error(
+                503, f"continue_final_message: this replica cannot continue the answer now ({reason}); retry"
+            )
+            reply.headers["Retry-After"] = "1"
+            return reply
         text, source = self.fallback.answer(messages)
         turn.trace.fallback(reason)
         self.metrics.fallbacks.labels(self.name, reason, source).inc()
@@ -207,7 +219,10 @@ class AnswerSteps:
             while True:
                 if chunk.text:
                     parts.append(chunk.text)
-                    yield responses.sse(head, {"content": chunk.text}, None)
+                    so_far = None
+                    if turn.continuous_usage and not chunk.finish_reason:
+                        so_far = responses.usage(chunk.prompt_tokens, chunk.num_tokens)
+                    yield responses.sse(head, {"content": chunk.text}, None, so_far)
                 if chunk.finish_reason:
                     finish, num_tokens = chunk.finish_reason, chunk.num_tokens
                     prompt_tokens = chunk.prompt_tokens
@@ -237,11 +252,13 @@ class AnswerSteps:
                 self._keep(turn, "".join(parts), finish, prompt_tokens, num_tokens)
             yield responses.DONE
             completed = True
-        except BackendError:
+        except BackendError as exc:
             self.breaker.record_failure()
             turn.trace.failed("backend_error")
-            yield responses.sse(head, {}, "stop")
-            yield responses.DONE
+            # No [DONE] and no finish_reason: the answer was cut, and the client must not take it for a
+            # whole one. OpenAI's shape for an error inside a stream (its SDK raises it); the stream relay
+            # resumes the answer on another replica instead (docs/runtime.md "Streams that survive").
+            yield responses.stream_error(f"the model failed part-way ({exc.kind}): the answer is incomplete")
             completed = True
             self.metrics.gen_ai(self.name, time.monotonic() - turn.t0, error="backend_error")
             self._count("error", 200, True)

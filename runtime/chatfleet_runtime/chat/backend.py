@@ -147,9 +147,10 @@ def _chunk(result) -> Chunk:
     )
 
 
-def triton_params(sampling: SamplingParams, sid: str | None) -> dict[str, Any]:
-    """The PARAMETERS input of the Triton chat model (docs/pod-contract.md, Requests)."""
-    return {
+def triton_params(sampling: SamplingParams, sid: str | None, continuing: bool = False) -> dict[str, Any]:
+    """The PARAMETERS input of the Triton chat model (docs/pod-contract.md, Requests);
+    ``continue_final_message`` only when the request continues its final message."""
+    params: dict[str, Any] = {
         "max_tokens": sampling.max_new_tokens,
         "temperature": sampling.temperature,
         "top_p": sampling.top_p,
@@ -160,3 +161,6 @@ def triton_params(sampling: SamplingParams, sid: str | None) -> dict[str, Any]:
         "logit_bias": {str(t): b for t, b in sampling.logit_bias},
         "session_id": sid,
     }
+    if continuing:
+        params["continue_final_message"] = True
+    return params

@@ -58,7 +58,7 @@ from chatfleet_runtime.chat.sessions import ActiveSessions, History, SessionStor
 from chatfleet_runtime.chat.shadow import Shadow
 from chatfleet_runtime.chat.tracing import NO_TRACING, NoTracing, RequestTrace, Tracing
 from chatfleet_runtime.chat.turn import Turn, bypasses_cache, parse_request, read_body
-from chatfleet_runtime.prompting import RequestError, SamplingParams
+from chatfleet_runtime.prompting import RequestError, SamplingParams, continuous_usage, parse_continuation
 
 log = logging.getLogger("chatfleet.api")
 
@@ -310,6 +310,7 @@ class ChatPipeline(AnswerSteps):
                     "send stream: false"
                 )
             messages, sampling, sid, ignored = parse_request(body, headers, self.name, self.max_new_tokens)
+            continuing = parse_continuation(body, messages) and not shadow
         except RequestError as exc:
             self._count("client_error", exc.status, stream and not shadow)
             return responses.error(exc.status, str(exc))
@@ -331,9 +332,9 @@ class ChatPipeline(AnswerSteps):
         info: dict[str, Any] = {"history": history_state, "history_turns": history.turns}
         if history.revision is not None:
             info["previous_revision"] = history.revision
-        params = triton_params(sampling, sid)
+        params = triton_params(sampling, sid, continuing)
         key = None
-        if self.cache is not None and not shadow and not bypasses_cache(headers):
+        if self.cache is not None and not shadow and not continuing and not bypasses_cache(headers):
             key = self.cache.key(messages, params, history.turns, self.settings.revision, self.name)
         return Turn(
             messages,
@@ -346,6 +347,8 @@ class ChatPipeline(AnswerSteps):
             history.revision,
             store=not shadow,
             cache_key=key,
+            continuous_usage=continuous_usage(body),
+            continuing=continuing,
         )
 
     async def _answer(self, turn: Turn) -> Reply:

@@ -46,6 +46,13 @@ def draining() -> Reply:
     return reply
 
 
+def stream_error(message: str) -> str:
+    """An error inside a stream that began (a server-sent event of OpenAI's error object, code
+    ``stream_cut``): the last event of a stream whose answer was cut; no [DONE] follows."""
+    body = {"error": {"message": message, "type": "server_error", "param": None, "code": "stream_cut"}}
+    return f"data: {json.dumps(body)}\n\n"
+
+
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     """OpenAI's usage object."""
     return {

@@ -17,6 +17,7 @@ from chatfleet_runtime.prompting import (
     RequestError,
     SamplingParams,
     check_openai_fields,
+    continuation_flag,
     parse_sampling,
     session_key_from_user,
     validate_messages,
@@ -49,6 +50,22 @@ class Turn:
     trace: RequestTrace = NO_TRACE
     """The request's span (chat/tracing.py); ``NO_TRACE`` when tracing is off, the request not sampled, or
     the request mirrored."""
+    continuous_usage: bool = False
+    """Every content chunk carries ``usage`` (``stream_options.continuous_usage_stats``; the stream relay
+    asks for it to know how many tokens a cut stream had sent)."""
+    continuing: bool = False
+    """The request continues its final message (``continue_final_message``): the beginning of an answer
+    another replica was streaming when it failed, sent again by the stream relay."""
+
+    @property
+    def stored_turn(self) -> list[dict[str, str]]:
+        """The messages saved with the answer: the new ones, less the answer's beginning when continuing
+        (that beginning is saved as part of the answer, ``stored_answer``)."""
+        return self.new_messages[:-1] if self.continuing else self.new_messages
+
+    def stored_answer(self, text: str) -> str:
+        """The whole answer to save: the beginning another replica sent, then this one's text."""
+        return self.messages[-1]["content"] + text if self.continuing else text
 
     @property
     def new_messages(self) -> list[dict[str, str]]:
@@ -76,7 +93,7 @@ def parse_request(
     model = body.get("model", model_name)
     if model != model_name:
         raise RequestError(f"model: {model!r:.80} is not served here (available: {model_name})", 404)
-    messages = validate_messages(body.get("messages"))
+    messages = validate_messages(body.get("messages"), continuing=continuation_flag(body))
     ignored = check_openai_fields(body)
     sampling = parse_sampling(body, max_new_tokens_limit=max_new_tokens)
     if body.get("n", 1) not in (1, None):

@@ -24,7 +24,8 @@ class GenerationRequest:
     session_id: str | None = None
     system_len: int = 0
     use_prefix_cache: bool = True
-    on_text: Callable[[str], None] | None = None
+    on_text: Callable[[str, int, int], None] | None = None
+    """Streaming: called with each text delta, the tokens generated so far and the prompt's tokens."""
     is_cancelled: Callable[[], bool] | None = None
 
 
@@ -128,7 +129,7 @@ class Row:
             return
         if force or self.last_sent is None or now - self.last_sent >= interval_s:
             text, self.unsent, self.last_sent = self.unsent, "", now
-            self.req.on_text(text)
+            self.req.on_text(text, len(self.generated), len(self.req.prompt_ids))
 
     def fail(self, kind: str, message: str) -> None:
         """Mark the row failed (it leaves the batch at the next step; the others run on)."""

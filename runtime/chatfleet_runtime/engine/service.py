@@ -39,6 +39,8 @@ from chatfleet_runtime.engine.rows import GenerationRequest, GenerationResult
 from chatfleet_runtime.engine.termination import write_termination_message
 from chatfleet_runtime.prompting import (
     RequestError,
+    continuation_flag,
+    parse_continuation,
     parse_sampling,
     render_prompt,
     validate_messages,
@@ -291,7 +293,7 @@ class ChatService:
         messages_raw: Any,
         params_raw: Any = None,
         *,
-        on_text: Callable[[str], None] | None = None,
+        on_text: Callable[[str, int, int], None] | None = None,
         is_cancelled: Callable[[], bool] | None = None,
     ) -> Prepared:
         """Validate one request's inputs and render its prompt; never raises for bad input."""
@@ -303,13 +305,16 @@ class ChatService:
                 messages = [{"role": "user", "content": text}]
             if isinstance(messages, str):
                 messages = [{"role": "user", "content": messages}]
-            messages = validate_messages(messages)
             params: dict[str, Any] = {}
             if params_raw not in (None, b"", ""):
                 try:
                     params = json.loads(_decode(params_raw))
                 except json.JSONDecodeError as exc:
                     raise RequestError(f"parameters: not valid JSON ({exc.msg})") from exc
+            if not isinstance(params, dict):
+                raise RequestError("parameters: must be an object")
+            messages = validate_messages(messages, continuing=continuation_flag(params))
+            continuing = parse_continuation(params, messages)
             sampling = parse_sampling(
                 params,
                 max_new_tokens_limit=self.settings.max_new_tokens,
@@ -327,6 +332,7 @@ class ChatService:
                 messages,
                 max_context_tokens=self.settings.max_context_tokens,
                 max_new_tokens=sampling.max_new_tokens,
+                continue_final=continuing,
             )
             use_cache = params.get("prefix_cache", True)
             if not isinstance(use_cache, bool):

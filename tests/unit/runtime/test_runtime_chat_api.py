@@ -52,6 +52,8 @@ class FakeBackend:
             yield Chunk(word)
             if self.mode == "stall":  # the stream stops part-way: the deadline ends it
                 await asyncio.sleep(10)
+            if self.mode == "cut":  # Triton fails part-way (its process killed, the gRPC stream broken)
+                raise BackendError("unavailable", "Socket closed")
         yield Chunk("", "length", 3, prompt_tokens=7)
 
 

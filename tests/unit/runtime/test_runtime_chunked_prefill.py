@@ -78,7 +78,7 @@ def test_a_long_prompt_delays_running_streams_by_one_chunk_at_most(model, tokeni
     try:
         for i in range(STREAMS):
             request = GenerationRequest(short, SamplingParams(max_new_tokens=60), use_prefix_cache=False)
-            request.on_text = lambda _text: started.set()
+            request.on_text = lambda *_: started.set()
             engine.submit(request, finish(i))
         assert started.wait(60)
         recorder.calls.clear()  # from here on: the streams run, the long prompt arrives

@@ -62,7 +62,9 @@ def test_streaming_deltas_add_up_to_text(gen, tokenizer):
     res = gen.generate(
         [
             GenerationRequest(
-                prompt(tokenizer, "Hello").ids, SamplingParams(max_new_tokens=16), on_text=deltas.append
+                prompt(tokenizer, "Hello").ids,
+                SamplingParams(max_new_tokens=16),
+                on_text=lambda text, *_: deltas.append(text),
             )
         ]
     )[0]
@@ -180,7 +182,9 @@ def test_stream_chunks_are_coalesced_by_interval(model, tokenizer):
     res = frozen.generate(
         [
             GenerationRequest(
-                prompt(tokenizer, "Hello").ids, SamplingParams(max_new_tokens=20), on_text=deltas.append
+                prompt(tokenizer, "Hello").ids,
+                SamplingParams(max_new_tokens=20),
+                on_text=lambda text, *_: deltas.append(text),
             )
         ]
     )[0]
@@ -191,7 +195,11 @@ def test_non_streaming_text_equals_streaming_text(gen, tokenizer):
     p = prompt(tokenizer, "Compare")
     deltas: list[str] = []
     streamed = gen.generate(
-        [GenerationRequest(p.ids, SamplingParams(max_new_tokens=24), on_text=deltas.append)]
+        [
+            GenerationRequest(
+                p.ids, SamplingParams(max_new_tokens=24), on_text=lambda text, *_: deltas.append(text)
+            )
+        ]
     )[0]
     plain = gen.generate([GenerationRequest(p.ids, SamplingParams(max_new_tokens=24))])[0]
     assert plain.text == streamed.text == "".join(deltas)
@@ -409,7 +417,7 @@ def test_an_answer_ending_inside_a_character_keeps_its_text(gen, tokenizer, stre
     assert tokenizer.decode([100]).endswith("\ufffd")
     deltas: list[str] = []
     params = SamplingParams(max_new_tokens=3, logit_bias=((100, 100.0),))
-    on_text = deltas.append if streamed else None
+    on_text = (lambda text, *_: deltas.append(text)) if streamed else None
     res = gen.generate([GenerationRequest(prompt(tokenizer, "Hi").ids, params, on_text=on_text)])[0]
     assert res.token_ids == [100] * 3
     assert res.text == tokenizer.decode(res.token_ids, skip_special_tokens=True) != ""

@@ -180,7 +180,9 @@ def _chats(service, chats: list[tuple[str, dict, bool]]) -> list[str]:
         deltas: list[str] = []
         messages = json.dumps([{"role": "user", "content": content}]).encode()
         prep = service.prepare(
-            messages, json.dumps(params).encode(), on_text=deltas.append if streamed else None
+            messages,
+            json.dumps(params).encode(),
+            on_text=(lambda text, *_, d=deltas: d.append(text)) if streamed else None,
         )
         assert prep.request is not None, prep.error
 

@@ -86,7 +86,9 @@ def _client(service, index: int, stop: threading.Event, tokens: list[int], error
         deltas: list[str] = []
         streamed = index % 2 == 0
         prep = service.prepare(
-            messages.encode(), params.encode(), on_text=deltas.append if streamed else None
+            messages.encode(),
+            params.encode(),
+            on_text=(lambda text, *_, d=deltas: d.append(text)) if streamed else None,
         )
         assert prep.request is not None, prep.error
         done = threading.Event()

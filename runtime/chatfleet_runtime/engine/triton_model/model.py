@@ -11,7 +11,6 @@ text in that final response, so streamed and non-streamed requests share one run
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 
@@ -143,12 +142,9 @@ class TritonPythonModel:
 
     @staticmethod
     def _streamer(sender):
-        sent = itertools.count(1)
-
-        def on_text(delta: str) -> None:
-            n = next(sent)
+        def on_text(delta: str, tokens: int, prompt_tokens: int) -> None:
             try:
-                sender.send(pb_utils.InferenceResponse(_outputs(delta, n, "")))
+                sender.send(pb_utils.InferenceResponse(_outputs(delta, tokens, "", prompt_tokens)))
             except Exception:
                 pass  # cancelled or gone; is_cancelled ends the row
 

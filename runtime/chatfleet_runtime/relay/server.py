@@ -1,0 +1,372 @@
+"""The stream relay's server: chat requests passed to the chat API's replicas, streams resumed on another
+replica when cut.
+
+``python -m chatfleet_runtime.relay --upstream http://10.0.0.7:8080 --upstream http://10.0.0.8:8080``, or
+``--upstream http://chat-headless:8080 --resolve`` to use every address the name resolves to (a headless
+Service: one per ready pod, read again every few seconds).
+
+Routes (``--port``; end users, in front of the chat Service): ``POST /v1/chat/completions``,
+``GET /v1/models`` and ``GET /health``; ``GET /metrics`` on ``--metrics-port`` only (Prometheus).
+
+A streamed request goes to one replica. The client's response begins when that replica answers 200; a
+replica that cannot be reached or answers 502, 503 or 504 before streaming is skipped for the next (any
+other status, such as a 400 naming a field, is the client's answer). While streaming, a cut is: the
+connection closed or broken before ``[DONE]``, no bytes for ``--stall-seconds`` (a node gone silent), or
+the chat API's ``stream_cut`` error event (its Triton failed part-way). On a cut the relay asks the next
+replica to continue the answer (``splice.resume_body``), at most ``--max-resumes`` times; when none can, the
+client gets the ``stream_cut`` error event (OpenAI's SDK raises it), never a stream that looks complete.
+
+A request that is not streamed is sent again to the next replica on the same faults, before any answer
+came back. When a replica saved the turn and then died before its answer reached the relay, the session's
+history holds that turn twice (the only case that can).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import socket
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CollectorRegistry, Counter, start_http_server
+
+from chatfleet_runtime.relay.splice import DONE, Cut, Progress, asked, cut_error, event_data, resume_body, sse
+
+log = logging.getLogger("chatfleet.relay")
+
+CHAT_PATH = "/v1/chat/completions"
+#: Statuses that mean "this replica cannot answer now", tried on the next one.
+RETRIED = frozenset({502, 503, 504})
+#: Hop-by-hop and framing headers, never passed on (RFC 9110 7.6.1), nor the host.
+HOP_HEADERS = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+        "content-encoding",
+    }
+)
+
+
+def passed_headers(headers) -> dict[str, str]:
+    """The headers passed on to the other side (less hop-by-hop, framing and host)."""
+    return {k: v for k, v in headers.items() if k.lower() not in HOP_HEADERS}
+
+
+@dataclass
+class Upstreams:
+    """The chat API replicas, in turn; a replica that failed is tried after the others for ``cooldown_s``."""
+
+    urls: list[str]
+    resolve: bool = False
+    cooldown_s: float = 5.0
+    resolve_every_s: float = 2.0
+    clock: object = time.monotonic
+    _next: int = 0
+    _failed: dict[str, float] = field(default_factory=dict)
+    _resolved: list[str] = field(default_factory=list)
+    _resolved_at: float = float("-inf")
+
+    async def _addresses(self) -> list[str]:
+        """Every replica URL: with ``resolve``, one per address each name resolves to (read again every
+        ``resolve_every_s``; the last answer kept when resolving fails)."""
+        if not self.resolve:
+            return self.urls
+        now = self.clock()
+        if now - self._resolved_at < self.resolve_every_s and self._resolved:
+            return self._resolved
+        loop = asyncio.get_running_loop()
+        found: list[str] = []
+        for url in self.urls:
+            parts = urlsplit(url)
+            try:
+                infos = await loop.getaddrinfo(parts.hostname, parts.port or 80, type=socket.SOCK_STREAM)
+            except OSError as exc:
+                log.warning("resolving %s: %s", parts.hostname, exc)
+                continue
+            for ip in sorted({info[4][0] for info in infos}):
+                host = f"[{ip}]" if ":" in ip else ip
+                found.append(urlunsplit(parts._replace(netloc=f"{host}:{parts.port or 80}")))
+        if found:
+            self._resolved, self._resolved_at = found, now
+        return self._resolved or self.urls
+
+    async def order(self, tried: set[str], advance: bool = True) -> list[str]:
+        """The replicas not tried yet for this request: round robin (chat requests take turns; a GET does
+        not move the turn), those that failed lately last."""
+        urls = await self._addresses()
+        start = self._next % len(urls)
+        if advance:
+            self._next += 1
+        turn = [u for u in urls[start:] + urls[:start] if u not in tried]
+        now = self.clock()
+        return sorted(turn, key=lambda u: now - self._failed.get(u, float("-inf")) < self.cooldown_s)
+
+    def failed(self, url: str) -> None:
+        self._failed[url] = self.clock()
+
+
+class RelayMetrics:
+    """The relay's counters, on their own registry (served on the metrics port only)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.streams = Counter(
+            "chatfleet_relay_streams",
+            "Streams the relay ended, by outcome: completed ([DONE] sent), cut (the client got the stream_cut "
+            "error), client_gone (the client left first), refused (no replica streamed it)",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.resumes = Counter(
+            "chatfleet_relay_resumes",
+            "Streams continued on another replica, by why the first was cut: closed, stalled, error_event",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.retries = Counter(
+            "chatfleet_relay_retries",
+            "Requests sent again to another replica before any answer (unreachable, 502, 503, 504)",
+            registry=self.registry,
+        )
+
+
+class Relay:
+    """The relay's requests: one httpx client, the replicas, the limits."""
+
+    def __init__(
+        self,
+        upstreams: Upstreams,
+        *,
+        stall_s: float = 15.0,
+        max_resumes: int = 3,
+        connect_timeout_s: float = 2.0,
+        metrics: RelayMetrics | None = None,
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
+        self.upstreams = upstreams
+        self.stall_s = stall_s
+        self.max_resumes = max_resumes
+        self.metrics = metrics or RelayMetrics()
+        timeout = httpx.Timeout(connect=connect_timeout_s, read=None, write=10.0, pool=connect_timeout_s)
+        self.client = client or httpx.AsyncClient(
+            timeout=timeout, limits=httpx.Limits(max_keepalive_connections=64)
+        )
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+    async def _send(self, url: str, path: str, body: bytes, headers: dict[str, str]) -> httpx.Response:
+        request = self.client.build_request("POST", url + path, content=body, headers=headers)
+        return await self.client.send(request, stream=True)
+
+    async def _open(
+        self, body: bytes, headers: dict[str, str], tried: set[str]
+    ) -> tuple[str, httpx.Response] | Response:
+        """The first replica, not yet tried, that answers 200 (the response still streaming), or the
+        answer to give the client: another replica's non-retried status, or a 503 when none could."""
+        last: Response | None = None
+        for url in await self.upstreams.order(tried):
+            tried.add(url)
+            try:
+                resp = await self._send(url, CHAT_PATH, body, headers)
+            except httpx.TransportError as exc:
+                log.info("replica %s unreachable: %s", url, exc)
+                self.upstreams.failed(url)
+                self.metrics.retries.inc()
+                continue
+            if resp.status_code == 200:
+                return url, resp
+            content = await resp.aread()
+            await resp.aclose()
+            last = Response(content, resp.status_code, headers=passed_headers(resp.headers))
+            if resp.status_code not in RETRIED:
+                return last
+            self.upstreams.failed(url)
+            self.metrics.retries.inc()
+        if last is not None:
+            return last
+        return JSONResponse(
+            {"error": {"message": "no chat replica could be reached; retry", "type": "server_error"}},
+            503,
+            headers={"Retry-After": "1"},
+        )
+
+    async def _lines(self, resp: httpx.Response) -> AsyncIterator[str]:
+        """The replica's lines, raising Cut after ``stall_s`` without one."""
+        lines = resp.aiter_lines().__aiter__()
+        while True:
+            try:
+                line = await asyncio.wait_for(lines.__anext__(), self.stall_s)
+            except StopAsyncIteration:
+                return
+            except TimeoutError as exc:
+                raise Cut(f"no bytes for {self.stall_s:g} s", "stalled") from exc
+            yield line
+
+    async def _splice(
+        self, body: dict, headers: dict[str, str], url: str, resp: httpx.Response, tried: set[str]
+    ) -> AsyncIterator[str]:
+        """The client's stream: the replica's chunks, then another's continuing them after a cut."""
+        options = body.get("stream_options")
+        progress = Progress(
+            continuous_usage=isinstance(options, dict) and options.get("continuous_usage_stats") is True
+        )
+        outcome = "client_gone"
+        try:
+            while True:
+                try:
+                    async for line in self._lines(resp):
+                        data = event_data(line)
+                        if data is None:
+                            continue
+                        if data == DONE:
+                            yield sse(DONE)
+                            outcome = "completed"
+                            return
+                        chunk = progress.rewrite(json.loads(data))
+                        if chunk is not None:
+                            yield sse(chunk)
+                    raise Cut("the replica closed the stream before [DONE]", "closed")
+                except Cut as exc:
+                    reason, why = exc.reason, str(exc)
+                except (httpx.TransportError, json.JSONDecodeError) as exc:
+                    reason, why = "closed", f"{type(exc).__name__}: {exc}"
+                finally:
+                    await resp.aclose()
+                self.upstreams.failed(url)
+                if progress.finished:  # the answer was whole; only [DONE] was lost
+                    yield sse(DONE)
+                    outcome = "completed"
+                    return
+                opened: tuple[str, httpx.Response] | Response | None = None
+                if progress.resumes < self.max_resumes:
+                    again = asked(resume_body(body, progress) if progress.text else body)
+                    opened = await self._open(json.dumps(again).encode(), headers, tried)
+                if not isinstance(opened, tuple):
+                    log.warning("stream cut (%s) and not resumed after %d resumes", why, progress.resumes)
+                    yield sse(cut_error(f"the answer was cut ({why}) and no replica could continue it"))
+                    outcome = "cut"
+                    return
+                log.info("stream cut at %d tokens (%s): resuming on %s", progress.tokens, why, opened[0])
+                self.metrics.resumes.labels(reason).inc()
+                progress.begin_resume()
+                url, resp = opened
+        finally:
+            self.metrics.streams.labels(outcome).inc()
+
+    async def chat(self, request: Request) -> Response:
+        raw = await request.body()
+        headers = passed_headers(request.headers)
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            body = None
+        streamed = isinstance(body, dict) and body.get("stream") is True
+        tried: set[str] = set()
+        opened = await self._open(json.dumps(asked(body)).encode() if streamed else raw, headers, tried)
+        if not isinstance(opened, tuple):
+            if streamed:
+                self.metrics.streams.labels("refused").inc()
+            return opened
+        url, resp = opened
+        if not streamed or not resp.headers.get("content-type", "").startswith("text/event-stream"):
+            try:
+                content = await resp.aread()
+            except httpx.TransportError as exc:
+                return JSONResponse(
+                    {
+                        "error": {
+                            "message": f"the replica's answer was cut ({exc}); retry",
+                            "type": "server_error",
+                        }
+                    },
+                    502,
+                )
+            finally:
+                await resp.aclose()
+            return Response(content, resp.status_code, headers=passed_headers(resp.headers))
+        out_headers = passed_headers(resp.headers)
+        out_headers["Cache-Control"] = "no-cache"
+        return StreamingResponse(
+            self._splice(body, headers, url, resp, tried), media_type="text/event-stream", headers=out_headers
+        )
+
+    async def get(self, path: str, request: Request) -> Response:
+        """A GET passed to the first replica that answers."""
+        for url in await self.upstreams.order(set(), advance=False):
+            try:
+                resp = await self.client.get(url + path, headers=passed_headers(request.headers))
+            except httpx.TransportError:
+                self.upstreams.failed(url)
+                continue
+            return Response(resp.content, resp.status_code, headers=passed_headers(resp.headers))
+        return JSONResponse({"status": "no chat replica could be reached"}, 503)
+
+
+def create_app(relay: Relay) -> FastAPI:
+    """The relay's routes (end users' only); ``/metrics`` is served on its own port (``main``)."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app):
+        yield
+        await relay.close()
+
+    app = FastAPI(lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.relay = relay
+
+    @app.post(CHAT_PATH)
+    async def chat_completions(request: Request):
+        return await relay.chat(request)
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        return await relay.get("/v1/models", request)
+
+    @app.get("/health")
+    async def health(request: Request):
+        return await relay.get("/health", request)
+
+    return app
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="chatfleet stream relay")
+    parser.add_argument("--upstream", action="append", required=True, help="a chat API replica's base URL")
+    parser.add_argument(
+        "--resolve", action="store_true", help="use every address each upstream's host resolves to"
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--metrics-port", type=int, default=8090, help="GET /metrics for Prometheus, only")
+    parser.add_argument("--stall-seconds", type=float, default=15.0, help="a stream silent this long is cut")
+    parser.add_argument("--max-resumes", type=int, default=3, help="resumes of one stream at most")
+    parser.add_argument("--log-level", default="warning")
+    args = parser.parse_args(argv)
+    if args.stall_seconds <= 0 or args.max_resumes < 0:
+        parser.error("--stall-seconds: must be above 0; --max-resumes: must be 0 or more")
+    if args.metrics_port == args.port:
+        parser.error("--metrics-port: must differ from --port")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    upstreams = Upstreams([u.rstrip("/") for u in args.upstream], resolve=args.resolve)
+    relay = Relay(upstreams, stall_s=args.stall_seconds, max_resumes=args.max_resumes)
+    start_http_server(args.metrics_port, addr=args.host, registry=relay.metrics.registry)
+    uvicorn.run(create_app(relay), host=args.host, port=args.port, log_level=args.log_level)
+    return 0

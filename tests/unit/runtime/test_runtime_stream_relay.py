@@ -1,0 +1,376 @@
+"""Streams that survive their replica: the chat API's side (a cut stream says so; a request continues an
+answer another replica began, and the turn is saved once, whole) and the relay's (one client stream spliced
+from several replicas' streams).
+
+Test design: the chat API runs with the fake backend of test_runtime_chat_api and the fake Redis of
+test_runtime_sessions; the relay runs over httpx's MockTransport, whose handlers play replicas that stream,
+break, stall or refuse. The real processes (two chat APIs over two Tritons, a relay, a SIGKILL) are in
+tests/integration/runtime/test_runtime_stream_resume.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+from chatfleet_runtime.chat.api import ApiSettings, create_app
+from chatfleet_runtime.prompting import RequestError, parse_continuation, render_prompt
+from chatfleet_runtime.relay import server as relay_server
+from chatfleet_runtime.relay.splice import Cut, Progress, resume_body
+from fastapi.testclient import TestClient
+from test_runtime_chat_api import FakeBackend, metric, post
+from test_runtime_sessions import FakeRedis
+
+U = [{"role": "user", "content": "count to three"}]
+
+
+def events(text: str) -> list[str]:
+    return [part[6:] for part in text.split("\n\n") if part.startswith("data: ")]
+
+
+@pytest.fixture
+def backend():
+    return FakeBackend()
+
+
+@pytest.fixture
+def redis():
+    return FakeRedis()
+
+
+@pytest.fixture
+def client(backend, redis):
+    settings = ApiSettings(model_name="m1", request_timeout_s=0.5, max_new_tokens=50, fallback_text="busy")
+    with TestClient(create_app(settings, backend=backend, redis_client=redis)) as c:
+        yield c
+
+
+# --- the chat API -----------------------------------------------------------------------------------------
+
+
+def test_a_stream_cut_by_the_model_ends_with_an_error_event_not_a_finished_answer(client, backend):
+    backend.mode = "cut"
+    r = post(client, {"messages": U, "stream": True})
+    data = events(r.text)
+    assert r.status_code == 200 and "[DONE]" not in data
+    last = json.loads(data[-1])
+    assert last["error"]["code"] == "stream_cut" and "incomplete" in last["error"]["message"]
+    assert not any(json.loads(d).get("choices", [{}])[0].get("finish_reason") for d in data[:-1])
+    assert metric(client, "chatfleet_requests_total", outcome="error", stream="true") == 1
+
+
+def test_a_request_that_continues_an_answer_reaches_the_model_as_one(client, backend):
+    body = {
+        "messages": [*U, {"role": "assistant", "content": "one "}],
+        "continue_final_message": True,
+        "stream": True,
+    }
+    r = post(client, body)
+    assert r.status_code == 200 and events(r.text)[-1] == "[DONE]"
+    messages, params = backend.calls[-1]
+    assert (
+        messages[-1] == {"role": "assistant", "content": "one "} and params["continue_final_message"] is True
+    )
+    post(client, {"messages": U})
+    assert "continue_final_message" not in backend.calls[-1][1]
+
+
+def test_a_continued_answer_is_saved_once_and_whole(client, redis):
+    body = {
+        "messages": [*U, {"role": "assistant", "content": "zero "}],
+        "continue_final_message": True,
+        "session_id": "d-1",
+        "stream": True,
+    }
+    assert post(client, body).status_code == 200
+    [saved] = [json.loads(t) for t in redis.lists["chatfleet:session:m1:d-1"]]
+    assert saved["messages"] == U and saved["reply"] == "zero one two three"
+
+
+def test_a_replica_that_cannot_continue_says_503_not_a_fallback_text(client, backend):
+    backend.mode = "down"
+    body = {"messages": [*U, {"role": "assistant", "content": "one "}], "continue_final_message": True}
+    r = post(client, {**body, "stream": True})
+    assert r.status_code == 503 and r.headers["retry-after"] == "1" and "busy" not in r.text
+    assert "continue_final_message" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "last_role", "message"),
+    [
+        pytest.param({}, "assistant", "messages[1].role: the last message must be from user", id="no-flag"),
+        pytest.param(
+            {"continue_final_message": "yes"}, "assistant", "continue_final_message: must be", id="type"
+        ),
+        pytest.param(
+            {"continue_final_message": True, "add_generation_prompt": True},
+            "assistant",
+            "add_generation_prompt: must be false",
+            id="both",
+        ),
+        pytest.param(
+            {"add_generation_prompt": False}, "user", "add_generation_prompt: false is", id="gen-off"
+        ),
+        pytest.param(
+            {"continue_final_message": True}, "user", "continue_final_message needs the final", id="user-last"
+        ),
+    ],
+)
+def test_bad_continuations_are_refused_naming_the_field(client, extra, last_role, message):
+    messages = [*U, {"role": "assistant", "content": "one"}] if last_role == "assistant" else U
+    r = post(client, {"messages": messages, **extra})
+    assert r.status_code == 400 and message in r.json()["error"]["message"], r.text
+
+
+def test_usage_in_every_chunk_when_asked(client):
+    body = {"messages": U, "stream": True, "stream_options": {"continuous_usage_stats": True}}
+    chunks = [json.loads(d) for d in events(post(client, body).text) if d != "[DONE]"]
+    assert [("usage" in c) for c in chunks] == [False, True, True, True, True]  # role, 3 words, the end
+    plain = [
+        json.loads(d) for d in events(post(client, {**body, "stream_options": {}}).text) if d != "[DONE]"
+    ]
+    assert [("usage" in c) for c in plain] == [False, False, False, False, True]
+    r = post(client, {**body, "stream_options": {"continuous_usage_stats": 1}})
+    assert r.status_code == 400 and "stream_options.continuous_usage_stats" in r.text
+
+
+def test_parse_continuation_is_off_by_default():
+    assert parse_continuation({"add_generation_prompt": True}, U) is False
+    with pytest.raises(RequestError, match="add_generation_prompt: must be true or false"):
+        parse_continuation({"add_generation_prompt": 1}, U)
+
+
+def test_the_prompt_of_a_continuation_ends_inside_the_answer(tokenizer):
+    messages = [*U, {"role": "assistant", "content": "one two"}]
+    prompt = render_prompt(
+        tokenizer, messages, max_context_tokens=512, max_new_tokens=16, continue_final=True
+    )
+    text = tokenizer.decode(prompt.ids)
+    assert text.rstrip().endswith("one two"), text
+    plain = render_prompt(tokenizer, U, max_context_tokens=512, max_new_tokens=16)
+    assert tokenizer.decode(plain.ids) in text  # the conversation, then the answer's beginning
+
+
+def test_a_continuation_keeps_its_question_when_the_context_is_short(tokenizer):
+    old = [{"role": "user", "content": "word " * 60}, {"role": "assistant", "content": "reply " * 60}]
+    messages = [*old, *U, {"role": "assistant", "content": "one"}]
+    prompt = render_prompt(
+        tokenizer, messages, max_context_tokens=120, max_new_tokens=16, continue_final=True
+    )
+    text = tokenizer.decode(prompt.ids)
+    assert "count to three" in text and "word" not in text and text.rstrip().endswith("one")
+
+
+# --- the splice (pure) ------------------------------------------------------------------------------------
+
+
+def chunk(content=None, *, role=False, finish=None, id_="a", usage=None):
+    delta = {}
+    if role:
+        delta["role"] = "assistant"
+    if content is not None:
+        delta["content"] = content
+    out = {"id": id_, "created": 1 if id_ == "a" else 2, "choices": [{"index": 0, "delta": delta}]}
+    out["choices"][0]["finish_reason"] = finish
+    if usage:
+        out["usage"] = usage
+    return out
+
+
+def test_a_resumed_stream_reads_as_the_first():
+    p = Progress()
+    assert p.rewrite(chunk("", role=True))["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    p.rewrite(chunk("one "))
+    p.rewrite(chunk("two "))
+    p.begin_resume()
+    assert p.rewrite(chunk("", role=True, id_="b")) is None  # the second stream's opening repeats nothing
+    out = p.rewrite(chunk("three", id_="b"))
+    assert (out["id"], out["created"], out["choices"][0]["delta"]) == ("a", 1, {"content": "three"})
+    end = p.rewrite(
+        chunk(finish="stop", id_="b", usage={"prompt_tokens": 9, "completion_tokens": 1, "total_tokens": 10})
+    )
+    assert end["usage"] == {"prompt_tokens": 9, "completion_tokens": 3, "total_tokens": 12} and p.finished
+    assert p.answer == "one two three" and p.resumes == 1
+
+
+def test_an_error_event_is_a_cut_never_passed_on():
+    with pytest.raises(Cut, match="part-way") as exc:
+        Progress().rewrite({"error": {"message": "the model failed part-way", "code": "stream_cut"}})
+    assert exc.value.reason == "error_event"
+
+
+def test_the_resume_request_continues_the_answer_and_leaves_the_original_alone():
+    body = {"messages": list(U), "max_completion_tokens": 2, "add_generation_prompt": True, "stream": True}
+    again = resume_body(body, Progress(text=["one ", "two ", "three"], tokens=3))
+    assert again["messages"][-1] == {"role": "assistant", "content": "one two three"}
+    assert again["max_completion_tokens"] == 1 and "add_generation_prompt" not in again
+    assert body["messages"] == U and body["add_generation_prompt"] is True
+
+
+# --- the relay --------------------------------------------------------------------------------------------
+
+
+def sse_bytes(*chunks, done=True) -> list[bytes]:
+    out = [f"data: {json.dumps(c)}\n\n".encode() for c in chunks]
+    return [*out, b"data: [DONE]\n\n"] if done else out
+
+
+class Replica:
+    """A replica behind MockTransport: streams its chunks, then (as told) finishes, breaks, stalls or sends
+    the chat API's stream_cut event; or refuses with a status."""
+
+    def __init__(self, name, words=("one ", "two "), end="done", status=200):
+        self.name, self.words, self.end, self.status, self.bodies = name, words, end, status, []
+
+    async def stream(self):
+        """Each word is two tokens, said in the chunk's usage (continuous_usage_stats, as the relay asks)."""
+        words = [
+            chunk(
+                w,
+                id_=self.name,
+                usage={"prompt_tokens": 5, "completion_tokens": 2 * n, "total_tokens": 5 + 2 * n},
+            )
+            for n, w in enumerate(self.words, 1)
+        ]
+        for b in sse_bytes(chunk("", role=True, id_=self.name), *words, done=False):
+            yield b
+            await asyncio.sleep(0)
+        if self.end == "done":
+            used = {
+                "prompt_tokens": 5,
+                "completion_tokens": 2 * len(self.words),
+                "total_tokens": 5 + 2 * len(self.words),
+            }
+            for b in sse_bytes(chunk(finish="stop", id_=self.name, usage=used)):
+                yield b
+        elif self.end == "break":
+            raise httpx.ReadError("connection reset by peer")
+        elif self.end == "stall":
+            await asyncio.sleep(30)
+        elif self.end == "error_event":
+            yield b'data: {"error": {"message": "the model failed part-way", "code": "stream_cut"}}\n\n'
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.bodies.append(json.loads(request.content))
+        if self.status != 200:
+            return httpx.Response(self.status, json={"error": {"message": f"{self.name} says no"}})
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=self.stream())
+
+
+def relay_client(*replicas, stall_s=5.0, max_resumes=3):
+    by_host = {f"http://{r.name}": r for r in replicas}
+
+    def handler(request: httpx.Request):
+        return by_host[f"http://{request.url.host}"](request)
+
+    relay = relay_server.Relay(
+        relay_server.Upstreams(list(by_host)),
+        stall_s=stall_s,
+        max_resumes=max_resumes,
+        client=httpx.AsyncClient(transport=httpx.MockTransport(handler)),
+    )
+    return relay, TestClient(relay_server.create_app(relay))
+
+
+def relayed(client, body=None):
+    r = client.post("/v1/chat/completions", json=body or {"messages": U, "stream": True, "max_tokens": 10})
+    data = events(r.text)
+    chunks = [json.loads(d) for d in data if d != "[DONE]"]
+    text = "".join((c.get("choices") or [{}])[0].get("delta", {}).get("content") or "" for c in chunks)
+    return r, data, chunks, text
+
+
+def counter(relay, name, **labels):
+    value = relay.metrics.registry.get_sample_value(name, labels)
+    return value or 0.0
+
+
+@pytest.mark.parametrize("end", ["break", "stall", "error_event"])
+def test_a_cut_stream_is_continued_on_another_replica_as_one_stream(end):
+    a, b = Replica("a", end=end), Replica("b", words=("three",))
+    relay, client = relay_client(a, b, stall_s=0.3)
+    with client:
+        r, data, chunks, text = relayed(client)
+    assert r.status_code == 200 and data[-1] == "[DONE]" and text == "one two three"
+    assert {c["id"] for c in chunks} == {"a"} and sum("role" in c["choices"][0]["delta"] for c in chunks) == 1
+    assert [("usage" in c) for c in chunks] == [False] * 4 + [True]  # per-chunk usage: not asked
+    assert chunks[-1]["usage"]["completion_tokens"] == 4 + 2  # a's 2 words, b's 1, 2 tokens each
+    resumed = b.bodies[-1]
+    assert resumed["continue_final_message"] is True and resumed["max_tokens"] == 10 - 4
+    assert resumed["stream_options"] == {"continuous_usage_stats": True} == a.bodies[-1]["stream_options"]
+    assert resumed["messages"] == [*U, {"role": "assistant", "content": "one two "}]
+    reason = {"break": "closed", "stall": "stalled", "error_event": "error_event"}[end]
+    assert counter(relay, "chatfleet_relay_resumes_total", reason=reason) == 1
+    assert counter(relay, "chatfleet_relay_streams_total", outcome="completed") == 1
+
+
+def test_a_replica_that_refuses_before_streaming_is_skipped_and_a_bad_request_is_not():
+    a, b = Replica("a", status=503), Replica("b", words=("hi",))
+    relay, client = relay_client(a, b)
+    with client:
+        r, data, _, text = relayed(client)
+        assert r.status_code == 200 and text == "hi" and data[-1] == "[DONE]"
+        assert counter(relay, "chatfleet_relay_retries_total") == 1
+        a.status = b.status = 400
+        r = client.post("/v1/chat/completions", json={"messages": U, "stream": True})
+        assert r.status_code == 400 and "says no" in r.text and len(a.bodies) + len(b.bodies) == 3
+
+
+def test_when_no_replica_can_continue_the_client_gets_the_cut_never_a_finished_answer():
+    a, b = Replica("a", end="break"), Replica("b", end="break")
+    relay, client = relay_client(a, b)
+    with client:
+        _, data, chunks, _ = relayed(client)
+    assert "[DONE]" not in data and chunks[-1]["error"]["code"] == "stream_cut"
+    assert counter(relay, "chatfleet_relay_streams_total", outcome="cut") == 1
+
+
+def test_an_answer_finished_before_the_cut_only_gets_its_done():
+    a = Replica("a", end="break")
+    relay, client = relay_client(a, Replica("b"))
+
+    async def finished_then_broken():
+        for b in sse_bytes(chunk("", role=True), chunk("hi"), chunk(finish="stop"), done=False):
+            yield b
+        raise httpx.ReadError("reset")
+
+    a.stream = finished_then_broken
+    with client:
+        _, data, _, text = relayed(client)
+    assert (
+        data[-1] == "[DONE]"
+        and text == "hi"
+        and counter(relay, "chatfleet_relay_resumes_total", reason="closed") == 0
+    )
+
+
+def test_an_unreachable_replica_is_skipped_for_requests_not_streamed():
+    b = Replica("b")
+
+    def handler(request: httpx.Request):
+        if request.url.host == "a":
+            raise httpx.ConnectError("connection refused")
+        return httpx.Response(200, json={"choices": [{"message": {"content": "ok"}}]})
+
+    relay = relay_server.Relay(
+        relay_server.Upstreams(["http://a", "http://b"]),
+        client=httpx.AsyncClient(transport=httpx.MockTransport(handler)),
+    )
+    with TestClient(relay_server.create_app(relay)) as client:
+        for _ in range(2):  # whichever the round robin tries first
+            r = client.post("/v1/chat/completions", json={"messages": U})
+            assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "ok"
+    assert not b.bodies
+
+
+def test_the_docstring_examples_hold():
+    import doctest
+
+    from chatfleet_runtime import prompting
+    from chatfleet_runtime.relay import splice
+
+    for module in (splice, prompting):
+        failed, tried = doctest.testmod(module)
+        assert tried and not failed, module.__name__

@@ -105,6 +105,10 @@ class ChatPipeline(AnswerSteps):
         )
         metrics.breaker_state.labels(name).set(0)
         self.shadow = Shadow(max_tokens=settings.shadow_max_tokens, concurrency=settings.shadow_concurrency)
+        self._triton_http = None
+        """The client of Triton's metrics port, made on the first scrape and kept: making an httpx client
+        loads the CA bundle, hundreds of milliseconds of CPU on the event loop that also answers the
+        kubelet's probes (a chat-api container with a small CPU limit missed them)."""
         """Mirrored requests of a canary's shadow phase: the bound and the records (the shadow port)."""
         for outcome in ("answered", "error", "dropped"):
             metrics.shadow_requests.labels(name, outcome)
@@ -170,6 +174,9 @@ class ChatPipeline(AnswerSteps):
             await self.tracing.close()
         with contextlib.suppress(Exception):
             await self.backend.close()
+        if self._triton_http is not None:
+            with contextlib.suppress(Exception):
+                await self._triton_http.aclose()
         if self.redis_client is not None:
             with contextlib.suppress(Exception):
                 await self.redis_client.aclose()
@@ -210,10 +217,11 @@ class ChatPipeline(AnswerSteps):
             return ""
         import httpx
 
+        if self._triton_http is None:
+            self._triton_http = httpx.AsyncClient(timeout=2.0)
         try:
-            async with httpx.AsyncClient(timeout=2.0) as http:
-                resp = await http.get(self.settings.triton_metrics_url)
-                resp.raise_for_status()
+            resp = await self._triton_http.get(self.settings.triton_metrics_url)
+            resp.raise_for_status()
         except Exception as exc:
             log.warning("Triton metrics not re-exported: %s", exc)
             self.metrics.triton_up.labels(self.name).set(0)

@@ -430,6 +430,26 @@ def test_metrics_re_export_triton(backend, fake_triton_metrics):
     assert families["chatfleet_triton_metrics_up"].samples[0].value == 1
 
 
+def test_scrapes_reuse_one_client_of_tritons_metrics(backend, fake_triton_metrics, monkeypatch):
+    """Making an httpx client loads the CA bundle (about 0.1-0.3 s of CPU on the event loop that also
+    answers the kubelet's probes): one per process, not one per scrape."""
+    import httpx
+
+    made = []
+    real = httpx.AsyncClient
+
+    def counted(*args, **kwargs):
+        made.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(httpx, "AsyncClient", counted)
+    settings = ApiSettings(model_name="m1", triton_metrics_url=fake_triton_metrics)
+    with TestClient(create_app(settings, backend=backend)) as c:
+        for _ in range(3):
+            assert "nv_inference_count" in c.get(f"{METRICS}/metrics").text
+    assert len(made) == 1
+
+
 def test_metrics_still_answer_when_triton_is_unreachable(backend):
     from chatfleet_runtime.launcher.tritonhome import free_port
 

@@ -72,7 +72,7 @@ test-servers: ## The OCI registry (Go module proxy) and moto's S3 server (own ve
 	@bash hack/build-test-servers.sh
 
 .PHONY: chart-tools
-chart-tools: venv platform-build ## checkov in its own venv (.work/checkov), the Prometheus Operator CRDs, actionlint, krew (cached by version)
+chart-tools: venv platform-build ## checkov in its own venv (in the binary cache, by version), the Prometheus Operator CRDs, actionlint, krew (cached by version)
 	@bash hack/chart-checkov.sh --install-only
 	@bash hack/chart-monitoring-crds.sh >/dev/null
 	@bash hack/build-platform.sh actionlint krew
@@ -179,7 +179,7 @@ release-dry-run: ## The release pipeline's script, nothing pushed: tag vs versio
 ##@ Benchmarks (apart from tests; each prints a table and writes bench-results/*.json)
 
 .PHONY: bench
-bench: bench-platform bench-operator bench-runtime bench-rollout bench-autoscale bench-autoscale-ramp bench-release-traffic bench-quality bench-answer-cache bench-routing ## All benchmarks
+bench: bench-platform bench-operator bench-runtime bench-rollout bench-autoscale bench-autoscale-ramp bench-release-traffic bench-quality bench-answer-cache bench-routing bench-chaos ## All benchmarks
 
 .PHONY: bench-platform
 bench-platform: setup ## Platform: cold build, warm start-to-ready, memory at rest, 1,000 GPU pods on 250 nodes
@@ -205,6 +205,10 @@ bench-runtime-soak: setup ## Runtime soak: 24 overlapping streamed and non-strea
 .PHONY: bench-answer-cache
 bench-answer-cache: setup ## Answer cache: the same customer-service dialogues with spec.runtime.answerCache off and on (real tritonserver, shaped model): generations, tokens, latency, hits (~10 min)
 	$(PY) bench/answer_cache_bench.py $(BENCH_ARGS)
+
+.PHONY: bench-chaos
+bench-chaos: setup ## Faults: 10 replica SIGKILLs under 32 streamed dialogues, the stream relay's resume beside the same run without it: streams cut, lost and doubled turns, the longest silence (processes on 127.0.0.1, not pods; ~8 min)
+	$(PY) bench/chaos_bench.py $(BENCH_ARGS)
 
 .PHONY: bench-routing
 bench-routing: setup ## InferencePool routing: Chatfleet's endpoint picker vs plain Services and session hashing behind real Envoy, real runtime replicas: prefix affinity, TTFT, revision switches through a canary (~10 min)

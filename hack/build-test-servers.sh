@@ -11,6 +11,9 @@
 #             torch, whose only Linux x86_64 wheel in the Python package registry is the CUDA build with its
 #             nvidia-* libraries: the venv is ~6 GB (cold: ~2 min here):
 #             $CHATFLEET_CACHE/tools/guidellm-<version>/bin/guidellm
+#   checkov   the chart's policy scan (hack/chart-checkov.sh, tests/chart/test_chart_checkov.py) in its own
+#             virtual environment (it pins many packages of its own): $CHATFLEET_CACHE/tools/checkov-<version>
+#             (only when asked: `make chart-tools` does)
 # The GCS emulator (gs://) and the HTTPS server (http(s)://) come with the dev group (pyproject.toml).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -49,6 +52,8 @@ pip_tool() {
   touch "$venv/.complete"
 }
 
+build_checkov() { pip_tool checkov "$CHECKOV_VERSION" "checkov==$CHECKOV_VERSION" checkov --version; }
+
 build_moto() { pip_tool moto "$MOTO_VERSION" "moto[server]==$MOTO_VERSION"; }
 
 # guidellm's torch is the registry's CUDA build with its nvidia-* libraries (~6 GB)
@@ -56,7 +61,7 @@ build_guidellm() { pip_tool guidellm "$GUIDELLM_VERSION" "guidellm==$GUIDELLM_VE
 
 for t in ${*:-registry moto guidellm}; do
   case $t in
-    registry) build_registry ;; moto) build_moto ;; guidellm) build_guidellm ;;
+    registry) build_registry ;; moto) build_moto ;; guidellm) build_guidellm ;; checkov) build_checkov ;;
     *) die "unknown test server '$t' (registry, moto, guidellm)" ;;
   esac
 done

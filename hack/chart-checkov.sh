@@ -1,18 +1,17 @@
 #!/usr/bin/env bash
 # Policy scan of the rendered Helm chart with checkov (offline: --skip-download, framework kubernetes).
 #
-# checkov pins many packages of its own, so it lives in its own virtual environment under .work/ (ignored),
-# created on first use. Renders the chart with several value sets, then scans them with charts/.checkov.yaml
+# checkov pins many packages of its own, so it lives in its own virtual environment in the binary cache
+# ($CHATFLEET_CACHE/tools/checkov-<CHECKOV_VERSION>, shared by every clone, as the Go builds are), made on
+# first use by hack/build-test-servers.sh. Renders the chart with several value sets, then scans them with charts/.checkov.yaml
 # (skips justified in docs/chart.md). Exit status: checkov's (non-zero on any failed check).
 # --install-only: create the checkov venv and stop (used by `make setup`).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-venv="$root/.work/checkov/venv"
-version="3.3.30"
-if [[ ! -x "$venv/bin/checkov" ]]; then
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install -q "checkov==$version" || { echo "error: cannot install checkov==$version from the Python package registry"; exit 1; }
-fi
+# shellcheck source=versions.env
+. "$root/hack/versions.env"
+venv="${CHATFLEET_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/chatfleet}/tools/checkov-$CHECKOV_VERSION"
+[[ -f "$venv/.complete" ]] || bash "$root/hack/build-test-servers.sh" checkov
 [[ "${1:-}" == "--install-only" ]] && exit 0
 helm="$("$root/.venv/bin/python" -c 'from chatfleet_platform.common.config import binaries; print(binaries().helm)')"
 [[ -x "$helm" ]] || { echo "error: helm is missing at $helm: run make platform-build"; exit 1; }

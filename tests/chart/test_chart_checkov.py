@@ -1,7 +1,8 @@
 """checkov finds no failed check in the rendered chart, and every skipped check is justified in the docs.
 
-checkov lives in its own virtual environment (.work/checkov/venv, created by hack/chart-checkov.sh) because
-it pins many packages of its own; the scan tests skip, with that hint, until it exists.
+checkov lives in its own virtual environment in the binary cache (tools/checkov-<CHECKOV_VERSION>, made by
+hack/build-test-servers.sh through hack/chart-checkov.sh) because it pins many packages of its own; without
+it the scan tests fail with how to install it.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 from chart_helpers import VALUE_SETS, render_text
-from chatfleet_platform.common.config import REPO_ROOT
+from chatfleet_platform.common.config import REPO_ROOT, cache_dir, read_versions
 from needs import need_executable
 
 pytestmark = pytest.mark.slow
@@ -24,9 +25,9 @@ DOCS = REPO_ROOT / "docs" / "chart.md"
 
 def checkov() -> str:
     """The checkov executable, or fail with how to install it."""
-    local = REPO_ROOT / ".work" / "checkov" / "venv" / "bin" / "checkov"
-    if local.exists():
-        return str(local)
+    venv = cache_dir() / "tools" / f"checkov-{read_versions()['CHECKOV_VERSION']}"
+    if (venv / ".complete").exists():
+        return str(venv / "bin" / "checkov")
     return need_executable("checkov", "run `make setup` (or hack/chart-checkov.sh --install-only)")
 
 

@@ -119,6 +119,7 @@ class RelayProcess:
     upstreams: list[str]
     log_path: Path | None = None
     stall_seconds: float = 15.0
+    max_resumes: int = 3
     port: int = 0
     metrics_port: int = 0
     proc: subprocess.Popen | None = None
@@ -140,6 +141,7 @@ class RelayProcess:
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         command = [sys.executable, "-m", "chatfleet_runtime.relay", "--host=127.0.0.1", f"--port={self.port}"]
         command += [f"--metrics-port={self.metrics_port}", f"--stall-seconds={self.stall_seconds}"]
+        command += [f"--max-resumes={self.max_resumes}"]
         command += [f"--upstream={url}" for url in self.upstreams]
         self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         if out is not subprocess.DEVNULL:

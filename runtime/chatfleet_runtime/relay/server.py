@@ -38,7 +38,7 @@ import httpx
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from prometheus_client import CollectorRegistry, Counter, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 
 from chatfleet_runtime.relay.splice import DONE, Cut, Progress, asked, cut_error, event_data, resume_body, sse
 
@@ -141,6 +141,13 @@ class RelayMetrics:
             ["reason"],
             registry=self.registry,
         )
+        self.resume_gap = Histogram(
+            "chatfleet_relay_resume_gap_seconds",
+            "The silence a resume cost the client: from the last chunk it got before the cut to the first "
+            "text of the replica that continued the answer (a stall's includes the stall limit)",
+            buckets=(0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 60.0),
+            registry=self.registry,
+        )
         self.retries = Counter(
             "chatfleet_relay_retries",
             "Requests sent again to another replica before any answer (unreachable, 502, 503, 504)",
@@ -230,6 +237,8 @@ class Relay:
             continuous_usage=isinstance(options, dict) and options.get("continuous_usage_stats") is True
         )
         outcome = "client_gone"
+        last_sent = time.monotonic()
+        resumed_at: float | None = None  # when the last chunk before a cut was sent, until text follows
         try:
             while True:
                 try:
@@ -242,8 +251,13 @@ class Relay:
                             outcome = "completed"
                             return
                         chunk = progress.rewrite(json.loads(data))
-                        if chunk is not None:
-                            yield sse(chunk)
+                        if chunk is None:
+                            continue
+                        last_sent = time.monotonic()
+                        if resumed_at is not None and _has_text(chunk):
+                            self.metrics.resume_gap.observe(last_sent - resumed_at)
+                            resumed_at = None
+                        yield sse(chunk)
                     raise Cut("the replica closed the stream before [DONE]", "closed")
                 except Cut as exc:
                     reason, why = exc.reason, str(exc)
@@ -268,6 +282,7 @@ class Relay:
                 log.info("stream cut at %d tokens (%s): resuming on %s", progress.tokens, why, opened[0])
                 self.metrics.resumes.labels(reason).inc()
                 progress.begin_resume()
+                resumed_at = last_sent if resumed_at is None else resumed_at
                 url, resp = opened
         finally:
             self.metrics.streams.labels(outcome).inc()
@@ -319,6 +334,11 @@ class Relay:
                 continue
             return Response(resp.content, resp.status_code, headers=passed_headers(resp.headers))
         return JSONResponse({"status": "no chat replica could be reached"}, 503)
+
+
+def _has_text(chunk: dict) -> bool:
+    choices = chunk.get("choices") or [{}]
+    return bool((choices[0].get("delta") or {}).get("content"))
 
 
 def create_app(relay: Relay) -> FastAPI:

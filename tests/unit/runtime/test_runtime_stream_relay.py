@@ -303,6 +303,7 @@ def test_a_cut_stream_is_continued_on_another_replica_as_one_stream(end):
     assert resumed["messages"] == [*U, {"role": "assistant", "content": "one two "}]
     reason = {"break": "closed", "stall": "stalled", "error_event": "error_event"}[end]
     assert counter(relay, "chatfleet_relay_resumes_total", reason=reason) == 1
+    assert counter(relay, "chatfleet_relay_resume_gap_seconds_count") == 1
     assert counter(relay, "chatfleet_relay_streams_total", outcome="completed") == 1
 
 
@@ -374,3 +375,16 @@ def test_the_docstring_examples_hold():
     for module in (splice, prompting):
         failed, tried = doctest.testmod(module)
         assert tried and not failed, module.__name__
+
+
+def test_resolve_turns_a_name_into_every_address_and_a_failed_replica_goes_last():
+    clock = [0.0]
+    upstreams = relay_server.Upstreams(["http://localhost:8080"], resolve=True, clock=lambda: clock[0])
+    urls = asyncio.run(upstreams.order(set()))
+    assert "http://127.0.0.1:8080" in urls and all(u.endswith(":8080") for u in urls)
+    plain = relay_server.Upstreams(["http://a", "http://b", "http://c"], clock=lambda: clock[0])
+    plain.failed("http://a")
+    assert asyncio.run(plain.order(set())) == ["http://b", "http://c", "http://a"]
+    clock[0] = 10.0  # past the cooldown: back in its turn
+    assert asyncio.run(plain.order(set()))[0] == "http://b"
+    assert asyncio.run(plain.order(set(), advance=False))[0] == "http://c"

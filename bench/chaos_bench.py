@@ -1,0 +1,291 @@
+"""Replicas killed mid-answer under streamed dialogues: the stream relay's resume beside the same run
+without it.
+
+`make bench-chaos` (apart from `make test`). Processes on 127.0.0.1, not pods (the operator does not deploy
+the relay yet): `--replicas` replicas, each a real tritonserver (the tests' tiny model, CPU) and a chat API,
+over one real Redis; the stream relay (`python -m chatfleet_runtime.relay`) in front of them; `--dialogues`
+closed-loop dialogues, each streaming turns with the stock OpenAI SDK (async), `--max-tokens` per answer
+(the end-of-sequence token suppressed, so every answer is that long), a session id per dialogue so the
+history lives in Redis.
+
+While they run, a killer SIGKILLs one replica's two processes (a pod that dies: OOM, eviction past its
+grace, a node that loses power) every `--interval` seconds, `--kills` times, each time a replica that is
+up, then starts it again on the same ports.
+
+Two rows, the same faults and load, one after the other:
+- `resume`: the relay as shipped (a cut stream continued on another replica, `--max-resumes 3`);
+- `no-resume` (the baseline: the best a client gets without it, a proxy that tries the next replica when
+  one cannot be reached or answers 502/503/504 before streaming, and passes a cut on): the relay with
+  `--max-resumes 0`.
+
+Figures per row: turns asked, completed ([DONE] reached), cut (the stream ended without completing: the
+SDK raised), refused (non-2xx before streaming), lost turns (completed but not in the history), doubled
+turns (in the history more than once), the relay's resumes, and each turn's longest silence between two
+chunks after the first (p50, p99, max; a resume shows as one such gap), and the time to the first chunk
+(p50); the relay's own measure of each resume's silence (from the last chunk before the cut to the first
+text after it: mean, and how many within 2 s). Writes bench-results/chaos.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "runtime"))
+sys.path.insert(0, str(ROOT / "hack"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import openai  # noqa: E402
+import redis  # noqa: E402
+from chatfleet_platform.localruntime.testing import (  # noqa: E402
+    ChatApiProcess,
+    RelayProcess,
+    metric_value,
+    model_config,
+    tiny_model,
+)
+from chatfleet_platform.servers.services import Redis  # noqa: E402
+from chatfleet_runtime.launcher.tritonhome import TritonServer, local_repository  # noqa: E402
+from percentiles import percentile  # noqa: E402
+
+RESULTS = ROOT / "bench-results"
+MODEL = "tiny-chat"
+
+
+class Replica:
+    """One pod's two processes: tritonserver and the chat API."""
+
+    def __init__(self, workdir: Path, repo: Path, name: str, redis_url: str):
+        self.name = name
+        self.triton = TritonServer(
+            repo, home=workdir / "triton-home", log_path=workdir / f"triton-{name}.log"
+        )
+        env = {
+            "CHATFLEET_MODEL_NAME": MODEL,
+            "CHATFLEET_REDIS_URL": redis_url,
+            "CHATFLEET_HISTORY_TURNS": "50",
+            "CHATFLEET_REQUEST_TIMEOUT_SECONDS": "120",
+            "CHATFLEET_MAX_INFLIGHT": "64",
+        }
+        self.api = ChatApiProcess("", env, log_path=workdir / f"api-{name}.log")
+        self.up = False
+
+    def start(self) -> Replica:
+        self.triton.start().wait_ready(300)
+        self.api.triton_grpc = self.triton.grpc_url
+        self.api.start(timeout=120)
+        self.up = True
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL both process groups: nothing drains, nothing is saved."""
+        self.up = False
+        for proc in (self.api.proc, self.triton.proc):
+            if proc is not None and proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+
+    def stop(self) -> None:
+        self.up = False
+        self.api.stop()
+        self.triton.stop()
+
+
+async def dialogue(client, eos, n, args, stop: asyncio.Event, record: list, prefix: str) -> None:
+    """Closed loop: dialogues of `args.turns` turns until `stop`; each turn one record."""
+    round_ = 0
+    while not stop.is_set():
+        sid = f"{prefix}-{n}-{round_}"
+        round_ += 1
+        for turn in range(args.turns):
+            entry = {"session": sid, "turn": turn, "outcome": None, "gap_s": 0.0, "ttft_s": None}
+            t0 = time.monotonic()
+            t_last = None
+            parts = []
+            try:
+                stream = await client.chat.completions.create(
+                    model=MODEL,
+                    messages=[{"role": "user", "content": f"Dialogue {n}, question {turn}: tell me more."}],
+                    max_tokens=args.max_tokens,
+                    temperature=0.7,
+                    logit_bias={str(eos): -100},
+                    stream=True,
+                    extra_body={"session_id": sid},
+                )
+                async for chunk in stream:
+                    now = time.monotonic()
+                    if t_last is None:
+                        entry["ttft_s"] = now - t0
+                    else:
+                        entry["gap_s"] = max(entry["gap_s"], now - t_last)
+                    t_last = now
+                    if chunk.choices and chunk.choices[0].delta.content:
+                        parts.append(chunk.choices[0].delta.content)
+                entry["outcome"] = "completed"
+            except openai.APIStatusError as exc:
+                entry["outcome"], entry["status"] = "refused", exc.status_code
+            except (openai.APIError, openai.APIConnectionError) as exc:
+                entry["outcome"], entry["error"] = "cut", str(exc)[:120]
+            entry["chars"] = sum(len(p) for p in parts)
+            record.append(entry)
+            if entry["outcome"] != "completed":
+                break  # a user whose answer failed starts again
+
+
+async def killer(replicas: list[Replica], args, stop: asyncio.Event, kills: list) -> None:
+    """Every interval, SIGKILL a replica that is up and start it again; then stop the load."""
+    loop = asyncio.get_running_loop()
+    await asyncio.sleep(args.warmup)
+    for i in range(args.kills):
+        victim = next(r for r in replicas[i % len(replicas) :] + replicas if r.up)
+        victim.kill()
+        kills.append({"at_s": round(time.monotonic(), 1), "replica": victim.name})
+        await loop.run_in_executor(None, victim.start)
+        await asyncio.sleep(args.interval)
+    await asyncio.sleep(args.tail)
+    stop.set()
+
+
+def history_counts(redis_url: str, prefix: str) -> dict[str, int]:
+    store = redis.Redis.from_url(redis_url)
+    counts = {}
+    for key in store.scan_iter(f"chatfleet:session:{MODEL}:{prefix}-*"):
+        counts[key.decode().rsplit(":", 1)[1]] = store.llen(key)
+    return counts
+
+
+def run_row(name: str, max_resumes: int, replicas, redis_srv, workdir, eos, args) -> dict:
+    relay = RelayProcess(
+        [r.api.url for r in replicas], log_path=workdir / f"relay-{name}.log", max_resumes=max_resumes
+    )
+    relay.start()
+    record: list[dict] = []
+    kills: list[dict] = []
+
+    async def main() -> None:
+        client = openai.AsyncOpenAI(base_url=f"{relay.url}/v1", api_key="unused", max_retries=0, timeout=180)
+        stop = asyncio.Event()
+        tasks = [
+            asyncio.create_task(dialogue(client, eos, n, args, stop, record, name))
+            for n in range(args.dialogues)
+        ]
+        await killer(replicas, args, stop, kills)
+        await asyncio.gather(*tasks)
+        await client.close()
+
+    t0 = time.monotonic()
+    try:
+        asyncio.run(main())
+        resumes = metric_value(relay.metrics_url, "chatfleet_relay_resumes_total")
+        gap = {
+            key: metric_value(relay.metrics_url, f"chatfleet_relay_resume_gap_seconds_{key}", **labels)
+            for key, labels in (("count", {}), ("sum", {}), ("bucket", {"le": "2.0"}))
+        }
+    finally:
+        relay.stop()
+    wall = time.monotonic() - t0
+    stored = history_counts(redis_srv.url, name)
+    completed: dict[str, int] = {}
+    for e in record:
+        if e["outcome"] == "completed":
+            completed[e["session"]] = completed.get(e["session"], 0) + 1
+    lost = sum(max(0, n - stored.get(s, 0)) for s, n in completed.items())
+    doubled = sum(max(0, n - completed.get(s, 0)) for s, n in stored.items())
+    gaps = sorted(e["gap_s"] for e in record if e["outcome"] == "completed")
+    ttfts = sorted(e["ttft_s"] for e in record if e["ttft_s"] is not None)
+    outcomes = {k: sum(1 for e in record if e["outcome"] == k) for k in ("completed", "cut", "refused")}
+    return {
+        "row": name,
+        "max_resumes": max_resumes,
+        "wall_s": round(wall, 1),
+        "turns": len(record),
+        **outcomes,
+        "lost_turns": lost,
+        "doubled_turns": doubled,
+        "resumes": int(resumes),
+        "resume_gap_mean_s": round(gap["sum"] / gap["count"], 3) if gap["count"] else None,
+        "resume_gaps_within_2s": f"{int(gap['bucket'])}/{int(gap['count'])}",
+        "kills": kills,
+        "gap_p50_s": round(percentile(gaps, 0.5), 3) if gaps else None,
+        "gap_p99_s": round(percentile(gaps, 0.99), 3) if gaps else None,
+        "gap_max_s": round(gaps[-1], 3) if gaps else None,
+        "ttft_p50_s": round(percentile(ttfts, 0.5), 3) if ttfts else None,
+        "statuses": sorted({e.get("status") for e in record if e.get("status")}),
+        "errors": sorted({e["error"] for e in record if e.get("error")})[:5],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--replicas", type=int, default=3)
+    parser.add_argument("--dialogues", type=int, default=32)
+    parser.add_argument("--turns", type=int, default=3)
+    parser.add_argument("--max-tokens", type=int, default=160)
+    parser.add_argument("--kills", type=int, default=10)
+    parser.add_argument(
+        "--interval", type=float, default=3.0, help="seconds between a restart and the next kill"
+    )
+    parser.add_argument("--warmup", type=float, default=5.0, help="seconds of load before the first kill")
+    parser.add_argument("--tail", type=float, default=5.0, help="seconds of load after the last restart")
+    parser.add_argument("--rows", default="resume,no-resume")
+    parser.add_argument("--out", type=Path, default=RESULTS / "chaos.json")
+    args = parser.parse_args(argv)
+
+    workdir = Path(tempfile.mkdtemp(prefix="chatfleet-chaos-"))
+    model_dir = tiny_model(workdir)
+    from chatfleet_runtime.engine.loading import load_tokenizer
+
+    eos = load_tokenizer(model_dir).eos_token_id
+    config = model_config(model_dir, max_context_tokens=2048, max_new_tokens=max(args.max_tokens, 64))
+    repo = local_repository(workdir / "repo", config)
+    redis_srv = Redis(workdir / "redis").start()
+    replicas = [Replica(workdir, repo, f"r{i}", redis_srv.url) for i in range(args.replicas)]
+    rows = []
+    try:
+        for r in replicas:
+            r.start()
+        for name in args.rows.split(","):
+            print(f"[chaos] row {name}: {args.dialogues} dialogues, {args.kills} kills ...", flush=True)
+            row = run_row(name, 3 if name == "resume" else 0, replicas, redis_srv, workdir, eos, args)
+            rows.append(row)
+            print(json.dumps({k: v for k, v in row.items() if k != "kills"}), flush=True)
+    finally:
+        for r in replicas:
+            r.stop()
+        redis_srv.stop()
+    result = {"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    keys = [
+        "turns",
+        "completed",
+        "cut",
+        "refused",
+        "lost_turns",
+        "doubled_turns",
+        "resumes",
+        "resume_gap_mean_s",
+        "resume_gaps_within_2s",
+        "gap_p50_s",
+        "gap_p99_s",
+        "gap_max_s",
+        "ttft_p50_s",
+    ]
+    print("\n| row | " + " | ".join(keys) + " |")
+    print("|---|" + "---|" * len(keys))
+    for row in rows:
+        print(f"| {row['row']} | " + " | ".join(str(row[k]) for k in keys) + " |")
+    print(f"\nwrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -31,8 +31,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import signal
 import sys
 import tempfile
 import time
@@ -46,57 +44,29 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import openai  # noqa: E402
 import redis  # noqa: E402
 from chatfleet_platform.localruntime.testing import (  # noqa: E402
-    ChatApiProcess,
     RelayProcess,
+    Replica,
     metric_value,
     model_config,
     tiny_model,
 )
 from chatfleet_platform.servers.services import Redis  # noqa: E402
-from chatfleet_runtime.launcher.tritonhome import TritonServer, local_repository  # noqa: E402
+from chatfleet_runtime.launcher.tritonhome import local_repository  # noqa: E402
 from percentiles import percentile  # noqa: E402
 
 RESULTS = ROOT / "bench-results"
 MODEL = "tiny-chat"
 
 
-class Replica:
-    """One pod's two processes: tritonserver and the chat API."""
-
-    def __init__(self, workdir: Path, repo: Path, name: str, redis_url: str):
-        self.name = name
-        self.triton = TritonServer(
-            repo, home=workdir / "triton-home", log_path=workdir / f"triton-{name}.log"
-        )
-        env = {
-            "CHATFLEET_MODEL_NAME": MODEL,
-            "CHATFLEET_REDIS_URL": redis_url,
-            "CHATFLEET_HISTORY_TURNS": "50",
-            "CHATFLEET_REQUEST_TIMEOUT_SECONDS": "120",
-            "CHATFLEET_MAX_INFLIGHT": "64",
-        }
-        self.api = ChatApiProcess("", env, log_path=workdir / f"api-{name}.log")
-        self.up = False
-
-    def start(self) -> Replica:
-        self.triton.start().wait_ready(300)
-        self.api.triton_grpc = self.triton.grpc_url
-        self.api.start(timeout=120)
-        self.up = True
-        return self
-
-    def kill(self) -> None:
-        """SIGKILL both process groups: nothing drains, nothing is saved."""
-        self.up = False
-        for proc in (self.api.proc, self.triton.proc):
-            if proc is not None and proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
-
-    def stop(self) -> None:
-        self.up = False
-        self.api.stop()
-        self.triton.stop()
+def replica_env(redis_url: str) -> dict[str, str]:
+    """The chat API's environment: the history in Redis, a long deadline, no in-flight limit in the way."""
+    return {
+        "CHATFLEET_MODEL_NAME": MODEL,
+        "CHATFLEET_REDIS_URL": redis_url,
+        "CHATFLEET_HISTORY_TURNS": "50",
+        "CHATFLEET_REQUEST_TIMEOUT_SECONDS": "120",
+        "CHATFLEET_MAX_INFLIGHT": "64",
+    }
 
 
 async def dialogue(client, eos, n, args, stop: asyncio.Event, record: list, prefix: str) -> None:
@@ -147,8 +117,8 @@ async def killer(replicas: list[Replica], args, stop: asyncio.Event, kills: list
     for i in range(args.kills):
         victim = next(r for r in replicas[i % len(replicas) :] + replicas if r.up)
         victim.kill()
-        kills.append({"at_s": round(time.monotonic(), 1), "replica": victim.name})
-        await loop.run_in_executor(None, victim.start)
+        kills.append({"at_s": round(time.monotonic(), 1), "replica": victim.api.log_path.stem})
+        await loop.run_in_executor(None, lambda v=victim: v.start(300))
         await asyncio.sleep(args.interval)
     await asyncio.sleep(args.tail)
     stop.set()
@@ -247,7 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     config = model_config(model_dir, max_context_tokens=2048, max_new_tokens=max(args.max_tokens, 64))
     repo = local_repository(workdir / "repo", config)
     redis_srv = Redis(workdir / "redis").start()
-    replicas = [Replica(workdir, repo, f"r{i}", redis_srv.url) for i in range(args.replicas)]
+    replicas = [
+        Replica.create(workdir, repo, f"r{i}", replica_env(redis_srv.url)) for i in range(args.replicas)
+    ]
     rows = []
     try:
         for r in replicas:

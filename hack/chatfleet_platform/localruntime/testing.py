@@ -13,6 +13,7 @@ import contextlib
 import http.server
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -45,32 +46,44 @@ def _wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None, w
     raise TimeoutError(f"{what} not ready at {url} after {timeout:.0f}s")
 
 
-@dataclass
-class ChatApiProcess:
-    """``python -m chatfleet_runtime.chat.api`` as a subprocess on 127.0.0.1."""
+@dataclass(kw_only=True)
+class _ServedProcess:
+    """A server of ours as a subprocess on 127.0.0.1: its users' port and its metrics port (free ports
+    when 0), stopped by PID."""
 
-    triton_grpc: str
-    env: dict[str, str]
     log_path: Path | None = None
     port: int = 0
-    admin_port: int = 0
     metrics_port: int = 0
     proc: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
-        """Base URL of the chat API's chat port (what users reach)."""
+        """Base URL of the port users reach."""
         return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def admin_url(self) -> str:
-        """Base URL of its admin port (probes, the drain, shadow records)."""
-        return f"http://127.0.0.1:{self.admin_port}"
 
     @property
     def metrics_url(self) -> str:
         """Its scrape endpoint (``GET /metrics`` on the metrics port)."""
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    def stop(self) -> None:
+        """Stop by PID."""
+        stop_process(self.proc)
+        self.proc = None
+
+
+@dataclass
+class ChatApiProcess(_ServedProcess):
+    """``python -m chatfleet_runtime.chat.api`` as a subprocess on 127.0.0.1."""
+
+    triton_grpc: str
+    env: dict[str, str]
+    admin_port: int = 0
+
+    @property
+    def admin_url(self) -> str:
+        """Base URL of its admin port (probes, the drain, shadow records)."""
+        return f"http://127.0.0.1:{self.admin_port}"
 
     def start(self, timeout: float = 60.0, wait_ready: bool = True) -> ChatApiProcess:
         """Start and (by default) wait for /readyz."""
@@ -105,34 +118,15 @@ class ChatApiProcess:
         )
         return self
 
-    def stop(self) -> None:
-        """Stop by PID."""
-        stop_process(self.proc)
-        self.proc = None
-
 
 @dataclass
-class RelayProcess:
+class RelayProcess(_ServedProcess):
     """``python -m chatfleet_runtime.relay`` (the stream relay) as a subprocess on 127.0.0.1, in front of
     the given chat API URLs."""
 
     upstreams: list[str]
-    log_path: Path | None = None
     stall_seconds: float = 15.0
     max_resumes: int = 3
-    port: int = 0
-    metrics_port: int = 0
-    proc: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        """Base URL of the relay's chat routes."""
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def metrics_url(self) -> str:
-        """Its scrape endpoint (its own port)."""
-        return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     def start(self, timeout: float = 30.0) -> RelayProcess:
         """Start and wait for its ports (``GET /v1/models`` answers as a replica does; it moves no turn)."""
@@ -150,10 +144,53 @@ class RelayProcess:
         _wait_http(f"{self.url}/v1/models", timeout, self.proc, "stream relay")
         return self
 
+
+@dataclass
+class Replica:
+    """One pod's two processes on 127.0.0.1: a tritonserver and the chat API over it (tests and benchmarks
+    that kill, freeze and restart replicas)."""
+
+    triton: TritonServer
+    api: ChatApiProcess
+
+    @classmethod
+    def create(cls, workdir: Path, repo: Path, name: str, env: dict[str, str]) -> Replica:
+        """A replica of the model repository, logging to workdir/{triton,api}-<name>.log (not started)."""
+        triton = TritonServer(repo, home=workdir / "triton-home", log_path=workdir / f"triton-{name}.log")
+        return cls(triton, ChatApiProcess("", env, log_path=workdir / f"api-{name}.log"))
+
+    @property
+    def up(self) -> bool:
+        """Both processes running."""
+        return all(p is not None and p.poll() is None for p in (self.triton.proc, self.api.proc))
+
+    def start(self, timeout: float = 180.0) -> Replica:
+        """Start Triton, wait for its model, then the chat API over it (again on the same ports)."""
+        self.triton.start().wait_ready(timeout)
+        self.api.triton_grpc = self.triton.grpc_url
+        self.api.start(timeout=timeout)
+        return self
+
+    def signal(self, sig: int, *, api: bool = True) -> None:
+        """A signal to Triton's process group and (unless ``api`` is False) the chat API's: SIGKILL for a
+        pod that dies, SIGSTOP for a node gone silent. The chat API first: killed second, it could still tell
+        its clients that its Triton went away."""
+        for proc in (self.api.proc if api else None, self.triton.proc):
+            if proc is not None and proc.poll() is None:
+                os.killpg(proc.pid, sig)
+
+    def kill(self) -> None:
+        """SIGKILL both processes and reap them: nothing drains, nothing is saved."""
+        self.signal(signal.SIGKILL)
+        for proc in (self.triton.proc, self.api.proc):
+            if proc is not None:
+                proc.wait(10)
+
     def stop(self) -> None:
-        """Stop by PID."""
-        stop_process(self.proc)
-        self.proc = None
+        """Stop both by PID (a frozen one is woken first)."""
+        self.signal(signal.SIGCONT)
+        self.api.stop()
+        self.triton.stop()
 
 
 def tiny_model(cache_dir: Path, size: str = "tiny") -> Path:

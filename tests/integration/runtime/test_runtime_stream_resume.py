@@ -13,91 +13,67 @@ Test design, tick by tick (each test):
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
 import signal
 import time
 
 import openai
 import pytest
 import redis
-from chatfleet_platform.localruntime.testing import (
-    ChatApiProcess,
-    RelayProcess,
-    metric_value,
-    model_config,
-)
+from chatfleet_platform.localruntime.testing import RelayProcess, Replica, metric_value, model_config
 from chatfleet_runtime.engine.loading import load_tokenizer
-from chatfleet_runtime.launcher.tritonhome import TritonServer, local_repository
+from chatfleet_runtime.launcher.tritonhome import local_repository
 
 pytestmark = [pytest.mark.triton, pytest.mark.redis, pytest.mark.slow]
 
-MAX_TOKENS = 400
+MAX_TOKENS = 1000
 """Long enough that the answer is still being written when the first chunk reaches the client."""
 STALL_S = 2.0
-
-
-class Replica:
-    """A tritonserver and its chat API: one pod's two containers."""
-
-    def __init__(self, workdir, repo, name, env):
-        self.triton = TritonServer(
-            repo, home=workdir / "triton-home", log_path=workdir / f"triton-{name}.log"
-        )
-        self.api = ChatApiProcess("", env, log_path=workdir / f"api-{name}.log")
-
-    def start(self):
-        self.triton.start().wait_ready(180)
-        self.api.triton_grpc = self.triton.grpc_url
-        self.api.start()
-        return self
-
-    def signal(self, sig, *, api=True):
-        """Send a signal to Triton's process group (and the chat API's): a pod killed, a node frozen."""
-        for proc in [self.triton.proc, self.api.proc if api else None]:
-            if proc is not None and proc.poll() is None:
-                os.killpg(proc.pid, sig)
-
-    def stop(self):
-        self.signal(signal.SIGCONT)
-        self.api.stop()
-        self.triton.stop()
 
 
 @pytest.fixture(scope="module")
 def long_repo(rt_workdir, tiny_model_dir):
     """A model repository whose answers may be MAX_TOKENS long."""
-    config = model_config(tiny_model_dir, max_context_tokens=1024, max_new_tokens=MAX_TOKENS)
+    config = model_config(tiny_model_dir, max_context_tokens=2048, max_new_tokens=MAX_TOKENS)
     return local_repository(rt_workdir / "repo-long", config)
+
+
+@contextlib.contextmanager
+def running(workdir, repo, name, env):
+    replica = Replica.create(workdir, repo, name, env)
+    try:
+        yield replica.start()
+    finally:
+        replica.stop()
 
 
 @pytest.fixture(scope="module")
 def survivor(rt_workdir, long_repo, redis_srv, make_api_env):
-    replica = Replica(rt_workdir, long_repo, "survivor", make_api_env(redis_srv.url))
-    try:
-        yield replica.start()
-    finally:
-        replica.stop()
+    with running(rt_workdir, long_repo, "survivor", make_api_env(redis_srv.url)) as replica:
+        yield replica
 
 
 @pytest.fixture
 def victim(rt_workdir, long_repo, redis_srv, make_api_env):
-    replica = Replica(rt_workdir, long_repo, "victim", make_api_env(redis_srv.url))
-    try:
-        yield replica.start()
-    finally:
-        replica.stop()
+    with running(rt_workdir, long_repo, "victim", make_api_env(redis_srv.url)) as replica:
+        yield replica
 
 
 @pytest.fixture
-def relay(rt_workdir, victim, survivor):
-    """The relay, the victim first in its turn."""
-    process = RelayProcess(
-        [victim.api.url, survivor.api.url], log_path=rt_workdir / "relay.log", stall_seconds=STALL_S
-    )
-    try:
-        yield process.start()
-    finally:
+def make_relay(rt_workdir, victim, survivor):
+    """Start a relay, the victim first in its turn (each stopped at the end)."""
+    started = []
+
+    def make():
+        process = RelayProcess(
+            [victim.api.url, survivor.api.url], log_path=rt_workdir / "relay.log", stall_seconds=STALL_S
+        )
+        started.append(process)
+        return process.start()
+
+    yield make
+    for process in started:
         process.stop()
 
 
@@ -129,6 +105,23 @@ def stream_through_a_fault(relay, victim, eos_id, fault):
     return sid, chunks
 
 
+def through_a_fault(make_relay, victim, eos_id, fault, attempts=3):
+    """The relay, the session and the chunks of a stream that `fault` cut mid-answer. The fault must land
+    while the victim is still writing: an attempt whose answer the victim finished first (no resume, nothing
+    tested) is made again with the victim restarted; a cut the relay does not mend fails at once (the SDK
+    raises)."""
+    for attempt in range(attempts):
+        if attempt:
+            victim.stop()
+            victim.start()
+        relay = make_relay()
+        sid, chunks = stream_through_a_fault(relay, victim, eos_id, fault)
+        if metric_value(relay.metrics_url, "chatfleet_relay_resumes_total") > 0:
+            return relay, sid, chunks
+        relay.stop()
+    pytest.fail(f"the victim finished the answer before the fault in all {attempts} attempts")
+
+
 def check_one_whole_stream(chunks, sid, redis_srv, relay, reason):
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert {c.id for c in chunks} == {chunks[0].id}
@@ -143,18 +136,20 @@ def check_one_whole_stream(chunks, sid, redis_srv, relay, reason):
     assert turns[0]["messages"] == [{"role": "user", "content": "Tell me a long story."}]
 
 
-def test_a_replica_killed_mid_answer(relay, victim, survivor, eos_id, redis_srv):
-    sid, chunks = stream_through_a_fault(relay, victim, eos_id, lambda v: v.signal(signal.SIGKILL))
+def test_a_replica_killed_mid_answer(make_relay, victim, survivor, eos_id, redis_srv):
+    relay, sid, chunks = through_a_fault(make_relay, victim, eos_id, lambda v: v.signal(signal.SIGKILL))
     check_one_whole_stream(chunks, sid, redis_srv, relay, "closed")
 
 
-def test_a_frozen_replica_is_left_after_the_stall_limit(relay, victim, survivor, eos_id, redis_srv):
-    sid, chunks = stream_through_a_fault(relay, victim, eos_id, lambda v: v.signal(signal.SIGSTOP))
+def test_a_frozen_replica_is_left_after_the_stall_limit(make_relay, victim, survivor, eos_id, redis_srv):
+    relay, sid, chunks = through_a_fault(make_relay, victim, eos_id, lambda v: v.signal(signal.SIGSTOP))
     check_one_whole_stream(chunks, sid, redis_srv, relay, "stalled")
 
 
 def test_a_replica_whose_triton_dies_says_so_and_the_answer_goes_on(
-    relay, victim, survivor, eos_id, redis_srv
+    make_relay, victim, survivor, eos_id, redis_srv
 ):
-    sid, chunks = stream_through_a_fault(relay, victim, eos_id, lambda v: v.signal(signal.SIGKILL, api=False))
+    relay, sid, chunks = through_a_fault(
+        make_relay, victim, eos_id, lambda v: v.signal(signal.SIGKILL, api=False)
+    )
     check_one_whole_stream(chunks, sid, redis_srv, relay, "error_event")

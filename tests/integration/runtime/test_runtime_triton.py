@@ -127,6 +127,10 @@ def test_generate_extension_over_http(triton):
     events = generate(triton, USER, {"max_tokens": 3}, endpoint="generate_stream").decode()
     chunks = [json.loads(line[6:]) for line in events.splitlines() if line.startswith("data: ")]
     assert "".join(c["TEXT"] for c in chunks) == body["TEXT"] and chunks[-1]["FINISH_REASON"] == "length"
+    # every delta says the tokens so far and the prompt's (the chat API's continuous usage, the relay's resume)
+    counts = [c["NUM_TOKENS"] for c in chunks]
+    assert counts == sorted(counts) and counts[0] >= 1 and counts[-1] == 3
+    assert {c["PROMPT_TOKENS"] for c in chunks} == {body["PROMPT_TOKENS"]}
 
 
 def test_grpc_stream_sends_deltas_then_final(triton):

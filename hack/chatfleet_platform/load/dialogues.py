@@ -39,6 +39,8 @@ class TurnResult:
     """ok, cut, failed, or http-<code>."""
     revision: str = ""
     history_turns: int | None = None
+    history: str = ""
+    """The chat API's `chatfleet.history`: ok, unavailable (Redis could not be read), none."""
     at: float = 0.0
     error: str = ""
     """Why a turn failed or was cut: the exception's class and first words; for a lost history, the counts."""
@@ -109,7 +111,14 @@ def chat_turn(
     info = first.get("chatfleet") or {}
     turns = info.get("history_turns")
     fallback = str(info.get("reason") or "?") if info.get("fallback") else ""
-    return TurnResult("ok", revision, turns if isinstance(turns, int) else None, at=now, fallback=fallback)
+    return TurnResult(
+        "ok",
+        revision,
+        turns if isinstance(turns, int) else None,
+        history=str(info.get("history") or ""),
+        at=now,
+        fallback=fallback,
+    )
 
 
 @dataclass(frozen=True)
@@ -210,7 +219,10 @@ class DialogueLoad:
                 if r.history_turns is not None and r.history_turns < expected:
                     lost += 1
                     r.lost = True
-                    r.error = f"history: {r.history_turns} of {expected} saved turns loaded ({previous})"
+                    r.error = (
+                        f"history {r.history or '?'} from {r.revision or '?'}: {r.history_turns} of {expected}"
+                        f" saved turns loaded ({previous})"
+                    )
                 saved += 1
             previous = f"previous turn {r.outcome} from {r.revision or '?'}" + (
                 f", a fallback answer ({r.fallback})" if r.fallback else ""
@@ -256,9 +268,9 @@ class DialogueLoad:
         return self.summary()
 
     def failures_between(self, t0: float, t1: float) -> int:
-        """Turns that began in [t0, t1) and were not answered well (anything but ok)."""
+        """Turns that began in [t0, t1) and were not answered well (anything but ok, or a lost history)."""
         with self._lock:
-            return sum(1 for r in self.results if t0 <= r.at < t1 and r.outcome != "ok")
+            return sum(1 for r in self.results if t0 <= r.at < t1 and (r.outcome != "ok" or r.lost))
 
     def since(self, t: float) -> Counter:
         """Outcomes of the turns that began at or after monotonic time t."""
@@ -293,5 +305,6 @@ class DialogueLoad:
                 "switched_share": round(self.switched / self.dialogues, 4) if self.dialogues else 0.0,
                 "revisions": dict(self.revisions),
                 "errors": dict(Counter(r.error for r in self.results if r.error and not r.lost)),
+                "lost": [r.error for r in self.results if r.lost][:10],
                 "fallbacks": dict(Counter(r.fallback for r in self.results if r.fallback)),
             }

@@ -40,7 +40,7 @@ def serve(script):
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("x-chatfleet-revision", revision)
             self.end_headers()
-            meta = {"history_turns": turns}
+            meta = {"history_turns": turns, "history": "ok"}
             if kind == "fallback":  # the chat API's fallback text instead of the model (not stored)
                 meta.update(fallback=True, reason="timeout")
             head = {"choices": [{"delta": {"content": "hi"}}], "chatfleet": meta}
@@ -107,11 +107,12 @@ def test_a_lost_history_is_listed_with_the_turn_before_it_and_fallback_answers_a
     s = load.summary()
     assert (s["ok"], s["lost_history"], s["fallbacks"], s["errors"]) == (3, 1, {"timeout": 1}, {})
     (lost,) = load.bad_turns()
-    assert lost.lost and lost.outcome == "ok"
-    assert (
-        lost.error
-        == "history: 1 of 2 saved turns loaded (previous turn ok from a1, a fallback answer (timeout))"
+    assert lost.lost and lost.outcome == "ok" and lost.history == "ok"
+    assert lost.error == (
+        "history ok from a1: 1 of 2 saved turns loaded (previous turn ok from a1, a fallback answer (timeout))"
     )
+    assert s["lost"] == [lost.error]
+    assert load.failures_between(lost.at, lost.at + 1) == 1
 
 
 def test_a_refused_connection_is_a_failure():

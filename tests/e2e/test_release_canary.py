@@ -8,12 +8,19 @@ comments narrate what the operator does tick by tick. Waits are bounded; nothing
 
 from __future__ import annotations
 
+import json
 import signal
+from datetime import UTC, datetime
 
 import pytest
 from release_e2e import Release, bot_spec, promoted_to, rolled_back
 
 pytestmark = [pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.slow]
+
+
+def since(stamp: str) -> float:
+    """Seconds since an RFC 3339 time of the status."""
+    return (datetime.now(UTC) - datetime.fromisoformat(stamp.replace("Z", "+00:00"))).total_seconds()
 
 
 def start(bot: Release, prometheus, **over) -> str:
@@ -231,3 +238,61 @@ def test_no_traffic_with_probe_load_promotes(bot, prometheus, traffic):
     # have data, pass, and the release promotes without any user traffic.
     bot.wait(promoted_to(new), 150, "promotion on probe traffic")
     assert bot.status()["releaseHistory"][0]["result"] == "Promoted"
+
+
+def test_a_node_lost_mid_canary_reschedules_its_pods_and_the_release_promotes(
+    bot, prometheus, traffic, cluster
+):
+    # One long step, so the node goes more than progressDeadlineSeconds (15 s) after the step began.
+    steps = [{"weight": 50, "pauseSeconds": 45}, {"weight": 100, "pauseSeconds": 0}]
+    start(bot, prometheus, rollout={"strategy": "canary", "canary": {"steps": steps}})
+    # The new revision's pods get Ready 8 s after they start (a model load; kwok's stage waits).
+    bot.patch({"podMetadata": {"annotations": {"sim.chatfleet.io/model-load-delay": "8s"}}})
+    new = bot.wait(lambda r: r.release().get("revision"), 30, "the release started")
+    canary = "chatfleet.io/service=bot,chatfleet.io/track=canary"
+
+    def canary_pods() -> list[dict]:
+        return json.loads(bot.kubectl("get", "pods", "-l", canary, "-o", "json").stdout)["items"]
+
+    def settled_canary(r: Release) -> str:
+        """The canary's node once it has been Ready for a while, 20 s into the step (else '')."""
+        pods = canary_pods()
+        rel = r.release()
+        if len(pods) != 1 or not rel.get("canaryReadyAt") or rel.get("stepIndex", 0) != 0:
+            return ""
+        ready = any(
+            c["type"] == "Ready" and c["status"] == "True" for c in pods[0]["status"].get("conditions", [])
+        )
+        return pods[0]["spec"].get("nodeName", "") if ready and since(rel["stepStartedAt"]) > 20 else ""
+
+    node = bot.wait(settled_canary, 90, "the canary Ready, 20 s into its step")
+    lost = json.loads(cluster.kubectl("get", "node", node, "-o", "json").stdout)
+    lost["metadata"] = {k: lost["metadata"][k] for k in ("name", "labels", "annotations")}
+    lost.pop("spec", None)
+    lost["status"] = {k: lost["status"][k] for k in ("allocatable", "capacity", "nodeInfo")}
+    # A GPU node loses power and its Node goes (a cloud's node controller); its pods go with it, as the pod
+    # garbage collector would do 40 s later (here at once, so the drill lands inside the step).
+    cluster.kubectl("delete", "node", node, "--wait=false")
+    try:
+        cluster.kubectl(
+            "delete",
+            "pods",
+            "--all-namespaces",
+            f"--field-selector=spec.nodeName={node}",
+            "--grace-period=0",
+            "--force",
+        )
+        # The canary's Deployment makes a new pod on another node; the release waits for it (the progress
+        # deadline counts from the loss, not from the step's start) and promotes on the same analysis.
+        moved_to: set[str] = set()
+
+        def promoted(r: Release) -> bool:
+            moved_to.update(p["spec"].get("nodeName") or "" for p in canary_pods())
+            return r.status().get("stableRevision") == new and not r.release()
+
+        bot.wait(promoted, 150, "promotion")
+        assert moved_to - {node, ""}, f"no canary pod seen on another node than {node}: {moved_to}"
+        assert [h["result"] for h in bot.status()["releaseHistory"] if h["revision"] == new] == ["Promoted"]
+        assert not bot.events("RolledBack")
+    finally:
+        cluster.add_nodes([lost])

@@ -99,11 +99,26 @@ def dialogue_check_due(spec: ChatbotServiceSpec, rel: ReleaseState | None, now: 
     return not last or since(last, now) >= spec.analysis.interval_seconds - 0.5
 
 
+def run_deadline_clock(rel: ReleaseState, canary: Track, now: datetime) -> None:
+    """The progress deadline's clock (rel.ready_deadline_from): started when a step begins, stopped (cleared)
+    by a pass that finds every pod of the new revision Ready, started again by the first pass that finds one
+    missing -- a node lost, a pod evicted long after its step began gets progressDeadlineSeconds to come back,
+    as a step's new pods do, instead of a rollback at once. Changed only at those edges (no status write a
+    pass). e.g. 1/1 Ready, clock set -> cleared; 0/1 Ready, clock cleared -> now."""
+    if canary.replicas <= 0:
+        return
+    if canary.ready >= canary.replicas:
+        rel.ready_deadline_from = None
+    elif rel.ready_deadline_from is None:
+        rel.ready_deadline_from = rfc3339(now)
+
+
 def health_reason(spec: ChatbotServiceSpec, rel: ReleaseState, canary: Track, now: datetime) -> str:
     """Why the canary/preview pods are unhealthy ('' when healthy). Rolls back without metrics.
 
     Crash-looping or restarting pods, image pull failures, and the progress deadline: pods not all Ready
-    `progressDeadlineSeconds` after the step began (time waiting for GPUs is not counted).
+    `progressDeadlineSeconds` after the deadline's clock started (run_deadline_clock: the step's start, or the
+    pass that found a Ready pod gone); time waiting for GPUs is not counted.
     """
     pods = [p for p in canary.pods if not p.deleting and p.revision == rel.revision]
     for p in sorted(pods, key=lambda p: p.name):
@@ -323,7 +338,10 @@ def _decide(ctx: PassContext, old: ReleaseStatus) -> ReleasePlan:
 
     # 1-4. Intents, health, the measurement, the one rollback predicate.
     strategy.prepare(ctx, rel)
-    health = health_reason(ctx.spec, rel, ctx.canary, ctx.now) if strategy.watches_health(rel.phase) else ""
+    health = ""
+    if strategy.watches_health(rel.phase):
+        run_deadline_clock(rel, ctx.canary, ctx.now)
+        health = health_reason(ctx.spec, rel, ctx.canary, ctx.now)
     verdict = fold_measurement(ctx, rel)
     why = rollback_reason(ctx, rel, health, verdict)
     if why and strategy.may_roll_back(rel.phase):

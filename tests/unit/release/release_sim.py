@@ -7,7 +7,7 @@ take the replica counts, pods get Ready unless the scenario says otherwise.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -229,5 +229,4 @@ class World:
 def world(**kw: Any) -> World:
     """A World whose spec has the rollout fields in `rollout=` and everything else as attributes."""
     rollout = kw.pop("rollout", {})
-    w = World(spec=spec_dict(**rollout), **kw)
-    return replace(w) if False else w
+    return World(spec=spec_dict(**rollout), **kw)

@@ -457,3 +457,37 @@ def test_after_rollback_the_canary_stays_until_the_route_has_moved():
     assert w.phase == ROLLED_BACK and (p.canary_weight, p.canary_replicas) == (0, w.canary.replicas)
     w.tick(10)
     assert w.plans[-1].canary_replicas == 0
+
+
+def long_step_world() -> World:
+    """One 60 s step at 50%, then 100%: long enough for a pod to go well after the step began."""
+    return world(rollout={"steps": [{"weight": 50, "pauseSeconds": 60}, {"weight": 100, "pauseSeconds": 0}]})
+
+
+def test_a_canary_pod_lost_long_after_its_step_began_gets_the_deadline_to_come_back():
+    w = long_step_world()
+    # ticks 1-40: the canary Ready, 40 s into its 60 s step (past the 30 s deadline since the step began);
+    # the deadline's clock is stopped while it is Ready, so status does not change a pass for it.
+    w.run_until(lambda w: w.now.second == 40)
+    assert w.status["release"]["canaryReadyAt"] and "readyDeadlineFrom" not in w.status["release"]
+    # tick 41: its node goes; the pass that finds 0/1 Ready starts the clock instead of rolling back.
+    w.canary_health = "unready"
+    w.tick()
+    w.tick()
+    assert w.phase == PROGRESSING and w.status["release"]["readyDeadlineFrom"] == "2026-11-21T10:00:42Z"
+    # 20 s later (inside the 30 s) a new pod is Ready elsewhere: the clock stops, the release promotes.
+    for _ in range(20):
+        assert w.tick() and w.phase == PROGRESSING
+    w.canary_health = "ok"
+    w.run_until(promoted)
+    assert w.status["releaseHistory"][0]["result"] == "Promoted"
+
+
+def test_a_canary_pod_that_does_not_come_back_rolls_back_a_deadline_after_it_went():
+    w = long_step_world()
+    w.run_until(lambda w: w.now.second == 40)
+    w.canary_health = "unready"
+    n = w.run_until(lambda w: w.phase == ROLLED_BACK)
+    # the loss is seen at tick 42 (the pass after the pod went); the rollback comes 30 s after, not at once
+    assert 30 <= n <= 33, n
+    assert "0/1 pods Ready after progressDeadlineSeconds (30s)" in w.status["abortReason"]

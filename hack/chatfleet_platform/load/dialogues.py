@@ -48,6 +48,8 @@ class TurnResult:
     """The reason the chat API gave when it answered with its fallback text instead of the model."""
     lost: bool = False
     """The answer loaded fewer stored turns than the dialogue had saved."""
+    dialogue_started: float = 0.0
+    """When the turn's dialogue began (monotonic): which dialogues began after a fault."""
 
 
 def _first_event(body: str) -> dict[str, Any] | None:
@@ -205,6 +207,7 @@ class DialogueLoad:
             r = chat_turn(
                 self.url, sid, f"turn {k} of {sid[:6]}", pin=pin, source=source, timeout=self.timeout
             )
+            r.dialogue_started = started
             with self._lock:
                 self.results.append(r)
                 if r.revision:

@@ -207,7 +207,7 @@ bench-answer-cache: setup ## Answer cache: the same customer-service dialogues w
 	$(PY) bench/answer_cache_bench.py $(BENCH_ARGS)
 
 .PHONY: bench-chaos
-bench-chaos: setup ## Faults: 10 replica SIGKILLs under 32 streamed dialogues, the stream relay's resume beside the same run without it: streams cut, lost and doubled turns, the longest silence (processes on 127.0.0.1, not pods; ~8 min)
+bench-chaos: setup ## Faults: 10 replica SIGKILLs, 2 frozen replicas (lost nodes), 2 Redis restarts under 32 streamed dialogues, the stream relay's resume beside the same run without it: streams cut, lost and doubled turns, the longest silence (processes on 127.0.0.1, not pods; ~12 min)
 	$(PY) bench/chaos_bench.py $(BENCH_ARGS)
 
 .PHONY: bench-routing

@@ -8,9 +8,17 @@ closed-loop dialogues, each streaming turns with the stock OpenAI SDK (async), `
 (the end-of-sequence token suppressed, so every answer is that long), a session id per dialogue so the
 history lives in Redis.
 
-While they run, a killer SIGKILLs one replica's two processes (a pod that dies: OOM, eviction past its
-grace, a node that loses power) every `--interval` seconds, `--kills` times, each time a replica that is
-up, then starts it again on the same ports.
+While they run, a fault every `--interval` seconds (after the last one's recovery), in the order
+`fault_plan` spreads them, each to a replica that is up:
+- `kill` (`--kills`): SIGKILL of one replica's two processes (a pod that dies: OOM, eviction past its
+  grace), then started again on the same ports;
+- `node` (`--node-losses`): one replica's processes frozen with SIGSTOP for `--freeze-seconds` (a node
+  that lost power or its network: no bytes, no close, no RST), then killed and started again (the pod
+  rescheduled); the relay sees its streams go silent and resumes them after `--stall-seconds`;
+- `redis` (`--redis-restarts`): Redis SIGKILLed and started again `--redis-down-seconds` later on its port
+  with its append-only file (a Redis pod's container restarted; a Redis without persistence would come
+  back empty: docs/operator.md "What survives what"). The chat API's store retries a read or a write for
+  4 s, so an outage shorter than that costs no turn.
 
 Two rows, the same faults and load, one after the other:
 - `resume`: the relay as shipped (a cut stream continued on another replica, `--max-resumes 3`);
@@ -18,12 +26,13 @@ Two rows, the same faults and load, one after the other:
   one cannot be reached or answers 502/503/504 before streaming, and passes a cut on): the relay with
   `--max-resumes 0`.
 
-Figures per row: turns asked, completed ([DONE] reached), cut (the stream ended without completing: the
+Figures per row: the faults by kind, turns asked, completed ([DONE] reached), cut (the stream ended without completing: the
 SDK raised), refused (non-2xx before streaming), lost turns (completed but not in the history), doubled
 turns (in the history more than once), the relay's resumes, and each turn's longest silence between two
 chunks after the first (p50, p99, max; a resume shows as one such gap), and the time to the first chunk
 (p50); the relay's own measure of each resume's silence (from the last chunk before the cut to the first
-text after it: mean, and how many within 2 s). Writes bench-results/chaos.json.
+text after it: mean, and how many within 2 s), its resumes by reason (`closed`, `stalled`, `error_event`).
+Writes bench-results/chaos.json.
 """
 
 from __future__ import annotations
@@ -31,9 +40,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
+import signal
 import sys
 import tempfile
 import time
+import urllib.request
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -110,18 +123,54 @@ async def dialogue(client, eos, n, args, stop: asyncio.Event, record: list, pref
                 break  # a user whose answer failed starts again
 
 
-async def killer(replicas: list[Replica], args, stop: asyncio.Event, kills: list) -> None:
-    """Every interval, SIGKILL a replica that is up and start it again; then stop the load."""
+def fault_plan(kills: int, nodes: int, restarts: int) -> list[str]:
+    """The faults in order: the pod kills, with the node losses and the Redis restarts spread among them
+    (none first, so the load is under way).
+
+    >>> fault_plan(10, 2, 2)
+    ['kill', 'kill', 'node', 'kill', 'kill', 'redis', 'kill', 'kill', 'kill', 'kill', 'node', 'kill', 'redis', 'kill']
+    >>> fault_plan(0, 1, 1)
+    ['node', 'redis']
+    """
+    plan = ["kill"] * kills
+    for kind, count, shift in (("node", nodes, 0.0), ("redis", restarts, 0.5)):
+        spaced = [int((i + 0.5 + shift) * (kills + 1) / max(count, 1)) for i in range(count)]
+        for n, at in enumerate(spaced):
+            plan.insert(min(at + n, len(plan)), kind)
+    return plan
+
+
+async def faults(replicas: list[Replica], redis_srv: Redis, args, stop: asyncio.Event, log: list) -> None:
+    """The fault plan, one every interval after the last one's recovery, each on a replica that is up (the
+    Redis restarts on Redis); then the tail, then stop the load."""
     loop = asyncio.get_running_loop()
     await asyncio.sleep(args.warmup)
-    for i in range(args.kills):
-        victim = next(r for r in replicas[i % len(replicas) :] + replicas if r.up)
-        victim.kill()
-        kills.append({"at_s": round(time.monotonic(), 1), "replica": victim.api.log_path.stem})
-        await loop.run_in_executor(None, lambda v=victim: v.start(300))
+    plan = fault_plan(args.kills, args.node_losses, args.redis_restarts)
+    for i, kind in enumerate(plan):
+        entry = {"kind": kind, "at_s": round(time.monotonic(), 1)}
+        if kind == "redis":
+            await loop.run_in_executor(None, redis_srv.kill)
+            await asyncio.sleep(args.redis_down_seconds)
+            await loop.run_in_executor(None, redis_srv.start)
+        else:
+            victim = next(r for r in replicas[i % len(replicas) :] + replicas if r.up)
+            entry["replica"] = victim.api.log_path.stem
+            if kind == "node":
+                victim.signal(signal.SIGSTOP)
+                await asyncio.sleep(args.freeze_seconds)
+            victim.kill()
+            await loop.run_in_executor(None, lambda v=victim: v.start(300))
+        log.append(entry)
         await asyncio.sleep(args.interval)
     await asyncio.sleep(args.tail)
     stop.set()
+
+
+def resumes_by_reason(url: str) -> dict[str, int]:
+    """The relay's chatfleet_relay_resumes_total by its reason label."""
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    found = re.findall(r'^chatfleet_relay_resumes_total\{reason="([^"]+)"\} ([0-9.e+]+)$', text, re.M)
+    return {reason: int(float(value)) for reason, value in found}
 
 
 def history_counts(redis_url: str, prefix: str) -> dict[str, int]:
@@ -134,7 +183,10 @@ def history_counts(redis_url: str, prefix: str) -> dict[str, int]:
 
 def run_row(name: str, max_resumes: int, replicas, redis_srv, workdir, eos, args) -> dict:
     relay = RelayProcess(
-        [r.api.url for r in replicas], log_path=workdir / f"relay-{name}.log", max_resumes=max_resumes
+        [r.api.url for r in replicas],
+        log_path=workdir / f"relay-{name}.log",
+        max_resumes=max_resumes,
+        stall_seconds=args.stall_seconds,
     )
     relay.start()
     record: list[dict] = []
@@ -147,7 +199,7 @@ def run_row(name: str, max_resumes: int, replicas, redis_srv, workdir, eos, args
             asyncio.create_task(dialogue(client, eos, n, args, stop, record, name))
             for n in range(args.dialogues)
         ]
-        await killer(replicas, args, stop, kills)
+        await faults(replicas, redis_srv, args, stop, kills)
         await asyncio.gather(*tasks)
         await client.close()
 
@@ -155,6 +207,7 @@ def run_row(name: str, max_resumes: int, replicas, redis_srv, workdir, eos, args
     try:
         asyncio.run(main())
         resumes = metric_value(relay.metrics_url, "chatfleet_relay_resumes_total")
+        reasons = resumes_by_reason(relay.metrics_url)
         gap = {
             key: metric_value(relay.metrics_url, f"chatfleet_relay_resume_gap_seconds_{key}", **labels)
             for key, labels in (("count", {}), ("sum", {}), ("bucket", {"le": "2.0"}))
@@ -180,7 +233,9 @@ def run_row(name: str, max_resumes: int, replicas, redis_srv, workdir, eos, args
         **outcomes,
         "lost_turns": lost,
         "doubled_turns": doubled,
+        "faults": dict(Counter(k["kind"] for k in kills)),
         "resumes": int(resumes),
+        "resumes_by_reason": reasons,
         "resume_gap_mean_s": round(gap["sum"] / gap["count"], 3) if gap["count"] else None,
         "resume_gaps_within_2s": f"{int(gap['bucket'])}/{int(gap['count'])}",
         "kills": kills,
@@ -200,6 +255,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=160)
     parser.add_argument("--kills", type=int, default=10)
+    parser.add_argument("--node-losses", type=int, default=2)
+    parser.add_argument("--redis-restarts", type=int, default=2)
+    parser.add_argument(
+        "--freeze-seconds", type=float, default=10.0, help="how long a lost node stays silent"
+    )
+    parser.add_argument("--redis-down-seconds", type=float, default=2.0)
+    parser.add_argument(
+        "--stall-seconds",
+        type=float,
+        default=6.0,
+        help="the relay's --stall-seconds (a stream this silent is cut)",
+    )
     parser.add_argument(
         "--interval", type=float, default=3.0, help="seconds between a restart and the next kill"
     )
@@ -216,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     eos = load_tokenizer(model_dir).eos_token_id
     config = model_config(model_dir, max_context_tokens=2048, max_new_tokens=max(args.max_tokens, 64))
     repo = local_repository(workdir / "repo", config)
-    redis_srv = Redis(workdir / "redis").start()
+    redis_srv = Redis(workdir / "redis", persistent=True).start()
     replicas = [
         Replica.create(workdir, repo, f"r{i}", replica_env(redis_srv.url)) for i in range(args.replicas)
     ]
@@ -225,7 +292,8 @@ def main(argv: list[str] | None = None) -> int:
         for r in replicas:
             r.start()
         for name in args.rows.split(","):
-            print(f"[chaos] row {name}: {args.dialogues} dialogues, {args.kills} kills ...", flush=True)
+            plan = fault_plan(args.kills, args.node_losses, args.redis_restarts)
+            print(f"[chaos] row {name}: {args.dialogues} dialogues, faults {plan} ...", flush=True)
             row = run_row(name, 3 if name == "resume" else 0, replicas, redis_srv, workdir, eos, args)
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items() if k != "kills"}), flush=True)
@@ -243,7 +311,9 @@ def main(argv: list[str] | None = None) -> int:
         "refused",
         "lost_turns",
         "doubled_turns",
+        "faults",
         "resumes",
+        "resumes_by_reason",
         "resume_gap_mean_s",
         "resume_gaps_within_2s",
         "gap_p50_s",

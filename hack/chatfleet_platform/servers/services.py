@@ -8,6 +8,8 @@ in front of one where a test needs a bearer token checked, which Prometheus' web
 from __future__ import annotations
 
 import hmac
+import os
+import signal
 import ssl
 import threading
 import time
@@ -123,7 +125,8 @@ class Prometheus:
 
 @dataclass
 class Redis:
-    """A redis-server with no persistence, on 127.0.0.1 and the extra addresses of `also_bind`.
+    """A redis-server on 127.0.0.1 and the extra addresses of `also_bind`; no persistence unless `persistent`
+    (an append-only file in `workdir`: a process killed and started again keeps every write it answered).
 
     also_bind: host addresses pods can reach, i.e. a real node's bridge address (its node IP) and nothing
     else, so pods on that node share this Redis (`url_at(node_ip)`). With them, protected mode is off (it
@@ -134,6 +137,7 @@ class Redis:
     port: int = 0
     proc: procs.Proc | None = None
     also_bind: tuple[str, ...] = ()
+    persistent: bool = False
 
     @property
     def url(self) -> str:
@@ -164,7 +168,7 @@ class Redis:
                 "--save",
                 "",
                 "--appendonly",
-                "no",
+                "yes" if self.persistent else "no",
                 "--dir",
                 str(self.workdir),
                 # protected mode refuses every client but loopback when there is no password: it stays on
@@ -182,6 +186,12 @@ class Redis:
     def stop(self) -> None:
         """Stop the server we started."""
         procs.stop(self.proc)
+
+    def kill(self) -> None:
+        """SIGKILL it (a crash: no shutdown, no save) and wait until its port is free."""
+        if self.proc is not None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+        procs.wait_for("redis gone", lambda: not procs.port_in_use(self.port), timeout=10)
 
     def __enter__(self) -> Redis:
         return self.start()

@@ -72,10 +72,17 @@ def passed_headers(headers) -> dict[str, str]:
 
 @dataclass
 class Upstreams:
-    """The chat API replicas, in turn; a replica that failed is tried after the others for ``cooldown_s``."""
+    """The chat API replicas, in turn; a replica that failed is tried after the others for ``cooldown_s``.
+
+    ``balanced``: the one URL is a load balancer (a Service's ClusterIP: each new connection may reach
+    another replica), so it is never set aside: a request tries it up to ``balanced_tries`` times,
+    ``balanced_pause_s`` apart (a replica that just died may take a few seconds to leave it)."""
 
     urls: list[str]
     resolve: bool = False
+    balanced: bool = False
+    balanced_tries: int = 6
+    balanced_pause_s: float = 0.5
     cooldown_s: float = 5.0
     resolve_every_s: float = 2.0
     clock: object = time.monotonic
@@ -110,7 +117,9 @@ class Upstreams:
 
     async def order(self, tried: set[str], advance: bool = True) -> list[str]:
         """The replicas not tried yet for this request: round robin (chat requests take turns; a GET does
-        not move the turn), those that failed lately last."""
+        not move the turn), those that failed lately last; balanced: the one URL, ``balanced_tries`` times."""
+        if self.balanced:
+            return self.urls[:1] * self.balanced_tries
         urls = await self._addresses()
         start = self._next % len(urls)
         if advance:
@@ -190,7 +199,9 @@ class Relay:
         """The first replica, not yet tried, that answers 200 (the response still streaming), or the
         answer to give the client: another replica's non-retried status, or a 503 when none could."""
         last: Response | None = None
-        for url in await self.upstreams.order(tried):
+        for n, url in enumerate(await self.upstreams.order(tried)):
+            if n and self.upstreams.balanced:
+                await asyncio.sleep(self.upstreams.balanced_pause_s)
             tried.add(url)
             try:
                 resp = await self._send(url, CHAT_PATH, body, headers)
@@ -373,6 +384,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--resolve", action="store_true", help="use every address each upstream's host resolves to"
     )
+    parser.add_argument(
+        "--balanced",
+        action="store_true",
+        help="the one --upstream is a load balancer (a Service's ClusterIP): resume through it again",
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--metrics-port", type=int, default=8090, help="GET /metrics for Prometheus, only")
@@ -385,7 +401,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.metrics_port == args.port:
         parser.error("--metrics-port: must differ from --port")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    upstreams = Upstreams([u.rstrip("/") for u in args.upstream], resolve=args.resolve)
+    if args.balanced and (len(args.upstream) != 1 or args.resolve):
+        parser.error("--balanced takes exactly one --upstream and no --resolve")
+    upstreams = Upstreams(
+        [u.rstrip("/") for u in args.upstream], resolve=args.resolve, balanced=args.balanced
+    )
     relay = Relay(upstreams, stall_s=args.stall_seconds, max_resumes=args.max_resumes)
     start_http_server(args.metrics_port, addr=args.host, registry=relay.metrics.registry)
     uvicorn.run(create_app(relay), host=args.host, port=args.port, log_level=args.log_level)

@@ -388,3 +388,35 @@ def test_resolve_turns_a_name_into_every_address_and_a_failed_replica_goes_last(
     clock[0] = 10.0  # past the cooldown: back in its turn
     assert asyncio.run(plain.order(set()))[0] == "http://b"
     assert asyncio.run(plain.order(set(), advance=False))[0] == "http://c"
+
+
+def test_through_a_balancer_a_cut_stream_is_resumed_through_it_again():
+    """--balanced: the one upstream is a Service's ClusterIP. Behind it, the replica that held the stream
+    died (its connections refused until it leaves the Service), the next connection reaches a live one."""
+    a, b = Replica("a", end="break"), Replica("b", words=("three",))
+    behind = iter([a, "refused", "refused", b])
+
+    def balancer(request: httpx.Request):
+        nxt = next(behind)
+        if nxt == "refused":
+            raise httpx.ConnectError("connection refused")
+        return nxt(request)
+
+    upstreams = relay_server.Upstreams(["http://bot-replicas"], balanced=True, balanced_pause_s=0.01)
+    relay = relay_server.Relay(
+        upstreams,
+        stall_s=5.0,
+        max_resumes=3,
+        client=httpx.AsyncClient(transport=httpx.MockTransport(balancer)),
+    )
+    with TestClient(relay_server.create_app(relay)) as client:
+        r, data, _, text = relayed(client)
+    assert r.status_code == 200 and data[-1] == "[DONE]" and text == "one two three"
+    assert b.bodies[-1]["messages"] == [*U, {"role": "assistant", "content": "one two "}]
+    assert counter(relay, "chatfleet_relay_resumes_total", reason="closed") == 1
+    assert counter(relay, "chatfleet_relay_retries_total") == 2
+
+
+def test_balanced_takes_one_upstream_only():
+    with pytest.raises(SystemExit):
+        relay_server.main(["--balanced", "--upstream=http://a", "--upstream=http://b"])

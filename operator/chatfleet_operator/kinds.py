@@ -136,8 +136,9 @@ CHILDREN: tuple[Kind, ...] = tuple(k for k in KINDS if k.watch == Watch.CHILD)
 #: Kinds the pass may delete when no longer desired.
 DELETABLE: tuple[str, ...] = tuple(k.name for k in KINDS if k.deletable)
 #: Children of any kind the pass may delete when no longer desired, by their component label: the
-#: endpoint picker's Deployment and Service when the routing goes back to Services.
-DELETABLE_COMPONENTS: tuple[str, ...] = ("endpoint-picker",)
+#: endpoint picker's Deployment and Service when the routing goes back to Services, the stream relay's
+#: Deployment and Services when spec.streamRelay is turned off (builders/inferencepool.py, relay.py).
+DELETABLE_COMPONENTS: tuple[str, ...] = ("endpoint-picker", "stream-relay")
 #: kind -> (API path prefix, plural) of every kind kube.py reads or writes (pods and nodes are only watched).
 API_PATHS: dict[str, tuple[str, str]] = {
     k.name: (k.prefix, k.plural) for k in KINDS if k.watch not in (Watch.POD, Watch.NODE)

@@ -136,3 +136,31 @@ def test_the_pickers_ports_from_the_gateway_and_their_metrics_from_prometheus_on
     assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
     declared = {p["containerPort"] for p in dep["spec"]["template"]["spec"]["containers"][0]["ports"]}
     assert declared == set(by_port)
+
+
+def test_the_relays_chat_port_from_users_and_their_metrics_from_prometheus_only() -> None:
+    """The stream relays (spec.streamRelay): their chat port from the namespace's pods and the gateway, as
+    the fleet's own; their metrics from Prometheus; the ports and labels are the builder's (builders/relay.py)."""
+    from chatfleet_operator.builders.relay import RELAY_METRICS_PORT, build_relay
+
+    docs = render([*ON, "networkPolicy.fleets.namespaces={team-a}"])
+    (policy,) = [d for d in find(docs, "NetworkPolicy") if d["metadata"]["name"].endswith("-relays")]
+    by_port = sources(policy)
+    assert set(by_port) == {CHAT_PORT, RELAY_METRICS_PORT}
+    gateway = {
+        "namespaceSelector": {
+            "matchExpressions": [
+                {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["gateway"]}
+            ]
+        }
+    }
+    assert by_port[CHAT_PORT] == [{"podSelector": {}}, gateway]
+    assert (
+        gateway not in by_port[RELAY_METRICS_PORT] and {"podSelector": {}} not in by_port[RELAY_METRICS_PORT]
+    )
+    spec = ChatbotServiceSpec.from_dict({"streamRelay": {"enabled": True}})
+    dep = build_relay(ObjectRef("ns", "bot", "uid"), spec, "10.96.0.9")[0]
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+    declared = {p["containerPort"] for p in dep["spec"]["template"]["spec"]["containers"][0]["ports"]}
+    assert declared == set(by_port)

@@ -7,7 +7,7 @@
 - the Deployment of the new revision (the strategy's track: canary, preview): from the spec; kept on its
   observed template at 0 replicas when idle;
 - the traffic objects the strategy names (Services, the HTTPRoute), then the PDB (more than one pod
-  possible) and the HPA.
+  possible), the HPA, and the stream relay's objects (spec.streamRelay, builders/relay.py).
 Manifests are returned in the rollback order: traffic objects first, then the stable Deployment, then
 the canary -- so traffic is on stable before the canary shrinks.
 """
@@ -29,6 +29,7 @@ from chatfleet_operator.builders import (
 )
 from chatfleet_operator.builders.common import deployment_name, with_desired_hash
 from chatfleet_operator.builders.pdb import pdb_wanted
+from chatfleet_operator.builders.relay import relay_objects, replicas_service_name
 from chatfleet_operator.context import PassContext
 from chatfleet_operator.converge.facts import PodFacts, deployment_facts
 from chatfleet_operator.release import router
@@ -166,6 +167,7 @@ def desired_children(ctx: PassContext, plan: ReleasePlan) -> list[dict[str, Any]
     ]
     rest = [build_pdb(ref)] if pdb_wanted(spec) else []
     rest += autoscaler_objects(ctx)
+    rest += stream_relay(ctx, traffic)
 
     # Rollback order: traffic first (existing Services and routes), then stable grows back, then the
     # canary shrinks. Traffic objects that do not exist yet come last, as in the steady state: the API
@@ -177,6 +179,16 @@ def desired_children(ctx: PassContext, plan: ReleasePlan) -> list[dict[str, Any]
     desired += rest
     desired += [m for m, e in zip(traffic, exists, strict=True) if not e]
     return desired
+
+
+def stream_relay(ctx: PassContext, traffic: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The stream relay's objects (builders/relay.py): through a Service selecting what Service `<name>`
+    of this pass selects; the relay itself once that Service's ClusterIP is observed."""
+    ref = ctx.ref
+    main = next((m for m in traffic if m["kind"] == "Service" and m["metadata"]["name"] == ref.name), None)
+    observed = ctx.observed("Service", replicas_service_name(ref)) or {}
+    ip = str((observed.get("spec") or {}).get("clusterIP") or "")
+    return relay_objects(ref, ctx.spec, main, ip)
 
 
 def serving_only(manifest: dict[str, Any]) -> dict[str, Any]:

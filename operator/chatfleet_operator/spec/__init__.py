@@ -5,7 +5,7 @@ work on partial specs in unit tests and on objects stored before a default exist
 that both sets of defaults agree.
 
 One module per part of the spec (`model`, `runtime`, `resources`, `scaling`, `rollout`, `analysis`, `fallback`,
-`observability`; what they share in `fields`); this package's top holds the whole spec and the object's
+`observability`, `relay`; what they share in `fields`); this package's top holds the whole spec and the object's
 identity, and names every part's types, so callers import them from `chatfleet_operator.spec`.
 """
 
@@ -38,6 +38,7 @@ from chatfleet_operator.spec.fields import (
 )
 from chatfleet_operator.spec.model import ModelSpec, PvcSource
 from chatfleet_operator.spec.observability import DEFAULT_SAMPLING_RATIO, ObservabilitySpec, TracingSpec
+from chatfleet_operator.spec.relay import StreamRelaySpec
 from chatfleet_operator.spec.resources import ResourcesSpec
 from chatfleet_operator.spec.rollout import (
     DEFAULT_CANARY_STEPS,
@@ -106,6 +107,7 @@ __all__ = [
     "SloSpec",
     "StickyDialogues",
     "Strategy",
+    "StreamRelaySpec",
     "SurgeSpec",
     "Thresholds",
     "TracingSpec",
@@ -136,6 +138,8 @@ class ChatbotServiceSpec:
     """spec.fallback; None when absent (outside the revision: no release, docs/api.md)."""
     observability: ObservabilitySpec = field(default_factory=ObservabilitySpec)
     """spec.observability (outside the revision: a change rolls the pods, no release; docs/api.md)."""
+    stream_relay: StreamRelaySpec = field(default_factory=StreamRelaySpec)
+    """spec.streamRelay (outside the revision: the relay's own objects only; docs/api.md)."""
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None) -> ChatbotServiceSpec:
@@ -154,6 +158,7 @@ class ChatbotServiceSpec:
             ),
             fallback=FallbackSpec.from_dict(sub_mapping(d, "fallback")),
             observability=ObservabilitySpec.from_dict(sub_mapping(d, "observability")),
+            stream_relay=StreamRelaySpec.from_dict(sub_mapping(d, "streamRelay")),
         )
 
 

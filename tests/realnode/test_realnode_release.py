@@ -19,18 +19,15 @@ what the pods really served.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import time
 from typing import Any
 
 import pytest
-from chatfleet_platform.cluster import realnode
 from chatfleet_platform.common.config import REPO_ROOT
 from chatfleet_platform.load.realpods import (
     NO_SYSTEM_TEMPLATE,
     ChatLoad,
+    kill_container_process,
     on_real_node,
     pod_request_counts,
     service_url,
@@ -123,25 +120,6 @@ def test_bad_canary_on_real_traffic_is_rolled_back(
         )
     finally:
         load.stop()
-
-
-def kill_container_process(cluster, pod: dict[str, Any], container: str) -> int:
-    """SIGKILL a container's main process from the host (a crash); returns the PID killed."""
-    cid = next(s["containerID"] for s in pod["status"]["containerStatuses"] if s["name"] == container)
-    cid = cid.split("://", 1)[1]
-    names = cluster.realnodes.host_state().get("nodes", [])
-    sock = next(
-        n.socket for n in realnode.plans(cluster.workdir, len(names), 0) if n.name == pod["spec"]["nodeName"]
-    )
-    out = subprocess.run(
-        ["ctr", "--address", str(sock), "-n", "k8s.io", "tasks", "ls"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    pid = next(int(line.split()[1]) for line in out.splitlines() if line.startswith(cid))
-    os.kill(pid, signal.SIGKILL)
-    return pid
 
 
 def test_dying_runtime_container_drives_the_health_rollback(

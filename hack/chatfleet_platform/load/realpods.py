@@ -7,6 +7,8 @@ from __future__ import annotations
 import copy
 import http.client
 import json
+import os
+import signal
 import subprocess
 import threading
 import time
@@ -17,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from chatfleet_platform.cluster import realnode
 from chatfleet_platform.cluster.realnode import CLIENT_ADDRESSES, REAL_LABEL, REAL_TAINT
 from chatfleet_platform.common.config import REPO_ROOT, require_binaries
 
@@ -254,3 +257,23 @@ def fleet_podmonitor() -> dict[str, Any]:
     import yaml
 
     return yaml.safe_load(out)
+
+
+def kill_container_process(cluster: Any, pod: dict[str, Any], container: str) -> int:
+    """SIGKILL a container's main process from the host (a crash: the kubelet restarts the container, the pod
+    and its address stay); returns the PID killed."""
+    cid = next(s["containerID"] for s in pod["status"]["containerStatuses"] if s["name"] == container)
+    cid = cid.split("://", 1)[1]
+    names = cluster.realnodes.host_state().get("nodes", [])
+    sock = next(
+        n.socket for n in realnode.plans(cluster.workdir, len(names), 0) if n.name == pod["spec"]["nodeName"]
+    )
+    out = subprocess.run(
+        ["ctr", "--address", str(sock), "-n", "k8s.io", "tasks", "ls"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    pid = next(int(line.split()[1]) for line in out.splitlines() if line.startswith(cid))
+    os.kill(pid, signal.SIGKILL)
+    return pid

@@ -1,8 +1,8 @@
-"""Replicas killed mid-answer under streamed dialogues: the stream relay's resume beside the same run
-without it.
+"""Replicas killed, frozen and Redis restarted mid-answer under streamed dialogues: the stream relay's resume
+beside the same run without it.
 
-`make bench-chaos` (apart from `make test`). Processes on 127.0.0.1, not pods (the operator does not deploy
-the relay yet): `--replicas` replicas, each a real tritonserver (the tests' tiny model, CPU) and a chat API,
+`make bench-chaos` (apart from `make test`). Processes on 127.0.0.1, not pods (the relay the operator runs
+on real pods is a test: tests/realnode/test_realnode_stream_relay.py): `--replicas` replicas, each a real tritonserver (the tests' tiny model, CPU) and a chat API,
 over one real Redis; the stream relay (`python -m chatfleet_runtime.relay`) in front of them; `--dialogues`
 closed-loop dialogues, each streaming turns with the stock OpenAI SDK (async), `--max-tokens` per answer
 (the end-of-sequence token suppressed, so every answer is that long), a session id per dialogue so the

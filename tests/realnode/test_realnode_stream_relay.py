@@ -3,10 +3,10 @@ stream completes.
 
 Test design: a bot of two pods on the real node with `streamRelay.enabled`; the operator writes Service
 `bot-replicas`, then Deployment and Service `bot-relay` (the relay's one upstream: that Service's ClusterIP,
-through kube-proxy). Eight users stream an answer each through Service `bot-relay`. Once every stream has
-its first chunk, the chat-api container of the pod holding the most streams (its own in-flight gauge) is
-SIGKILLed from the host (a crash; the kubelet restarts it, the pod keeps its address, its port refuses
-until then). Every stream must end with [DONE] and no error event; the relay must have resumed at least
+through kube-proxy). Twelve users stream an answer each through Service `bot-relay` (kube-proxy spreads
+the relay's connections over both pods). Once every stream has its first chunk, the chat-api container of
+one pod is SIGKILLed from the host, its PID found beforehand so the kill comes at once (a crash; the
+kubelet restarts it, the pod keeps its address, its port refuses until then). Every stream must end with [DONE] and no error event; the relay must have resumed at least
 one (its own counter, read from its pod): the kill did cut streams, and none reached its user cut. An
 attempt whose victim finished its streams before the kill (nothing to resume) is tried again, up to 3 times.
 """
@@ -15,18 +15,21 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
+import signal
 import threading
 import urllib.request
 from typing import Any
 
 import pytest
-from chatfleet_platform.load.realpods import kill_container_process, on_real_node, service_url
+from chatfleet_platform.load.realpods import container_pid, on_real_node, service_url
 from chatfleet_platform.load.releasetraffic import Bot
 from chatfleet_platform.servers.services import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
-USERS = 8
+USERS = 12
+MAX_TOKENS = 256
 
 
 def pods(bot: Bot, selector: str) -> list[dict[str, Any]]:
@@ -57,7 +60,7 @@ class Stream(threading.Thread):
         conn = http.client.HTTPConnection(host, int(port), timeout=120)
         body = {
             "messages": [{"role": "user", "content": f"User {self.n}: tell me a long story."}],
-            "max_tokens": 64,
+            "max_tokens": MAX_TOKENS,
             "stream": True,
         }
         try:
@@ -97,6 +100,9 @@ def test_a_replica_killed_mid_answer_every_stream_through_the_relay_completes(
         model_dir=host_model_dir,
     )
     spec["scaling"]["replicas"] = 2
+    spec["runtime"]["maxNewTokens"] = (
+        MAX_TOKENS  # longer answers than on_real_node's cap: the kill lands mid-stream
+    )
     spec["streamRelay"] = {"enabled": True, "replicas": 1}
     bot.apply(spec)
     bot.wait(bot.ready, 600, "bot Ready")
@@ -113,26 +119,21 @@ def test_a_replica_killed_mid_answer_every_stream_through_the_relay_completes(
     relay_metrics = f"http://{relay_pod['status']['podIP']}:9400/metrics"
     url = service_url(cluster, real_ns, "bot-relay")
     attempts = []
-    for _ in range(3):
+    for attempt in range(3):
+        live = sorted((p for p in pods(bot, fleet) if ready(p)), key=lambda p: p["metadata"]["name"])
+        victim = live[attempt % len(live)]
+        pid = container_pid(cluster, victim, "chat-api")  # found before the streams: the kill comes at once
+        before = gauge(relay_metrics, "chatfleet_relay_resumes_total")
         streams = [Stream(url, n) for n in range(USERS)]
         for s in streams:
             s.start()
         assert all(s.first.wait(120) for s in streams), [s.errors for s in streams]
-        live = [p for p in pods(bot, fleet) if ready(p)]
-        inflight = {
-            p["metadata"]["name"]: gauge(
-                f"http://{p['status']['podIP']}:8090/metrics", "chatfleet_inflight_requests"
-            )
-            for p in live
-        }
-        victim = max(live, key=lambda p: inflight[p["metadata"]["name"]])
-        before = gauge(relay_metrics, "chatfleet_relay_resumes_total")
-        kill_container_process(cluster, victim, "chat-api")
+        os.kill(pid, signal.SIGKILL)
         for s in streams:
             s.join(180)
         resumed = gauge(relay_metrics, "chatfleet_relay_resumes_total") - before
         outcome = {
-            "victim_inflight": inflight,
+            "victim": victim["metadata"]["name"],
             "resumed": resumed,
             "streams": [(s.status, s.done, s.chunks, s.errors) for s in streams],
         }

@@ -259,9 +259,8 @@ def fleet_podmonitor() -> dict[str, Any]:
     return yaml.safe_load(out)
 
 
-def kill_container_process(cluster: Any, pod: dict[str, Any], container: str) -> int:
-    """SIGKILL a container's main process from the host (a crash: the kubelet restarts the container, the pod
-    and its address stay); returns the PID killed."""
+def container_pid(cluster: Any, pod: dict[str, Any], container: str) -> int:
+    """The host PID of a container's main process (found through the real node's containerd)."""
     cid = next(s["containerID"] for s in pod["status"]["containerStatuses"] if s["name"] == container)
     cid = cid.split("://", 1)[1]
     names = cluster.realnodes.host_state().get("nodes", [])
@@ -274,6 +273,12 @@ def kill_container_process(cluster: Any, pod: dict[str, Any], container: str) ->
         text=True,
         check=True,
     ).stdout
-    pid = next(int(line.split()[1]) for line in out.splitlines() if line.startswith(cid))
+    return next(int(line.split()[1]) for line in out.splitlines() if line.startswith(cid))
+
+
+def kill_container_process(cluster: Any, pod: dict[str, Any], container: str) -> int:
+    """SIGKILL a container's main process from the host (a crash: the kubelet restarts the container, the pod
+    and its address stay); returns the PID killed."""
+    pid = container_pid(cluster, pod, container)
     os.kill(pid, signal.SIGKILL)
     return pid

@@ -74,6 +74,17 @@ def common_labels(ref: ObjectRef) -> dict[str, str]:
     }
 
 
+def helper_pod_labels(ref: ObjectRef, app: str, component: str) -> dict[str, str]:
+    """Labels of the pods the operator runs beside a fleet (the endpoint picker, the stream relay): no
+    chatfleet.io/service label, so no Service, PDB, pool or autoscaler of the fleet selects them."""
+    return {
+        api.LABEL_NAME: app,
+        api.LABEL_INSTANCE: ref.name,
+        api.LABEL_MANAGED_BY: api.MANAGED_BY_VALUE,
+        api.LABEL_COMPONENT: component,
+    }
+
+
 def selector_labels(ref: ObjectRef, track: str = api.TRACK_STABLE) -> dict[str, str]:
     """Immutable pod selector of one track."""
     return {api.LABEL_SERVICE: ref.name, api.LABEL_TRACK: track}

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from chatfleet_operator import api
-from chatfleet_operator.builders.common import object_meta, with_desired_hash
+from chatfleet_operator.builders.common import helper_pod_labels, object_meta, with_desired_hash
 from chatfleet_operator.builders.deployment import CHAT_PORT, SCRAPE_PORT, container_security
 from chatfleet_operator.builders.service import track_service_name
 from chatfleet_operator.spec import ObjectRef
@@ -47,12 +47,7 @@ def picker_name(ref: ObjectRef) -> str:
 
 def picker_labels(ref: ObjectRef) -> dict[str, str]:
     """The picker pods' labels (no chatfleet.io/service: nothing of the fleet selects them)."""
-    return {
-        api.LABEL_NAME: "chatfleet-picker",
-        api.LABEL_INSTANCE: ref.name,
-        api.LABEL_MANAGED_BY: api.MANAGED_BY_VALUE,
-        api.LABEL_COMPONENT: COMPONENT,
-    }
+    return helper_pod_labels(ref, "chatfleet-picker", COMPONENT)
 
 
 def build_inference_pool(ref: ObjectRef, track: str) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from chatfleet_operator import api
-from chatfleet_operator.builders.common import object_meta, with_desired_hash
+from chatfleet_operator.builders.common import helper_pod_labels, object_meta, with_desired_hash
 from chatfleet_operator.builders.deployment import CHAT_PORT, container_security
 from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
 
@@ -37,36 +37,34 @@ def relay_name(ref: ObjectRef) -> str:
 
 def relay_pod_labels(ref: ObjectRef) -> dict[str, str]:
     """The relay pods' labels (no chatfleet.io/service: nothing of the fleet selects them)."""
+    return helper_pod_labels(ref, "chatfleet-relay", COMPONENT)
+
+
+def _chat_service(ref: ObjectRef, name: str, selector: Mapping[str, str]) -> dict[str, Any]:
+    """A ClusterIP Service of the relay's objects: `selector`'s pods on the chat port."""
     return {
-        api.LABEL_NAME: "chatfleet-relay",
-        api.LABEL_INSTANCE: ref.name,
-        api.LABEL_MANAGED_BY: api.MANAGED_BY_VALUE,
-        api.LABEL_COMPONENT: COMPONENT,
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": object_meta(ref, name, {api.LABEL_COMPONENT: COMPONENT}),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": dict(selector),
+            "ports": [
+                {
+                    "name": "chat",
+                    "port": CHAT_PORT,
+                    "targetPort": "chat",
+                    "protocol": "TCP",
+                    "appProtocol": "http",
+                }
+            ],
+        },
     }
 
 
 def build_replicas_service(ref: ObjectRef, selector: Mapping[str, str]) -> dict[str, Any]:
     """Service `<name>-replicas`: `selector` (Service `<name>`'s) on the chat port, no affinity."""
-    return with_desired_hash(
-        {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": object_meta(ref, replicas_service_name(ref), {api.LABEL_COMPONENT: COMPONENT}),
-            "spec": {
-                "type": "ClusterIP",
-                "selector": dict(selector),
-                "ports": [
-                    {
-                        "name": "chat",
-                        "port": CHAT_PORT,
-                        "targetPort": "chat",
-                        "protocol": "TCP",
-                        "appProtocol": "http",
-                    }
-                ],
-            },
-        }
-    )
+    return with_desired_hash(_chat_service(ref, replicas_service_name(ref), selector))
 
 
 def relay_args(spec: ChatbotServiceSpec, upstream_ip: str) -> list[str]:
@@ -127,24 +125,7 @@ def build_relay(ref: ObjectRef, spec: ChatbotServiceSpec, upstream_ip: str) -> l
             "template": {"metadata": {"labels": labels}, "spec": pod_spec},
         },
     }
-    service = {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": object_meta(ref, name, {api.LABEL_COMPONENT: COMPONENT}),
-        "spec": {
-            "type": "ClusterIP",
-            "selector": {api.LABEL_INSTANCE: ref.name, api.LABEL_COMPONENT: COMPONENT},
-            "ports": [
-                {
-                    "name": "chat",
-                    "port": CHAT_PORT,
-                    "targetPort": "chat",
-                    "protocol": "TCP",
-                    "appProtocol": "http",
-                }
-            ],
-        },
-    }
+    service = _chat_service(ref, name, {api.LABEL_INSTANCE: ref.name, api.LABEL_COMPONENT: COMPONENT})
     return [with_desired_hash(o) for o in (deployment, service)]
 
 

@@ -14,7 +14,9 @@ While they run, a fault every `--interval` seconds (after the last one's recover
   grace), then started again on the same ports;
 - `node` (`--node-losses`): one replica's processes frozen with SIGSTOP for `--freeze-seconds` (a node
   that lost power or its network: no bytes, no close, no RST), then killed and started again (the pod
-  rescheduled); the relay sees its streams go silent and resumes them after `--stall-seconds`;
+  rescheduled); the relay sees its streams go silent and resumes them after `--stall-seconds` (1.5 s: the
+  relay asks the replicas for a heartbeat every quarter of it while a token is slow, so a slow answer is
+  never silent);
 - `redis` (`--redis-restarts`): Redis SIGKILLed and started again `--redis-down-seconds` later on its port
   with its append-only file (a Redis pod's container restarted; a Redis without persistence would come
   back empty: docs/operator.md "What survives what"). The chat API's store retries a read or a write for
@@ -264,8 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--stall-seconds",
         type=float,
-        default=6.0,
-        help="the relay's --stall-seconds (a stream this silent is cut)",
+        default=1.5,
+        help="the relay's --stall-seconds (a stream this silent is cut; the replicas send heartbeats every "
+        "quarter of it while a token is slow, so silence means a replica gone, not a slow answer)",
     )
     parser.add_argument(
         "--interval", type=float, default=3.0, help="seconds between a restart and the next kill"

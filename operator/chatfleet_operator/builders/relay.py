@@ -67,6 +67,10 @@ def build_replicas_service(ref: ObjectRef, selector: Mapping[str, str]) -> dict[
     return with_desired_hash(_chat_service(ref, replicas_service_name(ref), selector))
 
 
+#: How much longer than spec.runtime.requestTimeoutSeconds the relay waits for a replica's first byte.
+FIRST_BYTE_MARGIN_SECONDS = 30
+
+
 def relay_args(spec: ChatbotServiceSpec, upstream_ip: str) -> list[str]:
     """The relay's arguments, e.g. [..., '--upstream=http://10.96.0.17:8080', '--balanced', ...]."""
     relay = spec.stream_relay
@@ -78,6 +82,9 @@ def relay_args(spec: ChatbotServiceSpec, upstream_ip: str) -> list[str]:
         "--balanced",
         f"--stall-seconds={relay.stall_seconds}",
         f"--max-resumes={relay.max_resumes}",
+        # the chat API answers within its request timeout (a fallback at worst): a replica silent longer
+        # before its answer began is gone (a lost node), and the request goes to another
+        f"--first-byte-seconds={spec.runtime.request_timeout_seconds + FIRST_BYTE_MARGIN_SECONDS}",
         "--log-level=warning",
     ]
 

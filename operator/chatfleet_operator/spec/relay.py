@@ -15,11 +15,11 @@ from chatfleet_operator.spec.fields import field_value
 
 @dataclass(frozen=True)
 class StreamRelaySpec:
-    """spec.streamRelay (the CRD's defaults repeated: off, 2 relays, 15 s of silence, 3 resumes)."""
+    """spec.streamRelay (the CRD's defaults repeated: off, 2 relays, 3 s of silence, 3 resumes)."""
 
     enabled: bool = False
     replicas: int = 2
-    stall_seconds: int = 15
+    stall_seconds: int = 3
     """A stream silent this long from its replica is cut and resumed elsewhere (a node gone silent)."""
     max_resumes: int = 3
     """How many times one stream may be resumed; 0: none (a cut reaches the client as stream_cut)."""
@@ -30,6 +30,6 @@ class StreamRelaySpec:
         return cls(
             enabled=bool(field_value(d, "enabled", False)),
             replicas=int(field_value(d, "replicas", 2)),
-            stall_seconds=int(field_value(d, "stallSeconds", 15)),
+            stall_seconds=int(field_value(d, "stallSeconds", 3)),
             max_resumes=int(field_value(d, "maxResumes", 3)),
         )

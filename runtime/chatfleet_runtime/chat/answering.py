@@ -213,6 +213,7 @@ class AnswerSteps:
         parts: list[str] = []
         finish, num_tokens, prompt_tokens, last = "", 0, 0, time.monotonic()
         completed = timed_out = False
+        waiting: asyncio.Task | None = None  # the next chunk, while heartbeats go out
         try:
             yield responses.sse(head, {"role": "assistant", "content": ""}, None)
             chunk = first
@@ -228,8 +229,20 @@ class AnswerSteps:
                     prompt_tokens = chunk.prompt_tokens
                     break
                 try:
-                    async with asyncio.timeout(max(0.001, deadline - time.monotonic())):
-                        chunk = await it.__anext__()
+                    if turn.heartbeat_s:
+                        # the next chunk as a task, so that heartbeats can go out while it is slow
+                        waiting = asyncio.ensure_future(it.__anext__())
+                        while not waiting.done():
+                            left = deadline - time.monotonic()
+                            if left <= 0:
+                                raise TimeoutError
+                            await asyncio.wait({waiting}, timeout=min(turn.heartbeat_s, left))
+                            if not waiting.done():
+                                yield responses.HEARTBEAT
+                        chunk, waiting = waiting.result(), None
+                    else:
+                        async with asyncio.timeout(max(0.001, deadline - time.monotonic())):
+                            chunk = await it.__anext__()
                 except TimeoutError:
                     # The deadline cut the answer short: the client gets what came, ended as
                     # "length", but it is an error for the metrics (and the canary analysis).
@@ -265,6 +278,10 @@ class AnswerSteps:
             return
         finally:
             slot.release()
+            if waiting is not None:  # the generator cannot be closed while a task awaits its next chunk
+                waiting.cancel()
+                with contextlib.suppress(BaseException):
+                    await waiting
             await _close(it)
             if not completed:
                 self.metrics.disconnects.labels(self.name).inc()

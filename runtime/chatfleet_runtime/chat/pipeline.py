@@ -57,7 +57,7 @@ from chatfleet_runtime.chat.responses import Reply
 from chatfleet_runtime.chat.sessions import ActiveSessions, History, SessionStore, compose
 from chatfleet_runtime.chat.shadow import Shadow
 from chatfleet_runtime.chat.tracing import NO_TRACING, NoTracing, RequestTrace, Tracing
-from chatfleet_runtime.chat.turn import Turn, bypasses_cache, parse_request, read_body
+from chatfleet_runtime.chat.turn import Turn, bypasses_cache, heartbeat_seconds, parse_request, read_body
 from chatfleet_runtime.prompting import RequestError, SamplingParams, continuous_usage, parse_continuation
 
 log = logging.getLogger("chatfleet.api")
@@ -319,6 +319,7 @@ class ChatPipeline(AnswerSteps):
                 )
             messages, sampling, sid, ignored = parse_request(body, headers, self.name, self.max_new_tokens)
             continuing = parse_continuation(body, messages) and not shadow
+            heartbeat = heartbeat_seconds(headers) if stream and not shadow else 0.0
         except RequestError as exc:
             self._count("client_error", exc.status, stream and not shadow)
             return responses.error(exc.status, str(exc))
@@ -357,6 +358,7 @@ class ChatPipeline(AnswerSteps):
             cache_key=key,
             continuous_usage=continuous_usage(body),
             continuing=continuing,
+            heartbeat_s=heartbeat,
         )
 
     async def _answer(self, turn: Turn) -> Reply:

@@ -15,6 +15,9 @@ from typing import Any
 
 #: The last server-sent event of every stream.
 DONE = "data: [DONE]\n\n"
+#: An SSE comment: a stream that asked for heartbeats gets one whenever its next chunk is slow to come
+#: (clients skip comments; the stream relay asks for them to tell a slow answer from a silent replica).
+HEARTBEAT = ": heartbeat\n\n"
 
 
 @dataclass

@@ -56,6 +56,9 @@ class Turn:
     continuing: bool = False
     """The request continues its final message (``continue_final_message``): the beginning of an answer
     another replica was streaming when it failed, sent again by the stream relay."""
+    heartbeat_s: float = 0.0
+    """While a streamed answer waits for its next chunk, an SSE comment (``: heartbeat``) every that many
+    seconds (header ``X-Chatfleet-Heartbeat-Seconds``, sent by the stream relay); 0: none."""
 
     @property
     def stored_turn(self) -> list[dict[str, str]]:
@@ -106,6 +109,33 @@ def parse_request(
     elif body.get("user") is not None:
         sid = session_key_from_user(body["user"])
     return messages, sampling, sid, ignored
+
+
+#: The stream relay's request header: while a streamed answer waits for its next chunk, the chat API sends an
+#: SSE comment every that many seconds, so that the relay can tell a slow answer from a replica gone silent.
+HEARTBEAT_HEADER = "x-chatfleet-heartbeat-seconds"
+HEARTBEAT_BOUNDS = (0.1, 30.0)
+
+
+def heartbeat_seconds(headers: Mapping[str, str]) -> float:
+    """The heartbeat interval a streamed request asks for (0.0 when it asks for none), or RequestError.
+
+    >>> heartbeat_seconds({"x-chatfleet-heartbeat-seconds": "0.5"}), heartbeat_seconds({})
+    (0.5, 0.0)
+    """
+    raw = headers.get(HEARTBEAT_HEADER)
+    if raw is None:
+        return 0.0
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    low, high = HEARTBEAT_BOUNDS
+    if not low <= value <= high:
+        raise RequestError(
+            f"X-Chatfleet-Heartbeat-Seconds: must be seconds from {low:g} to {high:g}, not {raw!r:.40}"
+        )
+    return value
 
 
 #: Request headers that keep a request away from the answer cache: the release analysis asks the model,

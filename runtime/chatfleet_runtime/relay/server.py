@@ -45,6 +45,9 @@ from chatfleet_runtime.relay.splice import DONE, Cut, Progress, asked, cut_error
 log = logging.getLogger("chatfleet.relay")
 
 CHAT_PATH = "/v1/chat/completions"
+#: Asked of the replicas on a streamed request: an SSE comment whenever the next chunk is slow to come, every
+#: that many seconds (a quarter of the stall limit), so the stall limit measures silence, not a slow answer.
+HEARTBEAT_HEADER = "X-Chatfleet-Heartbeat-Seconds"
 #: Statuses that mean "this replica cannot answer now", tried on the next one.
 RETRIED = frozenset({502, 503, 504})
 #: Hop-by-hop and framing headers, never passed on (RFC 9110 7.6.1), nor the host.
@@ -174,6 +177,7 @@ class Relay:
         stall_s: float = 15.0,
         max_resumes: int = 3,
         connect_timeout_s: float = 2.0,
+        first_byte_s: float | None = None,
         metrics: RelayMetrics | None = None,
         client: httpx.AsyncClient | None = None,
     ) -> None:
@@ -181,7 +185,11 @@ class Relay:
         self.stall_s = stall_s
         self.max_resumes = max_resumes
         self.metrics = metrics or RelayMetrics()
-        timeout = httpx.Timeout(connect=connect_timeout_s, read=None, write=10.0, pool=connect_timeout_s)
+        # read: a replica that sends no byte for first_byte_s (its answer's head included: the chat API
+        # answers within its request timeout, a fallback at worst) is taken as gone and the next is tried
+        timeout = httpx.Timeout(
+            connect=connect_timeout_s, read=first_byte_s, write=10.0, pool=connect_timeout_s
+        )
         self.client = client or httpx.AsyncClient(
             timeout=timeout, limits=httpx.Limits(max_keepalive_connections=64)
         )
@@ -306,6 +314,9 @@ class Relay:
         except ValueError:
             body = None
         streamed = isinstance(body, dict) and body.get("stream") is True
+        if streamed:
+            headers = {k: v for k, v in headers.items() if k.lower() != HEARTBEAT_HEADER.lower()}
+            headers[HEARTBEAT_HEADER] = f"{min(30.0, max(0.1, self.stall_s / 4)):g}"
         tried: set[str] = set()
         opened = await self._open(json.dumps(asked(body)).encode() if streamed else raw, headers, tried)
         if not isinstance(opened, tuple):
@@ -394,10 +405,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--metrics-port", type=int, default=8090, help="GET /metrics for Prometheus, only")
     parser.add_argument("--stall-seconds", type=float, default=15.0, help="a stream silent this long is cut")
     parser.add_argument("--max-resumes", type=int, default=3, help="resumes of one stream at most")
+    parser.add_argument(
+        "--first-byte-seconds",
+        type=float,
+        default=90.0,
+        help="a replica silent this long before its answer began is taken as gone (above its request timeout)",
+    )
     parser.add_argument("--log-level", default="warning")
     args = parser.parse_args(argv)
-    if args.stall_seconds <= 0 or args.max_resumes < 0:
-        parser.error("--stall-seconds: must be above 0; --max-resumes: must be 0 or more")
+    if args.stall_seconds <= 0 or args.max_resumes < 0 or args.first_byte_seconds <= 0:
+        parser.error(
+            "--stall-seconds, --first-byte-seconds: must be above 0; --max-resumes: must be 0 or more"
+        )
     if args.metrics_port == args.port:
         parser.error("--metrics-port: must differ from --port")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -406,7 +425,12 @@ def main(argv: list[str] | None = None) -> int:
     upstreams = Upstreams(
         [u.rstrip("/") for u in args.upstream], resolve=args.resolve, balanced=args.balanced
     )
-    relay = Relay(upstreams, stall_s=args.stall_seconds, max_resumes=args.max_resumes)
+    relay = Relay(
+        upstreams,
+        stall_s=args.stall_seconds,
+        max_resumes=args.max_resumes,
+        first_byte_s=args.first_byte_seconds,
+    )
     start_http_server(args.metrics_port, addr=args.host, registry=relay.metrics.registry)
     uvicorn.run(create_app(relay), host=args.host, port=args.port, log_level=args.log_level)
     return 0

@@ -49,6 +49,7 @@ def test_the_relay_waits_for_its_services_cluster_ip_then_goes_through_it():
     args = container["args"]
     assert f"--upstream=http://{IP}:8080" in args and "--balanced" in args
     assert {"--stall-seconds=9", "--max-resumes=2", "--port=8080", "--metrics-port=9400"} <= set(args)
+    assert "--first-byte-seconds=90" in args  # requestTimeoutSeconds (60) + 30: a fallback comes sooner
     assert dep["spec"]["replicas"] == 3
     assert objects[("Service", "bot-relay")]["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
 

@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socketserver
+import threading
+import time
 
 import httpx
 import pytest
 from chatfleet_runtime.chat.api import ApiSettings, create_app
+from chatfleet_runtime.chat.backend import Chunk
 from chatfleet_runtime.prompting import RequestError, parse_continuation, render_prompt
 from chatfleet_runtime.relay import server as relay_server
 from chatfleet_runtime.relay.splice import Cut, Progress, resume_body
@@ -136,6 +140,71 @@ def test_usage_in_every_chunk_when_asked(client):
     assert r.status_code == 400 and "stream_options.continuous_usage_stats" in r.text
 
 
+class SlowBackend(FakeBackend):
+    """Streams its words `gap` seconds apart (a busy replica between two tokens)."""
+
+    def __init__(self, gap):
+        super().__init__()
+        self.gap, self.closed = gap, 0
+
+    async def stream(self, messages, params, timeout):
+        self.calls.append((messages, params))
+        try:
+            for word in ("one ", "two ", "three"):
+                yield Chunk(word)
+                await asyncio.sleep(self.gap)
+            yield Chunk("", "stop", 3, prompt_tokens=7)
+        finally:
+            self.closed += 1
+
+
+@pytest.fixture
+def slow():
+    backend = SlowBackend(gap=0.35)
+    settings = ApiSettings(model_name="m1", request_timeout_s=10, max_new_tokens=50, fallback_text="busy")
+    with TestClient(create_app(settings, backend=backend)) as c:
+        yield c, backend
+
+
+def test_a_slow_stream_that_asks_for_heartbeats_gets_comments_between_its_chunks_and_nothing_else(slow):
+    client, _ = slow
+    body = {"messages": U, "stream": True}
+    asked = post(client, body, headers={"X-Chatfleet-Heartbeat-Seconds": "0.1"})
+    plain = post(client, body)
+    assert asked.status_code == plain.status_code == 200
+    beats = [p for p in asked.text.split("\n\n") if p.startswith(":")]
+    assert beats and set(beats) == {": heartbeat"}, asked.text
+    assert ": heartbeat" not in plain.text  # nobody gets them unasked
+    strip = lambda d: [json.loads(e)["choices"][0]["delta"] for e in d if e != "[DONE]"]  # noqa: E731
+    assert strip(events(asked.text)) == strip(events(plain.text))  # the same answer, chunk for chunk
+    assert events(asked.text)[-1] == "[DONE]"
+
+
+def test_a_client_gone_while_heartbeats_go_out_closes_the_model_stream_once(slow):
+    client, backend = slow
+    with client.stream(
+        "POST",
+        "/v1/chat/completions",
+        content=json.dumps({"messages": U, "stream": True}),
+        headers={"X-Chatfleet-Heartbeat-Seconds": "0.1"},
+    ) as r:
+        for line in r.iter_lines():
+            if line.startswith(":"):
+                break  # gone while the next chunk is awaited
+    deadline = time.monotonic() + 5
+    while backend.closed < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert backend.closed == 1
+    assert metric(client, "chatfleet_client_disconnects_total") == 1
+    assert post(client, {"messages": U, "stream": True}).status_code == 200  # and the API serves on
+
+
+@pytest.mark.parametrize("value", ["0", "fast", "31", "-1"])
+def test_a_bad_heartbeat_header_is_refused_naming_it(client, value):
+    r = post(client, {"messages": U, "stream": True}, headers={"X-Chatfleet-Heartbeat-Seconds": value})
+    assert r.status_code == 400 and "X-Chatfleet-Heartbeat-Seconds" in r.text
+
+
 def test_parse_continuation_is_off_by_default():
     assert parse_continuation({"add_generation_prompt": True}, U) is False
     with pytest.raises(RequestError, match="add_generation_prompt: must be true or false"):
@@ -223,6 +292,7 @@ class Replica:
 
     def __init__(self, name, words=("one ", "two "), end="done", status=200):
         self.name, self.words, self.end, self.status, self.bodies = name, words, end, status, []
+        self.headers: list[httpx.Headers] = []
 
     async def stream(self):
         """Each word is two tokens, said in the chunk's usage (continuous_usage_stats, as the relay asks)."""
@@ -249,11 +319,19 @@ class Replica:
             raise httpx.ReadError("connection reset by peer")
         elif self.end == "stall":
             await asyncio.sleep(30)
+        elif self.end == "slow":  # a slow last token, heartbeats meanwhile (as the chat API sends when asked)
+            for _ in range(10):
+                await asyncio.sleep(0.1)
+                yield b": heartbeat\n\n"
+            yield sse_bytes(chunk("three", id_=self.name))[0]
+            yield sse_bytes(chunk(finish="stop", id_=self.name))[0]
+            yield b"data: [DONE]\n\n"
         elif self.end == "error_event":
             yield b'data: {"error": {"message": "the model failed part-way", "code": "stream_cut"}}\n\n'
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         self.bodies.append(json.loads(request.content))
+        self.headers.append(request.headers)
         if self.status != 200:
             return httpx.Response(self.status, json={"error": {"message": f"{self.name} says no"}})
         return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=self.stream())
@@ -420,3 +498,68 @@ def test_through_a_balancer_a_cut_stream_is_resumed_through_it_again():
 def test_balanced_takes_one_upstream_only():
     with pytest.raises(SystemExit):
         relay_server.main(["--balanced", "--upstream=http://a", "--upstream=http://b"])
+
+
+def test_heartbeats_keep_a_slow_stream_from_being_taken_for_a_silent_replica():
+    """The relay asks for heartbeats (a quarter of its stall limit) and counts them as bytes: a last token
+    1 s in coming, with a stall limit of 0.3 s, is no stall; the client never sees the comments."""
+    a, b = Replica("a", end="slow"), Replica("b", words=("never",))
+    relay, client = relay_client(a, b, stall_s=0.4)
+    with client:
+        r, data, _, text = relayed(client)
+        assert a.headers[-1]["x-chatfleet-heartbeat-seconds"] == "0.1"
+        client.post("/v1/chat/completions", json={"messages": U})  # not streamed: nothing to ask for
+    assert r.status_code == 200 and data[-1] == "[DONE]" and text == "one two three"
+    assert ": heartbeat" not in r.text and b.bodies == [{"messages": U}]  # b: only the request not streamed
+    assert "x-chatfleet-heartbeat-seconds" not in b.headers[-1]
+    assert counter(relay, "chatfleet_relay_resumes_total", reason="stalled") == 0
+
+
+class _Replicas(socketserver.ThreadingTCPServer):
+    daemon_threads = allow_reuse_address = True
+
+
+def raw_replica(answer: bytes | None) -> tuple[_Replicas, str]:
+    """A replica on 127.0.0.1 that reads the request and answers `answer` (a whole HTTP response), or, with
+    None, holds the connection and says nothing: a node gone silent before its answer began."""
+
+    class Handler(socketserver.StreamRequestHandler):
+        def handle(self):
+            length = 0
+            while (line := self.rfile.readline()) not in (b"\r\n", b""):
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":")[1])
+            self.rfile.read(length)
+            if answer is None:
+                self.rfile.read()  # until the relay gives up and closes
+                return
+            self.wfile.write(answer)
+
+    server = _Replicas(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def test_a_replica_silent_before_its_answer_began_is_left_for_the_next_after_the_first_byte_limit():
+    body = b"".join(
+        sse_bytes(chunk("", role=True, id_="b"), chunk("hi", id_="b"), chunk(finish="stop", id_="b"))
+    )
+    answer = (
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+        + f"content-length: {len(body)}\r\nconnection: close\r\n\r\n".encode()
+        + body
+    )
+    silent, silent_url = raw_replica(None)
+    good, good_url = raw_replica(answer)
+    try:
+        relay = relay_server.Relay(relay_server.Upstreams([silent_url, good_url]), first_byte_s=0.5)
+        with TestClient(relay_server.create_app(relay)) as client:
+            t0 = time.monotonic()
+            r, data, _, text = relayed(client)
+            took = time.monotonic() - t0
+    finally:
+        silent.shutdown()
+        good.shutdown()
+    assert r.status_code == 200 and text == "hi" and data[-1] == "[DONE]"
+    assert counter(relay, "chatfleet_relay_retries_total") == 1
+    assert took < 30  # bounded by the limit, not by the silent replica (which never answers)

@@ -207,8 +207,13 @@ bench-answer-cache: setup ## Answer cache: the same customer-service dialogues w
 	$(PY) bench/answer_cache_bench.py $(BENCH_ARGS)
 
 .PHONY: bench-chaos
-bench-chaos: setup ## Faults: 10 replica SIGKILLs, 2 frozen replicas (lost nodes), 2 Redis restarts under 32 streamed dialogues, the stream relay's resume beside the same run without it: streams cut, lost and doubled turns, the longest silence (processes on 127.0.0.1, not pods; ~12 min)
+bench-chaos: setup ## Faults, in two parts: 10 replica SIGKILLs, 2 frozen replicas (lost nodes), 2 Redis restarts under 32 streamed dialogues, the stream relay's resume beside the same run without it (processes on 127.0.0.1; ~12 min); then bench-chaos-upgrades
 	$(PY) bench/chaos_bench.py $(BENCH_ARGS)
+	$(PY) bench/upgrade_bench.py
+
+.PHONY: bench-chaos-upgrades
+bench-chaos-upgrades: setup ## Operator upgrades on real pods: 3 fleets under 32 streamed users, two builds and a bad one, the upgrade wave beside no wave: fleets rolling at once, fleets a bad build reaches, what users saw (~30 min)
+	$(PY) bench/upgrade_bench.py
 
 .PHONY: bench-routing
 bench-routing: setup ## InferencePool routing: Chatfleet's endpoint picker vs plain Services and session hashing behind real Envoy, real runtime replicas: prefix affinity, TTFT, revision switches through a canary (~10 min)

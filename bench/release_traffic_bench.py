@@ -93,8 +93,9 @@ class Platform:
         self.model_dir = Path()
         self.node_ip = ""
 
-    def up(self) -> None:
-        """Everything but the gateway (its CRDs switch the operator to HTTPRoutes)."""
+    def up(self, operator: bool = True) -> None:
+        """Everything but the gateway (its CRDs switch the operator to HTTPRoutes); the operator too
+        unless told not to (`start_operator` then starts it with flags of the caller's)."""
         say("building images (cached) and starting the platform with one real node")
         self.image = images.ImageBuilder().build(list(images.ALL_NAMES))["runtime"]["ref"]
         self.cluster.up(nodes=1)
@@ -115,6 +116,12 @@ class Platform:
         for p in [model, *model.rglob("*")]:
             p.chmod(p.stat().st_mode | 0o444 | (0o111 if p.is_dir() else 0))
         self.model_dir = model
+        if operator:
+            self.start_operator()
+
+    def start_operator(self, *args: str, env: dict[str, str] | None = None) -> None:
+        """Start the operator (a host process watching every namespace) with these extra flags and
+        environment (over the real node's, REAL_NODE_OPERATOR_ENV)."""
         self.cluster.start_extra(
             "operator",
             [
@@ -126,9 +133,14 @@ class Platform:
                 *LOCAL_HOST_PATH_ARGS,  # the tiny model under .work (spec.model.hostPath)
                 f"--gateway-namespace={SHARED_NAMESPACE}",
                 "--gateway-mirror=TraefikService",  # Traefik 3.6 lacks Gateway API's RequestMirror
+                *args,
             ],
-            env={**self.cluster.env, **REAL_NODE_OPERATOR_ENV},
+            env={**self.cluster.env, **REAL_NODE_OPERATOR_ENV, **(env or {})},
         )
+
+    def stop_operator(self) -> None:
+        """Stop the operator process (SIGTERM: kopf finishes its passes and exits)."""
+        self.cluster.stop_extra("operator")
 
     def gateway_up(self, fast_proxy: bool = True) -> Gateway:
         """Traefik and the Gateway API CRDs (from now on releases use HTTPRoutes); once up, Traefik is
@@ -141,8 +153,9 @@ class Platform:
             time.sleep(12)  # the operator's Gateway API discovery is cached 10 s
         return self.gateway
 
-    def bot(self, **spec_kw: Any) -> Bot:
-        """A new namespace with the Redis Secret and a Ready bot."""
+    def bot(self, *, resources: dict[str, Any] | None = None, wait: bool = True, **spec_kw: Any) -> Bot:
+        """A new namespace with the Redis Secret and a bot (Ready, unless `wait` is False); `resources`
+        over the real node's (e.g. smaller CPU requests, so more pods fit its 2 cores)."""
         ns = f"bench-{uuid.uuid4().hex[:6]}"
         self.cluster.kubectl("create", "namespace", ns)
         assert services.wait_until(
@@ -162,8 +175,11 @@ class Platform:
             ]
         )
         bot = Bot(self.cluster, ns)
-        bot.apply(traffic_spec(self.prom.url, image=self.image, model_dir=self.model_dir, **spec_kw))
-        bot.wait(bot.ready, 600, "bot Ready")
+        spec = traffic_spec(self.prom.url, image=self.image, model_dir=self.model_dir, **spec_kw)
+        spec["resources"].update(resources or {})
+        bot.apply(spec)
+        if wait:
+            bot.wait(bot.ready, 600, "bot Ready")
         return bot
 
     def drop(self, bot: Bot) -> None:

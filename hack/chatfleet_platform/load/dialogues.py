@@ -50,6 +50,8 @@ class TurnResult:
     """The answer loaded fewer stored turns than the dialogue had saved."""
     dialogue_started: float = 0.0
     """When the turn's dialogue began (monotonic): which dialogues began after a fault."""
+    seconds: float = 0.0
+    """How long the turn took, from the request to the stream's end (or the failure)."""
 
 
 def _first_event(body: str) -> dict[str, Any] | None:
@@ -208,6 +210,7 @@ class DialogueLoad:
                 self.url, sid, f"turn {k} of {sid[:6]}", pin=pin, source=source, timeout=self.timeout
             )
             r.dialogue_started = started
+            r.seconds = time.monotonic() - r.at
             with self._lock:
                 self.results.append(r)
                 if r.revision:

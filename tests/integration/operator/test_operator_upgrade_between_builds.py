@@ -13,53 +13,16 @@ stays). Before the wave, the new process re-templated all four in its first pass
 
 from __future__ import annotations
 
-import json
 import time
-from typing import Any
 
 import pytest
+from chatfleet_platform.load.upgrades import chat_api_cpu, sample
 from operator_it import Kube, chatbot
 from operator_process import OperatorProcess
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 NAMES = [f"bot-{i}" for i in range(4)]
-
-
-def chat_api_cpu(dep: dict[str, Any]) -> str:
-    containers = dep["spec"]["template"]["spec"]["containers"]
-    return next(c for c in containers if c["name"] == "chat-api")["resources"]["limits"]["cpu"]
-
-
-def rolling(dep: dict[str, Any]) -> bool:
-    """The Deployment has not finished rolling out its template (old pods up, or new ones not available)."""
-    st = dep.get("status") or {}
-    return not (
-        st.get("observedGeneration", 0) >= dep["metadata"]["generation"]
-        and st.get("updatedReplicas", 0) >= 1
-        and st.get("replicas", 0) <= st.get("updatedReplicas", 0)
-        and st.get("availableReplicas", 0) >= 1
-    )
-
-
-def sample(kube: Kube) -> tuple[list[str], list[str], dict[str, str]]:
-    """(fleets rolling the new template, fleets on it and rolled out, UpgradeHeld reasons by fleet now)."""
-    deps = {
-        d["metadata"]["name"]: d for d in kube.get("deployment", selector="chatfleet.io/track=stable") or []
-    }
-    new = {n: d for n, d in deps.items() if chat_api_cpu(d) == "500m"}
-    cbs = json.loads(kube.cluster.kubectl("get", "cbs", "-o", "json", namespace=kube.ns).stdout)["items"]
-    held = {
-        b["metadata"]["name"]: c["reason"]
-        for b in cbs
-        for c in (b.get("status") or {}).get("conditions", [])
-        if c["type"] == "UpgradeHeld"
-    }
-    return (
-        sorted(n for n, d in new.items() if rolling(d)),
-        sorted(n for n, d in new.items() if not rolling(d)),
-        held,
-    )
 
 
 def test_an_upgrade_between_two_builds_rolls_one_fleet_at_a_time(chatfleet_crd, solo_namespace, tmp_path):
@@ -81,18 +44,18 @@ def test_an_upgrade_between_two_builds_rolls_one_fleet_at_a_time(chatfleet_crd, 
     new = OperatorProcess(cluster, tmp_path / "new", scope, extra_args=("--upgrade-wave=1",))
     kube.operator = new
     new.start()
-    most_rolling, done = 0, []
+    most_rolling, now = 0, None
     try:
         deadline = time.monotonic() + 150
         while time.monotonic() < deadline:
-            now_rolling, done, held = sample(kube)
-            most_rolling = max(most_rolling, len(now_rolling))
-            if len(done) == len(NAMES) and not held:
+            now = sample(cluster, "500m", namespace=solo_namespace)
+            most_rolling = max(most_rolling, len(now.rolling))
+            if len(now.done) == len(NAMES) and not now.held:
                 break
             time.sleep(0.3)
         assert most_rolling <= 1, f"{most_rolling} fleets rolled the new template at once"
-        assert sorted(done) == NAMES, (
-            f"not every fleet reached the new template: {done}\n{new.log_text()[-3000:]}"
+        assert now is not None and now.done == tuple(f"{solo_namespace}/{n}" for n in NAMES), (
+            f"not every fleet reached the new template: {now}\n{new.log_text()[-3000:]}"
         )
         queued = {n: [e["type"] for e in kube.events(n) if e["reason"] == "UpgradeQueued"] for n in NAMES}
         assert sum(map(len, queued.values())) >= 1, queued  # with one place, at least one fleet waited

@@ -1,0 +1,258 @@
+"""`make bench-chaos-upgrades` (the second part of `make bench-chaos`): operator upgrades under streamed
+dialogues on real pods, with the upgrade wave beside the same run without it.
+
+Everything is real: the local Kubernetes, a real node (kubelet, containerd, runc) running the project's
+runtime image (Triton + the chat API on the tiny model, on CPU), Redis for the sessions, and the operator
+as a host process. FLEETS (3) ChatbotServices of one pod each serve USERS (32) users holding five-turn
+streamed dialogues through their Services (`DialogueLoad`, split over the fleets).
+
+"Builds" of the operator are told apart by what they put in every fleet's pod template, with the same
+revision (what a new annotation, env var or probe in the builders does): the chat API's CPU
+(`CHATFLEET_CHAT_API_CPU`, build A 150m, build B 200m). The bad build (C) also sets the startup probe's
+failure threshold to 1 (`CHATFLEET_STARTUP_FAILURE_THRESHOLD`): its pods' Triton is restarted before it
+can load, as a build with a broken probe would do. Each row runs, under the same load:
+
+1. upgrade A -> B (the operator process stopped, the new build started: what `helm upgrade` does to the
+   operator's Deployment), waited for until every fleet runs B's template, rolled out, none held;
+2. upgrade B -> A, the same;
+3. the bad build C, watched for BAD_WATCH_SECONDS (or until the wave halts, plus HALT_WATCH_SECONDS);
+4. back to A (the chart rolled back), waited for as in 1.
+
+Rows: `--upgrade-wave=1` (Chatfleet: one fleet at a time, a failing one halts the wave) and
+`--upgrade-wave=0` (the baseline: no wave, every fleet at once, as any operator without one, or a chart
+of plain Deployments, rolls them). Counted per row: the most fleets rolling a new template at the same
+moment (sampled every 0.5 s), how many fleets the bad build reached, each upgrade's seconds, and what the
+users saw: turns, streams cut, non-2xx, turns with no answer, lost histories, and the turns' p50/p99
+seconds during the upgrades beside the quiet minute before them.
+
+Writes bench-results/chaos-upgrades.json and prints the table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "hack"))
+sys.path.insert(0, str(REPO / "bench"))
+
+from chatfleet_platform.cluster.realnode import CLIENT_ADDRESSES  # noqa: E402
+from chatfleet_platform.load.dialogues import DialogueLoad  # noqa: E402
+from chatfleet_platform.load.realpods import service_url  # noqa: E402
+from chatfleet_platform.load.releasetraffic import Bot  # noqa: E402
+from chatfleet_platform.load.upgrades import WaveSample, sample  # noqa: E402
+from release_traffic_bench import Platform, table  # noqa: E402
+
+FLEETS = int(os.environ.get("FLEETS", "3"))
+USERS = int(os.environ.get("USERS", "32"))
+QUIET_SECONDS = float(os.environ.get("QUIET_SECONDS", "60"))
+BAD_WATCH_SECONDS = 180.0
+HALT_WATCH_SECONDS = 45.0
+UPGRADE_TIMEOUT = 900.0
+#: The builds: (the chat API's CPU, extra environment). A and B are good; C restarts Triton before it loads.
+BUILDS: dict[str, tuple[str, dict[str, str]]] = {
+    "A": ("150m", {}),
+    "B": ("200m", {}),
+    "C": ("160m", {"CHATFLEET_STARTUP_FAILURE_THRESHOLD": "1"}),
+}
+#: Smaller CPU requests than the real node's usual 250m (limits are not enforced there), so that every
+#: fleet's surge pod fits the node's 2 cores at once in the baseline: 2 x FLEETS pods.
+RESOURCES = {"cpu": "100m", "memory": "2Gi"}
+THINK_SECONDS = (1.0, 3.0)
+OUT = REPO / "bench-results" / "chaos-upgrades.json"
+
+
+def say(msg: str) -> None:
+    """Progress line."""
+    print(f"[bench-chaos-upgrades] {msg}", flush=True)
+
+
+def split(total: int, parts: int) -> list[int]:
+    """`total` users over `parts` fleets, as evenly as whole numbers go (e.g. 32 over 3 -> 11, 11, 10)."""
+    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
+
+
+def start_build(platform: Platform, build: str, wave: int) -> None:
+    """Replace the running operator with `build`, its wave `wave` (0: none)."""
+    cpu, env = BUILDS[build]
+    platform.stop_operator()
+    platform.start_operator(f"--upgrade-wave={wave}", env={"CHATFLEET_CHAT_API_CPU": cpu, **env})
+
+
+def upgrade(platform: Platform, build: str, wave: int) -> dict[str, Any]:
+    """Start `build` and watch the fleets until it has rolled out everywhere (the good builds) or for the
+    bad build's watch; what was seen."""
+    cpu = BUILDS[build][0]
+    bad = bool(BUILDS[build][1])
+    t0 = time.monotonic()
+    start_build(platform, build, wave)
+    most, reached, halted_at, held_seen = 0, set(), None, set()
+    last: WaveSample | None = None
+    timeline: list[tuple[float, int]] = []
+    while True:
+        now = time.monotonic()
+        try:
+            last = sample(platform.cluster, cpu)
+        except Exception as exc:  # an API hiccup under load: look again
+            say(f"sample failed: {exc}")
+            time.sleep(1)
+            continue
+        most = max(most, len(last.rolling))
+        reached |= set(last.rolling) | set(last.done)
+        held_seen |= set(last.held.values())
+        if not timeline or timeline[-1][1] != len(last.rolling):
+            timeline.append((round(now - t0, 1), len(last.rolling)))
+        if bad:
+            if halted_at is None and "UpgradeHalted" in last.held.values():
+                halted_at = now
+            halt_watched = halted_at is not None and now - halted_at >= HALT_WATCH_SECONDS
+            if halt_watched or now - t0 >= BAD_WATCH_SECONDS:
+                break
+        elif last.finished:
+            break
+        if now - t0 > UPGRADE_TIMEOUT:
+            raise RuntimeError(f"upgrade to {build} not finished after {UPGRADE_TIMEOUT:.0f} s: {last}")
+        time.sleep(0.5)
+    t1 = time.monotonic()
+    out = {
+        "build": build,
+        "wave": wave,
+        "seconds": round(t1 - t0, 1),
+        "most_rolling": most,
+        "fleets_reached": len(reached),
+        "held_reasons": sorted(held_seen),
+        "halted_after_s": round(halted_at - t0, 1) if halted_at is not None else None,
+        "rolling_timeline": timeline,
+        "t0": t0,
+        "t1": t1,
+    }
+    shown = {k: v for k, v in out.items() if k not in ("t0", "t1")}
+    say(f"upgrade to {build} (wave {wave}): {shown}")
+    return out
+
+
+def quantiles(values: list[float]) -> tuple[float, float]:
+    """(p50, p99) of the values, 0 when there are none."""
+    if not values:
+        return 0.0, 0.0
+    s = sorted(values)
+    return s[len(s) // 2], s[min(len(s) - 1, int(len(s) * 0.99))]
+
+
+def row(platform: Platform, bots: list[Bot], wave: int, label: str) -> dict[str, Any]:
+    """One row: the four upgrades under the users, and what they saw."""
+    loads = [
+        DialogueLoad(
+            service_url(platform.cluster, b.ns, b.name),
+            concurrency=n,
+            pin=False,
+            sources=CLIENT_ADDRESSES,
+            max_seconds=7200,
+            think_seconds=THINK_SECONDS,
+        ).start()
+        for b, n in zip(bots, split(USERS, len(bots)), strict=True)
+    ]
+    try:
+        for b, load in zip(bots, loads, strict=True):
+            b.wait(lambda load=load: load.summary()["ok"] >= 5, 300, "dialogues under way")
+        t_quiet = time.monotonic()
+        say(f"{label}: users chatting; {QUIET_SECONDS:.0f} s quiet first")
+        time.sleep(QUIET_SECONDS)
+        upgrades = [upgrade(platform, b, wave) for b in ("B", "A", "C", "A")]
+        time.sleep(5)
+    finally:
+        summaries = [load.stop() for load in loads]
+    results = [r for load in loads for r in load.results]
+    spans = [(u["t0"], u["t1"]) for u in upgrades]
+    during = [r.seconds for r in results if r.outcome == "ok" and any(a <= r.at < b for a, b in spans)]
+    quiet = [r.seconds for r in results if r.outcome == "ok" and t_quiet <= r.at < spans[0][0]]
+    bad = sorted((r for load in loads for r in load.bad_turns()), key=lambda r: r.at)
+    total = {
+        k: sum(s[k] for s in summaries) for k in ("turns", "ok", "dialogues", "cut", "non_2xx", "failed")
+    }
+    total["lost_history"] = sum(s["lost_history"] for s in summaries)
+    q50, q99 = quantiles(quiet)
+    d50, d99 = quantiles(during)
+    good = [u for u in upgrades if u["build"] != "C"]
+    bad_build = next(u for u in upgrades if u["build"] == "C")
+    return {
+        "row": label,
+        "wave": wave,
+        **total,
+        "most_rolling": max(u["most_rolling"] for u in good),
+        "good_upgrade_seconds": [u["seconds"] for u in good],
+        "bad_build_reached": bad_build["fleets_reached"],
+        "bad_build_halted_after_s": bad_build["halted_after_s"],
+        "bad_build_most_rolling": bad_build["most_rolling"],
+        "quiet_p50_p99_s": [round(q50, 2), round(q99, 2)],
+        "during_p50_p99_s": [round(d50, 2), round(d99, 2)],
+        "codes": {k: v for s in summaries for k, v in s["codes"].items()},
+        "fallbacks": {k: v for s in summaries for k, v in s["fallbacks"].items()},
+        "upgrades": [{k: v for k, v in u.items() if k not in ("t0", "t1")} for u in upgrades],
+        "bad_turns": [
+            {"at_s": round(r.at - t_quiet, 1), "outcome": "lost history" if r.lost else r.outcome,
+             "error": r.error}
+            for r in bad
+        ][:50],
+    }  # fmt: skip
+
+
+def main() -> int:
+    """Both rows on one platform and the same fleets; print the table and write the JSON."""
+    platform = Platform()
+    results: dict[str, Any] = {
+        "fleets": FLEETS,
+        "users": USERS,
+        "builds": {k: {"chat_api_cpu": v[0], **v[1]} for k, v in BUILDS.items()},
+        "resources": RESOURCES,
+        "rows": [],
+    }
+    try:
+        platform.up(operator=False)
+        platform.start_operator("--upgrade-wave=1", env={"CHATFLEET_CHAT_API_CPU": BUILDS["A"][0]})
+        say(f"{FLEETS} fleets of one pod on the real node, build A")
+        bots = [platform.bot(resources=RESOURCES, wait=False) for _ in range(FLEETS)]
+        for b in bots:
+            b.wait(b.ready, 900, f"{b.ns}/{b.name} Ready")
+        for wave, label in ((1, "Chatfleet, upgrade wave 1"), (0, "no wave (baseline): every fleet at once")):
+            say(f"row: {label}")
+            results["rows"].append(row(platform, bots, wave, label))
+            start_build(platform, "A", 1)  # between rows: build A, the next row's first operator
+    finally:
+        OUT.parent.mkdir(parents=True, exist_ok=True)
+        OUT.write_text(json.dumps(results, indent=1, default=str))
+        platform.down()
+    print()
+    print(f"{FLEETS} fleets, {USERS} streamed users; upgrades A -> B -> A, then a bad build C, then A again")
+    print(
+        table(
+            results["rows"],
+            [
+                ("row", "row"),
+                ("most_rolling", "most fleets rolling at once"),
+                ("bad_build_reached", "fleets the bad build reached"),
+                ("good_upgrade_seconds", "seconds per good upgrade"),
+                ("turns", "turns"),
+                ("cut", "streams cut"),
+                ("non_2xx", "non-2xx"),
+                ("failed", "no answer"),
+                ("lost_history", "lost histories"),
+                ("quiet_p50_p99_s", "turn s p50/p99, quiet"),
+                ("during_p50_p99_s", "during upgrades"),
+            ],
+        )
+    )
+    for r in results["rows"]:
+        for b in r["bad_turns"]:
+            print(f"  {r['row']}: {b}")
+    print(f"\nwritten: {OUT.relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

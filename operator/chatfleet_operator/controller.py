@@ -328,8 +328,8 @@ class Controller:
             self.trigger(key)
 
     def _wake_held(self, but: Key) -> None:
-        """A place in the upgrade wave freed (or a halt lifted): every fleet held for one passes again (a
-        held fleet has no timer of its own)."""
+        """A place in the upgrade wave freed, or a halt began or lifted: every fleet held for one passes again
+        (a held fleet has no timer of its own), to go or to say the wave is halted."""
         for waiting in self._waiting_for_wave - {but}:
             self.trigger(waiting)
 

@@ -84,7 +84,8 @@ class Outcome:
     """An update from the operator (a new pod template of the same revision, a release of its new defaults)
     waits for a place in the upgrade wave (wave.py)."""
     wave_freed: bool = False
-    """This fleet's update left the wave or stopped failing: the fleets waiting for a place may go."""
+    """This fleet's update left the wave, began failing or stopped failing: the fleets waiting for a place
+    pass again (to go, or to say the wave is halted)."""
 
 
 def gather_context(

@@ -109,7 +109,8 @@ class UpgradeWave:
         """After a pass: `updating` whether the fleet's update goes on; `failing` why it fails ('' when it
         does not); `counted`: take a place even if this process did not admit it (found updating after a
         restart), past the size if need be; `vouched`: its failure halts the wave even so (a release of
-        origin operator). True when a place freed or a halt lifted."""
+        origin operator). True when a place freed, or a halt began or lifted: the fleets held meanwhile
+        pass again, to go or to say the wave is halted (a held fleet has no timer of its own)."""
         with self._lock:
             if key not in self._rolling and not (counted and updating):
                 return False
@@ -122,7 +123,7 @@ class UpgradeWave:
                 self._answers_for.add(key)
             if failing and key in self._answers_for:
                 self._failing[key] = failing
-                return False
+                return not was_failing
             self._failing.pop(key, None)
             return was_failing
 

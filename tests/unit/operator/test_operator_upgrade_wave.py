@@ -149,7 +149,10 @@ def test_a_failing_upgrade_halts_the_wave_until_it_recovers():
         "a-new", revision, "stable", "Running", False, restarts=3, waiting_reason="CrashLoopBackOff"
     )
     a.snap.pods = [looping]
-    a.run(NEW, wave)
+    # the held fleets must hear of the halt: they have no timer, so the pass that finds it wakes them
+    # (before, this pass woke nobody, and held fleets said UpgradeQueued for as long as nothing else moved)
+    assert a.run(NEW, wave).wave_freed
+    assert not a.run(NEW, wave).wave_freed  # told once
 
     outcome = b.run(NEW, wave)
     held = b.held()
@@ -261,7 +264,8 @@ def test_the_wave_registry():
     queued = wave.ask(("ns", "b"))
     assert not queued.admitted and queued.reason == api.Reason.UPGRADE_QUEUED
     assert not wave.observe(("ns", "b"), updating=True, failing="")  # not in the wave: nothing to tell
-    assert not wave.observe(("ns", "a"), updating=True, failing="pod x is crash-looping")
+    assert wave.observe(("ns", "a"), updating=True, failing="pod x is crash-looping")  # a halt began
+    assert not wave.observe(("ns", "a"), updating=True, failing="pod x is crash-looping")  # said once
     assert wave.ask(("ns", "b")).reason == api.Reason.UPGRADE_HALTED
     assert wave.observe(("ns", "a"), updating=True, failing="")  # recovered while rolling: the halt lifts
     assert wave.ask(("ns", "b")).reason == api.Reason.UPGRADE_QUEUED
@@ -272,7 +276,9 @@ def test_the_wave_registry():
     wave.forget(("ns", "a"))
     assert wave.observe(("ns", "c"), updating=False, failing="")
     assert wave.ask(("ns", "b")) == Answer(True)
-    assert not wave.observe(("ns", "d"), updating=True, failing="rolled back", counted=True, vouched=True)
+    assert wave.observe(
+        ("ns", "d"), updating=True, failing="rolled back", counted=True, vouched=True
+    )  # halts
     assert wave.ask(("ns", "e")).reason == api.Reason.UPGRADE_HALTED  # an operator release answers for itself
 
 

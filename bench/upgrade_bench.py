@@ -8,9 +8,11 @@ streamed dialogues through their Services (`DialogueLoad`, split over the fleets
 
 "Builds" of the operator are told apart by what they put in every fleet's pod template, with the same
 revision (what a new annotation, env var or probe in the builders does): the chat API's CPU
-(`CHATFLEET_CHAT_API_CPU`, build A 150m, build B 200m). The bad build (C) also sets the startup probe's
-failure threshold to 1 (`CHATFLEET_STARTUP_FAILURE_THRESHOLD`): its pods' Triton is restarted before it
-can load, as a build with a broken probe would do. Each row runs, under the same load:
+(`CHATFLEET_CHAT_API_CPU`, build A 150m, build B 200m). The bad build (C) also gives the chat API 24Mi
+of memory (`CHATFLEET_CHAT_API_MEMORY`): its chat-api container is OOM-killed as it starts, again and
+again, as a build with a broken container would be. (A first try, a startup probe allowed one failure,
+was bad only when several pods started at once: alone, Triton was ready within the first probe.) Each row
+runs, under the same load:
 
 1. upgrade A -> B (the operator process stopped, the new build started: what `helm upgrade` does to the
    operator's Deployment), waited for until every fleet runs B's template, rolled out, none held;
@@ -23,7 +25,7 @@ Rows: `--upgrade-wave=1` (Chatfleet: one fleet at a time, a failing one halts th
 of plain Deployments, rolls them). Counted per row: the most fleets rolling a new template at the same
 moment (sampled every 0.5 s), how many fleets the bad build reached, each upgrade's seconds, and what the
 users saw: turns, streams cut, non-2xx, turns with no answer, lost histories, and the turns' p50/p99
-seconds during the upgrades beside the quiet minute before them.
+seconds during the upgrades beside the quiet half minute before them.
 
 Writes bench-results/chaos-upgrades.json and prints the table.
 """
@@ -50,15 +52,15 @@ from release_traffic_bench import Platform, table  # noqa: E402
 
 FLEETS = int(os.environ.get("FLEETS", "3"))
 USERS = int(os.environ.get("USERS", "32"))
-QUIET_SECONDS = float(os.environ.get("QUIET_SECONDS", "60"))
-BAD_WATCH_SECONDS = 180.0
+QUIET_SECONDS = float(os.environ.get("QUIET_SECONDS", "30"))
+BAD_WATCH_SECONDS = 120.0
 HALT_WATCH_SECONDS = 45.0
 UPGRADE_TIMEOUT = 900.0
 #: The builds: (the chat API's CPU, extra environment). A and B are good; C restarts Triton before it loads.
 BUILDS: dict[str, tuple[str, dict[str, str]]] = {
     "A": ("150m", {}),
     "B": ("200m", {}),
-    "C": ("160m", {"CHATFLEET_STARTUP_FAILURE_THRESHOLD": "1"}),
+    "C": ("160m", {"CHATFLEET_CHAT_API_MEMORY": "24Mi"}),
 }
 #: Smaller CPU requests than the real node's usual 250m (limits are not enforced there), so that every
 #: fleet's surge pod fits the node's 2 cores at once in the baseline: 2 x FLEETS pods.

@@ -33,12 +33,29 @@ def rolling(dep: dict[str, Any]) -> bool:
     )
 
 
+def replacing(dep: dict[str, Any]) -> bool:
+    """The Deployment is replacing pods now: its status (of the current generation) shows pods of two
+    templates, or new ones not yet available. A write that bumps the generation without a new template
+    (the operator's Deployment-level fields) replaces nothing, and the status of a generation the
+    controller has not seen yet says nothing either way.
+    """
+    st = dep.get("status") or {}
+    if st.get("observedGeneration", 0) < dep["metadata"]["generation"]:
+        return False
+    want = (dep.get("spec") or {}).get("replicas", 1)
+    return (
+        st.get("replicas", 0) > st.get("updatedReplicas", 0)
+        or st.get("updatedReplicas", 0) < want
+        or st.get("availableReplicas", 0) < st.get("replicas", 0)
+    )
+
+
 @dataclass(frozen=True)
 class WaveSample:
     """One look at the fleets during an upgrade to the template whose chat API has `cpu`."""
 
     rolling: tuple[str, ...]
-    """Fleets (namespace/name) on the new template and still rolling it out."""
+    """Fleets (namespace/name) on the new template and replacing their pods with it now."""
     done: tuple[str, ...]
     """Fleets on the new template, rolled out."""
     held: dict[str, str]
@@ -63,7 +80,7 @@ def classify(deployments: list[dict[str, Any]], bots: list[dict[str, Any]], cpu:
         if c.get("type") == "UpgradeHeld" and c.get("status") == "True"
     }
     return WaveSample(
-        rolling=tuple(sorted(key(d) for d in new if rolling(d))),
+        rolling=tuple(sorted(key(d) for d in new if replacing(d))),
         done=tuple(sorted(key(d) for d in new if not rolling(d))),
         held=held,
         fleets=len(deployments),

@@ -9,7 +9,7 @@ none is held.
 from __future__ import annotations
 
 import pytest
-from chatfleet_platform.load.upgrades import chat_api_cpu, classify, rolling
+from chatfleet_platform.load.upgrades import chat_api_cpu, classify, replacing, rolling
 
 pytestmark = pytest.mark.harness
 
@@ -19,6 +19,7 @@ def dep(name: str, cpu: str, *, generation: int = 2, observed: int = 2, replicas
     return {
         "metadata": {"name": name, "namespace": "ns", "generation": generation},
         "spec": {
+            "replicas": 1,
             "template": {
                 "spec": {
                     "containers": [
@@ -26,7 +27,7 @@ def dep(name: str, cpu: str, *, generation: int = 2, observed: int = 2, replicas
                         {"name": "chat-api", "resources": {"limits": {"cpu": cpu}}},
                     ]
                 }
-            }
+            },
         },
         "status": {
             "observedGeneration": observed,
@@ -61,6 +62,28 @@ def test_the_chat_apis_cpu_is_read_from_the_template():
 )
 def test_a_deployment_rolls_until_its_new_pods_are_all_there_and_available(kw, expected):
     assert rolling(dep("a", "200m", **kw)) is expected
+
+
+@pytest.mark.parametrize(
+    ("kw", "expected"),
+    [
+        ({}, False),  # rolled out
+        ({"replicas": 2}, True),  # an old pod still up beside the new one
+        ({"updated": 0}, True),  # the old pod gone, the new one not there yet (in place)
+        ({"available": 0}, True),  # the new pod not available yet
+        ({"generation": 3, "replicas": 2}, False),  # a generation not seen yet: nothing to say
+    ],
+)
+def test_a_deployment_replaces_pods_while_two_templates_run_or_new_pods_are_not_available(kw, expected):
+    assert replacing(dep("a", "200m", **kw)) is expected
+
+
+def test_a_write_that_bumps_the_generation_without_a_new_template_is_no_roll():
+    """The operator's Deployment-level write to a fleet already on the template: unobserved generation,
+    all pods updated and available -- not replacing (rolling() says not done until it is observed)."""
+    d = dep("a", "200m", generation=3, observed=2)
+    assert rolling(d) and not replacing(d)
+    assert classify([d], [], "200m").rolling == ()
 
 
 def test_only_fleets_on_the_new_template_count_and_held_needs_status_true():

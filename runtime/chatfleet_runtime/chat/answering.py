@@ -261,7 +261,16 @@ class AnswerSteps:
             yield responses.sse(head, {}, "length" if finish == "length" else "stop", used)
             if not timed_out:
                 # Stored before [DONE]: a client that saw a turn end finds it in its next turn's history.
-                await self._remember(turn, "".join(parts))
+                # The store may take seconds (it retries while Redis restarts): a stream that asked for
+                # heartbeats gets them meanwhile, or the relay would take the wait for a silent replica,
+                # end the stream itself and leave the turn unsaved.
+                waiting = asyncio.ensure_future(self._remember(turn, "".join(parts)))
+                while not waiting.done():
+                    await asyncio.wait({waiting}, timeout=turn.heartbeat_s or None)
+                    if not waiting.done():
+                        yield responses.HEARTBEAT
+                waiting, saved = None, waiting
+                saved.result()
                 self._keep(turn, "".join(parts), finish, prompt_tokens, num_tokens)
             yield responses.DONE
             completed = True
@@ -278,7 +287,7 @@ class AnswerSteps:
             return
         finally:
             slot.release()
-            if waiting is not None:  # the generator cannot be closed while a task awaits its next chunk
+            if waiting is not None:  # the next chunk or the save, awaited when the client went
                 waiting.cancel()
                 with contextlib.suppress(BaseException):
                     await waiting

@@ -199,6 +199,42 @@ def test_a_client_gone_while_heartbeats_go_out_closes_the_model_stream_once(slow
     assert post(client, {"messages": U, "stream": True}).status_code == 200  # and the API serves on
 
 
+class SlowSave(FakeRedis):
+    """A store whose writes take 0.5 s (a Redis restarting: the store retries for seconds)."""
+
+    def pipeline(self, transaction=True):
+        pipe = super().pipeline(transaction)
+        execute = pipe.execute
+
+        async def slow():
+            await asyncio.sleep(0.5)
+            await execute()
+
+        pipe.execute = slow
+        return pipe
+
+
+def test_heartbeats_go_on_while_the_turn_is_saved_and_the_turn_is_saved_before_done():
+    """Before this, the save before [DONE] was silent: with Redis restarting, the relay (stall limit 1.5 s)
+    took it for a silent replica, sent [DONE] itself (the answer was whole) and closed the stream, and the
+    save was cancelled: bench-chaos counted 44 turns answered and not in the history."""
+    store = SlowSave()
+    settings = ApiSettings(model_name="m1", request_timeout_s=10, max_new_tokens=50, fallback_text="busy")
+    with TestClient(create_app(settings, backend=SlowBackend(gap=0.0), redis_client=store)) as client:
+        r = post(
+            client,
+            {"messages": U, "stream": True, "session_id": "s1"},
+            headers={"X-Chatfleet-Heartbeat-Seconds": "0.1"},
+        )
+    parts = [p for p in r.text.split("\n\n") if p]
+    finish = next(
+        i for i, p in enumerate(parts) if '"finish_reason": "stop"' in p or '"finish_reason":"stop"' in p
+    )
+    assert parts[-1] == "data: [DONE]"
+    assert ": heartbeat" in parts[finish + 1 : -1], parts  # between the last chunk and [DONE]: the save
+    assert sum(len(v) for v in store.lists.values()) >= 1  # and the turn is saved
+
+
 @pytest.mark.parametrize("value", ["0", "fast", "31", "-1"])
 def test_a_bad_heartbeat_header_is_refused_naming_it(client, value):
     r = post(client, {"messages": U, "stream": True}, headers={"X-Chatfleet-Heartbeat-Seconds": value})

@@ -232,13 +232,8 @@ class AnswerSteps:
                     if turn.heartbeat_s:
                         # the next chunk as a task, so that heartbeats can go out while it is slow
                         waiting = asyncio.ensure_future(it.__anext__())
-                        while not waiting.done():
-                            left = deadline - time.monotonic()
-                            if left <= 0:
-                                raise TimeoutError
-                            await asyncio.wait({waiting}, timeout=min(turn.heartbeat_s, left))
-                            if not waiting.done():
-                                yield responses.HEARTBEAT
+                        async for beat in _heartbeats(waiting, turn.heartbeat_s, deadline):
+                            yield beat
                         chunk, waiting = waiting.result(), None
                     else:
                         async with asyncio.timeout(max(0.001, deadline - time.monotonic())):
@@ -265,12 +260,11 @@ class AnswerSteps:
                 # heartbeats gets them meanwhile, or the relay would take the wait for a silent replica,
                 # end the stream itself and leave the turn unsaved.
                 waiting = asyncio.ensure_future(self._remember(turn, "".join(parts)))
-                while not waiting.done():
-                    await asyncio.wait({waiting}, timeout=turn.heartbeat_s or None)
-                    if not waiting.done():
-                        yield responses.HEARTBEAT
-                waiting, saved = None, waiting
-                saved.result()
+                if turn.heartbeat_s:
+                    async for beat in _heartbeats(waiting, turn.heartbeat_s):
+                        yield beat
+                await waiting
+                waiting = None
                 self._keep(turn, "".join(parts), finish, prompt_tokens, num_tokens)
             yield responses.DONE
             completed = True
@@ -307,6 +301,24 @@ class AnswerSteps:
         if num_tokens > 1 and elapsed > ttft:
             self.metrics.tps.labels(self.name).observe(num_tokens / (elapsed - ttft))
         self._count("success", 200, True)
+
+
+async def _heartbeats(
+    task: asyncio.Future, every_s: float, deadline: float | None = None
+) -> AsyncIterator[str]:
+    """An SSE heartbeat every `every_s` seconds until `task` is done (what a stream waits for: its next
+    chunk, the turn's save); TimeoutError when `deadline` (monotonic) comes first. The task stays the
+    caller's: to take its result, or to cancel it when the client goes."""
+    while not task.done():
+        wait_s = every_s
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            wait_s = min(every_s, left)
+        await asyncio.wait({task}, timeout=wait_s)
+        if not task.done():
+            yield responses.HEARTBEAT
 
 
 class _Slot:

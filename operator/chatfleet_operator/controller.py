@@ -167,7 +167,7 @@ class Controller:
             )
             if outcome.requeue_after:  # a release waits on time (a pause, the next measurement), a forecast
                 loop.call_later(outcome.requeue_after, self.trigger, key)
-            if outcome.wave_freed:
+            if outcome.wave_changed:
                 self._wake_held(but=key)
             if outcome.upgrade_held:
                 self._waiting_for_wave.add(key)

@@ -83,7 +83,7 @@ class Outcome:
     upgrade_held: bool = False
     """An update from the operator (a new pod template of the same revision, a release of its new defaults)
     waits for a place in the upgrade wave (wave.py)."""
-    wave_freed: bool = False
+    wave_changed: bool = False
     """This fleet's update left the wave, began failing or stopped failing: the fleets waiting for a place
     pass again (to go, or to say the wave is halted)."""
 
@@ -210,7 +210,7 @@ def reconcile_pass(
     problems += [
         Problem(api.Reason.INVALID_ANALYSIS_TARGET, msg) for msg in releases.target_errors(ref, spec)
     ]
-    freed = report_to_wave(wave, ctx, plan, dep, problems, stable_pods)
+    wave_changed = report_to_wave(wave, ctx, plan, dep, problems, stable_pods)
     obs = Observation(
         generation=ref.generation,
         revision=serving_revision(ctx, plan),
@@ -262,7 +262,7 @@ def reconcile_pass(
         retry=any(t for _, t in refused),
         requeue_after=min((t for t in (plan.requeue_after, ctx.forecast_in, hold) if t), default=None),
         upgrade_held=held is not None,
-        wave_freed=freed,
+        wave_changed=wave_changed,
     )
 
 

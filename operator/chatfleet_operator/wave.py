@@ -268,8 +268,8 @@ def report_to_wave(
     problems: Sequence[Problem],
     stable_pods: Sequence[PodFacts],
 ) -> bool:
-    """Tell the wave how this fleet's update stands after the pass; True when that freed a place (or lifted
-    a halt). A release of origin operator, or a same-revision rollout found part-way outside a release,
+    """Tell the wave how this fleet's update stands after the pass; True when that freed a place, or began
+    or lifted a halt (the held fleets must pass again). A release of origin operator, or a same-revision rollout found part-way outside a release,
     takes a place even when this process did not admit it (a restarted operator); only the first can
     halt the wave."""
     updating, part_way = rollout_state(dep, plan)

@@ -125,7 +125,7 @@ def test_an_upgrade_reaches_at_most_n_fleets_and_the_next_goes_when_one_is_done(
     assert fleets[2].events() == []
 
     fleets[0].rolled_out()
-    assert fleets[0].run(NEW, wave).wave_freed and fleets[0].held() is None
+    assert fleets[0].run(NEW, wave).wave_changed and fleets[0].held() is None
     assert wave.rolling() == [("ns", "b")]
     outcome = fleets[2].run(NEW, wave)
     assert not outcome.upgrade_held and ("Deployment", "c") in fleets[2].applied()
@@ -151,8 +151,8 @@ def test_a_failing_upgrade_halts_the_wave_until_it_recovers():
     a.snap.pods = [looping]
     # the held fleets must hear of the halt: they have no timer, so the pass that finds it wakes them
     # (before, this pass woke nobody, and held fleets said UpgradeQueued for as long as nothing else moved)
-    assert a.run(NEW, wave).wave_freed
-    assert not a.run(NEW, wave).wave_freed  # told once
+    assert a.run(NEW, wave).wave_changed
+    assert not a.run(NEW, wave).wave_changed  # told once
 
     outcome = b.run(NEW, wave)
     held = b.held()
@@ -163,7 +163,7 @@ def test_a_failing_upgrade_halts_the_wave_until_it_recovers():
 
     a.snap.pods = []
     a.rolled_out()
-    assert a.run(NEW, wave).wave_freed
+    assert a.run(NEW, wave).wave_changed
     assert not b.run(NEW, wave).upgrade_held and chat_api_cpu(b) == "500m"
 
 
@@ -221,7 +221,7 @@ def test_a_new_default_image_starts_its_releases_a_few_at_a_time_and_a_rollback_
     assert b.held()["reason"] == api.Reason.UPGRADE_HALTED and "was rolled back" in b.held()["message"]
 
     # the operator's default goes back (the platform team rolls the chart back): a leaves the wave
-    assert a.run(NEW, wave).wave_freed
+    assert a.run(NEW, wave).wave_changed
     assert not b.run(NEW, wave).upgrade_held and b.held() is None
 
 
@@ -244,7 +244,7 @@ def test_a_release_the_user_starts_takes_the_fleet_out_of_the_wave():
     assert b.run(NEW, wave).upgrade_held
     a.body["spec"] = {"model": {"uri": "hf://org/other"}}
     a.body["metadata"]["generation"] = 2
-    assert a.run(NEW, wave).wave_freed and "origin" not in a.body["status"]["release"]
+    assert a.run(NEW, wave).wave_changed and "origin" not in a.body["status"]["release"]
     assert not b.run(NEW, wave).upgrade_held and chat_api_cpu(b) == "500m"
 
 
@@ -335,13 +335,13 @@ def test_a_freed_place_runs_the_held_fleets_again_at_once(scripted):
 
     async def scenario() -> list[list[str]]:
         ctl = TwoFleets(
-            {"held": Outcome([], 0, {}, upgrade_held=True), "rolling": Outcome([], 0, {}, wave_freed=False)}
+            {"held": Outcome([], 0, {}, upgrade_held=True), "rolling": Outcome([], 0, {}, wave_changed=False)}
         )
         ctl.see("held")
         ctl.see("rolling")
         await asyncio.sleep(0.2)
         seen = [sorted(ctl.ran)]
-        ctl.outcomes["rolling"] = Outcome([], 0, {}, wave_freed=True)
+        ctl.outcomes["rolling"] = Outcome([], 0, {}, wave_changed=True)
         ctl.trigger(("ns", "rolling"))
         await asyncio.sleep(0.3)
         seen.append(sorted(ctl.ran))

@@ -30,10 +30,10 @@ class PodSettings:
     gateway to see it gone (the pod contract's CHATFLEET_DRAIN_SETTLE_SECONDS)."""
     drain_margin_seconds: int = 10
     """Seconds of the grace period beyond settle + the longest generation: the drain hook's own start and exit."""
-    startup_failure_threshold: int = 60
-    """Startup probe failures allowed (period 10 s), i.e. up to 10 minutes for weights to load (env
-    CHATFLEET_STARTUP_FAILURE_THRESHOLD); the kubelet restarts Triton once it is spent. A load that hangs
-    in Triton's Python backend after initialize() ends sooner, through the runtime's load watch."""
+    startup_seconds: int = 600
+    """The longest Triton's model load may take (env CHATFLEET_STARTUP_SECONDS): the startup probes, every
+    2 s, fail this long before the kubelet restarts Triton. A load that hangs in Triton's Python backend
+    after initialize() ends sooner, through the runtime's load watch."""
     tmp_size: str = "1Gi"
     """Size limit of the writable /tmp emptyDir (root filesystem is read-only), quantity."""
     weights_cache_size: str = "100Gi"
@@ -222,6 +222,14 @@ def _whole(value: str) -> int:
         raise ValueError("is not a whole number") from None
 
 
+def _startup_seconds(value: str) -> int:
+    """A startup budget: whole seconds, at least one startup probe period (2 s)."""
+    seconds = _whole(value)
+    if seconds < 2:
+        raise ValueError("is below 2 (one startup probe period)")
+    return seconds
+
+
 def _decimal(value: str) -> float:
     try:
         return float(value.strip())
@@ -234,7 +242,7 @@ def _decimal(value: str) -> float:
 ENVIRONMENT: dict[str, tuple[str, Callable[[str], Any]]] = {
     "CHATFLEET_CHAT_API_CPU": ("pod.chat_api_cpu", _text),
     "CHATFLEET_CHAT_API_MEMORY": ("pod.chat_api_memory", _text),
-    "CHATFLEET_STARTUP_FAILURE_THRESHOLD": ("pod.startup_failure_threshold", _whole),
+    "CHATFLEET_STARTUP_SECONDS": ("pod.startup_seconds", _startup_seconds),
     "CHATFLEET_ALLOWED_HOST_PATHS": ("pod.allowed_host_paths", _items),
     "CHATFLEET_UPGRADE_WAVE": ("pod.upgrade_wave", _whole),
     "CHATFLEET_PROGRESS_STATUS_SECONDS": ("retry.progress_status_seconds", _decimal),
@@ -256,6 +264,16 @@ ENVIRONMENT: dict[str, tuple[str, Callable[[str], Any]]] = {
 }
 
 
+#: Variables an older operator read, with what replaced them: set, they stop the start-up with that line
+#: (silently ignored, a 60 meant for 10-second periods would have become a 1-minute budget).
+RETIRED: dict[str, str] = {
+    "CHATFLEET_STARTUP_FAILURE_THRESHOLD": (
+        "no longer read: set CHATFLEET_STARTUP_SECONDS, the startup budget in seconds (default 600; the "
+        "startup probes now run every 2 s, so a failure count no longer says how long)"
+    ),
+}
+
+
 def _with(obj: Any, path: Sequence[str], value: Any) -> Any:
     """A copy of the frozen dataclass `obj` with the field at `path` set, e.g. ("runtime", "workers")."""
     head, *rest = path
@@ -267,6 +285,9 @@ def settings_from_env(environ: Mapping[str, str]) -> Settings:
 
     Raises ValueError naming the variable when one cannot be read (e.g. CHATFLEET_WORKERS=many).
     """
+    for name, why in RETIRED.items():
+        if environ.get(name, "").strip():
+            raise ValueError(f"{name}: {why}")
     settings = Settings()
     for name, (path, parse) in ENVIRONMENT.items():
         raw = environ.get(name, "")

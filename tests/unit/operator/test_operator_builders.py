@@ -220,6 +220,23 @@ class TestDeployment:
         for flag in ("--shadow-port=8081", "--admin-port=8082", "--metrics-port=8090"):
             assert flag in c["chat-api"]["command"]
 
+    def test_both_containers_are_probed_every_2_s_until_started_within_the_startup_budget(self):
+        """A pod is Ready within a probe period of its model: both startup probes run every 2 s, and the
+        budget (startup_seconds) is the same length of time whatever the period."""
+        spec = spec_of()
+        for seconds, failures in [(600, 300), (601, 301), (2, 1)]:
+            dep = build_deployment(
+                REF, spec, PodSettings(startup_seconds=seconds), revision="abc", replicas=1
+            )
+            c = containers(dep)
+            for name in ("triton", "chat-api"):
+                probe = c[name]["startupProbe"]
+                assert (probe["periodSeconds"], probe["failureThreshold"]) == (2, failures), name
+        assert containers(deployment())["chat-api"]["startupProbe"]["httpGet"] == {
+            "path": "/readyz",
+            "port": "admin",
+        }
+
     def test_probes_reach_no_user_port(self):
         """The kubelet probes the chat API on its admin port and Triton through an exec on its loopback."""
         c = containers(deployment())

@@ -17,7 +17,7 @@ from chatfleet_operator.settings import ENVIRONMENT, PodSettings, Settings, sett
 VALUES = {
     "CHATFLEET_CHAT_API_CPU": ("250m", "250m"),
     "CHATFLEET_CHAT_API_MEMORY": ("256Mi", "256Mi"),
-    "CHATFLEET_STARTUP_FAILURE_THRESHOLD": ("7", 7),
+    "CHATFLEET_STARTUP_SECONDS": ("900", 900),
     "CHATFLEET_ALLOWED_HOST_PATHS": ("/a, /b", ("/a", "/b")),
     "CHATFLEET_PROGRESS_STATUS_SECONDS": ("0", 0.0),
     "CHATFLEET_WORKERS": ("3", 3),
@@ -100,7 +100,8 @@ def test_flags_win_over_the_environment():
     ("name", "raw", "why"),
     [
         ("CHATFLEET_WORKERS", "many", "is not a whole number"),
-        ("CHATFLEET_STARTUP_FAILURE_THRESHOLD", "1.5", "is not a whole number"),
+        ("CHATFLEET_STARTUP_SECONDS", "1.5", "is not a whole number"),
+        ("CHATFLEET_STARTUP_SECONDS", "1", "is below 2"),
         ("CHATFLEET_PROGRESS_STATUS_SECONDS", "soon", "is not a number"),
     ],
 )
@@ -116,3 +117,12 @@ def test_the_upgrade_wave_comes_from_the_flag_over_the_environment_and_is_never_
     assert got.pod.upgrade_wave == 1
     with pytest.raises(SystemExit, match=r"--upgrade-wave \(CHATFLEET_UPGRADE_WAVE\): -1 is below 0"):
         build_settings(parse_args(["run", "--upgrade-wave=-1"]), {})
+
+
+def test_a_retired_variable_stops_the_start_up_naming_what_replaced_it():
+    """CHATFLEET_STARTUP_FAILURE_THRESHOLD counted 10-second periods; the probes now run every 2 s, so a
+    value left in a chart's extraEnv would silently shrink the budget fivefold. It is refused instead."""
+    with pytest.raises(
+        SystemExit, match="CHATFLEET_STARTUP_FAILURE_THRESHOLD: no longer read: set CHATFLEET_STARTUP_SECONDS"
+    ):
+        build_settings(parse_args(["run"]), {"CHATFLEET_STARTUP_FAILURE_THRESHOLD": "60"})

@@ -42,6 +42,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from chatfleet_platform.cluster import ociimport
 from chatfleet_platform.common.config import REPO_ROOT, PlatformError, cache_dir, read_json, write_json
 
 BASE_SUITE = "bookworm"
@@ -635,20 +636,62 @@ def _load_locked(
         if not entry or not entry.get("archive") or not Path(entry["archive"]).is_file():
             raise PlatformError(f"image {name!r} has no archive in {images_dir(cache)}: run `make images`")
         archives[name] = Path(entry["archive"])
-    check_import_space(Path(address).parent, {n: a.stat().st_size for n, a in archives.items()})
+    have = node_snapshots(str(address))
+    plans = {name: ociimport.plan(archives[name], refs[name]["ref"], have) for name in names}
+    check_import_space(Path(address).parent, {n: p.send_bytes for n, p in plans.items()})
     for name in names:
-        entry = refs[name]
+        entry, import_plan = refs[name], plans[name]
         t0 = time.monotonic()
-        _check(ctr_import_argv(str(address), archives[name]))
-        discard_layer_blobs(str(address), entry["ref"])
+        import_layers(str(address), archives[name], import_plan)
         if entry.get("alias"):
             _check(ctr_tag_argv(str(address), entry["ref"], entry["alias"]))
         took[name] = round(time.monotonic() - t0, 1)
         record_time(
-            cache, f"import-{name}", took[name], label=label, image_id=entry["id"], address=str(address)
+            cache,
+            f"import-{name}",
+            took[name],
+            label=label,
+            image_id=entry["id"],
+            address=str(address),
+            layers_sent=len(import_plan.send),
+            bytes_sent=import_plan.send_bytes,
         )
-        progress(f"imported {entry['ref']} into {address} in {took[name]}s")
+        gib = import_plan.send_bytes / (1 << 30)
+        progress(
+            f"imported {entry['ref']} into {address} in {took[name]}s "
+            f"({len(import_plan.send)} of {len(import_plan.layers)} layers sent, {gib:.2f} GiB)"
+        )
     return took
+
+
+def node_snapshots(address: str) -> set[str]:
+    """The snapshot keys (chain IDs of unpacked layers) of the containerd at address."""
+    listed = subprocess.run(ctr_argv(address, "snapshots", "ls"), capture_output=True, text=True)
+    if listed.returncode != 0:
+        raise PlatformError(f"cannot list the snapshots of {address}: {listed.stderr.strip()[-300:]}")
+    return ociimport.snapshot_keys(listed.stdout)
+
+
+def import_layers(address: str, archive: Path, import_plan: ociimport.ImportPlan) -> None:
+    """`ctr images import -` of the plan's OCI layout (streamed from the archive), unpacked; then the
+    layer blobs it wrote are removed (the snapshots hold the files)."""
+    proc = subprocess.Popen(
+        ctr_import_argv(address, "-"), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert proc.stdin is not None
+    try:
+        ociimport.write_layout(archive, import_plan, proc.stdin)
+    except BrokenPipeError:
+        pass  # ctr stopped reading: its exit status and stderr say why
+    out, err = proc.communicate()  # closes ctr's stdin: the end of the layout
+    if proc.returncode != 0:
+        raise PlatformError(
+            f"ctr images import of {import_plan.ref} into {address} failed (exit {proc.returncode}): "
+            f"{(err or out).decode(errors='replace').strip()[-600:]}"
+        )
+    sent = ociimport.sent_digests(import_plan)
+    if sent:
+        _check(ctr_argv(address, "content", "rm", *sent))
 
 
 def check_import_space(folder: Path, sizes: Mapping[str, int]) -> None:
@@ -664,22 +707,6 @@ def check_import_space(folder: Path, sizes: Mapping[str, int]) -> None:
             f"{IMPORT_MARGIN_BYTES / gib:.0f} GiB head room) and {free / gib:.1f} GiB is free. Free some disk "
             "(the image cache keeps one version per image under $CHATFLEET_CACHE/images) and run again."
         )
-
-
-def discard_layer_blobs(address: str, ref: str) -> list[str]:
-    """Remove ref's layer blobs from the containerd's content store once they are unpacked: the snapshots
-    hold the files, so the blobs would only double the image's size on disk. Returns the digests removed."""
-    listed = subprocess.run(ctr_argv(address, "images", "ls", f"name=={ref}"), capture_output=True, text=True)
-    rows = [line.split() for line in listed.stdout.splitlines()[1:] if line.strip()]
-    if listed.returncode != 0 or not rows:
-        raise PlatformError(f"{ref} is not in the containerd at {address} after its import")
-    manifest = subprocess.run(ctr_argv(address, "content", "get", rows[0][2]), capture_output=True, text=True)
-    if manifest.returncode != 0:
-        raise PlatformError(f"cannot read {ref}'s manifest in {address}: {manifest.stderr.strip()[-300:]}")
-    layers = [layer["digest"] for layer in json.loads(manifest.stdout).get("layers", [])]
-    if layers:
-        _check(ctr_argv(address, "content", "rm", *layers))
-    return layers
 
 
 def record_time(cache: Path | None, step: str, seconds: float, label: str = "", **info: object) -> None:

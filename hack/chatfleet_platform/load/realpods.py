@@ -282,3 +282,22 @@ def kill_container_process(cluster: Any, pod: dict[str, Any], container: str) ->
     pid = container_pid(cluster, pod, container)
     os.kill(pid, signal.SIGKILL)
     return pid
+
+
+def cpu_throttling(pod: dict[str, Any], root: Path = Path("/sys/fs/cgroup/cpu")) -> dict[str, str]:
+    """Per container of a pod on a real node: its CFS throttling so far ("throttled in N of M periods,
+    S s"), read from the host's cgroup v1 cpu hierarchy (the kubelet's cgroupfs layout); {} when not found.
+    What a failure report names beside the probes' events: a container held at its CPU limit."""
+    uid = pod["metadata"]["uid"]
+    out: dict[str, str] = {}
+    for status in pod.get("status", {}).get("containerStatuses") or []:
+        cid = (status.get("containerID") or "").split("://", 1)[-1]
+        if not cid:
+            continue
+        for stat in root.glob(f"chatfleet-real-*/kubepods/**/pod{uid}/{cid}/cpu.stat"):
+            fields = dict(line.split() for line in stat.read_text().splitlines() if len(line.split()) == 2)
+            out[status["name"]] = (
+                f"throttled in {fields.get('nr_throttled', '?')} of {fields.get('nr_periods', '?')} periods, "
+                f"{int(fields.get('throttled_time', 0)) / 1e9:.1f} s"
+            )
+    return out

@@ -25,7 +25,7 @@ from typing import Any
 
 from chatfleet_platform.servers.services import wait_until
 
-from .realpods import on_real_node
+from .realpods import cpu_throttling, on_real_node
 
 #: A short interval keeps a release to a couple of minutes on two cores; generous limits, because a
 #: loaded CPU is slow and these scenarios are about dropped streams, not latency.
@@ -165,8 +165,25 @@ class Bot:
                 f"endpoints of {self.name}: {endpoints}",
                 "latest events:",
                 *events[-25:],
+                *self._unready_details(),
             ]
         )
+
+    def _unready_details(self) -> list[str]:
+        """For each pod with a container not ready: each container's CPU throttling and last log lines."""
+        lines: list[str] = []
+        listed = self.kubectl("get", "pods", "-o", "json", check=False).stdout
+        for pod in json.loads(listed or "{}").get("items", []):
+            statuses = pod.get("status", {}).get("containerStatuses") or []
+            if all(s.get("ready") for s in statuses):
+                continue
+            name = pod["metadata"]["name"]
+            lines.append(f"{name}: CPU throttling {cpu_throttling(pod) or 'not found'}")
+            for s in statuses:
+                log = self.kubectl("logs", name, "-c", s["name"], "--tail=15", check=False)
+                lines.append(f"{name}/{s['name']} (ready={s.get('ready')}) last log lines:")
+                lines.extend("  " + line for line in (log.stdout or log.stderr).splitlines()[-15:])
+        return lines
 
     def ready(self) -> bool:
         """Ready=True."""

@@ -323,6 +323,21 @@ def stale_tags(tagged: Iterable[str], repo: str, keep: Iterable[str]) -> list[st
     return sorted(t for t in tagged if t.rpartition(":")[0] == repo and t not in kept)
 
 
+#: A line of `buildah bud --layers` naming the image a step made or took from the cache
+STEP_IMAGE = re.compile(r"^--> (?:Using cache )?(?:sha256:)?([0-9a-f]{12,64})\s*$")
+
+
+def step_images(lines: Iterable[str]) -> list[str]:
+    """The IDs of the layer images a `buildah bud --layers` output says each step made or reused. Pure."""
+    return [m.group(1) for m in (STEP_IMAGE.match(line) for line in lines) if m]
+
+
+def unused_cache_images(dangling: Iterable[str], keep: Iterable[str]) -> list[str]:
+    """The untagged images (IDs, full or short) that no kept build used: older builds' steps. Pure."""
+    kept = {k.removeprefix("sha256:")[:12] for k in keep}
+    return [d for d in dangling if d.removeprefix("sha256:")[:12] not in kept]
+
+
 def import_space_needed(sizes: Iterable[int], margin: int = IMPORT_MARGIN_BYTES) -> int:
     """Bytes a containerd needs free to import archives of these sizes one by one, discarding each
     image's layer blobs after it is unpacked: every snapshot stays, and the largest image is briefly held
@@ -519,21 +534,70 @@ class ImageBuilder:
         with tempfile.TemporaryDirectory() as tmp:
             iid = Path(tmp) / "iid"
             self.say(f"{build.name}: buildah bud --layers {build.dockerfile} -> {ref}")
-            self._run(bud_argv(self.storage, build, self.repo, BASE_REF, (ref, alias), iid, mounts))
+            steps = self._bud(bud_argv(self.storage, build, self.repo, BASE_REF, (ref, alias), iid, mounts))
             image_id = normalize_id(iid.read_text().strip())
+        self._keep_cache(build.name, [*steps, image_id])
         seconds = time.monotonic() - t0
         self._record(build.name, seconds, built=previous != image_id, image_id=image_id, ref=ref)
         self.say(f"{build.name}: {ref} ({image_id[:19]}) in {seconds:.1f}s")
         return ref, image_id
 
+    def _bud(self, argv: Sequence[str]) -> list[str]:
+        """Run `buildah bud`, its output passed through; the IDs of the step images it made or reused."""
+        try:
+            proc = subprocess.Popen(
+                list(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=self.env
+            )
+        except FileNotFoundError as e:
+            raise PlatformError(
+                "buildah is missing: install the Debian package buildah (`make system-deps`)"
+            ) from e
+        assert proc.stdout is not None
+        lines = []
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            lines.append(line)
+        if proc.wait() != 0:
+            raise PlatformError(f"{' '.join(map(str, argv[:8]))} ... failed with exit code {proc.returncode}")
+        return step_images(lines)
+
+    def _keep_cache(self, name: str, ids: Sequence[str]) -> None:
+        """Record the step images of name's newest build: its layer cache, which drop_older keeps."""
+        path = self.dir / "cache-images.json"
+        kept = read_json(path)
+        kept[name] = list(ids)
+        write_json(path, kept)
+
     def drop_older(self, build: ImageBuild, ref: str) -> list[str]:
-        """Untag the older content tags of build's repository and prune the layers only they used."""
+        """Untag the older content tags of build's repository, and remove the untagged images that no
+        project image's newest build used (older builds' steps). The newest builds' steps stay: they are
+        the layer cache. (`buildah rmi --prune` took them too: the operator's requirements stage, which no
+        tagged image descends from, went with it, and the next build of the same sources, the real-pod
+        tests' own, installed every dependency again: 99-116 s after each operator change, measured.)"""
         listing = self._buildah("images", "--format", "{{.Name}}:{{.Tag}}")
         stale = stale_tags(listing.splitlines(), build.repo, (ref, f"{build.repo}:{ALIAS_TAG}"))
         if stale:
             self._buildah("rmi", *stale)
-            self._buildah("rmi", "--prune")
-            self.say(f"{build.name}: dropped {len(stale)} older tag(s) and their layers")
+            keep = [i for ids in read_json(self.dir / "cache-images.json").values() for i in ids]
+            dangling = self._buildah(
+                "images", "--filter", "dangling=true", "--noheading", "--format", "{{.ID}}"
+            )
+            unused = unused_cache_images(dangling.split(), keep)
+            # untagged leaves only: removing an older build's last step makes its parent one, so repeat
+            # until none is left (a build has a few dozen steps at most)
+            for _ in range(64):
+                if not unused:
+                    break
+                subprocess.run(
+                    [*buildah_base(self.storage), "rmi", *unused], capture_output=True, env=self.env
+                )
+                left = self._buildah(
+                    "images", "--filter", "dangling=true", "--noheading", "--format", "{{.ID}}"
+                )
+                if set(unused_cache_images(left.split(), keep)) >= set(unused):
+                    break  # nothing more could go (an image still in use)
+                unused = unused_cache_images(left.split(), keep)
+            self.say(f"{build.name}: dropped {len(stale)} older tag(s) and the layers only older builds used")
         return stale
 
     # -- export
@@ -585,11 +649,12 @@ class ImageBuilder:
         if "pause" in names:
             pid = self.build_pause()
             refs["pause"] = {"ref": PAUSE_REF, "alias": None, "id": pid}
-        for build in PROJECT_IMAGES:
-            if build.name in names:
-                ref, iid = self.build_project(build, base_id)
-                refs[build.name] = {"ref": ref, "alias": f"{build.repo}:{ALIAS_TAG}", "id": iid}
-                self.drop_older(build, ref)
+        built = [build for build in PROJECT_IMAGES if build.name in names]
+        for build in built:
+            ref, iid = self.build_project(build, base_id)
+            refs[build.name] = {"ref": ref, "alias": f"{build.repo}:{ALIAS_TAG}", "id": iid}
+        for build in built:  # once every build has said which step images it used
+            self.drop_older(build, refs[build.name]["ref"])
         for name in LOAD_ORDER:
             entry = refs.get(name)
             if name in names and entry:

@@ -296,3 +296,28 @@ def test_import_refuses_a_disk_too_small_and_names_the_images(tmp_path, monkeypa
     text = str(err.value)
     assert "runtime 5.0 GiB" in text and "2.0 GiB is free" in text and str(tmp_path) in text
     images.check_import_space(tmp_path, {"pause": 1 << 20})  # fits: no error
+
+
+def test_step_images_are_read_from_the_builds_output():
+    out = [
+        "[1/4] STEP 2/5: WORKDIR /src\n",
+        "--> Using cache 2814acf89ba5b3a3d1dc0e3b2afa70ebb626b1bd3efc9e85d6d6f0ada68c0c8c\n",
+        "[1/4] STEP 3/5: COPY operator/pyproject.toml operator/\n",
+        "--> 217c314eab0a\n",
+        "COMMIT docker.io/chatfleet/chatfleet-operator:0.1.0-abc\n",
+        "--> sha256:76c3a1ba3223aa\n",
+        "--> not an id\n",
+    ]
+    assert images.step_images(out) == [
+        "2814acf89ba5b3a3d1dc0e3b2afa70ebb626b1bd3efc9e85d6d6f0ada68c0c8c",
+        "217c314eab0a",
+        "76c3a1ba3223aa",
+    ]
+
+
+def test_only_untagged_images_no_newest_build_used_are_dropped():
+    """An older build's steps go; the newest builds' steps stay (the layer cache), short or full IDs."""
+    keep = ["a09a7cfa01423de33f57b1f27d7061cc7f16d81281a409f64a45635b14fcea22", "sha256:6a0466b33330ff"]
+    dangling = ["6a0466b33330", "a09a7cfa0142", "88fb9eb0b7fc", "5e1454c207d8"]
+    assert images.unused_cache_images(dangling, keep) == ["88fb9eb0b7fc", "5e1454c207d8"]
+    assert images.unused_cache_images([], keep) == []

@@ -284,20 +284,28 @@ def kill_container_process(cluster: Any, pod: dict[str, Any], container: str) ->
     return pid
 
 
-def cpu_throttling(pod: dict[str, Any], root: Path = Path("/sys/fs/cgroup/cpu")) -> dict[str, str]:
-    """Per container of a pod on a real node: its CFS throttling so far ("throttled in N of M periods,
-    S s"), read from the host's cgroup v1 cpu hierarchy (the kubelet's cgroupfs layout); {} when not found.
-    What a failure report names beside the probes' events: a container held at its CPU limit."""
-    uid = pod["metadata"]["uid"]
-    out: dict[str, str] = {}
-    for status in pod.get("status", {}).get("containerStatuses") or []:
-        cid = (status.get("containerID") or "").split("://", 1)[-1]
-        if not cid:
-            continue
-        for stat in root.glob(f"chatfleet-real-*/kubepods/**/pod{uid}/{cid}/cpu.stat"):
-            fields = dict(line.split() for line in stat.read_text().splitlines() if len(line.split()) == 2)
-            out[status["name"]] = (
-                f"throttled in {fields.get('nr_throttled', '?')} of {fields.get('nr_periods', '?')} periods, "
-                f"{int(fields.get('throttled_time', 0)) / 1e9:.1f} s"
-            )
-    return out
+def process_cpu_seconds(stat: str, ticks: int = os.sysconf("SC_CLK_TCK")) -> float:
+    """User + system CPU seconds from a /proc/<pid>/stat line (the fields after the command's ")"). Pure."""
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / ticks
+
+
+def cpu_share(pid: int, seconds: float = 1.0) -> float:
+    """The share of one core a host process used over the next `seconds` (busy, or blocked and idle)."""
+    stat = Path(f"/proc/{pid}/stat")
+    before = process_cpu_seconds(stat.read_text())
+    time.sleep(seconds)
+    return (process_cpu_seconds(stat.read_text()) - before) / seconds
+
+
+def dump_stacks(cluster: Any, pod: dict[str, Any], container: str = "chat-api") -> str:
+    """One line on a pod's chat API that is not ready: its CPU use over a second, and SIGUSR1 sent (it
+    writes every thread's stack to its log, read next); or why neither could be done."""
+    try:
+        pid = container_pid(cluster, pod, container)
+        busy = cpu_share(pid)
+        os.kill(pid, signal.SIGUSR1)
+        time.sleep(0.5)
+    except (StopIteration, KeyError, IndexError, OSError, subprocess.CalledProcessError) as exc:
+        return f"{container}: no stack dump ({exc!r})"
+    return f"{container} (host pid {pid}): {busy:.0%} of a core over 1 s; its threads' stacks are in its log"

@@ -25,7 +25,7 @@ from typing import Any
 
 from chatfleet_platform.servers.services import wait_until
 
-from .realpods import cpu_throttling, on_real_node
+from .realpods import dump_stacks, on_real_node
 
 #: A short interval keeps a release to a couple of minutes on two cores; generous limits, because a
 #: loaded CPU is slow and these scenarios are about dropped streams, not latency.
@@ -170,7 +170,8 @@ class Bot:
         )
 
     def _unready_details(self) -> list[str]:
-        """For each pod with a container not ready: each container's CPU throttling and last log lines."""
+        """For each pod with a container not ready: its chat API's CPU use and every thread's stack
+        (SIGUSR1), then each container's last log lines (the chat API's hold the stacks)."""
         lines: list[str] = []
         listed = self.kubectl("get", "pods", "-o", "json", check=False).stdout
         for pod in json.loads(listed or "{}").get("items", []):
@@ -178,11 +179,12 @@ class Bot:
             if all(s.get("ready") for s in statuses):
                 continue
             name = pod["metadata"]["name"]
-            lines.append(f"{name}: CPU throttling {cpu_throttling(pod) or 'not found'}")
+            lines.append(f"{name}: {dump_stacks(self.cluster, pod)}")
             for s in statuses:
-                log = self.kubectl("logs", name, "-c", s["name"], "--tail=15", check=False)
+                tail = "60" if s["name"] == "chat-api" else "15"
+                log = self.kubectl("logs", name, "-c", s["name"], f"--tail={tail}", check=False)
                 lines.append(f"{name}/{s['name']} (ready={s.get('ready')}) last log lines:")
-                lines.extend("  " + line for line in (log.stdout or log.stderr).splitlines()[-15:])
+                lines.extend("  " + line for line in (log.stdout or log.stderr).splitlines())
         return lines
 
     def ready(self) -> bool:

@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import faulthandler
 import logging
 import os
 import signal
@@ -311,6 +312,14 @@ def serve(app: FastAPI, host: str, port: int, log_level: str = "warning") -> Non
     server.run(sockets=[_listen(host, p) for p in ports])
 
 
+def install_stack_dump() -> None:
+    """`kill -USR1 <pid>` writes every thread's Python stack to stderr (the container log), the process
+    going on as before: where a chat API that stopped answering its probes is stuck. Set up before anything
+    else runs, so that even a process wedged inside a C call answers (faulthandler writes from the signal
+    handler, without the event loop or the GIL's next switch)."""
+    faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the chat API with uvicorn (pod command; see docs/pod-contract.md)."""
     parser = argparse.ArgumentParser(description="chatfleet chat API")
@@ -352,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.shadow_max_tokens < 1 or args.shadow_concurrency < 1:
         parser.error("--shadow-max-tokens and --shadow-concurrency: must be at least 1")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    install_stack_dump()
     settings = ApiSettings.from_env(
         triton_grpc=args.triton_grpc,
         model_name=args.model_name,

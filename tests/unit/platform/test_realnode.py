@@ -167,24 +167,9 @@ def test_demo_waits_for_the_new_release_not_the_rolled_back_one():
     assert done({"stableRevision": "good"})
 
 
-def test_cpu_throttling_reads_each_containers_cgroup_under_the_kubelets_layout(tmp_path):
-    from chatfleet_platform.load.realpods import cpu_throttling
+def test_process_cpu_seconds_reads_user_and_system_time_from_proc_stat():
+    from chatfleet_platform.load.realpods import process_cpu_seconds
 
-    pod = {
-        "metadata": {"uid": "u-1"},
-        "status": {
-            "containerStatuses": [
-                {"name": "chat-api", "containerID": "containerd://c1"},
-                {"name": "triton", "containerID": "containerd://t1"},
-                {"name": "waiting"},
-            ]
-        },
-    }
-    found = tmp_path / "chatfleet-real-0" / "kubepods" / "podu-1" / "c1"
-    found.mkdir(parents=True)
-    (found / "cpu.stat").write_text("nr_periods 450\nnr_throttled 400\nthrottled_time 27565828652\n")
-    assert cpu_throttling(pod, root=tmp_path) == {"chat-api": "throttled in 400 of 450 periods, 27.6 s"}
-    burstable = tmp_path / "chatfleet-real-0" / "kubepods" / "burstable" / "podu-1" / "t1"
-    burstable.mkdir(parents=True)
-    (burstable / "cpu.stat").write_text("nr_periods 10\nnr_throttled 0\nthrottled_time 0\n")
-    assert cpu_throttling(pod, root=tmp_path)["triton"] == "throttled in 0 of 10 periods, 0.0 s"
+    # a command with spaces and parentheses: the fields are counted from the last ")"
+    stat = "4242 (python3 (x) y) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 9 0 123 0 0"
+    assert process_cpu_seconds(stat, ticks=100) == 3.0

@@ -615,3 +615,26 @@ def test_the_backend_asks_one_model_for_everything():
         ("stream", False),
         ("stream", None),
     ]
+
+
+def test_sigusr1_writes_every_threads_stack_to_stderr_and_the_process_goes_on():
+    """What a failing real-pod test asks a chat API that stopped answering: where its threads are."""
+    import subprocess
+    import sys
+
+    code = (
+        "import os, signal, threading, time\n"
+        "from chatfleet_runtime.chat.api import install_stack_dump\n"
+        "install_stack_dump()\n"
+        "def stuck_in_a_helper():\n"
+        "    time.sleep(3)\n"
+        "threading.Thread(target=stuck_in_a_helper, daemon=True).start()\n"
+        "time.sleep(0.2)\n"
+        "os.kill(os.getpid(), signal.SIGUSR1)\n"
+        "time.sleep(0.2)\n"
+        "print('still here')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "still here"
+    assert "stuck_in_a_helper" in done.stderr and "Current thread" in done.stderr, done.stderr

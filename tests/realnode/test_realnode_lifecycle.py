@@ -150,6 +150,33 @@ def test_real_node_runs_a_gpu_pod_and_down_leaves_the_host_clean(tmp_path):
         assert p["spec"]["nodeName"] == node.name and p["status"]["podIP"].startswith("10.245.0.")
         during = host_snapshot()
         assert during["bridges"] == before["bridges"] | {"cfbr0"} and during["cgroups"] and during["owner"]
+        # the bridge keeps its own MAC while ports come and go: a port whose MAC is lower than every
+        # other's joins and leaves (a bridge with no MAC of its own takes the lowest port's, and the
+        # pods' ARP entries for their gateway then name a MAC nothing answers to, for up to ~30 s)
+        mac = Path("/sys/class/net/cfbr0/address")
+        assert mac.read_text().strip() == node.bridge_mac
+        subprocess.run(
+            [
+                "ip",
+                "link",
+                "add",
+                "cftest0",
+                "address",
+                "00:00:00:00:00:01",
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "cftest1",
+            ],
+            check=True,
+        )
+        try:
+            subprocess.run(["ip", "link", "set", "cftest0", "master", "cfbr0", "up"], check=True)
+            assert mac.read_text().strip() == node.bridge_mac, "a lower MAC's port changed the bridge's MAC"
+        finally:
+            subprocess.run(["ip", "link", "del", "cftest0"], check=False)
+        assert mac.read_text().strip() == node.bridge_mac, "a port's leaving changed the bridge's MAC"
     finally:
         pids = [v[0] for v in c.realnodes.host_state().get("pids", {}).values()]
         c.down()

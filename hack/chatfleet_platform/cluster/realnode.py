@@ -118,6 +118,18 @@ class NodePlan:
         return f"cfbr{self.index}"
 
     @property
+    def bridge_mac(self) -> str:
+        """The bridge's own MAC, set at creation (locally administered: 02:, then "cfbr", then the index).
+
+        A Linux bridge whose MAC was never set takes the lowest of its ports' MACs, so it changes whenever a
+        pod with the lowest veth MAC comes or goes. Every pod's ARP entry for its gateway (the node IP,
+        through which all its replies to this host go) then names a MAC no port answers to, until the entry
+        expires: up to ~30 s in which a pod answers nothing from the host, its probes time out and the
+        Service loses it. Seen as the bad-canary test's stable pod that stopped answering right after the
+        canary's pod was deleted. A set MAC never changes."""
+        return f"02:63:66:62:72:{self.index:02x}"
+
+    @property
     def ip(self) -> str:
         return f"10.245.{self.index}.1"
 
@@ -489,9 +501,9 @@ class RealNodes:
             (node.dir / sub).mkdir(parents=True, exist_ok=True)
         # 1. the bridge whose address is the node IP
         if _run("ip", "link", "show", node.bridge, check=False).returncode != 0:
-            _run("ip", "link", "add", node.bridge, "type", "bridge")
+            _run("ip", "link", "add", node.bridge, "address", node.bridge_mac, "type", "bridge")
             _run("ip", "addr", "add", f"{node.ip}/24", "dev", node.bridge)
-        _run("ip", "link", "set", node.bridge, "up")
+        _run("ip", "link", "set", node.bridge, "address", node.bridge_mac, "up")
         (node.dir / "resolv.conf").write_text("nameserver 127.0.0.1\noptions ndots:1 timeout:1 attempts:1\n")
         (node.dir / "cni" / "net.d" / "10-chatfleet.conflist").write_text(
             json.dumps(node.cni_config(), indent=1)

@@ -32,6 +32,13 @@ def test_node_addresses_stay_apart_from_kwok(index, ip, cidr, bridge, tmp_path):
     assert not node.pod_cidr.startswith("10.244."), "kwok's simulated pod range"
 
 
+def test_each_bridge_has_its_own_locally_administered_mac(tmp_path):
+    macs = [realnode.NodePlan(i, tmp_path, 0).bridge_mac for i in range(3)]
+    assert macs == ["02:63:66:62:72:00", "02:63:66:62:72:01", "02:63:66:62:72:02"]
+    first = int(macs[0].split(":")[0], 16)
+    assert first & 0b10 and not first & 0b1, "locally administered, unicast"
+
+
 def test_only_the_first_node_has_gpus_and_runs_the_host_wide_parts(tmp_path):
     nodes = realnode.plans(tmp_path, 2, gpus=4)
     assert [n.gpus for n in nodes] == [4, 0]

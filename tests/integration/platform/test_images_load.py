@@ -17,6 +17,17 @@ from chatfleet_platform.cluster import images, ociimport
 pytestmark = pytest.mark.harness  # tests of the local platform (test infrastructure)
 
 
+def ctr_in(sock: Path):
+    """`ctr` in the k8s.io namespace of the containerd at sock: its stdout."""
+
+    def ctr(*args: str) -> str:
+        return subprocess.run(
+            ["ctr", "--address", str(sock), "-n", "k8s.io", *args], capture_output=True, text=True, check=True
+        ).stdout
+
+    return ctr
+
+
 @pytest.fixture
 def containerd(tmp_path: Path):
     """A throwaway containerd (Debian's) with no CRI plugin; yields its socket."""
@@ -79,14 +90,7 @@ def test_pause_image_builds_once_exports_once_and_loads_into_containerd(tmp_path
     assert images.PAUSE_REF in listed
 
     # the layer blobs are gone once unpacked (the snapshot holds the files); the config blob stays
-    def ctr(*args: str) -> str:
-        return subprocess.run(
-            ["ctr", "--address", str(containerd), "-n", "k8s.io", *args],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-
+    ctr = ctr_in(containerd)
     blobs = {line.split()[0] for line in ctr("content", "ls").splitlines()[1:] if line.strip()}
     digest = ctr("images", "ls", f"name=={images.PAUSE_REF}").splitlines()[1].split()[2]
     manifest = json.loads(ctr("content", "get", digest))
@@ -137,14 +141,7 @@ def test_an_image_on_a_base_the_node_holds_sends_only_its_new_layer(tmp_path, co
     assert [x.digest for x in plan.send] == [layer_id], "the base's layers must stay home"
     images.import_layers(str(containerd), variant, plan)
 
-    def ctr(*args: str) -> str:
-        return subprocess.run(
-            ["ctr", "--address", str(containerd), "-n", "k8s.io", *args],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-
+    ctr = ctr_in(containerd)
     assert ref in ctr("images", "ls", "-q").split()
     chains = ociimport.chain_ids(config["rootfs"]["diff_ids"])
     top = json.loads(ctr("snapshots", "info", chains[-1]))

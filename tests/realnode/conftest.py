@@ -114,7 +114,23 @@ def reaper(cluster) -> Iterator[NamespaceReaper]:
     r = NamespaceReaper(cluster, first=[CHATBOT_CRD_NAME])
     yield r
     left = r.finish()
-    assert not left, f"namespaces not deleted: {left}"
+    assert not left, "\n".join(f"{ns} was not deleted:\n{what_holds(cluster, ns)}" for ns in left)
+
+
+def what_holds(cluster, ns: str) -> str:
+    """Why a namespace outlives its deletion: its pods, the ChatbotServices' finalizers, the last events."""
+    out = [cluster.kubectl("get", "pods,cbs", "-o", "wide", namespace=ns, check=False).stdout]
+    out.append(cluster.kubectl("get", "ns", ns, "-o", "jsonpath={.status}", check=False).stdout)
+    out.append(
+        cluster.kubectl(
+            "get", "cbs", "-o", "jsonpath={range .items[*]}{.metadata.name} {.metadata.finalizers}{\"\\n\"}{end}",
+            namespace=ns, check=False,
+        ).stdout
+    )  # fmt: skip
+    out.append(
+        cluster.kubectl("get", "events", "--sort-by=.lastTimestamp", namespace=ns, check=False).stdout[-3000:]
+    )
+    return "\n".join(out)
 
 
 @pytest.fixture

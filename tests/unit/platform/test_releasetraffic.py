@@ -75,3 +75,49 @@ def test_the_chat_api_runs_the_same_arguments_on_uvicorns_stock_server(operators
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "Server"  # uvicorn's own, not DrainingServer
+
+
+def test_a_failure_report_names_each_pod_not_ready_its_chat_apis_state_and_its_logs(monkeypatch):
+    """Bot.snapshot (what a failing real-pod test prints) on a canned cluster: the ready pod is left out,
+    the unready one gets the stack-dump line and each container's log lines."""
+    import json
+
+    from chatfleet_platform.load import releasetraffic
+
+    pods = {
+        "items": [
+            {
+                "metadata": {"name": "ok"},
+                "status": {"containerStatuses": [{"name": "chat-api", "ready": True}]},
+            },
+            {
+                "metadata": {"name": "stuck"},
+                "status": {
+                    "containerStatuses": [
+                        {"name": "chat-api", "ready": False},
+                        {"name": "triton", "ready": True},
+                    ]
+                },
+            },
+        ]
+    }
+
+    class Cluster:
+        def kubectl(self, *args, namespace=None, check=True, **kw):
+            if args[:2] == ("get", "pods") and "json" in args:
+                out = json.dumps(pods)
+            elif args[0] == "logs":
+                out = f"log of {args[1]}/{args[3]}\n"
+            elif args[:2] == ("get", "endpointslices"):
+                out = json.dumps({"items": []})
+            else:
+                out = ""
+            return subprocess.CompletedProcess(args, 0, out, "")
+
+    monkeypatch.setattr(
+        releasetraffic, "dump_stacks", lambda cluster, pod: f"dumped {pod['metadata']['name']}"
+    )
+    report = releasetraffic.Bot(Cluster(), "ns").snapshot()
+    assert "stuck: dumped stuck" in report and "ok: dumped" not in report
+    assert "stuck/chat-api (ready=False) last log lines:\n  log of stuck/chat-api" in report
+    assert "stuck/triton (ready=True) last log lines:\n  log of stuck/triton" in report

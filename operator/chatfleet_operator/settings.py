@@ -13,6 +13,12 @@ from typing import Any
 
 from chatfleet_operator.defaults import ClusterDefaults
 
+#: How often the kubelet runs the startup probes (Triton's model load, the chat API's first /readyz). Short,
+#: so that a pod is Ready within about 2 s of its model (a 10 s period cost 5 s per pod start on average,
+#: on every rollout step); each probe is a stdlib HTTP GET or an 80 ms exec, and stops once started. The
+#: startup budget (PodSettings.startup_seconds) is counted in these periods, and is at least one.
+STARTUP_PROBE_PERIOD_SECONDS = 2
+
 
 @dataclass(frozen=True)
 class PodSettings:
@@ -223,10 +229,10 @@ def _whole(value: str) -> int:
 
 
 def _startup_seconds(value: str) -> int:
-    """A startup budget: whole seconds, at least one startup probe period (2 s)."""
+    """A startup budget: whole seconds, at least one startup probe period."""
     seconds = _whole(value)
-    if seconds < 2:
-        raise ValueError("is below 2 (one startup probe period)")
+    if seconds < STARTUP_PROBE_PERIOD_SECONDS:
+        raise ValueError(f"is below {STARTUP_PROBE_PERIOD_SECONDS} (one startup probe period)")
     return seconds
 
 

@@ -20,7 +20,7 @@ from chatfleet_operator.builders.tritonconfig import (
     triton_config_annotations,
     triton_config_volume,
 )
-from chatfleet_operator.settings import PodSettings
+from chatfleet_operator.settings import STARTUP_PROBE_PERIOD_SECONDS, PodSettings
 from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef, TracingSpec
 
 CONFIG_DIR = "/etc/chatfleet/triton"
@@ -39,12 +39,6 @@ LOOPBACK = "127.0.0.1"
 
 #: Tolerated on every GPU pod: the taint GPU node pools commonly carry.
 GPU_TOLERATION = {"key": api.GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
-
-
-#: How often the kubelet runs the startup probes (Triton's model load, the chat API's first /readyz). Short,
-#: so that a pod is Ready within about 2 s of its model (a 10 s period cost 5 s per pod start on average,
-#: on every rollout step); each probe is a stdlib HTTP GET or an 80 ms exec, and stops once started.
-STARTUP_PROBE_PERIOD_SECONDS = 2
 
 
 def startup_failures(pod: PodSettings) -> int:

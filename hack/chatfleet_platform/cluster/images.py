@@ -323,8 +323,11 @@ def stale_tags(tagged: Iterable[str], repo: str, keep: Iterable[str]) -> list[st
     return sorted(t for t in tagged if t.rpartition(":")[0] == repo and t not in kept)
 
 
-#: A line of `buildah bud --layers` naming the image a step made or took from the cache
-STEP_IMAGE = re.compile(r"^--> (?:Using cache )?(?:sha256:)?([0-9a-f]{12,64})\s*$")
+#: A line of `buildah bud --layers` naming the image a step made ("--> 2b9caf74629": 11 characters, as
+#: buildah 1.28 prints some of them) or took from the cache ("--> Using cache <64 characters>")
+STEP_IMAGE = re.compile(r"^--> (?:Using cache )?(?:sha256:)?([0-9a-f]{11,64})\s*$")
+#: The characters of an image ID that the build's output and `buildah images` both give at least
+SHORT_ID = 11
 
 
 def step_images(lines: Iterable[str]) -> list[str]:
@@ -334,14 +337,14 @@ def step_images(lines: Iterable[str]) -> list[str]:
 
 def unused_cache_images(dangling: Iterable[str], keep: Iterable[str]) -> list[str]:
     """The untagged images (IDs, full or short) that no kept build used: older builds' steps. Pure."""
-    kept = {k.removeprefix("sha256:")[:12] for k in keep}
-    return [d for d in dangling if d.removeprefix("sha256:")[:12] not in kept]
+    kept = {k.removeprefix("sha256:")[:SHORT_ID] for k in keep}
+    return [d for d in dangling if d.removeprefix("sha256:")[:SHORT_ID] not in kept]
 
 
 def import_space_needed(sizes: Iterable[int], margin: int = IMPORT_MARGIN_BYTES) -> int:
-    """Bytes a containerd needs free to import archives of these sizes one by one, discarding each
-    image's layer blobs after it is unpacked: every snapshot stays, and the largest image is briefly held
-    twice (blobs and snapshot)."""
+    """Bytes a containerd needs free to import images whose sent layers have these sizes, one by one,
+    discarding each image's layer blobs after it is unpacked: every snapshot stays, and the largest is
+    briefly held twice (blobs and snapshot)."""
     sizes = list(sizes)
     return sum(sizes) + max(sizes, default=0) + margin
 
@@ -363,6 +366,19 @@ def build_env(env: Mapping[str, str]) -> dict[str, str]:
 
 def _say(msg: str) -> None:
     print(f"[images] {msg}", file=sys.stderr, flush=True)
+
+
+def _missing(argv: Sequence[str]) -> PlatformError:
+    """The error for a build tool that is not installed."""
+    return PlatformError(
+        f"{argv[0]} is missing: install the Debian packages buildah, debootstrap, runc and containerd "
+        "(`make system-deps`)"
+    )
+
+
+def _failed(argv: Sequence[str], code: int) -> PlatformError:
+    """The error for a build command that failed: its first words and exit code."""
+    return PlatformError(f"{' '.join(map(str, argv[:8]))} ... failed with exit code {code}")
 
 
 class ImageBuilder:
@@ -387,14 +403,9 @@ class ImageBuilder:
         try:
             return subprocess.run(list(argv), check=True, env=self.env, **kw)
         except FileNotFoundError as e:
-            raise PlatformError(
-                f"{argv[0]} is missing: install the Debian packages buildah, debootstrap, runc and "
-                "containerd (`make system-deps`)"
-            ) from e
+            raise _missing(argv) from e
         except subprocess.CalledProcessError as e:
-            raise PlatformError(
-                f"{' '.join(map(str, argv[:8]))} ... failed with exit code {e.returncode}"
-            ) from e
+            raise _failed(argv, e.returncode) from e
 
     def _buildah(self, *args: str, capture: bool = True) -> str:
         out = self._run([*buildah_base(self.storage), *args], capture_output=capture, text=True)
@@ -534,31 +545,33 @@ class ImageBuilder:
         with tempfile.TemporaryDirectory() as tmp:
             iid = Path(tmp) / "iid"
             self.say(f"{build.name}: buildah bud --layers {build.dockerfile} -> {ref}")
-            steps = self._bud(bud_argv(self.storage, build, self.repo, BASE_REF, (ref, alias), iid, mounts))
+            before = self._image_ids()
+            reused = self._bud(bud_argv(self.storage, build, self.repo, BASE_REF, (ref, alias), iid, mounts))
             image_id = normalize_id(iid.read_text().strip())
-        self._keep_cache(build.name, [*steps, image_id])
+            # the steps it took from the cache, and those it made (buildah prints no ID for most of these)
+            made = sorted(self._image_ids() - before)
+        self._keep_cache(build.name, [*reused, *made, image_id])
         seconds = time.monotonic() - t0
         self._record(build.name, seconds, built=previous != image_id, image_id=image_id, ref=ref)
         self.say(f"{build.name}: {ref} ({image_id[:19]}) in {seconds:.1f}s")
         return ref, image_id
 
     def _bud(self, argv: Sequence[str]) -> list[str]:
-        """Run `buildah bud`, its output passed through; the IDs of the step images it made or reused."""
+        """Run `buildah bud`, its output passed through; the IDs of the step images its output names (every
+        step taken from the cache; of the steps made, only some)."""
         try:
             proc = subprocess.Popen(
                 list(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=self.env
             )
         except FileNotFoundError as e:
-            raise PlatformError(
-                "buildah is missing: install the Debian package buildah (`make system-deps`)"
-            ) from e
+            raise _missing(argv) from e
         assert proc.stdout is not None
         lines = []
         for line in proc.stdout:
             sys.stdout.write(line)
             lines.append(line)
         if proc.wait() != 0:
-            raise PlatformError(f"{' '.join(map(str, argv[:8]))} ... failed with exit code {proc.returncode}")
+            raise _failed(argv, proc.returncode)
         return step_images(lines)
 
     def _keep_cache(self, name: str, ids: Sequence[str]) -> None:
@@ -567,6 +580,18 @@ class ImageBuilder:
         kept = read_json(path)
         kept[name] = list(ids)
         write_json(path, kept)
+
+    def _image_ids(self) -> set[str]:
+        """The IDs of every image in buildah's storage, intermediate ones included."""
+        return set(
+            self._buildah("images", "--all", "--noheading", "--no-trunc", "--format", "{{.ID}}").split()
+        )
+
+    def _dangling(self) -> list[str]:
+        """The IDs of buildah's untagged leaf images (no tag, no child)."""
+        return self._buildah(
+            "images", "--filter", "dangling=true", "--noheading", "--format", "{{.ID}}"
+        ).split()
 
     def drop_older(self, build: ImageBuild, ref: str) -> list[str]:
         """Untag the older content tags of build's repository, and remove the untagged images that no
@@ -579,24 +604,19 @@ class ImageBuilder:
         if stale:
             self._buildah("rmi", *stale)
             keep = [i for ids in read_json(self.dir / "cache-images.json").values() for i in ids]
-            dangling = self._buildah(
-                "images", "--filter", "dangling=true", "--noheading", "--format", "{{.ID}}"
-            )
-            unused = unused_cache_images(dangling.split(), keep)
             # untagged leaves only: removing an older build's last step makes its parent one, so repeat
-            # until none is left (a build has a few dozen steps at most)
-            for _ in range(64):
+            # until none is left, or until a round removes nothing (an image still in use)
+            unused = unused_cache_images(self._dangling(), keep)
+            for _ in range(64):  # a build has a few dozen steps at most
                 if not unused:
                     break
                 subprocess.run(
                     [*buildah_base(self.storage), "rmi", *unused], capture_output=True, env=self.env
                 )
-                left = self._buildah(
-                    "images", "--filter", "dangling=true", "--noheading", "--format", "{{.ID}}"
-                )
-                if set(unused_cache_images(left.split(), keep)) >= set(unused):
-                    break  # nothing more could go (an image still in use)
-                unused = unused_cache_images(left.split(), keep)
+                left = unused_cache_images(self._dangling(), keep)
+                if set(left) >= set(unused):
+                    break
+                unused = left
             self.say(f"{build.name}: dropped {len(stale)} older tag(s) and the layers only older builds used")
         return stale
 

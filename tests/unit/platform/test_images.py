@@ -303,14 +303,14 @@ def test_step_images_are_read_from_the_builds_output():
         "[1/4] STEP 2/5: WORKDIR /src\n",
         "--> Using cache 2814acf89ba5b3a3d1dc0e3b2afa70ebb626b1bd3efc9e85d6d6f0ada68c0c8c\n",
         "[1/4] STEP 3/5: COPY operator/pyproject.toml operator/\n",
-        "--> 217c314eab0a\n",
+        "--> 2b9caf74629\n",  # a step built now: buildah prints 11 characters
         "COMMIT docker.io/chatfleet/chatfleet-operator:0.1.0-abc\n",
         "--> sha256:76c3a1ba3223aa\n",
         "--> not an id\n",
     ]
     assert images.step_images(out) == [
         "2814acf89ba5b3a3d1dc0e3b2afa70ebb626b1bd3efc9e85d6d6f0ada68c0c8c",
-        "217c314eab0a",
+        "2b9caf74629",
         "76c3a1ba3223aa",
     ]
 
@@ -318,6 +318,7 @@ def test_step_images_are_read_from_the_builds_output():
 def test_only_untagged_images_no_newest_build_used_are_dropped():
     """An older build's steps go; the newest builds' steps stay (the layer cache), short or full IDs."""
     keep = ["a09a7cfa01423de33f57b1f27d7061cc7f16d81281a409f64a45635b14fcea22", "sha256:6a0466b33330ff"]
-    dangling = ["6a0466b33330", "a09a7cfa0142", "88fb9eb0b7fc", "5e1454c207d8"]
+    keep.append("2b9caf74629")  # a step built now, as its build printed it (11 characters)
+    dangling = ["6a0466b33330", "a09a7cfa0142", "88fb9eb0b7fc", "5e1454c207d8", "2b9caf746291"]
     assert images.unused_cache_images(dangling, keep) == ["88fb9eb0b7fc", "5e1454c207d8"]
     assert images.unused_cache_images([], keep) == []

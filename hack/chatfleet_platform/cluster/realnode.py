@@ -501,9 +501,9 @@ class RealNodes:
             (node.dir / sub).mkdir(parents=True, exist_ok=True)
         # 1. the bridge whose address is the node IP
         if _run("ip", "link", "show", node.bridge, check=False).returncode != 0:
-            _run("ip", "link", "add", node.bridge, "address", node.bridge_mac, "type", "bridge")
+            _run("ip", "link", "add", node.bridge, "type", "bridge")
             _run("ip", "addr", "add", f"{node.ip}/24", "dev", node.bridge)
-        _run("ip", "link", "set", node.bridge, "address", node.bridge_mac, "up")
+        _run("ip", "link", "set", node.bridge, "address", node.bridge_mac, "up")  # new or found: its own MAC
         (node.dir / "resolv.conf").write_text("nameserver 127.0.0.1\noptions ndots:1 timeout:1 attempts:1\n")
         (node.dir / "cni" / "net.d" / "10-chatfleet.conflist").write_text(
             json.dumps(node.cni_config(), indent=1)

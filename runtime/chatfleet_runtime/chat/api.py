@@ -314,9 +314,9 @@ def serve(app: FastAPI, host: str, port: int, log_level: str = "warning") -> Non
 
 def install_stack_dump() -> None:
     """`kill -USR1 <pid>` writes every thread's Python stack to stderr (the container log), the process
-    going on as before: where a chat API that stopped answering its probes is stuck. Set up before anything
-    else runs, so that even a process wedged inside a C call answers (faulthandler writes from the signal
-    handler, without the event loop or the GIL's next switch)."""
+    going on as before: where a chat API that stopped answering its probes is stuck. Set up in `main` before
+    the app and its event loop start; even a process wedged inside a C call answers (faulthandler writes
+    from the signal handler, without the event loop or the GIL's next switch)."""
     faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
 
 

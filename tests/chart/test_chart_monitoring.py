@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from chart_helpers import CHART, one, render
+from chart_helpers import CHART, find, one, render
 from needs import need_executable
 
 TESTS = Path(__file__).parent / "prometheus" / "chatfleet_rules_test.yaml"
@@ -177,7 +177,7 @@ def test_fleet_podmonitor_scrapes_the_pods_scrape_port_with_service_labels() -> 
     from chatfleet_operator.builders.deployment import SCRAPE_PATH, SCRAPE_PORT_NAME
 
     docs = render(["monitoring.fleetPodMonitor.enabled=true"])
-    monitor = next(d for d in docs if d["kind"] == "PodMonitor")
+    monitor = next(d for d in docs if d["kind"] == "PodMonitor" and d["metadata"]["name"].endswith("-fleets"))
     assert monitor["spec"]["namespaceSelector"] == {"any": True}
     endpoints = monitor["spec"]["podMetricsEndpoints"]
     # One scrape contract: the chat API's port, which re-exports Triton's metrics (no double scrape).
@@ -193,8 +193,37 @@ def test_fleet_podmonitor_scrapes_the_pods_scrape_port_with_service_labels() -> 
     scoped = render(
         ["monitoring.fleetPodMonitor.enabled=true", "watch.scope=namespaces", "watch.namespaces={a,b}"]
     )
-    monitor = next(d for d in scoped if d["kind"] == "PodMonitor")
-    assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["a", "b"]}
+    fleet_monitors = [
+        m for m in find(scoped, "PodMonitor") if m["metadata"]["name"].endswith(("-fleets", "-relays"))
+    ]
+    assert len(fleet_monitors) == 2
+    for monitor in fleet_monitors:
+        assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["a", "b"]}
+
+
+def test_relay_podmonitor_scrapes_the_relay_pods_metrics_port_by_chatbotservice() -> None:
+    """The stream relays carry no chatfleet.io/service label, so the fleets' monitor misses them: a monitor
+    of their own, on the port the operator gives the relay container, labelled by their ChatbotService."""
+    from chatfleet_operator.builders.relay import RELAY_METRICS_PORT, build_relay
+    from chatfleet_operator.spec import ChatbotServiceSpec, ObjectRef
+
+    assert not [d for d in render([]) if d["kind"] == "PodMonitor"]
+    docs = render(["monitoring.fleetPodMonitor.enabled=true"])
+    monitor = next(d for d in docs if d["kind"] == "PodMonitor" and d["metadata"]["name"].endswith("-relays"))
+    assert monitor["spec"]["namespaceSelector"] == {"any": True}
+    spec = ChatbotServiceSpec.from_dict({"streamRelay": {"enabled": True}})
+    pod = build_relay(ObjectRef("ns", "bot", "uid"), spec, "10.96.0.9")[0]["spec"]["template"]
+    labels = pod["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert "chatfleet.io/service" not in labels
+    ports = {p["name"]: p["containerPort"] for p in pod["spec"]["containers"][0]["ports"]}
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["path"] == "/metrics" and ports[endpoint["port"]] == RELAY_METRICS_PORT
+    # Prometheus names a pod label __meta_kubernetes_pod_label_<the name, every other character as _>
+    meta = {"__meta_kubernetes_pod_label_" + re.sub("[^a-zA-Z0-9_]", "_", k): v for k, v in labels.items()}
+    (relabel,) = endpoint["relabelings"]
+    assert [meta[s] for s in relabel["sourceLabels"]] == ["bot"]
+    assert relabel["targetLabel"] == "chatbotservice"
 
 
 def test_kube_state_metrics_config_exposes_the_series_the_rules_use() -> None:
@@ -245,7 +274,11 @@ def test_the_operator_serves_and_is_scraped_when_monitoring_is_on(sets: list[str
     """The flag, the container port, the NetworkPolicy's port and the PodMonitor go together."""
     docs = render(sets)
     container = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
-    monitors = [d for d in docs if d["kind"] == "PodMonitor" and "fleets" not in d["metadata"]["name"]]
+    monitors = [
+        d
+        for d in docs
+        if d["kind"] == "PodMonitor" and not d["metadata"]["name"].endswith(("-fleets", "-relays"))
+    ]
     ingress_ports = [p["port"] for p in one(docs, "NetworkPolicy")["spec"]["ingress"][0]["ports"]]
     if not on:
         assert not [a for a in container["args"] if a.startswith("--metrics")]
@@ -277,7 +310,7 @@ def test_kedas_gpu_average_reads_the_serving_pods_the_podmonitor_labels(tmp_path
     from chatfleet_operator.spec import Autoscale, AutoscaleTargets, ObjectRef
 
     docs = render(["monitoring.fleetPodMonitor.enabled=true", "monitoring.operatorPodMonitor.enabled=false"])
-    monitor = one(docs, "PodMonitor")
+    (monitor,) = [d for d in find(docs, "PodMonitor") if d["metadata"]["name"].endswith("-fleets")]
     relabel = monitor["spec"]["podMetricsEndpoints"][0]["relabelings"]
     assert {
         "sourceLabels": ["__meta_kubernetes_pod_label_chatfleet_io_serving"],

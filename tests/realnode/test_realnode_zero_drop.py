@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import shutil
 import time
+from datetime import UTC, datetime
 
 import pytest
 from chatfleet_platform.addons.gateway import server_errors
@@ -47,16 +48,29 @@ def run_scenario(bot: Bot, load: DialogueLoad) -> tuple[dict, float]:
         summary = load.stop()
     summary["operations"] = scenario.log
     summary["bad_turns_during"] = {name: load.failures_between(a, b) for name, a, b in scenario.spans}
+    # wall-clock times, to read beside the events and the components' logs
+    summary["spans"] = [f"{name} {clock(a)}-{clock(b)}" for name, a, b in scenario.spans]
+    summary["bad_turns"] = [f"{clock(r.at)} {r.outcome} {r.error}" for r in load.bad_turns()[:60]]
     print(f"zero-drop summary: {summary}")
     return summary, t_rollback
 
 
-def assert_nothing_dropped(summary: dict) -> None:
-    assert summary["dialogues"] >= USERS, summary
-    assert summary["cut"] == 0, f"streams cut: {summary}"
-    assert summary["non_2xx"] == 0, f"non-2xx answers: {summary}"
-    assert summary["failed"] == 0, f"turns without an answer: {summary}"
-    assert summary["lost_history"] == 0, f"lost histories: {summary}"
+def clock(monotonic: float) -> str:
+    """A time.monotonic() reading as the wall clock's HH:MM:SS.mmm (UTC, as the events' times)."""
+    wall = time.time() - (time.monotonic() - monotonic)
+    return datetime.fromtimestamp(wall, tz=UTC).strftime("%H:%M:%S.%f")[:-3]
+
+
+def assert_nothing_dropped(bot: Bot, summary: dict) -> None:
+    """Nothing cut, refused, unanswered or forgotten; a failure names the bad turns (wall clock) and what
+    the namespace's pods, endpoints and events were doing."""
+    bad = summary["cut"] + summary["non_2xx"] + summary["failed"] + summary["lost_history"]
+    context = f"{summary}\n{bot.snapshot(events=200)}" if bad else str(summary)
+    assert summary["dialogues"] >= USERS, context
+    assert summary["cut"] == 0, f"streams cut: {context}"
+    assert summary["non_2xx"] == 0, f"non-2xx answers: {context}"
+    assert summary["failed"] == 0, f"turns without an answer: {context}"
+    assert summary["lost_history"] == 0, f"lost histories: {context}"
 
 
 @pytest.mark.timeout(1500)
@@ -70,7 +84,7 @@ def test_releases_drop_nothing_through_the_service(
     url = service_url(cluster, real_ns, bot.name)
     load = DialogueLoad(url, concurrency=USERS, pin=False, sources=CLIENT_ADDRESSES, max_seconds=1200).start()
     summary, _ = run_scenario(bot, load)
-    assert_nothing_dropped(summary)
+    assert_nothing_dropped(bot, summary)
 
 
 @pytest.mark.timeout(1500)
@@ -96,7 +110,7 @@ def test_releases_drop_nothing_and_keep_dialogues_on_their_revision_through_the_
     summary["gateway_5xx"] = server_errors(gateway.access_log)
     if gateway.access_log.exists():  # kept with the test's files: when each 5xx happened, and from where
         shutil.copy(gateway.access_log, tmp_path / "traefik-access.log")
-    assert_nothing_dropped(summary)
+    assert_nothing_dropped(bot, summary)
     before_rollback, switched = load.switched_between(t0, t_rollback)
     assert before_rollback >= USERS, summary
     assert switched == 0, f"{switched} of {before_rollback} dialogues changed revision through the promotion"

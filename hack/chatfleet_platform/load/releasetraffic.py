@@ -77,6 +77,13 @@ def traffic_spec(
     return spec
 
 
+#: Events with their times (UTC, to the second), to read beside a test's own clock.
+EVENT_COLUMNS = (
+    "-o=custom-columns=FIRST:.firstTimestamp,LAST:.lastTimestamp,AT:.eventTime,N:.count,TYPE:.type,"
+    "REASON:.reason,OBJECT:.involvedObject.name,MESSAGE:.message"
+)
+
+
 class Bot:
     """A ChatbotService of one namespace, seen through kubectl: apply, patch, status, conditions, pods."""
 
@@ -151,20 +158,22 @@ class Bot:
             if e.get("conditions", {}).get("ready") and e.get("targetRef")
         }
 
-    def snapshot(self) -> str:
-        """What a failing test names: the pods (ready, restarts), the Service's endpoints, the latest events."""
+    def snapshot(self, events: int = 25) -> str:
+        """What a failing test names: the pods (ready, restarts), the Service's endpoints, the latest
+        `events` events."""
         pods = self.kubectl("get", "pods", "-o", "wide", check=False).stdout
         endpoints = [
             (e.get("targetRef", {}).get("name"), e.get("conditions", {})) for e in self.endpoints(check=False)
         ]
-        events = self.kubectl("get", "events", "--sort-by=.lastTimestamp", check=False).stdout.splitlines()
+        listed = self.kubectl("get", "events", "--sort-by=.lastTimestamp", EVENT_COLUMNS, check=False)
+        listed = listed.stdout.splitlines()
         return "\n".join(
             [
                 "pods:",
                 pods.rstrip(),
                 f"endpoints of {self.name}: {endpoints}",
                 "latest events:",
-                *events[-25:],
+                *listed[-events:],
                 *self._unready_details(),
             ]
         )

@@ -1,12 +1,23 @@
-"""kopf tuning for event handlers only, and one repair of kopf's start-up gate (no API calls here)."""
+"""kopf tuning for event handlers only, and two repairs of kopf's watchers: the start-up gate, and a
+watched kind whose CustomResourceDefinition is deleted (no API calls here)."""
 
 from __future__ import annotations
 
+import asyncio
+import itertools
+import logging
 from typing import Any
 
 import kopf
 from kopf._cogs.aiokits import aiotoggles
+from kopf._cogs.clients.errors import APINotFoundError
 from kopf._core.reactor import queueing
+
+log = logging.getLogger("chatfleet")
+
+#: Seconds a watcher waits before it watches again after the API server answered 404 for its kind,
+#: one per attempt, the last repeated.
+GONE_RETRY_SECONDS = (1.0, 2.0, 5.0, 10.0, 30.0)
 
 #: kopf's own watcher (kopf 1.45.2), wrapped by `watcher_that_releases_its_gates`.
 _KOPF_WATCHER = queueing.watcher
@@ -90,13 +101,46 @@ async def watcher_that_releases_its_gates(
     its gates are dropped when it ends. Dropping a gate already dropped is a no-op.
     """
     if operator_indexed is None:  # peering observers: no gates to release
-        await _KOPF_WATCHER(resource_indexed=resource_indexed, **kwargs)
+        await watch_through_a_removed_kind(resource_indexed=resource_indexed, **kwargs)
         return
     gates = _GatesMadeBy(operator_indexed)
     try:
-        await _KOPF_WATCHER(operator_indexed=gates, resource_indexed=resource_indexed, **kwargs)
+        await watch_through_a_removed_kind(
+            operator_indexed=gates, resource_indexed=resource_indexed, **kwargs
+        )
     finally:
         await operator_indexed.drop_toggles(gates.made | ({resource_indexed} - {None}))
+
+
+async def watch_through_a_removed_kind(**kwargs: Any) -> None:
+    """kopf's watcher, watching again (after GONE_RETRY_SECONDS) when the API server answers 404 for
+    the watched kind, instead of stopping the operator.
+
+    When a CustomResourceDefinition the operator watches is deleted (a gateway's CRDs uninstalled,
+    Traefik's, the Inference Extension's), the API server ends the kind's watch streams; kopf's watcher
+    reconnects at once, and if that request comes before kopf's CRD observer has stopped the watcher it
+    gets a 404, which kopf 1.45.2 treats as fatal: the whole operator exited (seen on the local
+    platform, with every fleet then left unreconciled). A kind that is gone for good is then stopped
+    by the observer, which cancels this task while it waits; one that comes back is watched again.
+    While it waits, the kind holds no gate of kopf's start-up: it has nothing to index, and the
+    operator's handlers of every other kind go on.
+    """
+    resource, indexed, gate = (kwargs.get(k) for k in ("resource", "operator_indexed", "resource_indexed"))
+    for attempt in itertools.count():
+        try:
+            await _KOPF_WATCHER(**kwargs)
+            return
+        except APINotFoundError:
+            if indexed is not None and gate is not None:
+                await indexed.drop_toggle(gate)
+            delay = GONE_RETRY_SECONDS[min(attempt, len(GONE_RETRY_SECONDS) - 1)]
+            log.warning(
+                "The API server does not serve %s (404: its CustomResourceDefinition deleted?); "
+                "watching it again in %.0f s unless it is gone for good",
+                resource,
+                delay,
+            )
+            await asyncio.sleep(delay)
 
 
 def repair_index_gates() -> None:

@@ -1,4 +1,5 @@
-"""kopf tuning: no change handlers hence no diff base; the start-up gate: a watcher that stops releases its gates."""
+"""kopf tuning: no change handlers hence no diff base; the start-up gate: a watcher that stops releases its
+gates; a watched kind whose CRD is deleted does not stop the operator."""
 
 from __future__ import annotations
 
@@ -79,6 +80,84 @@ class TestIndexReadinessSurvivesStoppedWatchers:
             assert orchestration.queueing.watcher is kopfext.watcher_that_releases_its_gates
         finally:
             queueing.watcher = original
+
+
+class TestAWatchedKindDeletedDoesNotStopTheOperator:
+    """A CustomResourceDefinition the operator watches is deleted (a gateway's CRDs uninstalled): the API
+    server ends the kind's watches, kopf's watcher reconnects at once and, if its CRD observer has not yet
+    stopped it, gets a 404. kopf 1.45.2 lets that end the whole operator (seen on the local platform:
+    `Multidimensional multitasker has failed: 404 page not found` after Traefik's CRDs were removed, and
+    every fleet left unreconciled). Driven here through kopf's own watcher, with the API's answers
+    replaced: first a 404 (the request before any listing), then a listing of one object."""
+
+    @staticmethod
+    async def _watch(patched: bool, monkeypatch) -> tuple[BaseException | None, bool, list[str], bool]:
+        import asyncio
+
+        from chatfleet_operator import kopfext
+        from kopf._cogs.aiokits import aiotoggles
+        from kopf._cogs.clients import errors, watching
+        from kopf._cogs.configs import configuration
+        from kopf._cogs.structs import references
+        from kopf._core.reactor import queueing
+
+        calls: list[str] = []
+
+        async def api(**_):
+            calls.append("watch")
+            if len(calls) == 1:
+                raise errors.APINotFoundError("404 page not found", status=404, headers={})
+            yield {"type": None, "object": {"metadata": {"uid": "u1", "name": "a", "namespace": "ns"}}}
+            yield watching.Bookmark.LISTED
+            await asyncio.Event().wait()  # the stream stays open
+
+        async def processor(**_):
+            pass
+
+        monkeypatch.setattr(watching, "infinite_watch", api)
+        monkeypatch.setattr(kopfext, "GONE_RETRY_SECONDS", (0.05,), raising=False)
+        settings = configuration.OperatorSettings()
+        settings.queueing.exit_timeout = 0.1
+        resource = references.Resource("traefik.io", "v1alpha1", "traefikservices", namespaced=True)
+        indexed = aiotoggles.ToggleSet(all)
+        gate = await indexed.make_toggle(name="traefikservices@ns")
+        watcher = kopfext.watcher_that_releases_its_gates if patched else queueing.watcher
+        task = asyncio.create_task(
+            watcher(
+                namespace="ns",
+                settings=settings,
+                resource=resource,
+                processor=processor,
+                operator_indexed=indexed,
+                resource_indexed=gate,
+            )
+        )
+        await asyncio.sleep(0.5)
+        running = not task.done()
+        task.cancel()  # what kopf's orchestrator does when the kind is gone for good
+        (outcome,) = await asyncio.gather(task, return_exceptions=True)
+        return (
+            (None if isinstance(outcome, asyncio.CancelledError) else outcome),
+            running,
+            calls,
+            indexed.is_on(),
+        )
+
+    def test_kopf_alone_ends_on_the_404(self, monkeypatch) -> None:
+        import asyncio
+
+        from kopf._cogs.clients import errors
+
+        outcome, running, calls, _ = asyncio.run(self._watch(False, monkeypatch))
+        assert isinstance(outcome, errors.APINotFoundError) and not running and calls == ["watch"]
+
+    def test_the_watcher_waits_and_watches_again(self, monkeypatch) -> None:
+        import asyncio
+
+        outcome, running, calls, opened = asyncio.run(self._watch(True, monkeypatch))
+        assert outcome is None and running, outcome
+        assert calls == ["watch", "watch"]  # watched again once the kind was served
+        assert opened  # the kind holds no start-up gate shut
 
 
 def test_no_change_handlers_so_no_diff_base_is_needed():

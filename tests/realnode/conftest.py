@@ -94,6 +94,17 @@ def real_operator(chatfleet_crd, real_node, tmp_path_factory) -> Iterator[Operat
         op.stop()
 
 
+@pytest.fixture(autouse=True)
+def operator_alive(request) -> None:
+    """A test that uses the session's operator fails at once if that process has exited, naming its log's
+    end (a dead operator would leave each later test waiting out its own timeouts, minutes each)."""
+    if "real_operator" not in request.fixturenames:
+        return
+    op = request.getfixturevalue("real_operator")
+    if op.proc is None or op.proc.poll() is not None:
+        pytest.fail(f"the real-pod suite's operator has exited; its log ends:\n{op.log_text()[-4000:]}")
+
+
 @pytest.fixture(scope="session")
 def pod_prometheus(cluster, real_node, tmp_path_factory) -> Iterator[services.Prometheus]:
     """A real Prometheus discovering pods through the API, relabelled as the chart's PodMonitor says."""

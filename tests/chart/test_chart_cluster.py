@@ -164,7 +164,8 @@ def test_monitoring_objects_pass_server_side_dry_run(cluster, namespace: str) ->
         "apply", "--dry-run=server", "--validate=strict", "-f", "-", input=text, check=False
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.count("podmonitor.monitoring.coreos.com/") == 2, proc.stdout
+    # the fleets', the relays' and the operator's
+    assert proc.stdout.count("podmonitor.monitoring.coreos.com/") == 3, proc.stdout
     assert "prometheusrule.monitoring.coreos.com/" in proc.stdout, proc.stdout
 
 

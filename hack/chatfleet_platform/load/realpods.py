@@ -256,7 +256,9 @@ def fleet_podmonitor() -> dict[str, Any]:
     ).stdout
     import yaml
 
-    return yaml.safe_load(out)
+    # the template also holds the relays' monitor (their pods carry no chatfleet.io/service label)
+    (fleets,) = [d for d in yaml.safe_load_all(out) if d and d["metadata"]["name"].endswith("-fleets")]
+    return fleets
 
 
 def container_pid(cluster: Any, pod: dict[str, Any], container: str) -> int:

@@ -213,16 +213,25 @@ class Track:
 def observe_track(
     body: Mapping[str, Any] | None, pods: Sequence[PodFacts], track: str, revision: str | None = None
 ) -> Track:
-    """Track facts of one Deployment: its template's revision and its Ready pods of that revision."""
+    """Track facts of one Deployment: its template's revision and its Ready pods of that revision.
+
+    Ready counts no more pods than the Deployment asks for: pods beyond spec.replicas are being scaled
+    away, even while their deletion has not reached the pod yet (the Deployment and ReplicaSet
+    controllers act in turn, seconds apart on a loaded cluster). e.g. the stable Deployment just scaled
+    to 0 (a canary at 100 % by replica ratio) with its pod still Ready and not deleting -> 0 Ready: a
+    rollback in that pass keeps the canary serving until stable has pods again (make before break),
+    where counting that pod took the canary away at once and left the Service nothing Ready.
+    """
     if body is None:
         return Track()
     template = (body.get("spec") or {}).get("template") or {}
     rev = ((template.get("metadata") or {}).get("labels") or {}).get(api.LABEL_REVISION, "")
     rev = revision or rev
     mine = tuple(p for p in pods if p.track == track and not p.deleting)
-    ready = sum(1 for p in mine if p.ready and p.revision == rev)
     replicas = (body.get("spec") or {}).get("replicas")
-    return Track(rev, int(replicas if replicas is not None else 1), ready, mine, exists=True)
+    asked = int(replicas if replicas is not None else 1)
+    ready = min(asked, sum(1 for p in mine if p.ready and p.revision == rev))
+    return Track(rev, asked, ready, mine, exists=True)
 
 
 def content_signature(body: Mapping[str, Any]) -> str:

@@ -433,6 +433,42 @@ def test_rollback_at_full_canary_weight_keeps_the_canary_until_stable_serves_aga
     assert (p.canary_replicas, p.canary_weight) == (0, 0)
 
 
+def test_rollback_right_after_stable_was_scaled_to_zero_keeps_the_canary_while_the_old_pods_linger():
+    """The abort comes in the pass after the move to 100 %: the stable Deployment asks 0 pods, but the
+    controllers have not deleted its pods yet, so they still look Ready. They are going: counted as
+    stable's, the canary went at once too, and the Service had nothing Ready until new stable pods
+    loaded their model (the zero-drop real-pod test's refused connections and 503s in its rollback)."""
+    from chatfleet_operator.converge.facts import PodFacts, observe_track
+
+    w = world(total=2)
+    w.run_until(lambda w: w.plans[-1].stable_replicas == 0 and w.canary.ready == 2)
+    w.set_rollout(abort="B")
+    w._apply = lambda plan: None
+    lingering = [PodFacts(f"s-{i}", "A", "stable", "Running", True) for i in range(2)]
+    template = {"metadata": {"labels": {"chatfleet.io/revision": "A"}}}
+    w.stable = observe_track({"spec": {"replicas": 0, "template": template}}, lingering, "stable")
+    p = w.tick()
+    assert w.plans[-1].release.phase == ROLLED_BACK
+    assert (p.stable_replicas, p.canary_replicas, p.canary_weight) == (2, 2, 100)
+    # once stable asks for its pods again and they are Ready (kept, or new), the canary goes
+    w.status = {**w.status, **p.status_fields("B").fields}
+    w.stable = observe_track({"spec": {"replicas": 2, "template": template}}, lingering, "stable")
+    assert w.tick().canary_replicas == 0
+
+
+def test_a_tracks_ready_pods_are_counted_up_to_what_its_deployment_asks():
+    from chatfleet_operator.converge.facts import PodFacts, observe_track
+
+    template = {"metadata": {"labels": {"chatfleet.io/revision": "A"}}}
+    pods = [PodFacts(f"s-{i}", "A", "stable", "Running", True) for i in range(3)]
+    pods.append(PodFacts("s-3", "A", "stable", "Running", True, deleting=True))
+
+    def ready(replicas: int) -> int:
+        return observe_track({"spec": {"replicas": replicas, "template": template}}, pods, "stable").ready
+
+    assert [ready(n) for n in (0, 1, 3, 5)] == [0, 1, 3, 3]
+
+
 # ---- behind a route, the canary's pods outlive the route change by route_settle_seconds ----------------
 
 

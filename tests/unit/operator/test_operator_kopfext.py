@@ -6,6 +6,50 @@ from __future__ import annotations
 import kopf
 
 
+async def run_watcher(patched: bool, api, processor, *, resource: tuple[str, str, str], seconds: float):
+    """kopf's own watcher (or, `patched`, the operator's wrapper of it) over one namespaced kind in
+    namespace "ns", its watch streams replaced by `api`, run for `seconds`, then cancelled as kopf's
+    orchestrator cancels a watcher whose kind or namespace is gone.
+
+    Returns (what the task ended with: None when cancelled; whether it still ran when cancelled; whether
+    kopf's "all indexed" gates were all open afterwards).
+    """
+    import asyncio
+
+    from chatfleet_operator import kopfext
+    from kopf._cogs.aiokits import aiotoggles
+    from kopf._cogs.clients import watching
+    from kopf._cogs.configs import configuration
+    from kopf._cogs.structs import references
+    from kopf._core.reactor import queueing
+
+    settings = configuration.OperatorSettings()
+    settings.queueing.exit_timeout = 0.1
+    indexed = aiotoggles.ToggleSet(all)
+    gate = await indexed.make_toggle(name=f"{resource[2]}@ns")
+    watcher = kopfext.watcher_that_releases_its_gates if patched else queueing.watcher
+    original = watching.infinite_watch
+    watching.infinite_watch = api
+    try:
+        task = asyncio.create_task(
+            watcher(
+                namespace="ns",
+                settings=settings,
+                resource=references.Resource(*resource, namespaced=True),
+                processor=processor,
+                operator_indexed=indexed,
+                resource_indexed=gate,
+            )
+        )
+        await asyncio.sleep(seconds)
+        running = not task.done()
+        task.cancel()
+        (outcome,) = await asyncio.gather(task, return_exceptions=True)
+    finally:
+        watching.infinite_watch = original
+    return (None if isinstance(outcome, asyncio.CancelledError) else outcome), running, indexed.is_on()
+
+
 class TestIndexReadinessSurvivesStoppedWatchers:
     """A watcher stopped before its listing ends must not hold kopf's "all indexed" gate shut forever.
 
@@ -20,45 +64,18 @@ class TestIndexReadinessSurvivesStoppedWatchers:
     async def _stopped_mid_listing(patched: bool) -> bool:
         import asyncio
 
-        from chatfleet_operator import kopfext
-        from kopf._cogs.aiokits import aiotoggles
-        from kopf._cogs.clients import watching
-        from kopf._cogs.configs import configuration
-        from kopf._cogs.structs import references
-        from kopf._core.reactor import queueing
-
         async def listing_that_never_ends(**_):
-            yield {"type": None, "object": {"metadata": {"uid": "u1", "name": "a", "namespace": "gone"}}}
+            yield {"type": None, "object": {"metadata": {"uid": "u1", "name": "a", "namespace": "ns"}}}
             await asyncio.Event().wait()  # the namespace is deleted before the listing ends
 
         async def processor_not_reached(**_):
             await asyncio.Event().wait()  # the object's worker never got to index it
 
-        settings = configuration.OperatorSettings()
-        settings.queueing.exit_timeout = 0.1
-        resource = references.Resource("", "v1", "pods", namespaced=True)
-        indexed = aiotoggles.ToggleSet(all)
-        gate = await indexed.make_toggle(name="pods@gone")
-        watcher = kopfext.watcher_that_releases_its_gates if patched else queueing.watcher
-        original = watching.infinite_watch
-        watching.infinite_watch = listing_that_never_ends
-        try:
-            task = asyncio.create_task(
-                watcher(
-                    namespace="gone",
-                    settings=settings,
-                    resource=resource,
-                    processor=processor_not_reached,
-                    operator_indexed=indexed,
-                    resource_indexed=gate,
-                )
-            )
-            await asyncio.sleep(0.2)
-            task.cancel()  # what kopf's orchestrator does when the namespace is gone
-            await asyncio.gather(task, return_exceptions=True)
-        finally:
-            watching.infinite_watch = original
-        return indexed.is_on()
+        # cancelled: what kopf's orchestrator does when the namespace is gone
+        *_, opened = await run_watcher(
+            patched, listing_that_never_ends, processor_not_reached, resource=("", "v1", "pods"), seconds=0.2
+        )
+        return opened
 
     def test_kopf_alone_keeps_the_gate_shut(self) -> None:
         import asyncio
@@ -95,11 +112,7 @@ class TestAWatchedKindDeletedDoesNotStopTheOperator:
         import asyncio
 
         from chatfleet_operator import kopfext
-        from kopf._cogs.aiokits import aiotoggles
         from kopf._cogs.clients import errors, watching
-        from kopf._cogs.configs import configuration
-        from kopf._cogs.structs import references
-        from kopf._core.reactor import queueing
 
         calls: list[str] = []
 
@@ -114,34 +127,12 @@ class TestAWatchedKindDeletedDoesNotStopTheOperator:
         async def processor(**_):
             pass
 
-        monkeypatch.setattr(watching, "infinite_watch", api)
         monkeypatch.setattr(kopfext, "GONE_RETRY_SECONDS", (0.05,), raising=False)
-        settings = configuration.OperatorSettings()
-        settings.queueing.exit_timeout = 0.1
-        resource = references.Resource("traefik.io", "v1alpha1", "traefikservices", namespaced=True)
-        indexed = aiotoggles.ToggleSet(all)
-        gate = await indexed.make_toggle(name="traefikservices@ns")
-        watcher = kopfext.watcher_that_releases_its_gates if patched else queueing.watcher
-        task = asyncio.create_task(
-            watcher(
-                namespace="ns",
-                settings=settings,
-                resource=resource,
-                processor=processor,
-                operator_indexed=indexed,
-                resource_indexed=gate,
-            )
+        # cancelled at the end: what kopf's orchestrator does when the kind is gone for good
+        outcome, running, opened = await run_watcher(
+            patched, api, processor, resource=("traefik.io", "v1alpha1", "traefikservices"), seconds=0.5
         )
-        await asyncio.sleep(0.5)
-        running = not task.done()
-        task.cancel()  # what kopf's orchestrator does when the kind is gone for good
-        (outcome,) = await asyncio.gather(task, return_exceptions=True)
-        return (
-            (None if isinstance(outcome, asyncio.CancelledError) else outcome),
-            running,
-            calls,
-            indexed.is_on(),
-        )
+        return outcome, running, calls, opened
 
     def test_kopf_alone_ends_on_the_404(self, monkeypatch) -> None:
         import asyncio

@@ -165,15 +165,14 @@ class Bot:
         endpoints = [
             (e.get("targetRef", {}).get("name"), e.get("conditions", {})) for e in self.endpoints(check=False)
         ]
-        listed = self.kubectl("get", "events", "--sort-by=.lastTimestamp", EVENT_COLUMNS, check=False)
-        listed = listed.stdout.splitlines()
+        listed = self.kubectl("get", "events", "--sort-by=.lastTimestamp", EVENT_COLUMNS, check=False).stdout
         return "\n".join(
             [
                 "pods:",
                 pods.rstrip(),
                 f"endpoints of {self.name}: {endpoints}",
                 "latest events:",
-                *listed[-events:],
+                *listed.splitlines()[-events:],
                 *self._unready_details(),
             ]
         )

@@ -18,7 +18,14 @@ from dataclasses import replace
 from chatfleet_operator.builders.httproute import MIRROR_METHODS
 from chatfleet_operator.converge.policy import host_path_prefix_error
 from chatfleet_operator.release.traffic import ROUTINGS
-from chatfleet_operator.settings import PrometheusSettings, Settings, settings_from_env
+from chatfleet_operator.settings import (
+    PrometheusSettings,
+    ReleaseSettings,
+    Settings,
+    node_selector_item,
+    settings_from_env,
+    toleration_item,
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -134,6 +141,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(default env CHATFLEET_PICKER_SERVICE_ACCOUNT, else chatfleet-picker; the chart writes it)",
     )
     run.add_argument(
+        "--picker-node-selector",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a node label the endpoint picker's pods must match (repeat for more; default env "
+        "CHATFLEET_PICKER_NODE_SELECTOR, comma-separated, else any node)",
+    )
+    run.add_argument(
+        "--picker-toleration",
+        action="append",
+        metavar="KEY[=VALUE][:EFFECT]",
+        help="a taint the endpoint picker's pods tolerate, in kubectl taint's syntax (repeat for more; "
+        "default env CHATFLEET_PICKER_TOLERATIONS, comma-separated, else none)",
+    )
+    run.add_argument(
         "--autoscaler",
         choices=("auto", "keda", "hpa"),
         default=None,
@@ -243,6 +264,7 @@ def build_settings(args: argparse.Namespace, environ: Mapping[str, str] | None =
         release = replace(release, picker_image=args.picker_image)
     if args.picker_service_account:
         release = replace(release, picker_service_account=args.picker_service_account)
+    release = picker_placement(args, release)
     if release.routing not in ROUTINGS:
         raise SystemExit(f"CHATFLEET_ROUTING must be {' or '.join(ROUTINGS)}, not {release.routing!r}")
     if release.gateway_mirror not in MIRROR_METHODS:
@@ -256,6 +278,24 @@ def build_settings(args: argparse.Namespace, environ: Mapping[str, str] | None =
     return replace(
         base, pod=pod, runtime=runtime, release=release, autoscale=autoscale, prometheus=prometheus
     )
+
+
+def picker_placement(args: argparse.Namespace, release: ReleaseSettings) -> ReleaseSettings:
+    """The picker's node selector and tolerations from the flags over `release` (the environment's); a
+    value that cannot be read exits naming its flag."""
+    try:
+        if args.picker_node_selector is not None:
+            pairs = tuple(node_selector_item(item) for item in args.picker_node_selector)
+            release = replace(release, picker_node_selector=pairs)
+    except ValueError as exc:
+        raise SystemExit(f"--picker-node-selector: {exc}") from None
+    try:
+        if args.picker_toleration is not None:
+            tolerations = tuple(toleration_item(item) for item in args.picker_toleration)
+            release = replace(release, picker_tolerations=tolerations)
+    except ValueError as exc:
+        raise SystemExit(f"--picker-toleration: {exc}") from None
+    return release
 
 
 def prometheus_settings(args: argparse.Namespace, prometheus: PrometheusSettings) -> PrometheusSettings:

@@ -7,6 +7,7 @@ it once at start-up, then applies its flags over it).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -132,6 +133,14 @@ class ReleaseSettings:
     """ServiceAccount the picker runs under in each fleet's namespace; its Role must let it list and watch
     pods (the chart writes the three in the namespaces it knows). Flag --picker-service-account, env
     CHATFLEET_PICKER_SERVICE_ACCOUNT."""
+    picker_node_selector: tuple[tuple[str, str], ...] = ()
+    """Node labels the picker's pods must match, as (key, value) pairs; none: any node. Flag
+    --picker-node-selector KEY=VALUE (repeated), env CHATFLEET_PICKER_NODE_SELECTOR (comma-separated)."""
+    picker_tolerations: tuple[tuple[str, str | None, str], ...] = ()
+    """Taints the picker's pods tolerate, as (key, value or None for any value, effect or "" for every
+    effect). Flag --picker-toleration KEY[=VALUE][:EFFECT] (repeated, the syntax of `kubectl taint`), env
+    CHATFLEET_PICKER_TOLERATIONS (comma-separated). A small CPU pod: it is placed like the operator's own
+    system pods, not on the GPU nodes, unless these say so."""
     probe_url_template: str = "http://{service}-{track}.{namespace}.svc.{domain}:8080/v1/chat/completions"
     """Where probe prompts go; {namespace} {service} {track} {domain} are filled in (spec.analysis.probe.url wins)."""
     route_settle_seconds: float = 10.0
@@ -216,6 +225,46 @@ def _items(value: str) -> tuple[str, ...]:
     return tuple(item.strip() for item in value.split(",") if item.strip())
 
 
+#: A label or taint key: an optional DNS-subdomain prefix and a name (Kubernetes' qualified name).
+_KEY = re.compile(r"([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+
+
+def node_selector_item(text: str) -> tuple[str, str]:
+    """KEY=VALUE, a node label the picker's pods must match; ValueError saying what is wrong."""
+    key, sep, value = text.strip().partition("=")
+    if not sep:
+        raise ValueError(f"{text.strip()!r} is not KEY=VALUE")
+    if not _KEY.fullmatch(key):
+        raise ValueError(f"{key!r} is not a label key")
+    if not _LABEL_VALUE.fullmatch(value):
+        raise ValueError(f"{value!r} is not a label value")
+    return key, value
+
+
+def toleration_item(text: str) -> tuple[str, str | None, str]:
+    """KEY[=VALUE][:EFFECT] (kubectl taint's syntax): (key, value or None: any value, effect or "": every
+    effect); ValueError saying what is wrong, e.g. 'gpu:NoSchedul' -> the effects allowed."""
+    body, _, effect = text.strip().partition(":")
+    key, sep, value = body.partition("=")
+    if not _KEY.fullmatch(key):
+        raise ValueError(f"{key!r} is not a taint key")
+    if sep and not _LABEL_VALUE.fullmatch(value):
+        raise ValueError(f"{value!r} is not a taint value")
+    if effect and effect not in TAINT_EFFECTS:
+        raise ValueError(f"effect {effect!r} is not one of {', '.join(TAINT_EFFECTS)}")
+    return key, (value if sep else None), effect
+
+
+def _node_selector(value: str) -> tuple[tuple[str, str], ...]:
+    return tuple(node_selector_item(item) for item in _items(value))
+
+
+def _tolerations(value: str) -> tuple[tuple[str, str | None, str], ...]:
+    return tuple(toleration_item(item) for item in _items(value))
+
+
 def _flag(value: str) -> bool:
     """true for 1, true or yes (any case); false otherwise."""
     return value.strip().lower() in ("1", "true", "yes")
@@ -261,6 +310,8 @@ ENVIRONMENT: dict[str, tuple[str, Callable[[str], Any]]] = {
     "CHATFLEET_ROUTING": ("release.routing", _text),
     "CHATFLEET_PICKER_IMAGE": ("release.picker_image", _text),
     "CHATFLEET_PICKER_SERVICE_ACCOUNT": ("release.picker_service_account", _text),
+    "CHATFLEET_PICKER_NODE_SELECTOR": ("release.picker_node_selector", _node_selector),
+    "CHATFLEET_PICKER_TOLERATIONS": ("release.picker_tolerations", _tolerations),
     "CHATFLEET_ANALYSIS_ALLOWED_HOSTS": ("release.analysis_allowed_hosts", _items),
     "CHATFLEET_AUTOSCALER": ("autoscale.metrics_source", _text),
     "CHATFLEET_PROMETHEUS_CA_FILE": ("prometheus.ca_file", _text),

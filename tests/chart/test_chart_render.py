@@ -415,3 +415,47 @@ class TestClusterDefaults:
             check=False,
         )
         assert proc.returncode != 0 and "operator/defaults/prometheusAddress" in proc.stderr
+
+
+class TestPickerPlacement:
+    """operator.gateway.pickerNodeSelector / pickerTolerations: passed as flags, read back by the operator
+    into the picker pod's nodeSelector and tolerations."""
+
+    def test_the_values_reach_the_picker_pod_through_the_operators_flags(self) -> None:
+        from chatfleet_operator.builders.inferencepool import placement
+        from chatfleet_operator.cli import build_settings, parse_args
+
+        values = [
+            "operator.gateway.pickerNodeSelector.pool=system",
+            "operator.gateway.pickerTolerations[0].key=dedicated",
+            "operator.gateway.pickerTolerations[0].value=system",
+            "operator.gateway.pickerTolerations[0].effect=NoSchedule",
+            "operator.gateway.pickerTolerations[1].key=chatfleet.io/any",
+            "operator.gateway.pickerTolerations[1].operator=Exists",
+        ]
+        args = pod_of(render(values))["containers"][0]["args"]
+        release = build_settings(parse_args(args), {}).release
+        assert placement(release.picker_node_selector, release.picker_tolerations) == {
+            "nodeSelector": {"pool": "system"},
+            "tolerations": [
+                {"key": "dedicated", "operator": "Equal", "value": "system", "effect": "NoSchedule"},
+                {"key": "chatfleet.io/any", "operator": "Exists"},
+            ],
+        }
+        default = build_settings(parse_args(pod_of(render([]))["containers"][0]["args"]), {}).release
+        assert placement(default.picker_node_selector, default.picker_tolerations) == {}
+
+    def test_an_unknown_effect_is_refused_naming_the_value(self) -> None:
+        proc = helm(
+            "template",
+            "cf",
+            str(CHART),
+            *set_flags(
+                [
+                    "operator.gateway.pickerTolerations[0].key=a",
+                    "operator.gateway.pickerTolerations[0].effect=Never",
+                ]
+            ),
+            check=False,
+        )
+        assert proc.returncode != 0 and "operator/gateway/pickerTolerations/0/effect" in proc.stderr

@@ -11,7 +11,8 @@ canary's HTTPRoute sends its weights to InferencePools instead of Services (rele
   ServiceAccount --picker-service-account (chatfleet-picker), whose Role lets it list and watch pods.
   The chart writes that ServiceAccount, Role and RoleBinding in the fleets' namespaces; the operator
   writes no RBAC (it could only grant what it holds, but an operator that writes RoleBindings is an
-  escalation path nobody needs).
+  escalation path nobody needs). Where it runs: any node, unless --picker-node-selector and
+  --picker-toleration place it (e.g. on a system node pool; the fleet's GPU nodes need not host it).
 
 The picker's pods carry no `chatfleet.io/service` label: no Service, pool or autoscaler of the fleet
 selects them, and the fleets' NetworkPolicy leaves their ports to the one of their own (the chart).
@@ -19,6 +20,7 @@ selects them, and the fleets' NetworkPolicy leaves their ports to the one of the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from chatfleet_operator import api
@@ -72,8 +74,35 @@ def build_inference_pool(ref: ObjectRef, track: str) -> dict[str, Any]:
     )
 
 
-def build_picker(ref: ObjectRef, image: str, service_account: str) -> list[dict[str, Any]]:
-    """The picker's Deployment (under `service_account`) and Service."""
+def placement(
+    node_selector: Sequence[tuple[str, str]], tolerations: Sequence[tuple[str, str | None, str]]
+) -> dict[str, Any]:
+    """A pod spec's nodeSelector and tolerations, each only when set. A toleration's value None matches
+    any value (operator Exists); an empty effect, every effect."""
+    out: dict[str, Any] = {}
+    if node_selector:
+        out["nodeSelector"] = dict(node_selector)
+    if tolerations:
+        out["tolerations"] = [
+            {
+                "key": key,
+                **({"operator": "Exists"} if value is None else {"operator": "Equal", "value": value}),
+                **({"effect": effect} if effect else {}),
+            }
+            for key, value, effect in tolerations
+        ]
+    return out
+
+
+def build_picker(
+    ref: ObjectRef,
+    image: str,
+    service_account: str,
+    node_selector: Sequence[tuple[str, str]] = (),
+    tolerations: Sequence[tuple[str, str | None, str]] = (),
+) -> list[dict[str, Any]]:
+    """The picker's Deployment (under `service_account`, placed by `node_selector` and `tolerations`, as
+    ReleaseSettings holds them) and Service."""
     name, labels = picker_name(ref), picker_labels(ref)
 
     def meta() -> dict[str, Any]:
@@ -120,6 +149,7 @@ def build_picker(ref: ObjectRef, image: str, service_account: str) -> list[dict[
                     "enableServiceLinks": False,
                     "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
                     "containers": [container],
+                    **placement(node_selector, tolerations),
                 },
             },
         },

@@ -105,7 +105,13 @@ def traffic_objects(ctx: PassContext, intent: TrafficIntent) -> list[dict[str, A
     )
     if pools:
         extra = [build_inference_pool(ref, track) for track in (api.TRACK_STABLE, api.TRACK_CANARY)]
-        extra += build_picker(ref, release.picker_image, release.picker_service_account)
+        extra += build_picker(
+            ref,
+            release.picker_image,
+            release.picker_service_account,
+            release.picker_node_selector,
+            release.picker_tolerations,
+        )
     else:
         extra = (
             [build_traefik_mirror(ref, mirror.percent)] if mirror and mirror.method == TRAEFIK_SERVICE else []

@@ -30,6 +30,11 @@ VALUES = {
     "CHATFLEET_ROUTING": ("Service", "Service"),
     "CHATFLEET_PICKER_IMAGE": ("reg.example/picker:1", "reg.example/picker:1"),
     "CHATFLEET_PICKER_SERVICE_ACCOUNT": ("picker-sa", "picker-sa"),
+    "CHATFLEET_PICKER_NODE_SELECTOR": ("pool=system, zone=a", (("pool", "system"), ("zone", "a"))),
+    "CHATFLEET_PICKER_TOLERATIONS": (
+        "dedicated=system:NoSchedule,gpu",
+        (("dedicated", "system", "NoSchedule"), ("gpu", None, "")),
+    ),
     "CHATFLEET_ANALYSIS_ALLOWED_HOSTS": ("10.96.0.0/12", ("10.96.0.0/12",)),
     "CHATFLEET_AUTOSCALER": ("hpa", "hpa"),
     "CHATFLEET_PROMETHEUS_CA_FILE": ("/ca.pem", "/ca.pem"),
@@ -103,6 +108,8 @@ def test_flags_win_over_the_environment():
         ("CHATFLEET_STARTUP_SECONDS", "1.5", "is not a whole number"),
         ("CHATFLEET_STARTUP_SECONDS", "1", "is below 2"),
         ("CHATFLEET_PROGRESS_STATUS_SECONDS", "soon", "is not a number"),
+        ("CHATFLEET_PICKER_NODE_SELECTOR", "pool", "'pool' is not KEY=VALUE"),
+        ("CHATFLEET_PICKER_TOLERATIONS", "gpu:NoSchedul", "effect 'NoSchedul' is not one of NoSchedule"),
     ],
 )
 def test_an_unreadable_value_exits_naming_its_variable(name, raw, why):
@@ -126,3 +133,30 @@ def test_a_retired_variable_stops_the_start_up_naming_what_replaced_it():
         SystemExit, match="CHATFLEET_STARTUP_FAILURE_THRESHOLD: no longer read: set CHATFLEET_STARTUP_SECONDS"
     ):
         build_settings(parse_args(["run"]), {"CHATFLEET_STARTUP_FAILURE_THRESHOLD": "60"})
+
+
+def test_the_pickers_placement_comes_from_the_flags_over_the_environment():
+    env = {"CHATFLEET_PICKER_NODE_SELECTOR": "pool=gpu", "CHATFLEET_PICKER_TOLERATIONS": "gpu:NoSchedule"}
+    argv = ["run", "--picker-node-selector=pool=system", "--picker-node-selector=zone=a"]
+    got = build_settings(parse_args([*argv, "--picker-toleration=dedicated=system:NoExecute"]), env).release
+    assert got.picker_node_selector == (("pool", "system"), ("zone", "a"))
+    assert got.picker_tolerations == (("dedicated", "system", "NoExecute"),)
+    got = build_settings(parse_args(["run"]), env).release
+    assert (got.picker_node_selector, got.picker_tolerations) == (
+        (("pool", "gpu"),),
+        (("gpu", None, "NoSchedule"),),
+    )
+
+
+@pytest.mark.parametrize(
+    ("flag", "why"),
+    [
+        ("--picker-node-selector=pool", "--picker-node-selector: 'pool' is not KEY=VALUE"),
+        ("--picker-node-selector=bad key=x", "--picker-node-selector: 'bad key' is not a label key"),
+        ("--picker-toleration=gpu:Never", "--picker-toleration: effect 'Never' is not one of NoSchedule"),
+        ("--picker-toleration==x:NoSchedule", "--picker-toleration: '' is not a taint key"),
+    ],
+)
+def test_a_placement_flag_that_cannot_be_read_exits_naming_it(flag, why):
+    with pytest.raises(SystemExit, match=why):
+        build_settings(parse_args(["run", flag]), {})

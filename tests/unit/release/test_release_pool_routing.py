@@ -75,6 +75,29 @@ def test_the_picker_runs_under_the_charts_service_account_and_no_fleet_object_se
     assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"] == {"type": "Recreate"}
     ports = {p["port"] for p in objects[("Service", "bot-picker")]["spec"]["ports"]}
     assert ports == set(PICKER_PORTS.values())
+    assert "nodeSelector" not in pod["spec"] and "tolerations" not in pod["spec"]  # any node, by default
+
+
+def test_the_picker_is_placed_by_the_operators_node_selector_and_tolerations():
+    """A small CPU pod: placed where the operator's settings say (a system node pool), not by the fleet's
+    GPU placement (spec.resources.nodeSelector / tolerations are the Triton pods')."""
+    release = replace(
+        Settings().release,
+        picker_node_selector=(("pool", "system"),),
+        picker_tolerations=(("dedicated", "system", "NoSchedule"), ("chatfleet.io/any", None, "")),
+    )
+    objects = by_key(
+        traffic_objects(
+            pooled(settings=replace(Settings(), release=release)),
+            TrafficIntent("canary", route=WeightedRoute(0)),
+        )
+    )
+    pod = objects[("Deployment", "bot-picker")]["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"pool": "system"}
+    assert pod["tolerations"] == [
+        {"key": "dedicated", "operator": "Equal", "value": "system", "effect": "NoSchedule"},
+        {"key": "chatfleet.io/any", "operator": "Exists"},
+    ]
 
 
 def test_with_pools_the_shadow_mirror_is_gateway_apis_filter_whatever_the_traefik_setting():

@@ -20,7 +20,7 @@ the previous turn (it holds the dialogue's prefix KV), and the mean and p50 TTFT
 run in alternating rounds, each with its own dialogue ids.
 
 Phase 2, a canary: replica 0 is stable (revision a), replica 1 the canary (revision b); the weights move
-20 -> 50 -> 100 (Envoy reprogrammed between stages; the picker keeps running). At each stage
+20 -> 50 -> 100 (each a route update of the running Envoy; the picker keeps running). At each stage
 `--canary-dialogues` new dialogues start and every open dialogue takes two turns, no client header.
 Figures: dialogues that switched revision mid-way, and the canary's share of new dialogues per stage
 against its weight. Modes: weighted Services (round robin) and pools+picker.

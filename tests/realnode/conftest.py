@@ -79,6 +79,9 @@ def real_operator(chatfleet_crd, real_node, tmp_path_factory) -> Iterator[Operat
         f"--gateway={GATEWAY_NAME}",
         f"--gateway-namespace={SHARED_NAMESPACE}",
         "--gateway-mirror=TraefikService",
+        # Services behind its HTTPRoutes even while test_realnode_pools.py has the InferencePool CRD in:
+        # that module's own operator (pool-* namespaces) routes through pools
+        "--routing=Service",
     )
     op = OperatorProcess(
         chatfleet_crd,

@@ -15,8 +15,13 @@ watching the API server (with an extension server for InferencePool backends) is
 
 from __future__ import annotations
 
+import copy
+import json
 import shutil
 import sys
+import threading
+import time
+import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -263,15 +268,45 @@ def envoy_binary() -> Path:
     return Path(found)
 
 
+ROUTE_CONFIG_TYPE = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
+
+
+def with_route_from_file(
+    config: Mapping[str, Any], routes_dir: Path
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`config` with its listener's route read from a file instead (Envoy's filesystem RDS, watched for
+    files moved into `routes_dir`), and that route: (bootstrap, RouteConfiguration). Envoy then takes new
+    weights without a restart, as a gateway's xDS update does: streams in flight are never cut."""
+    bootstrap = copy.deepcopy(dict(config))
+    bootstrap["node"] = {"id": "chatfleet-pool-gateway", "cluster": "chatfleet"}  # what xDS needs to name
+    hcm = bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    route = {"@type": ROUTE_CONFIG_TYPE, "name": "chat", **hcm.pop("route_config")}
+    hcm["rds"] = {
+        "route_config_name": "chat",
+        "config_source": {
+            "resource_api_version": "V3",
+            "path_config_source": {
+                "path": str(routes_dir / "route.yaml"),
+                "watched_directory": {"path": str(routes_dir)},
+            },
+        },
+    }
+    return bootstrap, route
+
+
 class PoolGateway:
-    """Envoy serving one InferencePool route on 127.0.0.1; `program` (re)starts it with new pools or
-    weights, as a gateway reprograms its data plane when the route changes (the pickers keep running)."""
+    """Envoy serving one InferencePool route on 127.0.0.1. `program` sets its pools and weights: new
+    weights over the same pools reach the running Envoy as a route update (streams in flight go on, as
+    behind a gateway fed by xDS); other pools restart it. The pickers keep running either way."""
 
     def __init__(self, workdir: Path, listen_port: int | None = None) -> None:
         self.workdir = workdir
         self.port = listen_port or procs.free_port()
         self.admin_port = procs.free_port()
         self.proc: procs.Proc | None = None
+        self._bootstrap: dict[str, Any] | None = None
+        self._route_version = 0
+        self._route: Mapping[str, Any] | None = None
 
     @property
     def url(self) -> str:
@@ -280,10 +315,45 @@ class PoolGateway:
     def program(
         self, pools: Sequence[Pool], timeout: float = 30.0, *, identify_upstream: bool = False
     ) -> None:
-        """Serve the route over `pools` (Envoy restarted with the new config)."""
-        self.load(
-            envoy_config(pools, self.port, self.admin_port, identify_upstream=identify_upstream), timeout
-        )
+        """Serve the route over `pools`: a route update when only the weights changed, else a restart."""
+        config = envoy_config(pools, self.port, self.admin_port, identify_upstream=identify_upstream)
+        routes = self.workdir / "routes"
+        bootstrap, route = with_route_from_file(config, routes)
+        running = procs.is_ours(self.proc)
+        if running and bootstrap == self._bootstrap and route == self._route:
+            return  # Envoy keeps the version of an update that changes nothing: nothing to wait for
+        self._write_route(routes, route)
+        if running and bootstrap == self._bootstrap:
+            procs.wait_for(
+                "envoy to apply the new route",
+                self._route_applied,
+                timeout=timeout,
+                log=self.workdir / "envoy.log",
+            )
+            return
+        self.load(bootstrap, timeout)
+        self._bootstrap = bootstrap
+
+    def _write_route(self, routes: Path, route: Mapping[str, Any]) -> None:
+        """The route file, replaced whole by a rename into the watched folder (what Envoy reloads on)."""
+        routes.mkdir(parents=True, exist_ok=True)
+        self._route_version += 1
+        doc = {"version_info": str(self._route_version), "resources": [dict(route)]}
+        tmp = self.workdir / "route.yaml.new"
+        tmp.write_text(yaml.safe_dump(doc, sort_keys=False))
+        tmp.replace(routes / "route.yaml")
+        self._route = route
+
+    def _route_applied(self) -> bool:
+        """Whether Envoy serves the last route written (its admin config dump's version)."""
+        url = f"http://127.0.0.1:{self.admin_port}/config_dump?resource=dynamic_route_configs"
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                dump = json.load(r)
+        except (OSError, ValueError):
+            return False
+        versions = [c.get("version_info") for c in dump.get("configs") or []]
+        return str(self._route_version) in versions
 
     def serve_services(
         self,
@@ -307,6 +377,7 @@ class PoolGateway:
     def load(self, config: Mapping[str, Any], timeout: float = 30.0) -> None:
         """(Re)start Envoy with `config` (listening on this gateway's ports)."""
         self.stop()
+        self._bootstrap = None
         self.workdir.mkdir(parents=True, exist_ok=True)
         path = self.workdir / "envoy.yaml"
         path.write_text(yaml.safe_dump(dict(config), sort_keys=False))
@@ -371,3 +442,163 @@ if __name__ == "__main__":  # print a config for two pools, to read
         ),
         sys.stdout,
     )
+
+
+#: The GatewayClass and controller name of the local pool gateway (no other controller claims them).
+POOL_GATEWAY_CLASS = "chatfleet-local-envoy"
+POOL_CONTROLLER = "chatfleet.io/local-pool-gateway"
+
+
+def gateway_objects(namespace: str, name: str) -> list[dict[str, Any]]:
+    """The GatewayClass and Gateway the pool gateway serves (one HTTP listener, routes from every namespace)."""
+    return [
+        {
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "GatewayClass",
+            "metadata": {"name": POOL_GATEWAY_CLASS},
+            "spec": {"controllerName": POOL_CONTROLLER},
+        },
+        {
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "Gateway",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "gatewayClassName": POOL_GATEWAY_CLASS,
+                "listeners": [
+                    {
+                        "name": "http",
+                        "port": 80,
+                        "protocol": "HTTP",
+                        "allowedRoutes": {"namespaces": {"from": "All"}},
+                    }
+                ],
+            },
+        },
+    ]
+
+
+def parent_status(gateway_namespace: str, gateway_name: str, generation: int, with_controller: bool) -> dict:
+    """One status.parents entry: the Gateway accepts the object and resolves its references (an HTTPRoute's
+    entry names its controller; an InferencePool's has no such field)."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    conditions = [
+        {
+            "type": kind,
+            "status": "True",
+            "reason": kind,
+            "message": f"served by the local pool gateway ({POOL_CONTROLLER})",
+            "observedGeneration": generation,
+            "lastTransitionTime": now,
+        }
+        for kind in ("Accepted", "ResolvedRefs")
+    ]
+    ref = {
+        "group": "gateway.networking.k8s.io",
+        "kind": "Gateway",
+        "namespace": gateway_namespace,
+        "name": gateway_name,
+    }
+    entry: dict[str, Any] = {"parentRef": ref, "conditions": conditions}
+    if with_controller:
+        entry["controllerName"] = POOL_CONTROLLER
+    return entry
+
+
+class PoolRouteController(threading.Thread):
+    """What a Gateway's controller does for one HTTPRoute over InferencePools, on the local platform (Envoy
+    Gateway's place): reads the route and its pools from the API every `period` seconds, programs the
+    PoolGateway when the pools or weights change (route updates: nothing in flight is cut), and writes the
+    Gateway's word (Accepted, ResolvedRefs) into their status. A pool's picker is reached at its Service's
+    ClusterIP (kube-proxy on this host). An error stops the thread and is raised by `check`."""
+
+    def __init__(
+        self,
+        cluster: Any,
+        namespace: str,
+        route_name: str,
+        gateway: PoolGateway,
+        parent: tuple[str, str],
+        *,
+        period: float = 0.5,
+        identify_upstream: bool = True,
+    ) -> None:
+        super().__init__(daemon=True, name=f"pool-route-{namespace}/{route_name}")
+        self.cluster, self.namespace, self.route_name = cluster, namespace, route_name
+        self.gateway, self.parent, self.period = gateway, parent, period
+        self.identify_upstream = identify_upstream
+        self.programs: list[tuple[float, tuple[tuple[str, int], ...]]] = []
+        """(monotonic time, ((pool, weight), ...)) each time the gateway took new pools or weights."""
+        self.error: BaseException | None = None
+        self._halt = threading.Event()
+        self._written: dict[tuple[str, str], int] = {}
+
+    def _get(self, kind: str, name: str = "") -> dict[str, Any] | None:
+        args = ["get", kind, *([name] if name else []), "-o", "json"]
+        res = self.cluster.kubectl(*args, namespace=self.namespace, check=False)
+        return json.loads(res.stdout) if res.returncode == 0 else None
+
+    def _write_status(self, kind: str, obj: Mapping[str, Any], with_controller: bool) -> None:
+        meta = obj["metadata"]
+        generation = int(meta.get("generation", 1))
+        if self._written.get((kind, meta["name"])) == generation:
+            return
+        entry = parent_status(*self.parent, generation, with_controller)
+        patch = json.dumps({"status": {"parents": [entry]}})
+        self.cluster.kubectl(
+            "patch",
+            kind,
+            meta["name"],
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            patch,
+            namespace=self.namespace,
+        )
+        self._written[(kind, meta["name"])] = generation
+
+    def pass_once(self) -> None:
+        """One look at the route and its pools: program the gateway, write their status."""
+        route = self._get("httproute", self.route_name)
+        if route is None:
+            return
+        backends = route["spec"]["rules"][-1].get("backendRefs") or []
+        if not backends or any(b.get("kind") != "InferencePool" for b in backends):
+            return  # a route over Services: not this gateway's
+        listing = self._get("inferencepools") or {"items": []}
+        pools = {p["metadata"]["name"]: p for p in listing["items"]}
+        if any(b["name"] not in pools for b in backends):
+            return  # a pool not written yet
+        pickers = {pools[b["name"]]["spec"]["endpointPickerRef"]["name"] for b in backends}
+        hosts = {}
+        for picker in pickers:
+            svc = self._get("service", picker)
+            if svc is None or not svc["spec"].get("clusterIP"):
+                return  # the picker's Service not written yet
+            hosts[picker] = svc["spec"]["clusterIP"]
+        (host,) = set(hosts.values())  # the operator's pools of one route share one picker
+        found = pools_of(route, pools, host)
+        self.gateway.program(found, identify_upstream=self.identify_upstream)
+        weights = tuple((p.name, p.weight) for p in found)
+        if not self.programs or self.programs[-1][1] != weights:
+            self.programs.append((time.monotonic(), weights))
+        self._write_status("httproute", route, with_controller=True)
+        for b in backends:
+            self._write_status("inferencepool", pools[b["name"]], with_controller=False)
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            try:
+                self.pass_once()
+            except BaseException as exc:  # raised again by check(), in the test's thread
+                self.error = exc
+                return
+            self._halt.wait(self.period)
+
+    def check(self) -> None:
+        """Raise what stopped the thread, if anything did."""
+        if self.error is not None:
+            raise PlatformError(f"the pool route controller stopped: {self.error!r}") from self.error
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(30)

@@ -18,6 +18,7 @@ Bounded in count (`max_dialogues`) and time (`max_seconds`); it stops by itself.
 from __future__ import annotations
 
 import http.client
+import itertools
 import json
 import random
 import threading
@@ -52,6 +53,8 @@ class TurnResult:
     """When the turn's dialogue began (monotonic): which dialogues began after a fault."""
     seconds: float = 0.0
     """How long the turn took, from the request to the stream's end (or the failure)."""
+    upstream: str = ""
+    """The replica that answered, as the gateway named it (DialogueLoad.upstream_header; '' when not asked)."""
 
 
 def _first_event(body: str) -> dict[str, Any] | None:
@@ -79,8 +82,10 @@ def chat_turn(
     source: str | None = None,
     timeout: float = 60.0,
     max_tokens: int = 6,
+    upstream_header: str = "",
 ) -> TurnResult:
-    """One streamed turn of a dialogue through `url` (http://host:port); never raises."""
+    """One streamed turn of a dialogue through `url` (http://host:port); never raises. With
+    `upstream_header`, the result's `upstream` is that response header (the replica that answered)."""
     parsed = urllib.parse.urlsplit(url)
     conn = http.client.HTTPConnection(
         parsed.hostname, parsed.port or 80, timeout=timeout, source_address=(source, 0) if source else None
@@ -104,13 +109,14 @@ def chat_turn(
             return TurnResult(outcome, revision, at=now, error=_why(exc))
     finally:
         conn.close()
+    upstream = (resp.getheader(upstream_header) or "") if upstream_header else ""
     if resp.status != 200:
         # who refused: a draining chat API answers JSON with Retry-After, a gateway with no backend its own text
         retry = resp.getheader("Retry-After")
         why = f"pin={pin or '-'} retry-after={retry or '-'} {' '.join(text_body.split())[:70]}"
-        return TurnResult(f"http-{resp.status}", revision, at=now, error=why)
+        return TurnResult(f"http-{resp.status}", revision, at=now, error=why, upstream=upstream)
     if "data: [DONE]" not in text_body:
-        return TurnResult("cut", revision, at=now)
+        return TurnResult("cut", revision, at=now, upstream=upstream)
     first = _first_event(text_body) or {}
     info = first.get("chatfleet") or {}
     turns = info.get("history_turns")
@@ -122,17 +128,20 @@ def chat_turn(
         history=str(info.get("history") or ""),
         at=now,
         fallback=fallback,
+        upstream=upstream,
     )
 
 
 @dataclass(frozen=True)
 class DialogueRecord:
-    """One finished dialogue: when it began and ended (monotonic), its revisions in turn order, switched or not."""
+    """One finished dialogue: when it began and ended (monotonic), its revisions in turn order, switched or
+    not, and the replicas that answered its turns (in order; empty without DialogueLoad.upstream_header)."""
 
     started: float
     ended: float
     revisions: tuple[str, ...]
     switched: bool
+    replicas: tuple[str, ...] = ()
 
 
 @dataclass
@@ -156,6 +165,9 @@ class DialogueLoad:
     """Seconds an address rests between dialogues: more than the affinity timeout (the session TTL)."""
     timeout: float = 60.0
     seed: int = 7
+    upstream_header: str = ""
+    """A response header naming the replica that answered (a gateway's, e.g. the pool gateway's
+    x-gateway-upstream): recorded per turn, for `kept_replica`."""
     results: list[TurnResult] = field(default_factory=list)
     dialogues: int = 0
     switched: int = 0
@@ -201,13 +213,19 @@ class DialogueLoad:
         sid = uuid.uuid4().hex
         first_revision, saved, switched, lost = "", 0, False, 0
         previous = "first turn"
-        started, seen = time.monotonic(), []
+        started, seen, replicas = time.monotonic(), [], []
         for k in range(self.turns):
             if self._stop.is_set():
                 break
             pin = first_revision if self.pin and k > 0 else ""
             r = chat_turn(
-                self.url, sid, f"turn {k} of {sid[:6]}", pin=pin, source=source, timeout=self.timeout
+                self.url,
+                sid,
+                f"turn {k} of {sid[:6]}",
+                pin=pin,
+                source=source,
+                timeout=self.timeout,
+                upstream_header=self.upstream_header,
             )
             r.dialogue_started = started
             r.seconds = time.monotonic() - r.at
@@ -217,6 +235,7 @@ class DialogueLoad:
                     self.revisions[r.revision] += 1
             if r.outcome == "ok":
                 seen.append(r.revision)
+                replicas.append(r.upstream)
                 if k == 0 or not first_revision:
                     first_revision = first_revision or r.revision
                 elif r.revision and r.revision != first_revision:
@@ -238,7 +257,9 @@ class DialogueLoad:
             self.dialogues += 1
             self.switched += int(switched)
             self.lost_history += lost
-            self.records.append(DialogueRecord(started, time.monotonic(), tuple(seen), switched))
+            self.records.append(
+                DialogueRecord(started, time.monotonic(), tuple(seen), switched, tuple(replicas))
+            )
 
     def start(self) -> DialogueLoad:
         """Start the users (each its own thread and random stream)."""
@@ -288,6 +309,14 @@ class DialogueLoad:
         with self._lock:
             inside = [r for r in self.records if r.started >= t0 and r.ended <= t1]
         return len(inside), sum(r.switched for r in inside)
+
+    def kept_replica(self, t0: float, t1: float) -> tuple[int, int]:
+        """Over the dialogues that began at or after t0 and ended by t1: (their answered turns after the
+        first, how many of those the replica of the turn before answered: the one holding the prefix KV)."""
+        with self._lock:
+            inside = [r.replicas for r in self.records if r.started >= t0 and r.ended <= t1]
+        pairs = [(a, b) for replicas in inside for a, b in itertools.pairwise(replicas)]
+        return len(pairs), sum(1 for a, b in pairs if a and a == b)
 
     def bad_turns(self) -> list[TurnResult]:
         """Every turn not answered well (cut, non-2xx, no answer, a lost history), in the order they began."""

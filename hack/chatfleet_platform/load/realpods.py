@@ -234,8 +234,11 @@ def pod_request_counts(
     return {(s["metric"].get("pod", ""), s["metric"].get("track", "")): float(s["value"][1]) for s in data}
 
 
-def fleet_podmonitor() -> dict[str, Any]:
-    """The chart's fleet PodMonitor as `helm template` renders it with monitoring on."""
+def chart_template(show_only: str, *values: str) -> list[dict[str, Any]]:
+    """The documents of one chart template as `helm template` renders it with `values` (KEY=VALUE)."""
+    import yaml
+
+    sets = [arg for value in values for arg in ("--set", value)]
     out = subprocess.run(
         [
             str(require_binaries(("helm",)).helm),
@@ -244,21 +247,29 @@ def fleet_podmonitor() -> dict[str, Any]:
             str(REPO_ROOT / "charts" / "chatfleet-operator"),
             "--namespace",
             "chatfleet-system",
-            "--set",
-            "monitoring.fleetPodMonitor.enabled=true",
+            *sets,
             "--show-only",
-            "templates/podmonitor-fleets.yaml",
+            show_only,
         ],
         capture_output=True,
         text=True,
         check=True,
         timeout=60,
     ).stdout
-    import yaml
+    return [d for d in yaml.safe_load_all(out) if d]
 
+
+def fleet_podmonitor() -> dict[str, Any]:
+    """The chart's fleet PodMonitor as `helm template` renders it with monitoring on."""
+    docs = chart_template("templates/podmonitor-fleets.yaml", "monitoring.fleetPodMonitor.enabled=true")
     # the template also holds the relays' monitor (their pods carry no chatfleet.io/service label)
-    (fleets,) = [d for d in yaml.safe_load_all(out) if d and d["metadata"]["name"].endswith("-fleets")]
+    (fleets,) = [d for d in docs if d["metadata"]["name"].endswith("-fleets")]
     return fleets
+
+
+def picker_rbac(namespace: str) -> list[dict[str, Any]]:
+    """The chart's ServiceAccount, Role and RoleBinding of the endpoint picker, for one fleet namespace."""
+    return chart_template("templates/picker-rbac.yaml", f"operator.gateway.pickerNamespaces={{{namespace}}}")
 
 
 def container_pid(cluster: Any, pod: dict[str, Any], container: str) -> int:

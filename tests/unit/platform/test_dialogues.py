@@ -39,6 +39,7 @@ def serve(script):
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("x-chatfleet-revision", revision)
+            self.send_header("x-gateway-upstream", f"replica-{k // 2}")  # turns 0-1, 2-3, 4 on three replicas
             self.end_headers()
             meta = {"history_turns": turns, "history": "ok"}
             if kind == "fallback":  # the chat API's fallback text instead of the model (not stored)
@@ -128,3 +129,19 @@ def test_each_dialogue_arrives_from_an_address_that_rested():
     load._release(first)
     load._stop.set()  # both resting or in use: a third dialogue would wait; stopped, it gets none
     assert load._address() is None
+
+
+def test_the_replica_of_each_turn_is_recorded_and_a_move_counted():
+    """Turns 0-1 on replica-0, 2-3 on replica-1, 4 on replica-2: of the 4 turns after a first, 2 stayed."""
+    server = serve(lambda k, pin: ("ok", "a", None))
+    try:
+        url = f"http://127.0.0.1:{server.server_port}"
+        load = DialogueLoad(url, think_seconds=(0, 0), turns=5, concurrency=1, max_dialogues=2,
+                            upstream_header="x-gateway-upstream").start()  # fmt: skip
+        assert load.wait(30)
+    finally:
+        server.shutdown()
+    replicas = ("replica-0", "replica-0", "replica-1", "replica-1", "replica-2")
+    assert [r.replicas for r in load.records] == [replicas, replicas]
+    assert load.kept_replica(0, float("inf")) == (8, 4)
+    assert DialogueLoad("http://x").kept_replica(0, 1) == (0, 0)

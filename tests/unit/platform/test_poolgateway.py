@@ -3,6 +3,8 @@ objects the operator writes, and the plain-Service gateway the routing benchmark
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from chatfleet_operator.builders.httproute import build_httproute
 from chatfleet_operator.builders.inferencepool import PICKER_PORTS, build_inference_pool
@@ -10,11 +12,14 @@ from chatfleet_operator.spec import ObjectRef
 from chatfleet_platform.addons.poolgateway import (
     DESTINATION_HEADER,
     EXT_PROC,
+    POOL_CONTROLLER,
     UPSTREAM_HEADER,
+    PoolRouteController,
     ServiceBackend,
     envoy_config,
     pools_of,
     service_config,
+    with_route_from_file,
 )
 from chatfleet_platform.common.config import PlatformError
 
@@ -65,3 +70,92 @@ def test_the_service_gateway_balances_or_hashes_and_can_name_the_upstream():
     route = hcm(hashed)["route_config"]["virtual_hosts"][0]["routes"][0]["route"]
     assert route["hash_policy"] == [{"header": {"header_name": "x-session-id"}}]
     assert hcm(hashed)["route_config"]["response_headers_to_add"][0]["header"]["key"] == UPSTREAM_HEADER
+
+
+def test_the_gateways_route_is_read_from_a_watched_file():
+    """Envoy takes new weights as a route update (filesystem RDS), not a restart: streams go on."""
+    route = build_httproute(
+        REF, stable_weight=80, canary_weight=20, gateway_name="gw", pool_group="inference.networking.k8s.io"
+    )
+    pools = {p["metadata"]["name"]: p for p in (build_inference_pool(REF, t) for t in ("stable", "canary"))}
+    config = envoy_config(pools_of(route, pools, "127.0.0.1"), 10080, 10081, identify_upstream=True)
+    bootstrap, served = with_route_from_file(config, Path("/tmp/routes"))
+    assert "route_config" not in hcm(bootstrap) and "route_config" in hcm(config)  # the input is kept
+    source = hcm(bootstrap)["rds"]["config_source"]["path_config_source"]
+    assert source == {"path": "/tmp/routes/route.yaml", "watched_directory": {"path": "/tmp/routes"}}
+    assert bootstrap["node"]["id"]  # xDS needs a node
+    weighted = served["virtual_hosts"][0]["routes"][0]["route"]["weighted_clusters"]["clusters"]
+    assert [(c["name"], c["weight"]) for c in weighted] == [("pool-bot", 80), ("pool-bot-canary", 20)]
+    assert served["response_headers_to_add"][0]["header"]["key"] == UPSTREAM_HEADER
+
+
+class FakeCluster:
+    """kubectl over the operator's objects: get -o json answers them, patch --subresource=status records."""
+
+    def __init__(self, objects):
+        self.objects, self.patches = objects, []
+
+    def kubectl(self, *args, namespace=None, check=True):
+        import json
+        import subprocess
+
+        if args[0] == "patch":
+            self.patches.append((args[1], args[2], json.loads(args[-1])))
+            return subprocess.CompletedProcess(args, 0, "", "")
+        kind, name = args[1], args[2] if args[2] != "-o" else ""
+        if name:
+            found = self.objects.get((kind, name))
+            return subprocess.CompletedProcess(
+                args, 0 if found else 1, json.dumps(found) if found else "", ""
+            )
+        items = [o for (k, _), o in self.objects.items() if k == kind]
+        return subprocess.CompletedProcess(args, 0, json.dumps({"items": items}), "")
+
+
+class FakeGateway:
+    def __init__(self):
+        self.programmed = []
+
+    def program(self, pools, identify_upstream=False):
+        self.programmed.append([(p.name, p.weight, p.picker_host, p.picker_port) for p in pools])
+
+
+def test_the_route_controller_programs_the_pools_at_the_pickers_cluster_ip_and_writes_their_status():
+    route = build_httproute(
+        REF, stable_weight=50, canary_weight=50, gateway_name="gw", gateway_namespace="edge",
+        pool_group="inference.networking.k8s.io",
+    )  # fmt: skip
+    route["metadata"]["generation"] = 3
+    objects = {("httproute", "bot"): route, ("service", "bot-picker"): {"spec": {"clusterIP": "10.96.0.9"}}}
+    for track in ("stable", "canary"):
+        pool = build_inference_pool(REF, track)
+        objects[("inferencepools", pool["metadata"]["name"])] = pool
+    cluster, gateway = FakeCluster(objects), FakeGateway()
+    controller = PoolRouteController(cluster, "ns", "bot", gateway, ("edge", "gw"))
+    controller.pass_once()
+    controller.pass_once()
+    picker = PICKER_PORTS
+    assert gateway.programmed[0] == [
+        ("bot", 50, "10.96.0.9", picker["stable"]),
+        ("bot-canary", 50, "10.96.0.9", picker["canary"]),
+    ]
+    assert [w for _, w in controller.programs] == [(("bot", 50), ("bot-canary", 50))]  # one change, once
+    # each object's status written once per generation, naming the Gateway; the route's names the controller
+    assert [(k, n) for k, n, _ in cluster.patches] == [
+        ("httproute", "bot"), ("inferencepool", "bot"), ("inferencepool", "bot-canary")
+    ]  # fmt: skip
+    (entry,) = cluster.patches[0][2]["status"]["parents"]
+    assert entry["parentRef"]["name"] == "gw" and entry["parentRef"]["namespace"] == "edge"
+    assert entry["controllerName"] == POOL_CONTROLLER
+    assert {c["type"]: (c["status"], c["observedGeneration"]) for c in entry["conditions"]} == {
+        "Accepted": ("True", 3),
+        "ResolvedRefs": ("True", 3),
+    }
+    assert "controllerName" not in cluster.patches[1][2]["status"]["parents"][0]
+
+
+def test_the_route_controller_leaves_a_route_over_services_alone():
+    route = build_httproute(REF, stable_weight=100, canary_weight=0, gateway_name="gw")
+    cluster, gateway = FakeCluster({("httproute", "bot"): route}), FakeGateway()
+    PoolRouteController(cluster, "ns", "bot", gateway, ("ns", "gw")).pass_once()
+    assert gateway.programmed == [] and cluster.patches == []

@@ -283,18 +283,16 @@ def build_settings(args: argparse.Namespace, environ: Mapping[str, str] | None =
 def picker_placement(args: argparse.Namespace, release: ReleaseSettings) -> ReleaseSettings:
     """The picker's node selector and tolerations from the flags over `release` (the environment's); a
     value that cannot be read exits naming its flag."""
-    try:
-        if args.picker_node_selector is not None:
-            pairs = tuple(node_selector_item(item) for item in args.picker_node_selector)
-            release = replace(release, picker_node_selector=pairs)
-    except ValueError as exc:
-        raise SystemExit(f"--picker-node-selector: {exc}") from None
-    try:
-        if args.picker_toleration is not None:
-            tolerations = tuple(toleration_item(item) for item in args.picker_toleration)
-            release = replace(release, picker_tolerations=tolerations)
-    except ValueError as exc:
-        raise SystemExit(f"--picker-toleration: {exc}") from None
+    for flag, given, field, parse in (
+        ("--picker-node-selector", args.picker_node_selector, "picker_node_selector", node_selector_item),
+        ("--picker-toleration", args.picker_toleration, "picker_tolerations", toleration_item),
+    ):
+        if given is None:
+            continue
+        try:
+            release = replace(release, **{field: tuple(parse(item) for item in given)})
+        except ValueError as exc:
+            raise SystemExit(f"{flag}: {exc}") from None
     return release
 
 

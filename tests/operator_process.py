@@ -15,6 +15,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +59,15 @@ class OperatorProcess:
     def stats_file(self) -> Path:
         """Stats (passes, latencies, writes) of the current process, written on exit."""
         return self.workdir / f"stats-{self.starts}.json"
+
+    @contextmanager
+    def running(self) -> Iterator[OperatorProcess]:
+        """Started for the with-block, stopped after it (on an error too): a fixture's `with ... as op: yield op`."""
+        self.start()
+        try:
+            yield self
+        finally:
+            self.stop()
 
     def start(self, namespaces: tuple[str, ...] | None = None) -> None:
         """Start the operator (watching `namespaces`, default its scope); wait until kopf is watching."""

@@ -90,11 +90,8 @@ def real_operator(chatfleet_crd, real_node, tmp_path_factory) -> Iterator[Operat
         gateway_args,
         env=REAL_NODE_OPERATOR_ENV,
     )
-    op.start()
-    try:
+    with op.running():
         yield op
-    finally:
-        op.stop()
 
 
 @pytest.fixture(autouse=True)

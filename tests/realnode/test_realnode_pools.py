@@ -34,6 +34,7 @@ import uuid
 import pytest
 from chatfleet_platform.addons import gatewayapi, inferenceext
 from chatfleet_platform.addons.poolgateway import (
+    POOL_GATEWAY_CLASS,
     UPSTREAM_HEADER,
     PoolGateway,
     PoolRouteController,
@@ -59,10 +60,6 @@ USERS = 6
 def pool_operator(cluster, chatfleet_crd, real_node, image_refs, tmp_path_factory):
     """The InferencePool CRDs installed, a Gateway of the local pool gateway's class, and an operator that
     routes pool-* releases through pools, its pickers on the real node."""
-    gatewayapi.install(cluster)
-    inferenceext.install(cluster)
-    cluster.kubectl("create", "namespace", GATEWAY_NAMESPACE)
-    cluster.apply(gateway_objects(GATEWAY_NAMESPACE, GATEWAY_NAME))
     taint = f"{REAL_TAINT['key']}={REAL_TAINT['value']}:{REAL_TAINT['effect']}"
     op = OperatorProcess(
         chatfleet_crd,
@@ -78,13 +75,16 @@ def pool_operator(cluster, chatfleet_crd, real_node, image_refs, tmp_path_factor
         ),
         env=REAL_NODE_OPERATOR_ENV,
     )
-    op.start()
     try:
-        yield op
-    finally:
-        op.stop()
+        gatewayapi.install(cluster)
+        inferenceext.install(cluster)
+        cluster.kubectl("create", "namespace", GATEWAY_NAMESPACE)
+        cluster.apply(gateway_objects(GATEWAY_NAMESPACE, GATEWAY_NAME))
+        with op.running():
+            yield op
+    finally:  # the modules after this one keep the replica-ratio mode they expect
         cluster.kubectl("delete", "namespace", GATEWAY_NAMESPACE, "--wait=false", check=False)
-        cluster.kubectl("delete", "gatewayclass", "--all", "--ignore-not-found", "--wait=false", check=False)
+        cluster.kubectl("delete", "gatewayclass", POOL_GATEWAY_CLASS, "--ignore-not-found", check=False)
         inferenceext.uninstall(cluster)
         gatewayapi.uninstall(cluster)
 

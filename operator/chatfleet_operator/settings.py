@@ -139,8 +139,8 @@ class ReleaseSettings:
     picker_tolerations: tuple[tuple[str, str | None, str], ...] = ()
     """Taints the picker's pods tolerate, as (key, value or None for any value, effect or "" for every
     effect). Flag --picker-toleration KEY[=VALUE][:EFFECT] (repeated, the syntax of `kubectl taint`), env
-    CHATFLEET_PICKER_TOLERATIONS (comma-separated). A small CPU pod: it is placed like the operator's own
-    system pods, not on the GPU nodes, unless these say so."""
+    CHATFLEET_PICKER_TOLERATIONS (comma-separated). With neither set, the picker (a small CPU pod) goes to
+    any node whose taints it tolerates, i.e. an untainted one."""
     probe_url_template: str = "http://{service}-{track}.{namespace}.svc.{domain}:8080/v1/chat/completions"
     """Where probe prompts go; {namespace} {service} {track} {domain} are filled in (spec.analysis.probe.url wins)."""
     route_settle_seconds: float = 10.0

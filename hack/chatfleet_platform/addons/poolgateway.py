@@ -332,7 +332,6 @@ class PoolGateway:
             )
             return
         self.load(bootstrap, timeout)
-        self._bootstrap = bootstrap
 
     def _write_route(self, routes: Path, route: Mapping[str, Any]) -> None:
         """The route file, replaced whole by a rename into the watched folder (what Envoy reloads on)."""
@@ -377,7 +376,7 @@ class PoolGateway:
     def load(self, config: Mapping[str, Any], timeout: float = 30.0) -> None:
         """(Re)start Envoy with `config` (listening on this gateway's ports)."""
         self.stop()
-        self._bootstrap = None
+        self._bootstrap = dict(config)  # what `program` compares a new route's bootstrap with
         self.workdir.mkdir(parents=True, exist_ok=True)
         path = self.workdir / "envoy.yaml"
         path.write_text(yaml.safe_dump(dict(config), sort_keys=False))
@@ -433,15 +432,6 @@ def start_picker(
     for port in pools.values():
         procs.wait_for("picker", lambda p=port: procs.port_in_use(p), timeout=timeout, log=log, proc=proc)
     return proc
-
-
-if __name__ == "__main__":  # print a config for two pools, to read
-    yaml.safe_dump(
-        envoy_config(
-            [Pool("bot", 80, "127.0.0.1", 9002), Pool("bot-canary", 20, "127.0.0.1", 9003)], 10080, 10081
-        ),
-        sys.stdout,
-    )
 
 
 #: The GatewayClass and controller name of the local pool gateway (no other controller claims them).
@@ -532,10 +522,13 @@ class PoolRouteController(threading.Thread):
         self._halt = threading.Event()
         self._written: dict[tuple[str, str], int] = {}
 
-    def _get(self, kind: str, name: str = "") -> dict[str, Any] | None:
-        args = ["get", kind, *([name] if name else []), "-o", "json"]
-        res = self.cluster.kubectl(*args, namespace=self.namespace, check=False)
-        return json.loads(res.stdout) if res.returncode == 0 else None
+    def _objects(self) -> dict[tuple[str, str], dict[str, Any]]:
+        """The namespace's HTTPRoutes, InferencePools and Services by (kind, name): one kubectl call a pass."""
+        res = self.cluster.kubectl(
+            "get", "httproutes,inferencepools,services", "-o", "json", namespace=self.namespace, check=False
+        )
+        items = json.loads(res.stdout).get("items", []) if res.returncode == 0 else []
+        return {(o["kind"], o["metadata"]["name"]): o for o in items}
 
     def _write_status(self, kind: str, obj: Mapping[str, Any], with_controller: bool) -> None:
         meta = obj["metadata"]
@@ -558,24 +551,21 @@ class PoolRouteController(threading.Thread):
 
     def pass_once(self) -> None:
         """One look at the route and its pools: program the gateway, write their status."""
-        route = self._get("httproute", self.route_name)
+        objects = self._objects()
+        route = objects.get(("HTTPRoute", self.route_name))
         if route is None:
             return
         backends = route["spec"]["rules"][-1].get("backendRefs") or []
         if not backends or any(b.get("kind") != "InferencePool" for b in backends):
             return  # a route over Services: not this gateway's
-        listing = self._get("inferencepools") or {"items": []}
-        pools = {p["metadata"]["name"]: p for p in listing["items"]}
+        pools = {name: o for (kind, name), o in objects.items() if kind == "InferencePool"}
         if any(b["name"] not in pools for b in backends):
             return  # a pool not written yet
-        pickers = {pools[b["name"]]["spec"]["endpointPickerRef"]["name"] for b in backends}
-        hosts = {}
-        for picker in pickers:
-            svc = self._get("service", picker)
-            if svc is None or not svc["spec"].get("clusterIP"):
-                return  # the picker's Service not written yet
-            hosts[picker] = svc["spec"]["clusterIP"]
-        (host,) = set(hosts.values())  # the operator's pools of one route share one picker
+        # the operator's pools of one route share one picker
+        (picker,) = {pools[b["name"]]["spec"]["endpointPickerRef"]["name"] for b in backends}
+        host = (objects.get(("Service", picker)) or {}).get("spec", {}).get("clusterIP")
+        if not host:
+            return  # the picker's Service not written yet
         found = pools_of(route, pools, host)
         self.gateway.program(found, identify_upstream=self.identify_upstream)
         weights = tuple((p.name, p.weight) for p in found)
@@ -602,3 +592,12 @@ class PoolRouteController(threading.Thread):
     def stop(self) -> None:
         self._halt.set()
         self.join(30)
+
+
+if __name__ == "__main__":  # print a config for two pools, to read
+    yaml.safe_dump(
+        envoy_config(
+            [Pool("bot", 80, "127.0.0.1", 9002), Pool("bot-canary", 20, "127.0.0.1", 9003)], 10080, 10081
+        ),
+        sys.stdout,
+    )

@@ -90,7 +90,8 @@ def test_the_gateways_route_is_read_from_a_watched_file():
 
 
 class FakeCluster:
-    """kubectl over the operator's objects: get -o json answers them, patch --subresource=status records."""
+    """kubectl over the operator's objects: `get -o json` lists them all (the controller asks for the
+    namespace's routes, pools and Services at once), `patch --subresource=status` is recorded."""
 
     def __init__(self, objects):
         self.objects, self.patches = objects, []
@@ -102,14 +103,8 @@ class FakeCluster:
         if args[0] == "patch":
             self.patches.append((args[1], args[2], json.loads(args[-1])))
             return subprocess.CompletedProcess(args, 0, "", "")
-        kind, name = args[1], args[2] if args[2] != "-o" else ""
-        if name:
-            found = self.objects.get((kind, name))
-            return subprocess.CompletedProcess(
-                args, 0 if found else 1, json.dumps(found) if found else "", ""
-            )
-        items = [o for (k, _), o in self.objects.items() if k == kind]
-        return subprocess.CompletedProcess(args, 0, json.dumps({"items": items}), "")
+        assert args[:2] == ("get", "httproutes,inferencepools,services"), args
+        return subprocess.CompletedProcess(args, 0, json.dumps({"items": self.objects}), "")
 
 
 class FakeGateway:
@@ -126,10 +121,13 @@ def test_the_route_controller_programs_the_pools_at_the_pickers_cluster_ip_and_w
         pool_group="inference.networking.k8s.io",
     )  # fmt: skip
     route["metadata"]["generation"] = 3
-    objects = {("httproute", "bot"): route, ("service", "bot-picker"): {"spec": {"clusterIP": "10.96.0.9"}}}
-    for track in ("stable", "canary"):
-        pool = build_inference_pool(REF, track)
-        objects[("inferencepools", pool["metadata"]["name"])] = pool
+    picker_service = {
+        "kind": "Service",
+        "metadata": {"name": "bot-picker"},
+        "spec": {"clusterIP": "10.96.0.9"},
+    }
+    objects = [route, picker_service]
+    objects += [build_inference_pool(REF, track) for track in ("stable", "canary")]
     cluster, gateway = FakeCluster(objects), FakeGateway()
     controller = PoolRouteController(cluster, "ns", "bot", gateway, ("edge", "gw"))
     controller.pass_once()
@@ -156,6 +154,6 @@ def test_the_route_controller_programs_the_pools_at_the_pickers_cluster_ip_and_w
 
 def test_the_route_controller_leaves_a_route_over_services_alone():
     route = build_httproute(REF, stable_weight=100, canary_weight=0, gateway_name="gw")
-    cluster, gateway = FakeCluster({("httproute", "bot"): route}), FakeGateway()
+    cluster, gateway = FakeCluster([route]), FakeGateway()
     PoolRouteController(cluster, "ns", "bot", gateway, ("ns", "gw")).pass_once()
     assert gateway.programmed == [] and cluster.patches == []

@@ -42,9 +42,10 @@ help: ## This list
 ##@ Setup (each target installs what it needs; `make test` and `make demo` call them)
 
 .PHONY: setup
-setup: venv system-deps ## Python packages, Debian packages, platform binaries, chart tools, test servers, images
-	@# The Go builds keep both cores busy; the images and the test servers mostly wait on the disk and on
-	@# pip, so they run beside them (each prints its own [build]/[images] lines).
+setup: system-deps ## Python packages, Debian packages, platform binaries, chart tools, test servers, images
+	@# The Go builds keep both cores busy; the venv, the images and the test servers mostly wait on the
+	@# network, the disk and pip, so they run beside them (each prints its own [build]/[images] lines): the
+	@# venv first, then the images (they need it) and the test servers (their torch from pip's cache).
 	@$(MAKE) --no-print-directory -j3 platform-build test-servers images
 	@$(MAKE) --no-print-directory chart-tools
 
@@ -68,7 +69,7 @@ platform-build: ## Build etcd, Kubernetes, kwok, helm, Prometheus, KEDA and Trae
 	@bash hack/build-platform.sh
 
 .PHONY: test-servers
-test-servers: ## The OCI registry (Go module proxy) and moto's S3 server (own venv) the model-URI tests start; guidellm (own venv), the stock benchmark client
+test-servers: | venv ## The OCI registry (Go module proxy) and moto's S3 server (own venv) the model-URI tests start; guidellm (own venv), the stock benchmark client
 	@bash hack/build-test-servers.sh
 
 .PHONY: chart-tools

@@ -56,6 +56,14 @@ except Exception: print("no answer")')"
   printf '%s' "$dir"
 }
 
+# a fresh, writable copy of a module's source in DIR, and cd into it: for the builds that patch a file or
+# need the module's own go.mod (replace directives, which `go install pkg@version` refuses)
+enter_copy() {
+  local src
+  src=$(module_dir "$1")
+  rm -rf "$2" && mkdir -p "$(dirname "$2")" && cp -r "$src" "$2" && chmod -R u+w "$2" && cd "$2"
+}
+
 have() { [ -x "$BIN/$1-$2/$1" ]; }
 # record how long a cold build of a component took (read by `make bench-platform`)
 record() { printf '%s\n' "$2" > "$BIN/$1/build-seconds"; }
@@ -122,14 +130,13 @@ build_etcd() {
 # that file with the one import leaves out the cloud SDKs (AWS, Azure, GCE, OpenStack, ...) the default
 # build compiles; built inside a copy of the module's source, as KEDA is.
 build_prometheus() {
-  local v=$PROMETHEUS_VERSION out d modv src
+  local v=$PROMETHEUS_VERSION out d modv
   out="$BIN/prometheus-$v" d="$WORK/prometheus-$v"
   have prometheus "$v" && { say "prometheus v$v cached"; return; }
   say "building prometheus v$v with Kubernetes service discovery only (Debian's has none); cold: ~3 min on 2 cores"
   local t0; t0=$(date +%s)
   modv=$(printf '%s' "$v" | awk -F. '{printf "v0.%d%02d.%d", $1, $2, $3}')  # 3.7.3 -> v0.307.3
-  src=$(module_dir "github.com/prometheus/prometheus@$modv")
-  rm -rf "$d" && mkdir -p "$(dirname "$d")" "$out.tmp" && cp -r "$src" "$d" && chmod -R u+w "$d" && cd "$d"
+  mkdir -p "$out.tmp" && enter_copy "github.com/prometheus/prometheus@$modv" "$d"
   grep -q '"github.com/prometheus/prometheus/discovery/kubernetes"' plugins/plugins.go \
     || die "prometheus v$v: plugins/plugins.go does not import discovery/kubernetes; its layout changed"
   printf '%s\n' '// Written by hack/build-platform.sh: Kubernetes service discovery only (file and http: minimum.go).' '' \
@@ -172,13 +179,12 @@ build_helm() {
 # KEDA's operator and metrics adapter: the custom/external metrics API the HPA reads. Its go.mod has
 # replace directives, which `go install pkg@version` refuses: build inside a copy of the module's source.
 build_keda() {
-  local v=$KEDA_VERSION out d src
+  local v=$KEDA_VERSION out d
   out="$BIN/keda-$v" d="$WORK/keda-$v"
   [ -x "$out/keda-operator" ] && [ -x "$out/keda-adapter" ] && { say "keda v$v cached"; return; }
   say "building keda v$v (operator + metrics adapter); cold: ~8 min on 2 cores"
   local t0; t0=$(date +%s)
-  src=$(module_dir "github.com/kedacore/keda/v2@v$v")
-  rm -rf "$d" && mkdir -p "$(dirname "$d")" "$out.tmp" && cp -r "$src" "$d" && chmod -R u+w "$d" && cd "$d"
+  mkdir -p "$out.tmp" && enter_copy "github.com/kedacore/keda/v2@v$v" "$d"
   local ldf="-s -w -X github.com/kedacore/keda/v2/version.Version=$v"
   go build -trimpath -ldflags "$ldf" -o "$out.tmp/keda-operator" ./cmd/operator
   go build -trimpath -ldflags "$ldf" -o "$out.tmp/keda-adapter" ./cmd/adapter
@@ -190,13 +196,12 @@ build_keda() {
 # Traefik: the Gateway API data plane (its kubernetesgateway provider serves HTTPRoutes). Like KEDA, its
 # go.mod has replace directives: build inside a copy of the module's source.
 build_traefik() {
-  local v=$TRAEFIK_VERSION out d src
+  local v=$TRAEFIK_VERSION out d
   out="$BIN/traefik-$v" d="$WORK/traefik-$v"
   have traefik "$v" && { say "traefik v$v cached"; return; }
   say "building traefik v$v (the Gateway API data plane); cold: ~7 min on 2 cores, ~3 GB of memory"
   local t0; t0=$(date +%s)
-  src=$(module_dir "github.com/traefik/traefik/v3@v$v")
-  rm -rf "$d" && mkdir -p "$(dirname "$d")" "$out.tmp" && cp -r "$src" "$d" && chmod -R u+w "$d" && cd "$d"
+  mkdir -p "$out.tmp" && enter_copy "github.com/traefik/traefik/v3@v$v" "$d"
   go build -trimpath -ldflags "-s -w -X github.com/traefik/traefik/v3/pkg/version.Version=$v" \
     -o "$out.tmp/traefik" ./cmd/traefik
   rm -rf "$out" && mv "$out.tmp" "$out" && rm -rf "$d"
@@ -208,7 +213,7 @@ build_traefik() {
 # fetches from the module proxy (GOTOOLCHAIN=go<version>; `local` refuses the module). The CRDs come from the same
 # download (manifests/crds), for `kubectl apply --server-side`.
 build_argo_rollouts() {
-  local v=$ARGO_ROLLOUTS_VERSION out d src tc=local
+  local v=$ARGO_ROLLOUTS_VERSION out d tc=local
   out="$BIN/argo-rollouts-$v" d="$WORK/argo-rollouts-$v"
   have_argo_rollouts && { say "argo-rollouts v$v cached"; return; }
   local have_go; have_go=$(go env GOVERSION | sed 's/^go//')
@@ -217,8 +222,7 @@ build_argo_rollouts() {
   export GOTOOLCHAIN=$tc
   say "building argo-rollouts v$v (controller, for make bench-rollout; toolchain $tc); cold: ~4 min on 2 cores"
   local t0; t0=$(date +%s)
-  src=$(module_dir "github.com/argoproj/argo-rollouts@v$v")
-  rm -rf "$d" && mkdir -p "$(dirname "$d")" "$out.tmp" && cp -r "$src" "$d" && chmod -R u+w "$d" && cd "$d"
+  mkdir -p "$out.tmp" && enter_copy "github.com/argoproj/argo-rollouts@v$v" "$d"
   # its metrics and healthz servers listen on 0.0.0.0 (a constant, no flag): on 127.0.0.1 here, like every
   # server of the local platform; nothing else is changed
   sed -i -E 's/^([[:space:]]*listenAddr[[:space:]]*= )"0\.0\.0\.0:%d"/\1"127.0.0.1:%d"/' controller/controller.go

@@ -129,7 +129,7 @@ def test_dialogues_keep_their_replica_and_revision_through_pools_with_no_client_
     gateway = PoolGateway(tmp_path / "gateway")
     controller = PoolRouteController(cluster, pool_ns, bot.name, gateway, (GATEWAY_NAMESPACE, GATEWAY_NAME))
     controller.start()
-    load, phases = None, {}
+    load, phases, envoy = None, {}, {}
     try:
         bot.wait(
             lambda: controller.check() or controller.programs, 120, "the gateway programmed from the pools"
@@ -169,6 +169,7 @@ def test_dialogues_keep_their_replica_and_revision_through_pools_with_no_client_
         time.sleep(5)
     finally:
         summary = load.stop() if load else {}
+        envoy = gateway.ext_proc_stats()
         controller.stop()
         gateway.stop()
     controller.check()
@@ -186,12 +187,16 @@ def test_dialogues_keep_their_replica_and_revision_through_pools_with_no_client_
             "switched_revision": switched,
             "new_dialogues_in_the_50_step": {rev: step.count(rev) for rev in set(step)},
             "weights_programmed": [dict(w) for _, w in controller.programs],
+            "envoy": envoy,
             "summary": {k: summary[k] for k in ("turns", "ok", "dialogues", "cut", "non_2xx", "failed")},
         },
     )
 
     def context() -> str:  # read only when an assertion fails
-        return f"{summary}\nphases {phases}\nprograms {controller.programs}\n{bot.snapshot(events=100)}"
+        return (
+            f"{summary}\nphases {phases}\nprograms {controller.programs}\nenvoy {envoy}\n"
+            f"{bot.snapshot(events=100)}"
+        )
 
     assert summary["cut"] == 0 and summary["non_2xx"] == 0 and summary["failed"] == 0, context()
     assert summary["lost_history"] == 0, context()

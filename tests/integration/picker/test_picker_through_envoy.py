@@ -99,6 +99,10 @@ def test_turns_stay_on_their_replica_and_new_dialogues_follow_the_weights(fleet)
     canary = 100 * share["c1"] / len(first)
     assert 10 <= canary <= 30, f"canary took {canary:.0f} % of new dialogues at weight 20"
     assert abs(share["s1"] - share["s2"]) <= 0.3 * (share["s1"] + share["s2"])  # stable's two replicas share
+    stats = gateway.ext_proc_stats()  # each request one exchange with the picker, none timed out
+    assert stats.get("http.chat.ext_proc.streams_started", 0) >= 600, stats
+    assert stats.get("http.chat.ext_proc.message_timeouts") == 0, stats
+    assert stats.get("http.chat.downstream_rq_2xx", 0) >= 600, stats
 
 
 def test_no_dialogue_switches_revision_while_the_weights_move_to_the_canary(fleet):

@@ -109,6 +109,9 @@ def test_a_broken_chat_template_is_rolled_back_on_answers_alone(
         load.stop()
 
 
+# Ready (up to 600 s) then promotion (up to 600 s): pytest's limit above both, so a slow run fails with
+# the wait's own message (status, pods, events) rather than pytest's bare time-out.
+@pytest.mark.timeout(1260)
 def test_a_release_that_cannot_change_answers_passes_the_gate(
     cluster, real_operator, real_ns, pod_prometheus, runtime_image, host_model_dir
 ):

@@ -121,12 +121,11 @@ class Bot:
         return next((c for c in self.status().get("conditions", []) if c["type"] == ctype), {})
 
     def wait(self, predicate, timeout: float, what: str) -> Any:
-        """Wait for predicate(); on a time-out, fail with the status and the pods."""
+        """Wait for predicate(); on a time-out, fail with the status, the pods and the latest events."""
         value = wait_until(predicate, timeout, 2)
         if not value:
-            pods = self.kubectl("get", "pods", "-o", "wide", check=False).stdout
             status = json.dumps(self.status(), indent=1)[-3000:]
-            raise AssertionError(f"{what} did not happen in {timeout}s; status:\n{status}\n{pods}")
+            raise AssertionError(f"{what} did not happen in {timeout}s; status:\n{status}\n{self.snapshot()}")
         return value
 
     def pods(self, track: str) -> list[dict[str, Any]]:

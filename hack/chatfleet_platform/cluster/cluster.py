@@ -35,8 +35,8 @@ from chatfleet_platform.common.config import (
     write_json,
 )
 
+from . import apireader, realnode
 from . import nodes as nodes_mod
-from . import realnode
 
 STAGES_FILE = Path(__file__).with_name("kwok-stages.yaml")
 SERVICE_CIDR = "10.96.0.0/16"  # room for thousands of Services (one ClusterIP per ChatbotService)
@@ -71,6 +71,7 @@ class Cluster:
 
     workdir: Path = field(default_factory=default_workdir)
     progress: Progress = _quiet
+    _reader: apireader.ApiReader | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.workdir = Path(self.workdir).resolve()
@@ -139,10 +140,32 @@ class Cluster:
     ) -> subprocess.CompletedProcess[str]:
         """Run kubectl against this cluster; raises PlatformError with stderr when check fails."""
         argv = [str(self.binaries.kubectl), *(["-n", namespace] if namespace else []), *args]
-        res = subprocess.run(argv, input=input, capture_output=True, text=True, env=self.env, timeout=timeout)
+        res = self._read(args, namespace, argv, timeout) if input is None else None
+        if res is None:
+            res = subprocess.run(
+                argv, input=input, capture_output=True, text=True, env=self.env, timeout=timeout
+            )
         if check and res.returncode != 0:
             raise PlatformError(f"kubectl {' '.join(args)} failed: {res.stderr.strip()}")
         return res
+
+    def _read(
+        self, args: Sequence[str], namespace: str | None, argv: Sequence[str], timeout: float
+    ) -> subprocess.CompletedProcess[str] | None:
+        """kubectl's answer to a plain `get` of JSON or names, read over a kept connection (apireader: no
+        kubectl process); None for every other call, or when the reader cannot answer as kubectl would.
+        CHATFLEET_PLAIN_READS=kubectl sends every call to kubectl."""
+        get = apireader.parse(args, namespace)
+        if get is None or os.environ.get("CHATFLEET_PLAIN_READS") == "kubectl":
+            return None
+        try:
+            port = int(self.state()["ports"]["apiserver"])
+            reader = self._reader
+            if reader is None or reader.port != port:  # the first read, or the API server moved
+                reader = self._reader = apireader.ApiReader("127.0.0.1", port, self._ssl())
+            return reader.get(get, argv, timeout)
+        except (apireader.Unanswered, KeyError, OSError):
+            return None
 
     def apply(self, manifests: Sequence[dict], *, namespace: str | None = None) -> None:
         """kubectl apply a list of manifests (server-side)."""

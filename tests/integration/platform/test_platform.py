@@ -235,3 +235,47 @@ def test_a_crd_deletion_that_stays_pending_is_finished_only_for_crds_without_obj
         cluster.kubectl(
             "patch", "crd", name, "--type=merge", "-p", '{"metadata":{"finalizers":null}}', check=False
         )
+
+
+def test_plain_reads_answer_as_kubectl_does(cluster, namespace):
+    """Cluster.kubectl answers plain `get -o json|name` calls itself (apireader, no kubectl process): for
+    each such call, the same exit code, stdout and stderr as the kubectl binary gives, byte for byte."""
+    import subprocess
+
+    maps = [
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": name, "labels": {"app": "reads", "n": name}},
+            "data": {"text": "<&> é"},
+        }
+        for name in ("a", "b")
+    ]
+    cluster.apply(maps, namespace=namespace)
+    calls = [
+        ("get", "configmaps", "-o", "json"),
+        ("get", "cm", "a", "-o", "json"),
+        ("get", "configmap/a", "configmap/b", "-o", "json"),
+        ("get", "cm", "-l", "app=reads,n!=b", "-o", "name"),
+        ("get", "cm", "a", "missing", "-o", "name"),
+        ("get", "cm", "missing", "-o", "json"),
+        ("get", "cm", "missing", "-o", "json", "--ignore-not-found"),
+        ("get", "pods,cm", "-l", "app=reads", "-o", "json"),
+        ("get", "pods", "-o", "json"),  # an empty List
+        ("get", "pods", "-o", "json", "--ignore-not-found"),
+        ("get", "namespace", namespace, "-o", "json"),
+        ("get", "crd", "-o", "name"),
+        ("get", "priorityclasses.scheduling.k8s.io", "-o", "json"),
+        ("get", "deployments.v1.apps", "-o", "name", "-A"),
+        ("get", "clusterrole", "admin", "-o", "json"),
+    ]
+    for args in calls:
+        argv = [str(cluster.binaries.kubectl), "-n", namespace, *args]
+        ours = cluster._read(args, namespace, argv, 60)  # what Cluster.kubectl returns for this call
+        assert ours is not None, f"the reader left {args} to kubectl"
+        theirs = subprocess.run(argv, capture_output=True, text=True, env=cluster.env, timeout=60)
+        assert (ours.returncode, ours.stdout, ours.stderr) == (
+            theirs.returncode,
+            theirs.stdout,
+            theirs.stderr,
+        ), args

@@ -8,7 +8,9 @@ weights chose without anything gateway-specific, and one dialogue table spans bo
 
 Who calls it: the gateway's data plane only (the pools' endpointPickerRef names these ports); its metrics
 port is for Prometheus. The dialogue key is read as the chat API reads it: header X-Session-Id, else the
-JSON body's session_id, else its user; the body is buffered for that and passed on unchanged.
+JSON body's session_id, else its user. With the header the picker answers at the request's headers and
+asks the gateway (ext_proc's mode override, where the gateway allows it) not to send the body: one
+message each way per request. Without it the body is buffered for the key and passed on unchanged.
 """
 
 from __future__ import annotations
@@ -23,6 +25,11 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 
 import grpclib.server
 from envoy_data_plane.envoy.config.core.v3 import HeaderValue, HeaderValueOption
+from envoy_data_plane.envoy.extensions.filters.http.ext_proc.v3 import (
+    ProcessingMode,
+    ProcessingModeBodySendMode,
+    ProcessingModeHeaderSendMode,
+)
 from envoy_data_plane.envoy.service.ext_proc.v3 import (
     BodyResponse,
     CommonResponse,
@@ -43,6 +50,16 @@ DESTINATION_HEADER = "x-gateway-destination-endpoint"
 SESSION_HEADER = "x-session-id"
 #: Picker ports of the pools, by track (the operator's InferencePools name them).
 DEFAULT_PORTS = {"stable": 9002, "canary": 9003}
+#: The rest of a request the picker answered at its headers: nothing more of it (a mode override replaces
+#: the whole mode, so the response's headers are skipped here as the gateway's own mode skips them).
+HEADERS_ONLY = ProcessingMode(
+    request_header_mode=ProcessingModeHeaderSendMode.SEND,
+    response_header_mode=ProcessingModeHeaderSendMode.SKIP,
+    request_body_mode=ProcessingModeBodySendMode.NONE,
+    response_body_mode=ProcessingModeBodySendMode.NONE,
+    request_trailer_mode=ProcessingModeHeaderSendMode.SKIP,
+    response_trailer_mode=ProcessingModeHeaderSendMode.SKIP,
+)
 
 
 def dialogue_key(headers: Mapping[str, str], body: bytes) -> str | None:
@@ -115,16 +132,25 @@ class PoolProcessor(ExternalProcessorBase):
     async def process(self, messages: AsyncIterator[ProcessingRequest]) -> AsyncIterator[ProcessingResponse]:
         headers: dict[str, str] = {}
         body = b""
+        chosen = False
         async for message in messages:
             if message.request_headers is not None:
                 headers = _headers(message.request_headers)
-                if message.request_headers.end_of_stream:  # no body: decide on the headers
-                    yield ProcessingResponse(
+                last = message.request_headers.end_of_stream
+                if last or headers.get(SESSION_HEADER):  # no body, or the dialogue named: decide now
+                    chosen = True
+                    answer = ProcessingResponse(
                         request_headers=HeadersResponse(response=self.choose(headers, b""))
                     )
+                    if not last:
+                        answer.mode_override = HEADERS_ONLY
+                    yield answer
                 else:
                     yield ProcessingResponse(request_headers=HeadersResponse(response=CommonResponse()))
             elif message.request_body is not None:
+                if chosen:  # a gateway that does not allow mode overrides sends the body anyway
+                    yield ProcessingResponse(request_body=BodyResponse(response=CommonResponse()))
+                    continue
                 body += message.request_body.body
                 if message.request_body.end_of_stream:
                     yield ProcessingResponse(request_body=BodyResponse(response=self.choose(headers, body)))

@@ -198,6 +198,7 @@ def envoy_config(
                 "request_trailer_mode": "SKIP",
                 "response_trailer_mode": "SKIP",
             },
+            "allow_mode_override": True,  # the picker skips the body of a request whose headers name it
             "mutation_rules": {"allow_all_routing": True},
             "message_timeout": EXT_PROC_TIMEOUT,
         },

@@ -1,5 +1,6 @@
 """The gateway's side of ext_proc, for the picker's tests: one exchange as Envoy has it (the request's
-headers, then its buffered body), answered with the picker's destination header."""
+headers, then its buffered body), answered with the picker's destination header. It plays a gateway that
+does not allow mode overrides: the body is sent even when the picker answered at the headers."""
 
 from __future__ import annotations
 
@@ -29,8 +30,16 @@ async def destination(stub: ExternalProcessorAsyncStub, session: str, body: byte
         yield ProcessingRequest(request_body=HttpBody(body=body, end_of_stream=True))
 
     answers = [a async for a in stub.process(requests())]
-    mutation = answers[-1].request_body.response.header_mutation
-    return "".join(h.header.raw_value.decode() for h in (mutation.set_headers if mutation else []))
+    assert len(answers) == 2, answers  # one answer to each message
+    set_headers = [
+        h
+        for a in answers
+        for phase in (a.request_headers, a.request_body)
+        if phase is not None and phase.response and phase.response.header_mutation
+        for h in phase.response.header_mutation.set_headers
+    ]
+    assert len(set_headers) <= 1, set_headers  # the destination is set once, at the headers or the body
+    return "".join(h.header.raw_value.decode() for h in set_headers)
 
 
 async def destinations(port: int, sessions: Iterable[str]) -> list[str]:

@@ -79,9 +79,13 @@ def fleet(tmp_path_factory):
             r.server.shutdown()
 
 
-def turn(gateway, dialogue: str, n: int = 0) -> str:
-    body = {"session_id": dialogue, "messages": [{"role": "user", "content": f"turn {n}"}]}
-    resp = httpx.post(f"{gateway.url}/v1/chat/completions", json=body, timeout=10)
+def turn(gateway, dialogue: str, n: int = 0, *, by_header: bool = False) -> str:
+    """One turn of `dialogue`, named in the body (session_id) or, `by_header`, by X-Session-Id only."""
+    body: dict = {"messages": [{"role": "user", "content": f"turn {n}"}]}
+    headers = {"X-Session-Id": dialogue} if by_header else {}
+    if not by_header:
+        body["session_id"] = dialogue
+    resp = httpx.post(f"{gateway.url}/v1/chat/completions", json=body, headers=headers, timeout=10)
     assert resp.status_code == 200, resp.text
     doc = resp.json()
     assert json.loads(doc["body"]) == body  # the picker buffered the body and passed it on unchanged
@@ -103,6 +107,20 @@ def test_turns_stay_on_their_replica_and_new_dialogues_follow_the_weights(fleet)
     assert stats.get("http.chat.ext_proc.streams_started", 0) >= 600, stats
     assert stats.get("http.chat.ext_proc.message_timeouts") == 0, stats
     assert stats.get("http.chat.downstream_rq_2xx", 0) >= 600, stats
+
+
+def test_a_dialogue_named_by_header_is_chosen_at_the_headers_and_its_body_goes_past_the_picker(fleet):
+    _, gateway, weights = fleet
+    weights(20)
+    sent = "http.chat.ext_proc.stream_msgs_sent"
+    before = gateway.ext_proc_stats()
+    who = {turn(gateway, "h1", n, by_header=True) for n in range(6)}  # the replica echoes the whole body
+    after = gateway.ext_proc_stats()
+    assert len(who) == 1, who  # every turn on one replica
+    assert after[sent] - before[sent] == 6, (before, after)  # one message per request: its headers
+    before = after
+    turn(gateway, "h2")  # named in the body: the body is read
+    assert gateway.ext_proc_stats()[sent] - before[sent] == 2
 
 
 def test_no_dialogue_switches_revision_while_the_weights_move_to_the_canary(fleet):

@@ -631,17 +631,19 @@ class RealNodes:
                 interval=0.5,
             )
 
+    def _node_status(self, name: str) -> dict:
+        """The Node's status ({} while it is not registered); a plain read (no kubectl process)."""
+        res = self.cluster.kubectl("get", "node", name, "-o", "json", "--ignore-not-found", check=False)
+        return (json.loads(res.stdout) if res.returncode == 0 and res.stdout.strip() else {}).get(
+            "status"
+        ) or {}
+
     def _node_ready(self, name: str) -> bool:
-        res = self.cluster.kubectl(
-            "get", "node", name, "-o", "jsonpath={.status.conditions[?(@.type=='Ready')].status}", check=False
-        )
-        return res.stdout.strip() == "True"
+        conditions = self._node_status(name).get("conditions") or []
+        return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
     def _allocatable_gpus(self, name: str) -> int:
-        res = self.cluster.kubectl(
-            "get", "node", name, "-o", r"jsonpath={.status.allocatable.nvidia\.com/gpu}", check=False
-        )
-        return int(res.stdout.strip() or 0)
+        return int((self._node_status(name).get("allocatable") or {}).get("nvidia.com/gpu") or 0)
 
     # ---- down ----------------------------------------------------------------------------------
     def down(self) -> list[str]:

@@ -350,14 +350,17 @@ class PoolGateway:
         tmp.replace(routes / "route.yaml")
         self._route = route
 
+    def _admin(self, path: str) -> dict[str, Any] | None:
+        """A JSON answer of Envoy's admin port (None when Envoy does not answer)."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.admin_port}{path}", timeout=2) as r:
+                return json.load(r)
+        except (OSError, ValueError):
+            return None
+
     def _route_applied(self) -> bool:
         """Whether Envoy serves the last route written (its admin config dump's version)."""
-        url = f"http://127.0.0.1:{self.admin_port}/config_dump?resource=dynamic_route_configs"
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                dump = json.load(r)
-        except (OSError, ValueError):
-            return False
+        dump = self._admin("/config_dump?resource=dynamic_route_configs") or {}
         versions = [c.get("version_info") for c in dump.get("configs") or []]
         return str(self._route_version) in versions
 
@@ -408,12 +411,9 @@ class PoolGateway:
         """Envoy's ext_proc counters (message_timeouts, streams_failed, ...) and its downstream responses
         by class: what says whether a non-2xx came from the picker's exchange or from upstream. Empty
         when Envoy does not answer."""
-        url = f"http://127.0.0.1:{self.admin_port}/stats?format=json&filter=ext_proc|downstream_rq_[1-5]xx"
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                stats = json.load(r).get("stats") or []
-        except (OSError, ValueError):
-            return {}
+        stats = (self._admin("/stats?format=json&filter=ext_proc|downstream_rq_[1-5]xx") or {}).get(
+            "stats"
+        ) or []
         return {s["name"]: s["value"] for s in stats if isinstance(s.get("value"), int)}
 
     def stop(self) -> None:

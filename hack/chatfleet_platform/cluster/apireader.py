@@ -195,7 +195,6 @@ class ApiReader:
         self.host, self.port, self.context = host, port, context
         self.default_namespace = default_namespace
         self._local = threading.local()
-        self._lock = threading.Lock()
         self._resources: dict[str, Resource] | None = None
 
     # ---- HTTP --------------------------------------------------------------------------------------
@@ -231,9 +230,7 @@ class ApiReader:
             if status != 200 or doc.get("kind") != "APIGroupDiscoveryList":
                 raise Unanswered(f"aggregated discovery at {root}: {status}")
             groups.extend(doc.get("items") or [])
-        found = resources_by_name(groups)
-        with self._lock:
-            self._resources = found
+        found = self._resources = resources_by_name(groups)  # one assignment: a thread sees either table
         return found
 
     def resource(self, name: str, timeout: float) -> Resource:

@@ -634,9 +634,9 @@ class RealNodes:
     def _node_status(self, name: str) -> dict:
         """The Node's status ({} while it is not registered); a plain read (no kubectl process)."""
         res = self.cluster.kubectl("get", "node", name, "-o", "json", "--ignore-not-found", check=False)
-        return (json.loads(res.stdout) if res.returncode == 0 and res.stdout.strip() else {}).get(
-            "status"
-        ) or {}
+        if res.returncode != 0 or not res.stdout.strip():
+            return {}
+        return json.loads(res.stdout).get("status") or {}
 
     def _node_ready(self, name: str) -> bool:
         conditions = self._node_status(name).get("conditions") or []

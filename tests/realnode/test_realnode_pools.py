@@ -129,7 +129,7 @@ def test_dialogues_keep_their_replica_and_revision_through_pools_with_no_client_
     gateway = PoolGateway(tmp_path / "gateway")
     controller = PoolRouteController(cluster, pool_ns, bot.name, gateway, (GATEWAY_NAMESPACE, GATEWAY_NAME))
     controller.start()
-    load, phases, envoy = None, {}, {}
+    load, phases = None, {}
     try:
         bot.wait(
             lambda: controller.check() or controller.programs, 120, "the gateway programmed from the pools"

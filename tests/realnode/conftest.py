@@ -31,11 +31,14 @@ REAL_NAMESPACES = "real-*"
 #: Tests of a real node's own life on a scratch cluster: they run first, before the session's real node
 #: joins (only one cluster per host may run real nodes).
 FIRST = "test_realnode_lifecycle.py"
+#: The node-loss drill runs last: it kills the session's kubelet and starts it again.
+LAST = "test_realnode_node_loss.py"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Put the real node's life-cycle tests first (a stable sort: the others keep their order)."""
-    items.sort(key=lambda item: item.path.name != FIRST)
+    """Put the real node's life-cycle tests first and the node-loss drill last (a stable sort: the others
+    keep their order)."""
+    items.sort(key=lambda item: (item.path.name != FIRST) + (item.path.name == LAST))
 
 
 @pytest.fixture(scope="session")

@@ -527,14 +527,23 @@ class RealNodes:
         # 3. identities: the node's and kube-proxy's client certificates
         cpki = self.cluster.workdir / "pki"
         pki.client_identity(cpki, node.name, f"system:node:{node.name}", "system:nodes")
-        kubelet_kc = node.dir / "pki" / "kubelet.kubeconfig"
-        kubelet_kc.write_text(pki.kubeconfig(self.cluster.server, cpki, user=node.name))
+        (node.dir / "pki" / "kubelet.kubeconfig").write_text(
+            pki.kubeconfig(self.cluster.server, cpki, user=node.name)
+        )
         # 4. the kubelet; its cgroup root must exist in every v1 hierarchy (the systemd one included)
         for h in Path("/sys/fs/cgroup").iterdir():
             if h.is_dir() and h.name != "unified" and not h.is_symlink():
                 (h / node.cgroup_root.lstrip("/")).mkdir(exist_ok=True)
         kcfg = node.dir / "kubelet" / "config.yaml"
         kcfg.write_text(yaml.safe_dump(node.kubelet_config(cpki / "ca.crt"), sort_keys=False))
+        self._kubelet_up(node, state, bins)
+        if node.primary:
+            self._primary_extras(node, state, bins)
+        self.progress(f"real node {node.name} Ready at {node.ip} ({time.monotonic() - t0:.1f}s)")
+
+    def _kubelet_up(self, node: NodePlan, state: dict, bins: Binaries) -> None:
+        """Start the node's kubelet (its config and identity written by _node_up) and wait until the Node is
+        Ready (the kubelet registers it when the API has none)."""
         labels = ",".join(f"{k}={v}" for k, v in node.labels().items())
         kubelet = self._start(
             state,
@@ -542,8 +551,8 @@ class RealNodes:
             node,
             [
                 str(bins.kubelet),
-                f"--config={kcfg}",
-                f"--kubeconfig={kubelet_kc}",
+                f"--config={node.dir / 'kubelet' / 'config.yaml'}",
+                f"--kubeconfig={node.dir / 'pki' / 'kubelet.kubeconfig'}",
                 f"--root-dir={node.dir / 'kubelet'}",
                 f"--cert-dir={node.dir / 'kubelet' / 'pki'}",
                 f"--hostname-override={node.name}",
@@ -560,9 +569,53 @@ class RealNodes:
             proc=kubelet,
             interval=0.5,
         )
-        if node.primary:
-            self._primary_extras(node, state, bins)
-        self.progress(f"real node {node.name} Ready at {node.ip} ({time.monotonic() - t0:.1f}s)")
+
+    # ---- drills ----------------------------------------------------------------------------------
+    def lose_power(self, node: NodePlan) -> list[str]:
+        """What a GPU node losing power does to the cluster, for drills: its kubelet and every process of
+        its pods SIGKILLed (no preStop, no drain, no goodbye to the API), then its Node deleted, as a
+        cloud's node controller deletes the Node of a machine that is gone. Returns the pods (namespace/name)
+        the API still had on it: the pod garbage collector deletes them after its 40 s quarantine; a drill
+        may do that sooner, and must before `rejoin` (a Node of the same name would take them back).
+
+        Host-wide parts (kube-proxy, the device plugin, the API forwarder, containerd) keep running: on
+        this host they stand for the rest of the cluster and the replacement machine. `rejoin` brings the
+        node back.
+        """
+        state = self.host_state()
+        kubelet = procs.Proc.from_json(state.get("pids", {}).get(f"{node.name}/kubelet"))
+        if not procs.is_ours(kubelet):
+            raise PlatformError(f"{node.name}: no kubelet of this cluster runs")
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(kubelet.pid, signal.SIGKILL)
+        procs.stop(kubelet, timeout=5)  # reaped (SIGKILL again if it were still there)
+        _kill_cgroup_tree(node.cgroup_root)
+        listed = self.cluster.kubectl(
+            "get", "pods", "-A", f"--field-selector=spec.nodeName={node.name}", "-o", "json", check=False
+        )
+        items = json.loads(listed.stdout or "{}").get("items") or []
+        on_node = [f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in items]
+        self.cluster.kubectl("delete", "node", node.name, "--wait=false", check=False)
+        self.progress(f"{node.name} lost power: kubelet and {len(on_node)} pod(s) killed, its Node deleted")
+        return on_node
+
+    def rejoin(self, node: NodePlan) -> None:
+        """The node back after `lose_power` (a replacement machine of the same name): its kubelet started
+        again registers the Node afresh and cleans up the dead pods' sandboxes; the device plugin registers
+        again when the kubelet wipes its socket folder. Returns once the Node is Ready and, on a GPU node,
+        advertises its GPUs again."""
+        t0 = time.monotonic()
+        state = self.host_state()
+        self._kubelet_up(node, state, self.cluster.binaries)
+        if node.primary and node.gpus:
+            procs.wait_for(
+                f"{node.name} advertising {node.gpus} nvidia.com/gpu again",
+                lambda: self._allocatable_gpus(node.name) == node.gpus,
+                timeout=60,
+                log=node.dir / "logs" / "device-plugin.log",
+                interval=0.5,
+            )
+        self.progress(f"{node.name} rejoined, Ready ({time.monotonic() - t0:.1f}s)")
 
     def _images(self, node: NodePlan, state: dict, tools: dict, images: NodeImages, reused: bool) -> None:
         """Import the images the containerd does not list (all of them unless the kept store was put

@@ -7,6 +7,8 @@ Allocate) with the kubelet's message shapes.
 
 from __future__ import annotations
 
+import json
+import subprocess
 import threading
 from concurrent import futures
 from pathlib import Path
@@ -14,6 +16,7 @@ from pathlib import Path
 import grpc
 import pytest
 from chatfleet_platform.cluster import fakegpu, realnode
+from chatfleet_platform.common import procs
 from chatfleet_platform.common.config import PlatformError
 
 pytestmark = pytest.mark.harness  # tests of the local platform (test infrastructure)
@@ -180,3 +183,46 @@ def test_process_cpu_seconds_reads_user_and_system_time_from_proc_stat():
     # a command with spaces and parentheses: the fields are counted from the last ")"
     stat = "4242 (python3 (x) y) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 9 0 123 0 0"
     assert process_cpu_seconds(stat, ticks=100) == 3.0
+
+
+class _FakeCluster:
+    """What RealNodes.lose_power uses of a Cluster: its folder and kubectl (calls recorded)."""
+
+    def __init__(self, workdir: Path, pods: list[dict]) -> None:
+        self.workdir, self.pods, self.calls = workdir, pods, []
+
+    def kubectl(self, *args: str, check: bool = True, **_: object):
+        self.calls.append(args)
+        out = json.dumps({"items": self.pods}) if args[:2] == ("get", "pods") else ""
+        return subprocess.CompletedProcess(args, 0, out, "")
+
+
+def test_a_node_losing_power_has_its_kubelet_killed_and_its_node_deleted(tmp_path, monkeypatch):
+    # the cgroup root is host-wide (/chatfleet-real-0): a real node of another run must not be touched
+    killed: list[str] = []
+    monkeypatch.setattr(realnode, "_kill_cgroup_tree", killed.append)
+    pods = [
+        {"metadata": {"namespace": "shop", "name": "bot-1"}},
+        {"metadata": {"namespace": "a", "name": "b"}},
+    ]
+    cluster = _FakeCluster(tmp_path, pods)
+    nodes = realnode.RealNodes(cluster, progress=lambda _: None)
+    (node,) = realnode.plans(tmp_path, 1, 8)
+    kubelet = procs.start("kubelet", ["sleep", "60"], log=tmp_path / "kubelet.log")
+    nodes._save({"pids": {f"{node.name}/kubelet": kubelet.to_json()}, "nodes": [node.name]})
+
+    lost = nodes.lose_power(node)
+
+    assert not procs.is_ours(kubelet)
+    assert lost == ["shop/bot-1", "a/b"]
+    assert killed == [node.cgroup_root]
+    listing, delete = cluster.calls
+    assert f"--field-selector=spec.nodeName={node.name}" in listing
+    assert delete[:3] == ("delete", "node", node.name)
+
+
+def test_a_node_with_no_kubelet_running_cannot_lose_power(tmp_path):
+    nodes = realnode.RealNodes(_FakeCluster(tmp_path, []), progress=lambda _: None)
+    (node,) = realnode.plans(tmp_path, 1, 8)
+    with pytest.raises(PlatformError, match="no kubelet"):
+        nodes.lose_power(node)

@@ -8,6 +8,7 @@ layer never see it. It is tainted anyway: only pods that tolerate chatfleet.io/r
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -39,6 +40,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Put the real node's life-cycle tests first and the node-loss drill last (a stable sort: the others
     keep their order)."""
     items.sort(key=lambda item: (item.path.name != FIRST) + (item.path.name == LAST))
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """Where the layer's time went: its Bot.waits, the longest first (all of them in realnode-waits.json)."""
+    from chatfleet_platform.load.releasetraffic import WAITS
+
+    if not WAITS:
+        return
+    out = REPO_ROOT / ".work" / "test-results" / "realnode-waits.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(WAITS, indent=1))
+    total = sum(w["seconds"] for w in WAITS)
+    terminalreporter.write_sep("=", f"{len(WAITS)} waits on the cluster, {total:.0f} s; the longest")
+    for w in sorted(WAITS, key=lambda w: -w["seconds"])[:15]:
+        test = w["test"].rsplit("::", 1)[-1]
+        terminalreporter.write_line(f"{w['seconds']:7.1f}s  {w['what'][:60]:<60}  {test[:70]}")
 
 
 @pytest.fixture(scope="session")

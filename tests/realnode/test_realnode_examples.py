@@ -56,7 +56,7 @@ def _pod_ready(pod: dict) -> bool:
 def _serve_and_chat(cluster, ns: str, name: str) -> None:
     """Wait for Ready; check the pods are on the real node, on the CPU; chat through the Service."""
     t0 = time.monotonic()
-    ok = wait_until(lambda: _ready(cluster, ns, name), 300, 3)
+    ok = wait_until(lambda: _ready(cluster, ns, name), 300, 0.5)
     print(f"[examples] {ns}/{name} Ready={ok} after {time.monotonic() - t0:.0f}s")
     pods_wide = cluster.kubectl("get", "pods", "-o", "wide", namespace=ns, check=False).stdout
     assert ok, f"{ns}/{name} never turned Ready on the real node:\n{pods_wide}"
@@ -94,7 +94,7 @@ def _fallback_follows_the_spec(cluster, ns: str, name: str, doc: dict) -> None:
     pod = next(p for p in pods if _pod_ready(p))
     ip, restarts = pod["status"]["podIP"], sum(c["restartCount"] for c in pod["status"]["containerStatuses"])
     threshold = "chatfleet_breaker_failure_threshold"
-    assert wait_until(lambda: _gauge(ip, threshold) == failures, 120, 2), _gauge(ip, threshold)
+    assert wait_until(lambda: _gauge(ip, threshold) == failures, 120, 0.5), _gauge(ip, threshold)
     assert _gauge(ip, "chatfleet_fallback_faq_entries") == len(doc["spec"]["fallback"]["faq"])
     generation = cluster.kubectl(
         "get", "deployment", name, "-o", "jsonpath={.metadata.generation}", namespace=ns
@@ -102,7 +102,7 @@ def _fallback_follows_the_spec(cluster, ns: str, name: str, doc: dict) -> None:
     patch = {"spec": {"fallback": {"breaker": {"failures": failures + 2}}}}
     cluster.kubectl("patch", "cbs", name, "--type=merge", "-p", json.dumps(patch), namespace=ns)
     t0 = time.monotonic()
-    ok = wait_until(lambda: _gauge(ip, threshold) == failures + 2, 150, 2)
+    ok = wait_until(lambda: _gauge(ip, threshold) == failures + 2, 150, 0.5)
     print(
         f"[examples] {ns}/{name}: spec.fallback changed, in force on the running pod after {time.monotonic() - t0:.0f}s"
     )

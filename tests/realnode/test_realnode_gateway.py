@@ -137,7 +137,7 @@ def bots(cluster, real_operator, runtime_image, host_model_dir) -> Iterator[str]
             doc = bot_doc(name, runtime_image, host_model_dir)
             cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(doc), namespace=ns)
         for name in BOTS:
-            ok = wait_until(lambda name=name: ready(cluster, ns, name), 240, 2)
+            ok = wait_until(lambda name=name: ready(cluster, ns, name), 240, 0.5)
             pods = cluster.kubectl("get", "pods", "-o", "wide", namespace=ns, check=False).stdout
             assert ok, f"{ns}/{name} never turned Ready on the real node:\n{pods}"
         yield ns

@@ -48,7 +48,7 @@ def test_a_missing_secret_shows_as_a_condition_naming_it(
     cluster.kubectl("apply", "-f", "-", input=json.dumps({**doc, "spec": spec}), namespace=real_ns)
 
     # 1. No Secret: the kubelet's CreateContainerConfigError becomes SecretNotFound, naming the field.
-    cond = wait_until(lambda: stalled(cluster, real_ns, "SecretNotFound"), 120, 2)
+    cond = wait_until(lambda: stalled(cluster, real_ns, "SecretNotFound"), 120, 0.5)
     pods = cluster.kubectl("get", "pods", "-o", "wide", namespace=real_ns, check=False).stdout
     assert cond, f"no Stalled SecretNotFound:\n{pods}\n{real_operator.log_text()[-3000:]}"
     assert (
@@ -62,6 +62,6 @@ def test_a_missing_secret_shows_as_a_condition_naming_it(
     cluster.kubectl(
         "create", "secret", "generic", "redis-url", "--from-literal=address=redis://r:6379", namespace=real_ns
     )
-    cond = wait_until(lambda: stalled(cluster, real_ns, "SecretKeyNotFound"), 180, 2)
+    cond = wait_until(lambda: stalled(cluster, real_ns, "SecretKeyNotFound"), 180, 0.5)
     assert cond, real_operator.log_text()[-3000:]
     assert "spec.runtime.sessions.redis.key" in cond["message"] and "no key 'url'" in cond["message"]

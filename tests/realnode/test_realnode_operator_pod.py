@@ -155,7 +155,7 @@ def test_chart_installed_operator_pod_reconciles(installed):
     statuses = pods[0]["status"]["containerStatuses"]
     assert all(s["ready"] and s["restartCount"] == 0 for s in statuses), statuses
     installed.apply("bot")
-    ok = wait_until(lambda: installed.ready("bot"), 180, 2)
+    ok = wait_until(lambda: installed.ready("bot"), 180, 0.5)
     assert ok, f"the operator pod did not reconcile the ChatbotService; its log:\n{installed.operator_log()}"
     assert installed.images("bot") == {FIRST}, "the runtime image comes from the chart's value"
 
@@ -177,7 +177,7 @@ def test_helm_upgrade_with_a_new_default_image_releases_the_fleets_that_follow_i
     installed.traffic.healthy(20)
     installed.apply("follows", rollout=FAST_CANARY, analysis={"intervalSeconds": 2, "failureLimit": 2})
     installed.apply("pinned", runtime={"image": "registry.example/mine:1"})
-    assert wait_until(lambda: installed.ready("follows") and installed.ready("pinned"), 180, 2), (
+    assert wait_until(lambda: installed.ready("follows") and installed.ready("pinned"), 180, 0.5), (
         installed.operator_log()
     )
     assert installed.images("follows") == {FIRST} and installed.images("pinned") == {
@@ -199,7 +199,7 @@ def test_helm_upgrade_with_a_new_default_image_releases_the_fleets_that_follow_i
         rev = status.get("stableRevision")
         return rev if rev != first["follows"] and not status.get("release") else None
 
-    new = wait_until(promoted, 240, 2)
+    new = wait_until(promoted, 240, 0.5)
     assert new, (
         f"no promotion of a new revision; status {installed.get('cbs', 'follows').get('status')}\n"
         + (installed.operator_log())

@@ -162,7 +162,11 @@ def test_shadow_traffic_rolls_back_a_broken_template_before_any_user_sees_it(
     bot = Bot(cluster, real_ns)
     bot.apply(on_real_node(shadow_spec(pod_prometheus.url), image=runtime_image, model_dir=host_model_dir))
     bot.wait(lambda: bot.cond("Ready").get("status") == "True", 600, "stable Ready")
-    bot.wait(lambda: bot.kubectl("get", "httproute", bot.name, check=False).returncode == 0, 60, "HTTPRoute")
+    bot.wait(
+        lambda: bot.kubectl("get", "httproute", bot.name, "-o", "name", check=False).returncode == 0,
+        60,
+        "HTTPRoute",
+    )
     users = DialogueLoad(gateway.url, concurrency=2, pin=False, max_seconds=900).start()
     try:
         bot.wait(lambda: users.summary()["ok"] >= 4, 120, "users answered")

@@ -143,5 +143,5 @@ def test_a_replica_killed_mid_answer_every_stream_through_the_relay_completes(
         if resumed >= 1:
             break
         # the victim's streams had finished before the kill: wait for it to be back, then again
-        wait_until(lambda: len([p for p in pods(bot, fleet) if ready(p)]) == 2, 300, 2)
+        wait_until(lambda: len([p for p in pods(bot, fleet) if ready(p)]) == 2, 300, 0.5)
     assert attempts[-1]["resumed"] >= 1, f"no attempt cut a stream for the relay to resume: {attempts}"

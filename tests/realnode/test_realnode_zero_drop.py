@@ -103,7 +103,11 @@ def test_releases_drop_nothing_and_keep_dialogues_on_their_revision_through_the_
     pod_redis.secret(real_ns)
     bot.apply(traffic_spec(pod_prometheus.url, image=runtime_image, model_dir=host_model_dir))
     bot.wait(bot.ready, 600, "bot Ready")
-    bot.wait(lambda: bot.kubectl("get", "httproute", bot.name, check=False).returncode == 0, 60, "HTTPRoute")
+    bot.wait(
+        lambda: bot.kubectl("get", "httproute", bot.name, "-o", "name", check=False).returncode == 0,
+        60,
+        "HTTPRoute",
+    )
     t0 = time.monotonic()
     load = DialogueLoad(gateway.url, concurrency=USERS, pin=True, max_seconds=1200).start()
     summary, t_rollback = run_scenario(bot, load)

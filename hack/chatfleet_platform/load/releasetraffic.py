@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -77,6 +78,15 @@ def traffic_spec(
     return spec
 
 
+#: How often Bot.wait polls: the predicates are plain reads (chatfleet_platform.cluster.apireader, about a
+#: millisecond of CPU each) or in-process figures, so a short period costs little, and a wait ends on
+#: average half a period after its condition holds (at 2 s, about a second a wait; a real-pod layer
+#: waits some hundred times).
+WAIT_INTERVAL = 0.5
+#: Every Bot.wait of this process: {test, what, seconds, ok}, in order (the real-pod layer prints the
+#: longest and writes them all to .work/test-results/realnode-waits.json).
+WAITS: list[dict[str, Any]] = []
+
 #: Events with their times (UTC, to the second), to read beside a test's own clock.
 EVENT_COLUMNS = (
     "-o=custom-columns=FIRST:.firstTimestamp,LAST:.lastTimestamp,AT:.eventTime,N:.count,TYPE:.type,"
@@ -121,8 +131,18 @@ class Bot:
         return next((c for c in self.status().get("conditions", []) if c["type"] == ctype), {})
 
     def wait(self, predicate, timeout: float, what: str) -> Any:
-        """Wait for predicate(); on a time-out, fail with the status, the pods and the latest events."""
-        value = wait_until(predicate, timeout, 2)
+        """Wait for predicate(), polled every WAIT_INTERVAL s; on a time-out, fail with the status, the pods
+        and the latest events. Each wait is kept in WAITS (where a suite's time goes)."""
+        t0 = time.monotonic()
+        value = wait_until(predicate, timeout, WAIT_INTERVAL)
+        WAITS.append(
+            {
+                "test": os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0],
+                "what": what,
+                "seconds": round(time.monotonic() - t0, 1),
+                "ok": bool(value),
+            }
+        )
         if not value:
             status = json.dumps(self.status(), indent=1)[-3000:]
             raise AssertionError(f"{what} did not happen in {timeout}s; status:\n{status}\n{self.snapshot()}")

@@ -121,3 +121,30 @@ def test_a_failure_report_names_each_pod_not_ready_its_chat_apis_state_and_its_l
     assert "stuck: dumped stuck" in report and "ok: dumped" not in report
     assert "stuck/chat-api (ready=False) last log lines:\n  log of stuck/chat-api" in report
     assert "stuck/triton (ready=True) last log lines:\n  log of stuck/triton" in report
+
+
+def test_each_wait_is_kept_with_its_test_and_its_time_and_a_time_out_too(monkeypatch):
+    from chatfleet_platform.load import releasetraffic
+
+    monkeypatch.setattr(releasetraffic, "WAITS", [])
+    monkeypatch.setattr(releasetraffic, "WAIT_INTERVAL", 0.01)
+    intervals: list[float] = []
+    real_wait_until = releasetraffic.wait_until
+
+    def wait_until(predicate, timeout, interval):
+        intervals.append(interval)
+        return real_wait_until(predicate, timeout, interval)
+
+    monkeypatch.setattr(releasetraffic, "wait_until", wait_until)
+    monkeypatch.setattr(releasetraffic.Bot, "status", lambda self: {})
+    monkeypatch.setattr(releasetraffic.Bot, "snapshot", lambda self, events=25: "")
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "tests/realnode/test_x.py::test_y (call)")
+    bot = releasetraffic.Bot(cluster=None, ns="ns")
+    polls = iter([False, False, "pod-1"])
+    assert bot.wait(lambda: next(polls), 5, "a pod") == "pod-1"
+    with pytest.raises(AssertionError, match=r"never did not happen in 0\.05s"):
+        bot.wait(lambda: False, 0.05, "never")
+    first, timed_out = releasetraffic.WAITS
+    assert first["test"] == "tests/realnode/test_x.py::test_y" and first["what"] == "a pod" and first["ok"]
+    assert intervals == [0.01, 0.01]  # WAIT_INTERVAL, read at each wait
+    assert timed_out["what"] == "never" and not timed_out["ok"]

@@ -608,13 +608,7 @@ class RealNodes:
         state = self.host_state()
         self._kubelet_up(node, state, self.cluster.binaries)
         if node.primary and node.gpus:
-            procs.wait_for(
-                f"{node.name} advertising {node.gpus} nvidia.com/gpu again",
-                lambda: self._allocatable_gpus(node.name) == node.gpus,
-                timeout=60,
-                log=node.dir / "logs" / "device-plugin.log",
-                interval=0.5,
-            )
+            self._wait_for_gpus(node)
         self.progress(f"{node.name} rejoined, Ready ({time.monotonic() - t0:.1f}s)")
 
     def _images(self, node: NodePlan, state: dict, tools: dict, images: NodeImages, reused: bool) -> None:
@@ -676,13 +670,17 @@ class RealNodes:
                 node,
                 [sys.executable, "-m", DEVICE_PLUGIN, "--count", str(node.gpus)],
             )
-            procs.wait_for(
-                f"{node.name} advertising {node.gpus} nvidia.com/gpu",
-                lambda: self._allocatable_gpus(node.name) == node.gpus,
-                timeout=60,
-                log=node.dir / "logs" / "device-plugin.log",
-                interval=0.5,
-            )
+            self._wait_for_gpus(node)
+
+    def _wait_for_gpus(self, node: NodePlan) -> None:
+        """Until the Node's allocatable holds its GPUs (the device plugin has registered with the kubelet)."""
+        procs.wait_for(
+            f"{node.name} advertising {node.gpus} nvidia.com/gpu",
+            lambda: self._allocatable_gpus(node.name) == node.gpus,
+            timeout=60,
+            log=node.dir / "logs" / "device-plugin.log",
+            interval=0.5,
+        )
 
     def _node_status(self, name: str) -> dict:
         """The Node's status ({} while it is not registered); a plain read (no kubectl process)."""

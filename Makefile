@@ -14,7 +14,8 @@ REAL_NODES ?= 1
 GATEWAY ?= 0
 # two lanes side by side, each with its own clusters: the layers cheapest first in one, and in the other the
 # real-pod layer, the longest (it mostly waits on real pods), from the start, so that its cluster, real node
-# and image import come up while the cheap layers run. A failing layer stops both lanes.
+# and image import come up while the cheap layers run; the cheap lane runs at a lower CPU priority (nice 10),
+# so the real pods' starts on the critical path are not slowed by it. A failing layer stops both lanes.
 # hack/test-layers.sh says how stages and lanes run and stop.
 TEST_STAGES := "tests/unit tests/admission tests/chart tests/integration tests/e2e | tests/realnode"
 export PYTHONUNBUFFERED := 1

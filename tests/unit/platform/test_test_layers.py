@@ -6,6 +6,7 @@ pytest. Side by side is shown without timing: each lane's test waits for a file 
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -103,3 +104,16 @@ def test_long(resource):
     assert "[layers] long: 0 passed, 0 failed" in out and "(interrupted)" in out
     assert (tmp_path / "long.torn-down").exists(), "the interrupted layer's fixtures did not tear down"
     assert out.splitlines()[-1] == "1 passed, 1 failed"
+
+
+def test_the_last_lane_of_a_stage_keeps_its_priority_and_the_others_run_niced(tmp_path):
+    body = "import os, pathlib\ndef test_nice():\n    pathlib.Path('{}.nice').write_text(str(os.nice(0)))\n"
+    layer(tmp_path, "first", body.format("first"))
+    layer(tmp_path, "other", body.format("other"))
+    layer(tmp_path, "longest", body.format("longest"))
+    res = run(tmp_path, "tests/first", "tests/other | tests/longest")
+    assert res.returncode == 0, res.stdout + res.stderr
+    base = os.nice(0)
+    niceness = {n: int((tmp_path / f"{n}.nice").read_text()) for n in ("first", "other", "longest")}
+    assert niceness == {"first": base, "other": min(base + 10, 19), "longest": base}, res.stdout
+    assert "[layers] other: starting (beside the other lanes of this stage), at nice 10" in res.stdout

@@ -61,7 +61,10 @@ def test_healthy_canary_promotes_through_every_step(bot, prometheus, traffic):
     dep = bot.deployment("bot")
     assert dep["spec"]["template"]["metadata"]["labels"]["chatfleet.io/revision"] == new
     assert bot.deployment("bot-canary")["spec"]["replicas"] == 0
-    assert bot.cond("Ready")["status"] == "True" and stable != new
+    assert stable != new
+    # Ready once the stable Deployment, back at full size on the new revision, has its pods available (the
+    # pass right after the promotion may say RollingOut: it read the Deployment before kwok's pods were)
+    bot.wait(lambda r: r.cond("Ready").get("status") == "True", 60, "Ready after the promotion")
     assert bot.events("ReleasePromoted")
     # the plugin shows the history, and says to CI that the rollout is done (exit 0)
     assert "Promoted" in bot.plugin("history", "bot")

@@ -119,6 +119,9 @@ def test_real_node_runs_a_gpu_pod_and_down_leaves_the_host_clean(tmp_path):
             {k: t[k] for k in ("key", "value", "effect")} for t in n["spec"]["taints"]
         ]
         assert n["metadata"].get("annotations", {}).get("kwok.x-k8s.io/node") != "fake"
+        # the node's pods weigh as a machine of their own against the host's processes
+        shares = Path("/sys/fs/cgroup/cpu") / node.cgroup_root.lstrip("/") / "cpu.shares"
+        assert int(shares.read_text()) == realnode.NODE_CPU_SHARES
         # a second cluster may not put real nodes on the same host
         with pytest.raises(PlatformError, match="already run on this host"):
             Cluster(tmp_path / "other").realnodes._claim_host()

@@ -77,6 +77,13 @@ DEVICE_PLUGIN_COMMANDS = (DEVICE_PLUGIN.encode(), b"chatfleet_platform.fakegpu")
 GUARD_COMMENT = "chatfleet-real-node"
 #: Where the nodes' folders live (short, for the Unix sockets in them); removed by down.
 NODES_ROOT = Path("/var/lib/chatfleet-real")
+#: cpu.shares of a node's cgroup root (a host process has 1024). A real node is a machine of its own, whose
+#: pods compete with nothing else; here the node's pods are one cgroup beside every process of the host
+#: (this cluster's API server and operator, the tests' clients, other clusters), each of which weighed as
+#: much as all the pods together: a pod's start (imports, the model's load: a burst of CPU) waited behind
+#: them. With the weight of eight host processes the pods get most of the CPU when they ask for it, and
+#: leave it to the host when they idle (shares divide only what is contended).
+NODE_CPU_SHARES = 8192
 #: The FORWARD rule (with -j DROP) that keeps pod traffic on the machine: from the pods to anything else.
 GUARD = ("FORWARD", "-s", PODS_CIDR, "!", "-d", PODS_CIDR, "-m", "comment", "--comment", GUARD_COMMENT)
 #: Host paths the kubelet and containerd write whatever their root says; removed on down if up made them.
@@ -534,6 +541,9 @@ class RealNodes:
         for h in Path("/sys/fs/cgroup").iterdir():
             if h.is_dir() and h.name != "unified" and not h.is_symlink():
                 (h / node.cgroup_root.lstrip("/")).mkdir(exist_ok=True)
+                shares = h / node.cgroup_root.lstrip("/") / "cpu.shares"
+                if shares.exists():
+                    shares.write_text(str(NODE_CPU_SHARES))
         kcfg = node.dir / "kubelet" / "config.yaml"
         kcfg.write_text(yaml.safe_dump(node.kubelet_config(cpki / "ca.crt"), sort_keys=False))
         self._kubelet_up(node, state, bins)

@@ -59,9 +59,11 @@ with_sigint() {
 
 # The last lane of a stage is its longest (the real-pod layer: it waits on real pods starting and
 # draining, each start a burst of CPU), so the other lanes run at a lower CPU priority (nice LANE_NICE,
-# inherited by their clusters): they take what it leaves instead of slowing its pods' starts. Measured
-# alone, the examples test ran in 64 s; beside the other lane at the same priority, 146 s.
-# CHATFLEET_LANE_NICE=0 runs every lane at the same priority.
+# inherited by their clusters): they take what it leaves instead of slowing its pods' starts (the examples
+# test: 64 s alone, 146 s beside the other lane at the same priority). Alone this changed nothing
+# measurable; the real node's cgroup weight (realnode.NODE_CPU_SHARES) gave the pods their CPU, and with
+# both the real-pod layer took 1,205 s instead of 1,793 s (docs/test-times.md). CHATFLEET_LANE_NICE=0 runs
+# every lane at the same priority.
 lane_nice="${CHATFLEET_LANE_NICE:-10}"
 
 # run one layer: its log printed whole at the end, its row written for the table

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 from chatfleet_platform.load.dialogues import DialogueLoad
-from chatfleet_platform.load.realpods import ChatLoad, chat_once, on_real_node, service_url
+from chatfleet_platform.load.realpods import ChatLoad, on_real_node, serves, service_url
 from chatfleet_platform.load.releasetraffic import Bot, rolled_back
 from test_realnode_release import bot_spec as release_bot_spec
 
@@ -162,11 +162,7 @@ def test_shadow_traffic_rolls_back_a_broken_template_before_any_user_sees_it(
     bot = Bot(cluster, real_ns)
     bot.apply(on_real_node(shadow_spec(pod_prometheus.url), image=runtime_image, model_dir=host_model_dir))
     bot.wait(lambda: bot.cond("Ready").get("status") == "True", 600, "stable Ready")
-    # the HTTPRoute written is not yet the route served: Traefik answers 503 "no available server" until
-    # it has read the route's Service endpoints (a load started at once met six of them)
-    bot.wait(
-        lambda: chat_once(gateway.url, stream=False, timeout=10) == "ok", 60, "the gateway serving the route"
-    )
+    bot.wait(lambda: serves(gateway.url), 60, "the gateway serving the route")
     users = DialogueLoad(gateway.url, concurrency=2, pin=False, max_seconds=900).start()
     try:
         bot.wait(lambda: users.summary()["ok"] >= 4, 120, "users answered")

@@ -26,7 +26,7 @@ import pytest
 from chatfleet_platform.addons.gateway import server_errors
 from chatfleet_platform.cluster.realnode import CLIENT_ADDRESSES
 from chatfleet_platform.load.dialogues import DialogueLoad
-from chatfleet_platform.load.realpods import chat_once, service_url
+from chatfleet_platform.load.realpods import serves, service_url
 from chatfleet_platform.load.releasetraffic import Bot, Scenario, traffic_spec
 
 pytestmark = [pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.slow]
@@ -103,11 +103,7 @@ def test_releases_drop_nothing_and_keep_dialogues_on_their_revision_through_the_
     pod_redis.secret(real_ns)
     bot.apply(traffic_spec(pod_prometheus.url, image=runtime_image, model_dir=host_model_dir))
     bot.wait(bot.ready, 600, "bot Ready")
-    # the HTTPRoute written is not yet the route served: Traefik answers 503 "no available server" until
-    # it has read the route's Service endpoints (a load started at once met six of them)
-    bot.wait(
-        lambda: chat_once(gateway.url, stream=False, timeout=10) == "ok", 60, "the gateway serving the route"
-    )
+    bot.wait(lambda: serves(gateway.url), 60, "the gateway serving the route")
     t0 = time.monotonic()
     load = DialogueLoad(gateway.url, concurrency=USERS, pin=True, max_seconds=1200).start()
     summary, t_rollback = run_scenario(bot, load)

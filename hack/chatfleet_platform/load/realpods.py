@@ -90,6 +90,13 @@ def chat_once(url: str, *, stream: bool, timeout: float = 30, source: str | None
     return chat_attempt(url, stream=stream, timeout=timeout, source=source)[0]
 
 
+def serves(url: str) -> bool:
+    """Whether one chat through url is answered. A gateway that has written a route is not yet serving it:
+    Traefik answers 503 "no available server" until it has read the route's Service endpoints (a load
+    started at once met six of them)."""
+    return chat_once(url, stream=False, timeout=10) == "ok"
+
+
 def chat_attempt(
     url: str, *, stream: bool, timeout: float = 30, source: str | None = None
 ) -> tuple[str, str]:

@@ -13,14 +13,10 @@ import signal
 from datetime import UTC, datetime
 
 import pytest
+from chatfleet_operator.timefmt import since
 from release_e2e import Release, bot_spec, promoted_to, rolled_back
 
 pytestmark = [pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.slow]
-
-
-def since(stamp: str) -> float:
-    """Seconds since an RFC 3339 time of the status."""
-    return (datetime.now(UTC) - datetime.fromisoformat(stamp.replace("Z", "+00:00"))).total_seconds()
 
 
 def start(bot: Release, prometheus, **over) -> str:
@@ -266,7 +262,8 @@ def test_a_node_lost_mid_canary_reschedules_its_pods_and_the_release_promotes(
         ready = any(
             c["type"] == "Ready" and c["status"] == "True" for c in pods[0]["status"].get("conditions", [])
         )
-        return pods[0]["spec"].get("nodeName", "") if ready and since(rel["stepStartedAt"]) > 20 else ""
+        in_step = since(rel["stepStartedAt"], datetime.now(UTC))
+        return pods[0]["spec"].get("nodeName", "") if ready and in_step > 20 else ""
 
     node = bot.wait(settled_canary, 90, "the canary Ready, 20 s into its step")
     lost = json.loads(cluster.kubectl("get", "node", node, "-o", "json").stdout)

@@ -24,6 +24,7 @@ import time
 from datetime import UTC, datetime
 
 import pytest
+from chatfleet_operator.timefmt import since
 from chatfleet_platform.load.realpods import ChatLoad, on_real_node, service_url
 from chatfleet_platform.load.releasetraffic import Bot, ready_pods, rolled_back
 from test_realnode_release import bot_spec, record
@@ -32,11 +33,6 @@ pytestmark = [pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.slow]
 
 #: The step the loss lands in: long enough that the node goes well after it began.
 STEP_SECONDS = 60
-
-
-def since(stamp: str) -> float:
-    """Seconds since an RFC 3339 time of the status."""
-    return (datetime.now(UTC) - datetime.fromisoformat(stamp.replace("Z", "+00:00"))).total_seconds()
 
 
 @pytest.mark.timeout(1200)
@@ -64,18 +60,17 @@ def test_a_gpu_node_lost_mid_canary_rejoins_its_pods_start_again_and_the_release
             pods = bot.pods("canary")
             if len(pods) != 1 or ready_pods(bot, "canary") != 1 or release.get("stepIndex", 0) != 0:
                 return None
-            started = release.get("stepStartedAt")
-            return pods[0] if release.get("canaryReadyAt") and started and since(started) > 10 else None
+            in_step = since(release.get("stepStartedAt"), datetime.now(UTC))
+            return pods[0] if release.get("canaryReadyAt") and in_step > 10 else None
 
         before = bot.wait(settled_canary, 420, "the canary Ready, 10 s into its step")
         t_loss = time.monotonic()
         lost = cluster.realnodes.lose_power(real_node)
         # the pod garbage collector's part (after its quarantine), at once
-        for ref in lost:
-            ns, name = ref.split("/", 1)
-            cluster.kubectl(
-                "delete", "pod", name, "--grace-period=0", "--force", "--ignore-not-found", namespace=ns
-            )
+        cluster.kubectl(
+            "delete", "pods", "--all-namespaces", f"--field-selector=spec.nodeName={real_node.name}",
+            "--grace-period=0", "--force",
+        )  # fmt: skip
         cluster.realnodes.rejoin(real_node)
         t_back = time.monotonic()
         assert not rolled_back(bot), bot.cond("Stalled")

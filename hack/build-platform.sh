@@ -14,7 +14,9 @@ here=$(cd "$(dirname "$0")" && pwd)
 CACHE=${CHATFLEET_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/chatfleet}
 BIN=$CACHE/bin
 WORK=$CACHE/build
-export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-buildvcs=false
+# -dwarf=false: the compiler writes no debug information, which the links' -s -w would throw away anyway
+# (nothing a binary does changes; a cold compile about 10 % shorter: KEDA's operator 221 s against 246 s)
+export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS='-buildvcs=false -gcflags=all=-dwarf=false'
 
 say() { printf '[build] %s\n' "$*" >&2; }
 die() { printf '[build] error: %s\n' "$*" >&2; exit 1; }

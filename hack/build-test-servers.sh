@@ -20,7 +20,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=versions.env
 . "$here/versions.env"
 CACHE=${CHATFLEET_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/chatfleet}
-export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-buildvcs=false
+# as in build-platform.sh: no debug information, which -s -w throws away
+export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS='-buildvcs=false -gcflags=all=-dwarf=false'
 say() { printf '[build] %s\n' "$*" >&2; }
 die() { printf '[build] error: %s\n' "$*" >&2; exit 1; }
 

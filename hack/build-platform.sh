@@ -210,6 +210,8 @@ build_keda() {
 # go.mod has replace directives: build inside a copy of the module's source. Its ACME client, lego, comes
 # as a copy too (a replace directive to ./.lego) whose DNS-challenge factory keeps two providers with no
 # SDK and leaves out the other ~190 with theirs (gotrim.py): nothing asks this Traefik for a certificate.
+# Its AWS ECS provider keeps its configuration and leaves out its AWS clients (the EC2 one alone is a minute
+# and a half of compile): this Traefik runs the Kubernetes providers only.
 # As for KEDA, a folder without the file `trimmed` is built again.
 have_traefik() { have traefik "$TRAEFIK_VERSION" && [ -f "$BIN/traefik-$TRAEFIK_VERSION/trimmed" ]; }
 build_traefik() {
@@ -224,7 +226,8 @@ build_traefik() {
   cp -r "$lego" .lego && chmod -R u+w .lego
   gotrim lego .lego/providers/dns/zz_gen_dns_providers.go > "$out.tmp/trimmed" \
     || die "traefik v$v: lego's DNS providers could not be trimmed (above)"
-  say "  $(cat "$out.tmp/trimmed")"
+  gotrim traefik-ecs . >> "$out.tmp/trimmed" || die "traefik v$v: its ECS provider could not be trimmed (above)"
+  sed 's/^/[build]   /' "$out.tmp/trimmed" >&2
   go mod edit -replace github.com/go-acme/lego/v4=./.lego
   go build -trimpath -ldflags "-s -w -X github.com/traefik/traefik/v3/pkg/version.Version=$v" \
     -o "$out.tmp/traefik" ./cmd/traefik

@@ -2,19 +2,26 @@
 
 KEDA compiles every scaler it ships (74, with the SDKs of AWS, Azure, GCP, Elasticsearch, Kafka, ...)
 into one package, and Traefik every DNS provider of its ACME client lego (about 190, each with its
-cloud's SDK). The local platform's KEDA serves the operator's ``prometheus`` triggers only, and its
-Traefik serves HTTPRoutes with no ACME at all, so both builds take the plug-ins out of their copy of the
-source, the way Prometheus's own plugins.yml takes out service discoveries:
+cloud's SDK) and its AWS ECS provider. The local platform's KEDA serves the operator's ``prometheus``
+triggers only, and its Traefik serves HTTPRoutes from its Kubernetes providers with no ACME at all, so both
+builds take the plug-ins out of their copy of the source, the way Prometheus's own plugins.yml takes out
+service discoveries:
 
 * ``keda ROOT``: in a copy of KEDA's module, removes every ``pkg/scalers/*_scaler.go`` but
   ``KEDA_SCALERS_KEPT`` and drops their cases from the trigger switch of ``pkg/scaling/scalers_builder.go``
   (an unknown trigger type then fails as any unknown type does: "no scaler found for type");
 * ``lego FILE``: rewrites lego's ``providers/dns/zz_gen_dns_providers.go`` (in a copy of lego's module)
-  with the providers of ``LEGO_DNS_KEPT`` only.
+  with the providers of ``LEGO_DNS_KEPT`` only;
+* ``traefik-ecs ROOT``: in a copy of Traefik's module, replaces the AWS ECS provider (``pkg/provider/ecs``,
+  whose EC2 client alone is a minute and a half of one core's compile) by its configuration only: the same
+  ``Provider`` struct and defaults, so that Traefik's static configuration reads as before, and an
+  ``Init`` that refuses to start it ("left out of this build"). The local platform's Traefik runs the
+  Kubernetes providers only.
 
 Each function returns what it left out (the command prints one line of it, which the build script keeps
-beside the binary as ``trimmed``: a binary built before the trims has none and is built again), and refuses (``TrimError``) a source whose layout it does not
-recognise, so a new upstream version fails the build with that message rather than building something else.
+beside the binary as ``trimmed``: a binary built before the trims has none and is built again), and
+refuses (``TrimError``) a source whose layout it does not recognise, so a new upstream version fails the
+build with that message rather than building something else.
 Standard library only: the build script runs it with the machine's python3, before any venv exists.
 """
 
@@ -123,15 +130,71 @@ def trim_lego_dns(path: Path, kept: tuple[str, ...] = LEGO_DNS_KEPT) -> list[str
     return left_out
 
 
+ECS_LEFT_OUT = "the ECS provider is left out of this Traefik build (hack/build-platform.sh)"
+
+
+def go_block(text: str, opening: str) -> str | None:
+    """The lines of Go TEXT from the one starting with OPENING to the next line that is exactly `}`."""
+    m = re.search(rf"^{re.escape(opening)}.*?^\}}$", text, re.M | re.S)
+    return m.group(0) if m else None
+
+
+def trim_traefik_ecs(root: Path) -> list[str]:
+    """Replace the ECS provider of a Traefik source tree at ROOT by its configuration only; the removed files."""
+    ecs = root / "pkg" / "provider" / "ecs"
+    source = ecs / "ecs.go"
+    if not source.is_file():
+        raise TrimError(f"{ecs}: no ecs.go: Traefik's ECS provider moved")
+    text = source.read_text()
+    struct = go_block(text, "type Provider struct {")
+    defaults = go_block(text, "func (p *Provider) SetDefaults() {")
+    rule = re.search(r"^const DefaultTemplateRule = .*$", text, re.M)
+    if (
+        not struct
+        or not defaults
+        or not rule
+        or not re.search(r"defaultRuleTpl\s+\*template\.Template", struct)
+    ):
+        raise TrimError(
+            f"{source}: no Provider struct, SetDefaults or DefaultTemplateRule: Traefik's ECS provider changed"
+        )
+    removed = sorted(p.name for p in ecs.glob("*.go"))
+    for p in ecs.glob("*.go"):
+        p.unlink()
+    (ecs / "ecs.go").write_text(
+        "// Written by hack/build-platform.sh: Traefik's AWS ECS provider, its configuration only. The local\n"
+        "// platform's Traefik runs the Kubernetes providers; the static configuration reads as before, and the\n"
+        "// AWS SDK clients the provider needs are left out of the build.\n\n"
+        "package ecs\n\n"
+        'import (\n\t"errors"\n\t"text/template"\n\n'
+        '\t"github.com/traefik/traefik/v3/pkg/config/dynamic"\n'
+        '\t"github.com/traefik/traefik/v3/pkg/provider"\n'
+        '\t"github.com/traefik/traefik/v3/pkg/safe"\n)\n\n'
+        f"{struct}\n\n// DefaultTemplateRule The default template for the default rule.\n{rule.group(0)}\n\n"
+        "var _ provider.Provider = (*Provider)(nil)\n\n"
+        f"// SetDefaults sets the default values.\n{defaults}\n\n"
+        f'var errLeftOut = errors.New("{ECS_LEFT_OUT}")\n\n'
+        "// Init refuses: the provider is not in this build.\n"
+        "func (p *Provider) Init() error {\n\tp.defaultRuleTpl = (*template.Template)(nil)\n\treturn errLeftOut\n}\n\n"
+        "// Provide refuses: the provider is not in this build.\n"
+        "func (p *Provider) Provide(chan<- dynamic.Message, *safe.Pool) error { return errLeftOut }\n"
+    )
+    return removed
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 2 or argv[0] not in ("keda", "lego"):
+    if len(argv) != 2 or argv[0] not in ("keda", "lego", "traefik-ecs"):
         print(
-            "usage: python3 -m chatfleet_platform.common.gotrim keda KEDA_ROOT | lego DNS_PROVIDERS_GO",
+            "usage: python3 -m chatfleet_platform.common.gotrim"
+            " keda KEDA_ROOT | lego DNS_PROVIDERS_GO | traefik-ecs TRAEFIK_ROOT",
             file=sys.stderr,
         )
         return 2
     try:
-        if argv[0] == "keda":
+        if argv[0] == "traefik-ecs":
+            gone = trim_traefik_ecs(Path(argv[1]))
+            print(f"traefik: the ECS provider ({len(gone)} files) replaced by its configuration only")
+        elif argv[0] == "keda":
             gone = trim_keda(Path(argv[1]))
             print(f"keda: {len(gone)} scalers left out, kept {', '.join(KEDA_SCALERS_KEPT)}")
         else:

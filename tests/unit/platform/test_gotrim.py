@@ -154,3 +154,72 @@ def test_the_build_script_runs_it_with_the_machines_python_and_a_refusal_names_w
     assert res.returncode == 1
     assert res.stderr.startswith("error: ") and "none.go" in res.stderr
     assert "gotrim keda" in BUILD_SCRIPT.read_text()
+
+
+ECS = """package ecs
+
+import (
+	"text/template"
+
+	"github.com/aws/aws-sdk-go-v2/service/ec2"
+)
+
+type Provider struct {
+	Constraints    string `description:"Constraints." json:"constraints,omitempty"`
+	RefreshSeconds int    `description:"Polling interval (in seconds)." json:"refreshSeconds,omitempty"`
+	defaultRuleTpl *template.Template
+}
+
+type awsClient struct {
+	ec2 *ec2.Client
+}
+
+// DefaultTemplateRule The default template for the default rule.
+const DefaultTemplateRule = "Host(`{{ normalize .Name }}`)"
+
+// SetDefaults sets the default values.
+func (p *Provider) SetDefaults() {
+	p.RefreshSeconds = 15
+}
+
+func (p *Provider) Init() error {
+	return nil
+}
+"""
+
+
+def test_traefik_ecs_keeps_the_providers_configuration_and_refuses_to_start_it(tmp_path):
+    ecs = tmp_path / "pkg" / "provider" / "ecs"
+    ecs.mkdir(parents=True)
+    (ecs / "ecs.go").write_text(ECS)
+    (ecs / "config.go").write_text(
+        'package ecs\n\nimport ec2types "github.com/aws/aws-sdk-go-v2/service/ec2/types"\n'
+    )
+    assert gotrim.trim_traefik_ecs(tmp_path) == ["config.go", "ecs.go"]
+    assert [p.name for p in ecs.iterdir()] == ["ecs.go"]
+    text = (ecs / "ecs.go").read_text()
+    assert "aws-sdk-go" not in text and "awsClient" not in text
+    # the configuration as it was: the struct with its tags, the defaults, the default rule
+    assert (
+        'RefreshSeconds int    `description:"Polling interval (in seconds)." json:"refreshSeconds,omitempty"`'
+        in text
+    )
+    assert "func (p *Provider) SetDefaults() {\n\tp.RefreshSeconds = 15\n}" in text
+    assert 'const DefaultTemplateRule = "Host(`{{ normalize .Name }}`)"' in text
+    # starting it is refused, by Init and by Provide
+    assert "func (p *Provider) Init() error {" in text and "return errLeftOut" in text
+    assert (
+        "func (p *Provider) Provide(chan<- dynamic.Message, *safe.Pool) error { return errLeftOut }" in text
+    )
+    assert f'errors.New("{gotrim.ECS_LEFT_OUT}")' in text
+
+
+def test_traefik_ecs_with_another_layout_is_refused_and_left_whole(tmp_path):
+    ecs = tmp_path / "pkg" / "provider" / "ecs"
+    ecs.mkdir(parents=True)
+    (ecs / "ecs.go").write_text(
+        ECS.replace("func (p *Provider) SetDefaults()", "func (p *Provider) Defaults()")
+    )
+    with pytest.raises(gotrim.TrimError, match="ECS provider changed"):
+        gotrim.trim_traefik_ecs(tmp_path)
+    assert "awsClient" in (ecs / "ecs.go").read_text()

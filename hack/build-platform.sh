@@ -218,7 +218,7 @@ build_traefik() {
   local v=$TRAEFIK_VERSION out d lego legov
   out="$BIN/traefik-$v" d="$WORK/traefik-$v"
   have_traefik && { say "traefik v$v cached"; return; }
-  say "building traefik v$v (the Gateway API data plane, no ACME DNS providers); cold: ~5 min on 2 cores, ~3 GB of memory"
+  say "building traefik v$v (the Gateway API data plane; no ACME DNS or ECS providers); cold: ~5 min on 2 cores, ~3 GB of memory"
   local t0; t0=$(date +%s)
   mkdir -p "$out.tmp" && enter_copy "github.com/traefik/traefik/v3@v$v" "$d"
   legov=$(go list -m -f '{{.Version}}' github.com/go-acme/lego/v4) || die "traefik v$v: no lego in its go.mod"

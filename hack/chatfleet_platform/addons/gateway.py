@@ -278,10 +278,14 @@ class Gateway:
 
 
 def server_errors(access_log: Path) -> dict[str, int]:
-    """5xx answers in Traefik's JSON access log, counted by '<status> from <service> (origin <status>)'.
+    """5xx answers in Traefik's JSON access log, counted by
+    '<status> from <service> at <pod address> (origin <status>)'.
 
-    An origin status of 0 means Traefik answered itself (e.g. 503: the backend Service had no ready
-    endpoint); the same status as the answer means the pod said it (e.g. a draining chat API's 503).
+    An origin status of 0 means Traefik answered itself before choosing a pod (e.g. 503: the backend
+    Service had no ready endpoint). The same status as the answer is either the pod's (e.g. a draining chat
+    API's 503) or Traefik's own answer to a failed exchange with that pod: its proxy records 502 as the
+    origin status on an EOF, a reset or a refused connection (504 on a timeout), and logs the cause at
+    debug level only. The pods' chat API never answers 502.
     """
     out: Counter[str] = Counter()
     if not access_log.exists():
@@ -293,5 +297,6 @@ def server_errors(access_log: Path) -> dict[str, int]:
             continue
         status = int(entry.get("DownstreamStatus") or 0)
         if status >= 500:
-            out[f"{status} from {entry.get('ServiceName', '?')} (origin {entry.get('OriginStatus', 0)})"] += 1
+            where = f"{entry.get('ServiceName', '?')} at {entry.get('ServiceAddr') or '-'}"
+            out[f"{status} from {where} (origin {entry.get('OriginStatus', 0)})"] += 1
     return dict(out)

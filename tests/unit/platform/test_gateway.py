@@ -1,6 +1,7 @@
 """The Gateway API data plane's pieces: Traefik's flags, the Gateway, the pinned CRDs, the TraefikService."""
 
 import ipaddress
+import json
 
 import pytest
 import yaml
@@ -11,6 +12,7 @@ from chatfleet_platform.addons.gateway import (
     Gateway,
     gateway_class,
     gateway_manifest,
+    server_errors,
     traefik_args,
 )
 from chatfleet_platform.common.config import PlatformError, go_module_dir, read_versions
@@ -174,3 +176,42 @@ def test_a_route_attaches_to_the_shared_gateway_for_one_hostname(tmp_path):
         "hostnames": ["bot.example"],
         "rules": rules,
     }
+
+
+def test_server_errors_name_the_pod_and_tell_traefiks_own_answers_from_none(tmp_path):
+    """A 502 that Traefik's proxy wrote for a failed exchange carries the pod's address; a 503 with no
+    endpoint has none (origin 0); 2xx and 4xx answers and lines that are not JSON are not counted."""
+    log = tmp_path / "access.json"
+    rows = [
+        {
+            "DownstreamStatus": 200,
+            "OriginStatus": 200,
+            "ServiceName": "ns-bot-8080@kubernetesgateway",
+            "ServiceAddr": "10.245.0.41:8080",
+        },
+        {
+            "DownstreamStatus": 502,
+            "OriginStatus": 502,
+            "ServiceName": "ns-bot-8080@kubernetesgateway",
+            "ServiceAddr": "10.245.0.41:8080",
+        },
+        {
+            "DownstreamStatus": 502,
+            "OriginStatus": 502,
+            "ServiceName": "ns-bot-8080@kubernetesgateway",
+            "ServiceAddr": "10.245.0.41:8080",
+        },
+        {"DownstreamStatus": 503, "OriginStatus": 0, "ServiceName": "ns-bot-canary-8080@kubernetesgateway"},
+        {
+            "DownstreamStatus": 429,
+            "OriginStatus": 429,
+            "ServiceName": "ns-bot-8080@kubernetesgateway",
+            "ServiceAddr": "10.245.0.39:8080",
+        },
+    ]
+    log.write_text("\n".join(json.dumps(r) for r in rows) + "\nnot json\n")
+    assert server_errors(log) == {
+        "502 from ns-bot-8080@kubernetesgateway at 10.245.0.41:8080 (origin 502)": 2,
+        "503 from ns-bot-canary-8080@kubernetesgateway at - (origin 0)": 1,
+    }
+    assert server_errors(tmp_path / "none.json") == {}

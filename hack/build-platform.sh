@@ -69,6 +69,8 @@ enter_copy() {
 have() { [ -x "$BIN/$1-$2/$1" ]; }
 # chatfleet_platform/common/gotrim.py with the machine's python3 (standard library only; no venv needed)
 gotrim() { PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" python3 -m chatfleet_platform.common.gotrim "$@"; }
+# the lines of a `trimmed` file (what a build left out), as the build's progress
+show_trimmed() { sed 's/^/[build]   /' "$1" >&2; }
 # record how long a cold build of a component took (read by `make bench-platform`)
 record() { printf '%s\n' "$2" > "$BIN/$1/build-seconds"; }
 
@@ -197,7 +199,7 @@ build_keda() {
   local t0; t0=$(date +%s)
   mkdir -p "$out.tmp" && enter_copy "github.com/kedacore/keda/v2@v$v" "$d"
   gotrim keda "$d" > "$out.tmp/trimmed" || die "keda v$v: its scalers could not be trimmed (above)"
-  say "  $(cat "$out.tmp/trimmed")"
+  show_trimmed "$out.tmp/trimmed"
   local ldf="-s -w -X github.com/kedacore/keda/v2/version.Version=$v"
   go build -trimpath -ldflags "$ldf" -o "$out.tmp/keda-operator" ./cmd/operator
   go build -trimpath -ldflags "$ldf" -o "$out.tmp/keda-adapter" ./cmd/adapter
@@ -227,7 +229,7 @@ build_traefik() {
   gotrim lego .lego/providers/dns/zz_gen_dns_providers.go > "$out.tmp/trimmed" \
     || die "traefik v$v: lego's DNS providers could not be trimmed (above)"
   gotrim traefik-ecs . >> "$out.tmp/trimmed" || die "traefik v$v: its ECS provider could not be trimmed (above)"
-  sed 's/^/[build]   /' "$out.tmp/trimmed" >&2
+  show_trimmed "$out.tmp/trimmed"
   go mod edit -replace github.com/go-acme/lego/v4=./.lego
   go build -trimpath -ldflags "-s -w -X github.com/traefik/traefik/v3/pkg/version.Version=$v" \
     -o "$out.tmp/traefik" ./cmd/traefik

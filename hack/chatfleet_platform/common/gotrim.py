@@ -47,24 +47,22 @@ class TrimError(Exception):
     """The source is not laid out as this trim expects (an upstream version changed it)."""
 
 
-def drop_cases(source: str, keep: Callable[[str | None, str], bool]) -> tuple[str, list[str]]:
+def drop_cases(source: str, keep: Callable[[str | None, str], bool]) -> str:
     """SOURCE without each `case "...":` line whose next line is `return [pkg.]Func(` with keep(pkg, Func)
-    false; and the dropped cases' labels."""
+    false (and without that line)."""
     lines = source.split("\n")
     out: list[str] = []
-    dropped: list[str] = []
     i = 0
     while i < len(lines):
         line = lines[i]
         if CASE.match(line) and i + 1 < len(lines):
             call = RETURN_CALL.match(lines[i + 1])
             if call and not keep(call.group(1), call.group(2)):
-                dropped.append(line.strip().removeprefix("case ").removesuffix(":"))
                 i += 2
                 continue
         out.append(line)
         i += 1
-    return "\n".join(out), dropped
+    return "\n".join(out)
 
 
 def trim_keda(root: Path, kept: tuple[str, ...] = KEDA_SCALERS_KEPT) -> list[str]:
@@ -82,18 +80,19 @@ def trim_keda(root: Path, kept: tuple[str, ...] = KEDA_SCALERS_KEPT) -> list[str
             f"{builder}: no TRIGGERS-START switch calling scalers.New...Scaler: KEDA's layout changed"
         )
     removed = sorted(p.name for p in scalers.glob("*_scaler.go") if p.name not in kept)
+    # what the package keeps: the kept scalers and the files that are no scaler
+    left = "\n".join(
+        p.read_text()
+        for p in scalers.glob("*.go")
+        if p.name in kept or not p.name.endswith(("_test.go", "_scaler.go"))
+    )
     # a name the kept files use that only a removed one declares: the one known is the metric type
     # constant of azure_queue_scaler.go, declared again here if the kept files use it undeclared
-    declared = "\n".join((scalers / name).read_text() for name in kept)
-    declared += "\n".join(
-        p.read_text() for p in scalers.glob("*.go") if not p.name.endswith(("_test.go", "_scaler.go"))
-    )
-    needs_type = "externalMetricType" in declared and not re.search(r"\bexternalMetricType\s+=", declared)
+    needs_type = "externalMetricType" in left and not re.search(r"\bexternalMetricType\s+=", left)
+    constructors = set(re.findall(r"^func (New\w+)\(", left, re.M))
     for name in removed:
         (scalers / name).unlink()
-    left = "\n".join(p.read_text() for p in scalers.glob("*.go") if not p.name.endswith("_test.go"))
-    constructors = set(re.findall(r"^func (New\w+)\(", left, re.M))
-    trimmed, _ = drop_cases(text, lambda pkg, func: pkg != "scalers" or func in constructors)
+    trimmed = drop_cases(text, lambda pkg, func: pkg != "scalers" or func in constructors)
     builder.write_text(trimmed)
     if needs_type:
         (scalers / "zz_chatfleet_trimmed.go").write_text(
@@ -119,7 +118,7 @@ def trim_lego_dns(path: Path, kept: tuple[str, ...] = LEGO_DNS_KEPT) -> list[str
     missing = [name for name in kept if name not in imported]
     if missing:
         raise TrimError(f"{path}: no DNS provider {', '.join(missing)}: lego's providers changed")
-    trimmed, _ = drop_cases(text, lambda pkg, func: pkg in kept)
+    trimmed = drop_cases(text, lambda pkg, func: pkg in kept)
     left_out = [name for name in imported if name not in kept]
     dropped = {f'\t"{prefix}{name}"' for name in left_out}
     trimmed = "\n".join(line for line in trimmed.split("\n") if line not in dropped)
@@ -175,7 +174,7 @@ def trim_traefik_ecs(root: Path) -> list[str]:
         f"// SetDefaults sets the default values.\n{defaults}\n\n"
         f'var errLeftOut = errors.New("{ECS_LEFT_OUT}")\n\n'
         "// Init refuses: the provider is not in this build.\n"
-        "func (p *Provider) Init() error {\n\tp.defaultRuleTpl = (*template.Template)(nil)\n\treturn errLeftOut\n}\n\n"
+        "func (p *Provider) Init() error { return errLeftOut }\n\n"
         "// Provide refuses: the provider is not in this build.\n"
         "func (p *Provider) Provide(chan<- dynamic.Message, *safe.Pool) error { return errLeftOut }\n"
     )

@@ -218,6 +218,10 @@ class AnswerSteps:
             yield responses.sse(head, {"role": "assistant", "content": ""}, None)
             chunk = first
             while True:
+                # every chunk counts the answer's tokens so far: a deadline that cuts the answer short
+                # still reports (and counts) the tokens the client got
+                num_tokens = max(num_tokens, chunk.num_tokens)
+                prompt_tokens = chunk.prompt_tokens or prompt_tokens
                 if chunk.text:
                     parts.append(chunk.text)
                     so_far = None
@@ -225,8 +229,7 @@ class AnswerSteps:
                         so_far = responses.usage(chunk.prompt_tokens, chunk.num_tokens)
                     yield responses.sse(head, {"content": chunk.text}, None, so_far)
                 if chunk.finish_reason:
-                    finish, num_tokens = chunk.finish_reason, chunk.num_tokens
-                    prompt_tokens = chunk.prompt_tokens
+                    finish = chunk.finish_reason
                     break
                 try:
                     if turn.heartbeat_s:

@@ -27,9 +27,13 @@ from chatfleet_runtime.launcher.tritonhome import local_repository
 
 pytestmark = [pytest.mark.triton, pytest.mark.redis, pytest.mark.slow]
 
-MAX_TOKENS = 1000
-"""Long enough that the answer is still being written when the first chunk reaches the client."""
+MAX_TOKENS = 400
+"""Long enough that the answer is still being written when the first chunk reaches the client (the relay
+has about 10 tokens of it then)."""
 STALL_S = 2.0
+REQUEST_TIMEOUT_S = "120"
+"""The replicas' deadline: well above the whole answer's time on a busy 2-core machine (under 5 s alone
+here). With the suite's 20 s a loaded run's survivor ended the rest as "length" by its deadline, short."""
 
 
 @pytest.fixture(scope="module")
@@ -50,13 +54,15 @@ def running(workdir, repo, name, env):
 
 @pytest.fixture(scope="module")
 def survivor(rt_workdir, long_repo, redis_srv, make_api_env):
-    with running(rt_workdir, long_repo, "survivor", make_api_env(redis_srv.url)) as replica:
+    env = make_api_env(redis_srv.url, CHATFLEET_REQUEST_TIMEOUT_SECONDS=REQUEST_TIMEOUT_S)
+    with running(rt_workdir, long_repo, "survivor", env) as replica:
         yield replica
 
 
 @pytest.fixture
 def victim(rt_workdir, long_repo, redis_srv, make_api_env):
-    with running(rt_workdir, long_repo, "victim", make_api_env(redis_srv.url)) as replica:
+    env = make_api_env(redis_srv.url, CHATFLEET_REQUEST_TIMEOUT_SECONDS=REQUEST_TIMEOUT_S)
+    with running(rt_workdir, long_repo, "victim", env) as replica:
         yield replica
 
 

@@ -48,8 +48,8 @@ class FakeBackend:
             raise BackendError("unavailable", "connection refused")
         if self.mode == "overloaded":
             raise BackendError("overloaded", "kv budget: 8 running requests hold the KV budget; retry later")
-        for word in ("one ", "two ", "three"):
-            yield Chunk(word)
+        for n, word in enumerate(("one ", "two ", "three"), 1):
+            yield Chunk(word, num_tokens=n, prompt_tokens=7)  # as Triton's: the answer's tokens so far
             if self.mode == "stall":  # the stream stops part-way: the deadline ends it
                 await asyncio.sleep(10)
             if self.mode == "cut":  # Triton fails part-way (its process killed, the gRPC stream broken)
@@ -265,6 +265,20 @@ def test_stream_that_times_out_part_way_is_an_error_in_the_metrics(client, backe
     assert text.endswith("data: [DONE]\n\n")
     assert metric(client, "chatfleet_requests_total", outcome="error", stream="true") == 1
     assert metric(client, "chatfleet_requests_total", outcome="success") == 0
+
+
+def test_stream_cut_short_by_the_deadline_reports_the_tokens_it_sent(client, backend):
+    """The deadline ends the answer after its first chunk ("length"): the last chunk's usage counts that
+    chunk's token (a stream relay adds it to the tokens of the replica before), and so do the metrics."""
+    backend.mode = "stall"
+    body = {"messages": U, "stream": True, "stream_options": {"include_usage": True}}
+    with client.stream("POST", "/v1/chat/completions", content=json.dumps(body)) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    assert "".join(e["choices"][0]["delta"].get("content", "") for e in events if e["choices"]) == "one "
+    finish = next(e for e in events if e["choices"] and e["choices"][0]["finish_reason"])
+    assert finish["choices"][0]["finish_reason"] == "length"
+    assert finish["usage"] == {"prompt_tokens": 7, "completion_tokens": 1, "total_tokens": 8}
+    assert metric(client, "chatfleet_generated_tokens_total") == 1
 
 
 @pytest.mark.parametrize(

@@ -28,7 +28,10 @@ the inbound body, the late read fails, and the transport closes the upstream con
 end without its last event). It needs the transport's goroutine to be late, so it shows under CPU load:
 71 of 12,000 streamed chats in the platform's stream test on a 2-core machine, and 4 in 43,780 turns
 through releases (bunched at Traefik's configuration reloads, which load the CPU). The fast proxy writes the whole
-request before it reads the answer, and streams a chunked answer flushing each write.
+request before it reads the answer, and streams a chunked answer flushing each write. It does put a
+connection whose answer said `Connection: close` back in its pool (the next request on it gets a 502 as
+the upstream closes it), so the chat API sends no close until its drain has settled (docs/runtime.md
+"Draining").
 """
 
 from __future__ import annotations

@@ -48,10 +48,11 @@ def _wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None, w
 
 @dataclass(kw_only=True)
 class _ServedProcess:
-    """A server of ours as a subprocess on 127.0.0.1: its users' port and its metrics port (free ports
-    when 0), stopped by PID."""
+    """A server of ours as a subprocess on 127.0.0.1 (or ``host``, an address of this machine's own: a
+    test's host bridge): its users' port and its metrics port (free ports when 0), stopped by PID."""
 
     log_path: Path | None = None
+    host: str = "127.0.0.1"
     port: int = 0
     metrics_port: int = 0
     proc: subprocess.Popen | None = None
@@ -59,12 +60,12 @@ class _ServedProcess:
     @property
     def url(self) -> str:
         """Base URL of the port users reach."""
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     @property
     def metrics_url(self) -> str:
         """Its scrape endpoint (``GET /metrics`` on the metrics port)."""
-        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+        return f"http://{self.host}:{self.metrics_port}/metrics"
 
     def stop(self) -> None:
         """Stop by PID."""
@@ -83,7 +84,7 @@ class ChatApiProcess(_ServedProcess):
     @property
     def admin_url(self) -> str:
         """Base URL of its admin port (probes, the drain, shadow records)."""
-        return f"http://127.0.0.1:{self.admin_port}"
+        return f"http://{self.host}:{self.admin_port}"
 
     def start(self, timeout: float = 60.0, wait_ready: bool = True) -> ChatApiProcess:
         """Start and (by default) wait for /readyz."""
@@ -96,7 +97,7 @@ class ChatApiProcess(_ServedProcess):
                 sys.executable,
                 "-m",
                 "chatfleet_runtime.chat.api",
-                "--host=127.0.0.1",
+                f"--host={self.host}",
                 f"--port={self.port}",
                 f"--admin-port={self.admin_port}",
                 f"--metrics-port={self.metrics_port}",
@@ -133,8 +134,9 @@ class RelayProcess(_ServedProcess):
         self.port = self.port or free_port()
         self.metrics_port = self.metrics_port or free_port()
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
-        command = [sys.executable, "-m", "chatfleet_runtime.relay", "--host=127.0.0.1", f"--port={self.port}"]
-        command += [f"--metrics-port={self.metrics_port}", f"--stall-seconds={self.stall_seconds}"]
+        command = [sys.executable, "-m", "chatfleet_runtime.relay", f"--host={self.host}"]
+        command += [f"--port={self.port}", f"--metrics-port={self.metrics_port}"]
+        command += [f"--stall-seconds={self.stall_seconds}"]
         command += [f"--max-resumes={self.max_resumes}"]
         command += [f"--upstream={url}" for url in self.upstreams]
         self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)

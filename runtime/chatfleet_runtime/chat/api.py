@@ -33,8 +33,9 @@ nothing else there (404):
 
 Draining (docs/runtime.md "Draining"): ``POST /drain`` on the admin port (the pod's preStop hook,
 ``python3 -m chatfleet_runtime.chat.drain``) or a SIGTERM that comes without it starts the drain: ``/readyz``
-answers 503, every response carries ``Connection: close``, chat requests are served while they can
-finish before the pod must exit and refused with a 503 after that; running streams are never cut.
+answers 503, every response carries ``Connection: close`` once the drain settled, chat requests are served
+while they can finish before the pod must exit and refused with a 503 after that; running streams are
+never cut.
 ``GET /drain`` says whether it is drained. On SIGTERM the server exits once drained (at once when the
 preStop hook already drained it).
 """

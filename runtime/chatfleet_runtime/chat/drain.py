@@ -34,9 +34,11 @@ class Drain:
     - ``draining``: ``begin()`` was called (``POST /drain``, or a SIGTERM without a preStop hook).
     - a chat request is admitted while ``now + request_timeout_s <= began + grace_s - EXIT_MARGIN_S``
       (it can finish before the pod must exit); after that it is refused (``admit()`` is False).
-    - ``drained``: draining, nothing in flight, no chat request arrived within the last ``settle_s``
-      seconds and at least ``settle_s`` seconds since the drain began (the endpoint removal needs that
-      long to reach kube-proxy and the gateway).
+    - ``settled``: at least ``settle_s`` seconds since the drain began (the endpoint removal needs that
+      long to reach kube-proxy and the gateway). From then on every answer says ``Connection: close``
+      (``middleware.DrainGate``), for the clients whose kept-alive connections still reach this pod.
+    - ``drained``: settled, nothing in flight, and no chat request arrived within the last ``settle_s``
+      seconds.
     """
 
     def __init__(
@@ -94,13 +96,15 @@ class Drain:
         self.refused += 1
         return False
 
+    def settled(self) -> bool:
+        """Draining for at least ``settle_s``: the gateway and kube-proxy no longer send new connections."""
+        return self.began is not None and self.clock() - self.began >= self.settle_s
+
     def drained(self) -> bool:
-        """Draining, nothing in flight, quiet for ``settle_s`` and at least ``settle_s`` since it began."""
-        if self.began is None or self.inflight:
+        """Settled, nothing in flight, and quiet for ``settle_s``."""
+        if not self.settled() or self.inflight:
             return False
-        now = self.clock()
-        quiet = self.last_arrival is None or now - self.last_arrival >= self.settle_s
-        return quiet and now - self.began >= self.settle_s
+        return self.last_arrival is None or self.clock() - self.last_arrival >= self.settle_s
 
     def state(self) -> dict[str, Any]:
         """The JSON of ``GET /drain``: draining, inflight, drained, since_seconds, refused."""

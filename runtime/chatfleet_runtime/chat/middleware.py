@@ -4,7 +4,7 @@
   routed by the port it arrived on (``arrival_port``: the ASGI scope's ``server``) to that port's routes
   only, else 404 (docs/security.md "Ports");
 - ``TrackHeaders``: ``x-chatfleet-track`` and ``x-chatfleet-revision`` on every response, streams included;
-- ``DrainGate``: counts chat requests in and out of the drain and says ``Connection: close`` while draining
+- ``DrainGate``: counts chat requests in and out of the drain and says ``Connection: close`` once the drain settled
   (docs/runtime.md "Draining");
 - ``loopback_only``: the guard of ``/drain``, which only the pod's own preStop hook may call.
 
@@ -52,8 +52,13 @@ class TrackHeaders:
 
 class DrainGate:
     """ASGI middleware: counts chat requests in and out of the drain (arrival to last byte, streams
-    included, a client that left included) and adds ``Connection: close`` to every response while
-    draining, so keep-alive clients take their next request elsewhere."""
+    included, a client that left included) and adds ``Connection: close`` to every response once the drain
+    has settled, so the keep-alive clients still reaching this pod take their next request elsewhere.
+
+    Not before: until the endpoint removal has reached it, the gateway still sends requests here, and
+    Traefik's fast proxy puts a connection whose answer said ``Connection: close`` back in its pool; the
+    next request written on it as the pod closes it is answered 502 by Traefik ("connection reset by
+    peer"). A proxy that routes to endpoints needs no hint: the removal moves its new requests."""
 
     def __init__(self, app, drain: Drain, other_ports: frozenset[int] = frozenset()):
         self.app = app
@@ -62,12 +67,12 @@ class DrainGate:
         """The ports that are not the chat port (admin, metrics, shadow): nothing there is work."""
 
     async def __call__(self, scope, receive, send):
-        """Pass through; count work requests, close connections while draining."""
+        """Pass through; count work requests, close connections once the drain settled."""
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
 
         async def send_closing(message):
-            if message["type"] == "http.response.start" and self.drain.draining:
+            if message["type"] == "http.response.start" and self.drain.settled():
                 headers = list(message.get("headers", []))
                 if not any(k.lower() == b"connection" for k, _ in headers):
                     message = {**message, "headers": [*headers, (b"connection", b"close")]}

@@ -39,13 +39,14 @@ def error(status: int, message: str) -> Reply:
 
 
 def draining() -> Reply:
-    """The 503 of a draining replica: OpenAI's error with code ``replica_draining``, ``Retry-After: 1`` and
-    ``Connection: close`` (docs/runtime.md "Draining")."""
+    """The 503 of a draining replica: OpenAI's error with code ``replica_draining`` and ``Retry-After: 1``
+    (``Connection: close`` comes from the drain's gate, as on every answer once the drain settled;
+    docs/runtime.md "Draining")."""
     reply = error(
         503, "this replica is draining (shutting down) and takes no new requests; retry the request"
     )
     reply.body["error"]["code"] = "replica_draining"
-    reply.headers.update({"Retry-After": "1", "Connection": "close"})
+    reply.headers["Retry-After"] = "1"
     return reply
 
 

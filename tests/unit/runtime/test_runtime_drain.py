@@ -1,5 +1,5 @@
 """Draining a replica: the drain's state (a table over an injected clock), the chat API while draining
-(readiness, Connection: close, refusals past the deadline, streams finished), the preStop client, and
+(readiness, Connection: close once settled, refusals past the deadline, streams finished), the preStop client, and
 the real uvicorn process draining on a SIGTERM that came without a preStop hook.
 
 Test design: the state is a pure class, so its rules are one table of steps at given clock times. The
@@ -42,10 +42,17 @@ LOOPBACK = ("127.0.0.1", 50000)
 
 # settle 5 s, grace 30 s, request timeout 10 s: a request is admitted while now + 10 <= began + 28.
 # Steps: (time, action) with action one of begin, enter, leave, or an expectation:
-# "admit"/"refuse" (admit() says so), "drained"/"not drained".
+# "admit"/"refuse" (admit() says so), "drained"/"not drained", "settled"/"not settled".
 TABLE = {
-    "serving-normally": [(0, "admit"), (0, "not drained"), (100, "not drained")],
-    "settle-since-the-begin": [(10, "begin"), (14.9, "not drained"), (15, "drained")],
+    "serving-normally": [(0, "admit"), (0, "not drained"), (100, "not drained"), (100, "not settled")],
+    "settle-since-the-begin": [
+        (10, "begin"),
+        (14.9, "not settled"),
+        (14.9, "not drained"),
+        (15, "settled"),
+        (15, "drained"),
+    ],
+    "settled-while-requests-still-arrive": [(0, "begin"), (4, "enter"), (5, "settled"), (5, "not drained")],
     "quiet-period-after-the-last-arrival": [
         (0, "begin"),
         (4, "enter"),
@@ -85,6 +92,8 @@ def test_drain_state_table(steps):
         elif action in ("admit", "refuse"):
             assert d.admit() is (action == "admit"), (at, action)
             refusals += action == "refuse"
+        elif action.endswith("settled"):
+            assert d.settled() is (action == "settled"), (at, action)
         else:
             assert d.drained() is (action == "drained"), (at, action)
     assert d.refused == refusals
@@ -190,10 +199,15 @@ def test_readyz_fails_while_draining(dclient):
         pytest.param("GET", f"{ADMIN}/drain", None, id="drain"),
     ],
 )
-def test_every_response_says_connection_close_while_draining(dclient, method, path, body):
+def test_every_response_says_connection_close_once_the_drain_settled(dclient, clock, method, path, body):
+    """Not before: while the gateway still routes here, a close would race the gateway's next request on
+    that connection (Traefik's fast proxy answers it 502; tests/integration/platform/test_gateway_drain.py)."""
     content = json.dumps(body) if body is not None else None
     assert "connection" not in dclient.request(method, path, content=content).headers
     dclient.post(f"{ADMIN}/drain")
+    clock.now += 4.9  # settle 5 s
+    assert "connection" not in dclient.request(method, path, content=content).headers
+    clock.now += 0.1
     assert dclient.request(method, path, content=content).headers["connection"] == "close"
 
 
@@ -538,6 +552,10 @@ def test_sigterm_without_a_prestop_hook_drains_and_lets_the_stream_finish(tmp_pa
                 with httpx.Client(timeout=30) as other:  # a new connection: still served while draining
                     wait_until(lambda: other.get(f"{admin_url}/drain").json()["draining"], 30, "the drain")
                     assert other.get(f"{admin_url}/readyz").status_code == 503
+                    # settled (0.5 s) while the stream still runs: answers now close their connection
+                    wait_until(
+                        lambda: other.get(f"{admin_url}/drain").json()["since_seconds"] >= 0.5, 30, "settle"
+                    )
                     late = other.post(f"{url}/v1/chat/completions", json={"messages": U})
                     assert late.status_code == 200 and late.headers["connection"] == "close"
                 rest = list(lines)

@@ -354,7 +354,8 @@ def test_a_draining_pod_refuses_mirrors_and_they_never_hold_the_drain(client, ba
     client.post(f"{ADMIN}/drain")
     r = mirror(client, {"messages": U})
     assert r.status_code == 503 and r.json()["error"]["code"] == "replica_draining"
-    assert (r.headers["retry-after"], r.headers["connection"]) == ("1", "close")
+    # the connection stays open until the drain has settled (the gateway may still send here)
+    assert r.headers["retry-after"] == "1" and "connection" not in r.headers
     assert r.headers["x-chatfleet-shadow"] == "true" and len(backend.calls) == 1
     assert client.post("/v1/chat/completions", content=json.dumps({"messages": U})).status_code == 200
     assert metric(client, "chatfleet_shadow_requests_total", outcome="dropped") == 1

@@ -77,6 +77,12 @@ class Watch:
         self.starved = False
         self.strategies: set[tuple[Any, Any]] = set()
 
+    def saw(self, snap: Snapshot) -> None:
+        """The pods a pass is given: the operator acts on a starved pod it sees there, which may be
+        scheduled again before the next look at the cluster."""
+        if any("nvidia.com/gpu" in facts.unschedulable_message for facts in snap.pods):
+            self.starved = True
+
     def look(self) -> None:
         """One look at the pods and the Deployment's strategy."""
         for p in self.kube.get("pods", selector="chatfleet.io/service=bot") or []:
@@ -102,7 +108,9 @@ def test_template_change_without_a_free_gpu_completes_both_ways(kube, operator):
 
         def pass_v2() -> bool:
             body = kube.get("chatbotservice", "bot")
-            reconcile_pass(kube_api, body, snapshot(kube), world, v2, datetime.now(UTC))
+            snap = snapshot(kube)
+            watch.saw(snap)
+            reconcile_pass(kube_api, body, snap, world, v2, datetime.now(UTC))
             watch.look()
             return rolled_out(kube, "600m")
 

@@ -97,7 +97,8 @@ class Drain:
         return False
 
     def settled(self) -> bool:
-        """Draining for at least ``settle_s``: the gateway and kube-proxy no longer send new connections."""
+        """Draining for at least ``settle_s``: long enough for the gateway and kube-proxy to have seen the
+        endpoint go."""
         return self.began is not None and self.clock() - self.began >= self.settle_s
 
     def drained(self) -> bool:

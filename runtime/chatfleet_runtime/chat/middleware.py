@@ -4,8 +4,8 @@
   routed by the port it arrived on (``arrival_port``: the ASGI scope's ``server``) to that port's routes
   only, else 404 (docs/security.md "Ports");
 - ``TrackHeaders``: ``x-chatfleet-track`` and ``x-chatfleet-revision`` on every response, streams included;
-- ``DrainGate``: counts chat requests in and out of the drain and says ``Connection: close`` once the drain settled
-  (docs/runtime.md "Draining");
+- ``DrainGate``: counts chat requests in and out of the drain and says ``Connection: close`` once the drain
+  settled (docs/runtime.md "Draining");
 - ``loopback_only``: the guard of ``/drain``, which only the pod's own preStop hook may call.
 
 ``chatfleet_runtime.chat.api`` builds the app with them (``create_app``). Plain ASGI (not Starlette's

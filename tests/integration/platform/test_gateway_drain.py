@@ -22,11 +22,9 @@ from __future__ import annotations
 import http.client
 import json
 import signal
-import threading
-import time
-from collections import Counter
 from collections.abc import Iterator
 
+import batch
 import httpx
 import pytest
 from chatfleet_platform.common.config import PlatformError
@@ -102,26 +100,7 @@ def test_a_draining_chat_api_is_answered_not_502_while_the_gateway_still_routes_
         lambda: httpx.get(f"{chat_api.admin_url}/readyz", timeout=5).status_code == 503, 30, 0.2
     ), "the chat API did not begin to drain on SIGTERM"
 
-    outcomes: Counter[str] = Counter()
-    lock = threading.Lock()
-    next_i = iter(range(REQUESTS))
-    deadline = time.monotonic() + BATCH_LIMIT_S
-
-    def user() -> None:
-        while time.monotonic() < deadline:
-            with lock:
-                i = next(next_i, None)
-            if i is None:
-                return
-            outcome = chat(gateway.port, host, i)
-            with lock:
-                outcomes[outcome] += 1
-
-    threads = [threading.Thread(target=user, daemon=True) for _ in range(USERS)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(BATCH_LIMIT_S + 30)
+    outcomes = batch.outcomes(lambda i: chat(gateway.port, host, i), REQUESTS, USERS, BATCH_LIMIT_S)
     assert sum(outcomes.values()) == REQUESTS, f"not all {REQUESTS} sent within {BATCH_LIMIT_S}s: {outcomes}"
     assert chat_api.proc.poll() is None, "the chat API stopped before its drain settled"
     assert outcomes == {"200": REQUESTS}, f"{dict(outcomes)} of {REQUESTS} chats to a draining chat API"

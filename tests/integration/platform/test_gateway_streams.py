@@ -18,12 +18,11 @@ from __future__ import annotations
 import http.client
 import json
 import threading
-import time
-from collections import Counter
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import batch
 import pytest
 from chatfleet_platform.common.config import PlatformError
 from chatfleet_platform.servers import hostbackends
@@ -133,25 +132,6 @@ def test_streamed_chats_through_traefik_are_never_cut(cluster, gateway, backend,
     )
     assert wait_until(lambda: chat(gateway.port, host, -1) == "ok", 60, 0.5), chat(gateway.port, host, -1)
 
-    outcomes: Counter[str] = Counter()
-    lock = threading.Lock()
-    next_i = iter(range(REQUESTS))
-    deadline = time.monotonic() + BATCH_LIMIT_S
-
-    def user() -> None:
-        while time.monotonic() < deadline:
-            with lock:
-                i = next(next_i, None)
-            if i is None:
-                return
-            outcome = chat(gateway.port, host, i)
-            with lock:
-                outcomes[outcome] += 1
-
-    threads = [threading.Thread(target=user, daemon=True) for _ in range(USERS)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(BATCH_LIMIT_S + 60)
+    outcomes = batch.outcomes(lambda i: chat(gateway.port, host, i), REQUESTS, USERS, BATCH_LIMIT_S)
     assert sum(outcomes.values()) == REQUESTS, f"not all {REQUESTS} sent within {BATCH_LIMIT_S}s: {outcomes}"
     assert outcomes == {"ok": REQUESTS}, f"{dict(outcomes)} of {REQUESTS} streamed chats through Traefik"

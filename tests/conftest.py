@@ -30,6 +30,7 @@ from chatfleet_platform.common.config import (
 )
 from chatfleet_platform.servers import services
 from needs import pytest_runtest_makereport  # noqa: F401 - any skip is reported as a failure
+from teardown import sigint_deferred
 
 WORK = REPO_ROOT / ".work"
 
@@ -57,7 +58,8 @@ def cluster() -> Iterator[Cluster]:
         c.up(nodes=4)
         yield c
     finally:
-        c.down()
+        with sigint_deferred():  # an interrupt mid-way left the cluster and its real node running
+            c.down()
 
 
 @pytest.fixture(scope="session")

@@ -13,13 +13,14 @@ operator switches the Deployment to replace in place, and both rollouts finish.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from chatfleet_operator import kube as kube_api
 from chatfleet_operator.cache import Snapshot, World, slim
-from chatfleet_operator.converge.facts import node_facts, pod_facts
+from chatfleet_operator.converge.facts import PodFacts, node_facts, pod_facts
 from chatfleet_operator.reconcile import reconcile_pass
 from chatfleet_operator.settings import PodSettings, Settings
 from operator_it import Kube, chatbot, wait_until
@@ -77,17 +78,15 @@ class Watch:
         self.starved = False
         self.strategies: set[tuple[Any, Any]] = set()
 
-    def saw(self, snap: Snapshot) -> None:
-        """The pods a pass is given: the operator acts on a starved pod it sees there, which may be
-        scheduled again before the next look at the cluster."""
-        if any("nvidia.com/gpu" in facts.unschedulable_message for facts in snap.pods):
+    def saw(self, pods: Iterable[PodFacts]) -> None:
+        """Pods seen: a pass's (the operator acts on a starved pod it sees there, which may be scheduled
+        again before the next look at the cluster) or the cluster's."""
+        if any("nvidia.com/gpu" in facts.unschedulable_message for facts in pods):
             self.starved = True
 
     def look(self) -> None:
         """One look at the pods and the Deployment's strategy."""
-        for p in self.kube.get("pods", selector="chatfleet.io/service=bot") or []:
-            if "nvidia.com/gpu" in pod_facts(p).unschedulable_message:
-                self.starved = True
+        self.saw(pod_facts(p) for p in self.kube.get("pods", selector="chatfleet.io/service=bot") or [])
         ru = self.kube.get("deployment", "bot")["spec"]["strategy"]["rollingUpdate"]
         self.strategies.add((ru.get("maxSurge"), ru.get("maxUnavailable")))
 
@@ -109,7 +108,7 @@ def test_template_change_without_a_free_gpu_completes_both_ways(kube, operator):
         def pass_v2() -> bool:
             body = kube.get("chatbotservice", "bot")
             snap = snapshot(kube)
-            watch.saw(snap)
+            watch.saw(snap.pods)
             reconcile_pass(kube_api, body, snap, world, v2, datetime.now(UTC))
             watch.look()
             return rolled_out(kube, "600m")

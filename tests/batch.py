@@ -1,11 +1,15 @@
-"""A batch of requests from several client threads, counted by outcome (the gateway tests' load)."""
+"""A batch of requests from several client threads, counted by outcome (the gateway tests' load), and
+one chat through the gateway on a new connection."""
 
 from __future__ import annotations
 
+import http.client
+import json
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
 
 def outcomes(call: Callable[[int], str], requests: int, users: int, limit_s: float) -> Counter[str]:
@@ -33,3 +37,23 @@ def outcomes(call: Callable[[int], str], requests: int, users: int, limit_s: flo
     for t in threads:
         t.join(limit_s + 60)
     return counted
+
+
+def gateway_chat(
+    port: int, host: str, body: dict[str, Any], judge: Callable[[http.client.HTTPResponse], str]
+) -> str:
+    """POST `body` to /v1/chat/completions through the gateway on 127.0.0.1:`port` for `host`, on a new
+    connection: `judge(response)` says the outcome; a connection or HTTP error before it is its class name."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request(
+            "POST",
+            "/v1/chat/completions",
+            body=json.dumps(body),
+            headers={"Host": host, "Content-Type": "application/json"},
+        )
+        return judge(conn.getresponse())
+    except (http.client.HTTPException, OSError) as exc:
+        return type(exc).__name__
+    finally:
+        conn.close()

@@ -20,7 +20,6 @@ first second (the chat API before this test), two runs here answered 551 and 459
 from __future__ import annotations
 
 import http.client
-import json
 import signal
 from collections.abc import Iterator
 
@@ -61,24 +60,16 @@ def chat_api(tmp_path) -> Iterator[ChatApiProcess]:
         host.close()
 
 
+def status(resp: http.client.HTTPResponse) -> str:
+    """The answer's status, once it is read whole ('200', '502', ...)."""
+    resp.read()
+    return str(resp.status)
+
+
 def chat(port: int, host: str, i: int) -> str:
     """One chat on a new connection: its status ('200', '502', ...) or the error that came instead."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    body = json.dumps({"model": "tiny-chat", "messages": [{"role": "user", "content": f"hello {i}"}]})
-    try:
-        conn.request(
-            "POST",
-            "/v1/chat/completions",
-            body=body,
-            headers={"Host": host, "Content-Type": "application/json"},
-        )
-        resp = conn.getresponse()
-        resp.read()
-        return str(resp.status)
-    except (http.client.HTTPException, OSError) as exc:
-        return type(exc).__name__
-    finally:
-        conn.close()
+    body = {"model": "tiny-chat", "messages": [{"role": "user", "content": f"hello {i}"}]}
+    return batch.gateway_chat(port, host, body, status)
 
 
 def test_a_draining_chat_api_is_answered_not_502_while_the_gateway_still_routes_to_it(

@@ -94,29 +94,21 @@ def backend() -> Iterator[ThreadingHTTPServer]:
         host.close()
 
 
+def whole(resp: http.client.HTTPResponse) -> str:
+    """'ok', 'cut' (200, answer not whole) or the status that came instead."""
+    if resp.status != 200:
+        return f"http-{resp.status}"
+    try:
+        data = resp.read()
+    except (http.client.HTTPException, OSError):
+        return "cut"
+    return "ok" if data == WHOLE else "cut"
+
+
 def chat(port: int, host: str, i: int) -> str:
     """One streamed chat on a new connection: 'ok', 'cut' (200, answer not whole) or what went wrong."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    body = json.dumps({"messages": [{"role": "user", "content": f"hello {i}"}], "stream": True})
-    try:
-        conn.request(
-            "POST",
-            "/v1/chat/completions",
-            body=body,
-            headers={"Host": host, "Content-Type": "application/json"},
-        )
-        resp = conn.getresponse()
-        if resp.status != 200:
-            return f"http-{resp.status}"
-        try:
-            data = resp.read()
-        except (http.client.HTTPException, OSError):
-            return "cut"
-        return "ok" if data == WHOLE else "cut"
-    except (http.client.HTTPException, OSError) as exc:
-        return type(exc).__name__
-    finally:
-        conn.close()
+    body = {"messages": [{"role": "user", "content": f"hello {i}"}], "stream": True}
+    return batch.gateway_chat(port, host, body, whole)
 
 
 def test_streamed_chats_through_traefik_are_never_cut(cluster, gateway, backend, namespace):

@@ -37,12 +37,21 @@ build_registry() {
   rm -rf "$out" && mv "$out.tmp" "$out"
 }
 
+# in_place VENV: the venv's scripts run from where it lies. pip writes each script's interpreter as an absolute
+# path (`#!VENV/bin/python3`), so a venv whose folder was moved or copied elsewhere (a cache restored to
+# another path) keeps its marker but none of its commands start: it is made again.
+in_place() { case "$(head -n 1 "$1/bin/pip" 2>/dev/null)" in "#!$1/bin/python"*) return 0 ;; *) return 1 ;; esac; }
+
 # pip_tool NAME VERSION SPEC [CHECK...]: SPEC pip-installed into its own venv $CACHE/tools/NAME-VERSION, once
-# (a .complete marker); CHECK, when given, is a command run from the venv's bin/ that must succeed.
+# (a .complete marker, trusted while the venv lies where it was made); CHECK, when given, is a command run
+# from the venv's bin/ that must succeed.
 pip_tool() {
   local name=$1 v=$2 spec=$3 venv="$CACHE/tools/$1-$2"
   shift 3
-  [ -f "$venv/.complete" ] && { say "$name v$v cached"; return; }
+  if [ -f "$venv/.complete" ]; then
+    in_place "$venv" && { say "$name v$v cached"; return; }
+    say "$venv was made at another path (its commands name another interpreter): making it again"
+  fi
   say "installing $spec into $venv"
   rm -rf "$venv"
   python3 -m venv "$venv"

@@ -11,7 +11,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck source=versions.env
 . "$root/hack/versions.env"
 venv="${CHATFLEET_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/chatfleet}/tools/checkov-$CHECKOV_VERSION"
-[[ -f "$venv/.complete" ]] || bash "$root/hack/build-test-servers.sh" checkov
+bash "$root/hack/build-test-servers.sh" checkov  # says "cached" when the venv is made and in place
 [[ "${1:-}" == "--install-only" ]] && exit 0
 helm="$("$root/.venv/bin/python" -c 'from chatfleet_platform.common.config import binaries; print(binaries().helm)')"
 [[ -x "$helm" ]] || { echo "error: helm is missing at $helm: run make platform-build"; exit 1; }

@@ -864,10 +864,17 @@ def _cgroup_dirs(root: str) -> list[Path]:
     return [h / root.lstrip("/") for h in Path("/sys/fs/cgroup").iterdir() if (h / root.lstrip("/")).is_dir()]
 
 
+def _tree(top: Path) -> list[Path]:
+    """`top` and every folder under it, parents first. Folders that go while it walks (a container's cgroup
+    removed by runc as its process exits) are passed over: `Path.rglob` raises FileNotFoundError there,
+    which broke a teardown between two pods' exits."""
+    return [Path(folder) for folder, _, _ in os.walk(top)]
+
+
 def _kill_cgroup_tree(root: str) -> None:
     """SIGKILL every process in the cgroup tree `root` (containers left after the kubelet stopped)."""
     for top in _cgroup_dirs(root):
-        for procs_file in top.rglob("cgroup.procs"):
+        for procs_file in (d / "cgroup.procs" for d in _tree(top)):
             try:
                 pids = procs_file.read_text().split()
             except OSError:
@@ -882,7 +889,7 @@ def _kill_cgroup_tree(root: str) -> None:
 def _remove_cgroup_tree(root: str) -> None:
     """Remove the (empty) cgroup folders of `root`, deepest first, in every hierarchy."""
     for top in _cgroup_dirs(root):
-        for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+        for d in sorted(_tree(top)[1:], key=lambda p: len(p.parts), reverse=True):
             try:
                 d.rmdir()
             except OSError:

@@ -8,6 +8,8 @@ Allocate) with the kubelet's message shapes.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import threading
 from concurrent import futures
@@ -226,3 +228,28 @@ def test_a_node_with_no_kubelet_running_cannot_lose_power(tmp_path):
     (node,) = realnode.plans(tmp_path, 1, 8)
     with pytest.raises(PlatformError, match="no kubelet"):
         nodes.lose_power(node)
+
+
+def test_a_cgroup_folder_that_goes_while_the_teardown_walks_the_tree_is_passed_over(tmp_path, monkeypatch):
+    """runc removes a container's cgroup as its process exits: a teardown walking the node's cgroup tree
+    then finds a listed folder gone (a bench's teardown stopped on FileNotFoundError so)."""
+    top = tmp_path / "chatfleet-real-0"
+    for d in ("kubepods/pod-a/c1", "kubepods/pod-b/c2"):
+        (top / d).mkdir(parents=True)
+        (top / d / "cgroup.procs").write_text("")
+    (top / "cgroup.procs").write_text("")
+    gone = top / "kubepods" / "pod-b"
+    real_scandir = os.scandir
+
+    def scandir(path="."):
+        if isinstance(path, (str, os.PathLike)) and Path(path) == gone:  # listed, removed before it is read
+            shutil.rmtree(gone)
+        return real_scandir(path)
+
+    monkeypatch.setattr(realnode, "_cgroup_dirs", lambda root: [top])
+    monkeypatch.setattr(os, "scandir", scandir)
+    realnode._kill_cgroup_tree("/chatfleet-real-0")
+    assert not gone.exists() and (top / "kubepods" / "pod-a" / "c1").is_dir()
+    (gone / "c2").mkdir(parents=True)
+    realnode._remove_cgroup_tree("/chatfleet-real-0")  # its own walk meets the same
+    assert not gone.exists()

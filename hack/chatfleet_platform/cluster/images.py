@@ -749,6 +749,33 @@ def _load_locked(
     return took
 
 
+def load_variant(
+    address: str | Path,
+    name: str,
+    ref: str,
+    env: Mapping[str, str],
+    cache: Path | None = None,
+    progress: Callable[[str], None] = _say,
+) -> None:
+    """Import into the containerd at address, as `ref`, the built image `name` with `env` set in its
+    config: the image a Dockerfile of `FROM <name's image>` and one `ENV` would build (no layer of its
+    own, so nothing is sent where the base is already imported). Another build of the same code, told
+    apart by what its defaults read from the environment."""
+    with cache_lock(cache, shared=True):
+        entry = read_refs(cache).get(name)
+        if not entry or not entry.get("archive") or not Path(entry["archive"]).is_file():
+            raise PlatformError(f"image {name!r} has no archive in {images_dir(cache)}: run `make images`")
+        archive = Path(entry["archive"])
+        base = ociimport.plan(archive, entry["ref"], node_snapshots(str(address)))
+        variant = ociimport.with_env(base, ref, env)
+        t0 = time.monotonic()
+        import_layers(str(address), archive, variant)
+        progress(
+            f"imported {ref} ({entry['ref']} with {', '.join(env)} set) into {address} in "
+            f"{time.monotonic() - t0:.1f}s ({len(variant.send)} layers sent)"
+        )
+
+
 def node_snapshots(address: str) -> set[str]:
     """The snapshot keys (chain IDs of unpacked layers) of the containerd at address."""
     listed = subprocess.run(ctr_argv(address, "snapshots", "ls"), capture_output=True, text=True)

@@ -26,16 +26,14 @@ from dataclasses import dataclass
 
 import pytest
 import yaml
-from chatfleet_platform.cluster.realnode import REAL_LABEL
+from chatfleet_platform.addons.operatorchart import OperatorChart, image_values, real_node_values
 from chatfleet_platform.common import procs
-from chatfleet_platform.common.config import REPO_ROOT, binaries
 from chatfleet_platform.load.trafficsim import TrafficSim
 from chatfleet_platform.servers import services
 from chatfleet_platform.servers.services import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.slow]
 
-CHART = REPO_ROOT / "charts" / "chatfleet-operator"
 #: The runtime images the two operator versions default to (the fleets run on kwok nodes: never pulled).
 FIRST, SECOND = "registry.example/chatfleet-runtime:1.0", "registry.example/chatfleet-runtime:1.1"
 FAST_CANARY = {
@@ -44,34 +42,21 @@ FAST_CANARY = {
 }
 
 
-def helm(cluster, *args: str) -> subprocess.CompletedProcess:
-    env = {**cluster.env, "HELM_CACHE_HOME": str(REPO_ROOT / ".work" / "helm-cache")}
-    res = subprocess.run([str(binaries().helm), *args], capture_output=True, text=True, env=env, timeout=300)
-    assert res.returncode == 0, f"helm {' '.join(args)}:\n{res.stdout}\n{res.stderr}"
-    return res
-
-
 @dataclass
 class Installed:
-    """The chart's release `cf` in `system`, watching `watched`; a trafficsim for the fleet `follows`."""
+    """The chart's release (`chart`), watching `watched`; a trafficsim for the fleet `follows`."""
 
     cluster: object
-    system: str
+    chart: OperatorChart
     watched: str
     traffic: TrafficSim
     prometheus: services.Prometheus
 
     def operator_pods(self) -> list[dict]:
-        return json.loads(self.cluster.kubectl("get", "pods", "-o", "json", namespace=self.system).stdout)[
-            "items"
-        ]
+        return self.chart.pods()
 
     def operator_log(self) -> str:
-        logs = [
-            self.cluster.kubectl("logs", p["metadata"]["name"], namespace=self.system, check=False).stdout
-            for p in self.operator_pods()
-        ]
-        return "\n".join(logs)[-4000:]
+        return self.chart.log()
 
     def apply(self, name: str, **spec_over) -> None:
         spec = {
@@ -107,7 +92,6 @@ class Installed:
 @pytest.fixture(scope="module")
 def installed(cluster, chatfleet_crd, real_node, image_refs, tmp_path_factory) -> Iterator[Installed]:
     """The chart installed once for this module, its defaults from values (and torn down after)."""
-    repo, tag = image_refs["operator"]["ref"].rsplit(":", 1)
     system, watched = f"cfop-{uuid.uuid4().hex[:6]}", f"cfwatch-{uuid.uuid4().hex[:6]}"
     for ns in (system, watched):
         cluster.kubectl("create", "namespace", ns)
@@ -122,25 +106,18 @@ def installed(cluster, chatfleet_crd, real_node, image_refs, tmp_path_factory) -
         ["socat", f"TCP-LISTEN:{port},bind={real_node.ip},reuseaddr,fork", f"TCP:127.0.0.1:{prometheus.port}"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
+    chart = OperatorChart(cluster, system)
     try:
-        helm(
-            cluster, "install", "cf", str(CHART), "-n", system, "--skip-crds",
-            "--set", f"image.repository={repo}", "--set", f"image.tag={tag}",
-            "--set", "image.pullPolicy=Never",
+        chart.install([
+            *image_values(image_refs["operator"]["ref"]), *real_node_values(),
             "--set", "watch.scope=namespaces", "--set", f"watch.namespaces={{{watched}}}",
             "--set", f"operator.defaults.runtimeImage={FIRST}",
             "--set", f"operator.defaults.prometheusAddress=http://{real_node.ip}:{port}",
             "--set", f"operator.analysisAllowedHosts={{{real_node.ip}}}",
-            "--set-string", f"nodeSelector.{REAL_LABEL.replace('.', chr(92) + '.')}=true",
-            "--set", f"tolerations[0].key={REAL_LABEL}", "--set", "tolerations[0].operator=Exists",
-            "--wait", "--timeout", "240s",
-        )  # fmt: skip
-        yield Installed(cluster, system, watched, traffic, prometheus)
+        ])  # fmt: skip
+        yield Installed(cluster, chart, watched, traffic, prometheus)
     finally:
-        subprocess.run(
-            [str(binaries().helm), "uninstall", "cf", "-n", system, "--wait", "--timeout", "60s"],
-            capture_output=True, env=cluster.env, timeout=120,
-        )  # fmt: skip
+        chart.uninstall()
         forward.terminate()
         forward.wait(10)
         prometheus.stop()
@@ -187,10 +164,7 @@ def test_helm_upgrade_with_a_new_default_image_releases_the_fleets_that_follow_i
     first = {n: installed.get("cbs", n)["status"]["stableRevision"] for n in ("follows", "pinned")}
     queried = prometheus_queries(installed.prometheus)
 
-    helm(
-        installed.cluster, "upgrade", "cf", str(CHART), "-n", installed.system, "--skip-crds",
-        "--reuse-values", "--set", f"operator.defaults.runtimeImage={SECOND}", "--wait", "--timeout", "240s",
-    )  # fmt: skip
+    installed.chart.upgrade(["--set", f"operator.defaults.runtimeImage={SECOND}"])
     args = [a for p in installed.operator_pods() for a in p["spec"]["containers"][0]["args"]]
     assert f"--runtime-image={SECOND}" in args, args
 

@@ -214,7 +214,7 @@ bench-chaos: setup ## Faults, in two parts: 10 replica SIGKILLs, 2 frozen replic
 	$(PY) bench/upgrade_bench.py
 
 .PHONY: bench-chaos-upgrades
-bench-chaos-upgrades: setup ## Operator upgrades on real pods: 3 fleets under 32 streamed users, two builds and a bad one, the upgrade wave beside no wave: fleets rolling at once, fleets a bad build reaches, what users saw (~30 min)
+bench-chaos-upgrades: setup ## Operator upgrades on real pods: the chart's operator pod upgraded by helm between operator images (two builds and a bad one) under 32 streamed users on 3 fleets, the upgrade wave beside no wave: fleets rolling at once, fleets a bad build reaches, what users saw (~15 min)
 	$(PY) bench/upgrade_bench.py
 
 .PHONY: bench-routing

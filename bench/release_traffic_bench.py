@@ -40,7 +40,7 @@ from chatfleet_platform.addons import scrape  # noqa: E402
 from chatfleet_platform.addons.gateway import SHARED_NAMESPACE, Gateway  # noqa: E402
 from chatfleet_platform.cluster import images  # noqa: E402
 from chatfleet_platform.cluster.cluster import Cluster  # noqa: E402
-from chatfleet_platform.cluster.realnode import CLIENT_ADDRESSES  # noqa: E402
+from chatfleet_platform.cluster.realnode import CLIENT_ADDRESSES, NodePlan  # noqa: E402
 from chatfleet_platform.common.config import (  # noqa: E402
     CHATBOT_CRD_FILE,
     CHATBOT_CRD_NAME,
@@ -91,6 +91,7 @@ class Platform:
         self.gateway: Gateway | None = None
         self.image = ""
         self.model_dir = Path()
+        self.node: NodePlan | None = None
         self.node_ip = ""
 
     def up(self, operator: bool = True) -> None:
@@ -99,8 +100,8 @@ class Platform:
         say("building images (cached) and starting the platform with one real node")
         self.image = images.ImageBuilder().build(list(images.ALL_NAMES))["runtime"]["ref"]
         self.cluster.up(nodes=1)
-        (node,) = self.cluster.add_real_nodes(1, gpus=8)
-        self.node_ip = node.ip
+        (self.node,) = self.cluster.add_real_nodes(1, gpus=8)
+        self.node_ip = self.node.ip
         self.cluster.install_crd(CHATBOT_CRD_FILE, CHATBOT_CRD_NAME)
         configs = scrape.podmonitor_scrape_configs(
             fleet_podmonitor(),

@@ -3,29 +3,32 @@ dialogues on real pods, with the upgrade wave beside the same run without it.
 
 Everything is real: the local Kubernetes, a real node (kubelet, containerd, runc) running the project's
 runtime image (Triton + the chat API on the tiny model, on CPU), Redis for the sessions, and the operator
-as a host process. FLEETS (3) ChatbotServices of one pod each serve USERS (32) users holding five-turn
+itself in a pod on that node, installed by its Helm chart (`charts/chatfleet-operator`) and upgraded by
+`helm upgrade`. FLEETS (3) ChatbotServices of one pod each serve USERS (32) users holding five-turn
 streamed dialogues through their Services (`DialogueLoad`, split over the fleets).
 
-"Builds" of the operator are told apart by what they put in every fleet's pod template, with the same
-revision (what a new annotation, env var or probe in the builders does): the chat API's CPU
-(`CHATFLEET_CHAT_API_CPU`, build A 150m, build B 200m). The bad build (C) also gives the chat API 24Mi
-of memory (`CHATFLEET_CHAT_API_MEMORY`): its chat-api container is OOM-killed as it starts, again and
-again, as a build with a broken container would be. (A first try, a startup probe allowed one failure,
-was bad only when several pods started at once: alone, Triton was ready within the first probe.) Each row
-runs, under the same load:
+The operator's builds are images: the built operator image with one `ENV` on top, as a Dockerfile of
+`FROM chatfleet-operator` and `ENV CHATFLEET_CHAT_API_CPU=...` builds it (no layer of its own; imported into
+the real node under its own tag, `images.load_variant`). What tells them apart is what every fleet's pod
+template gets from them, with the same revision (what a new annotation, env var or probe in the builders
+does): the chat API's CPU, build A 150m, build B 200m. The bad build (C) also gives the chat API 24Mi of
+memory (`CHATFLEET_CHAT_API_MEMORY`): its chat-api container is OOM-killed as it starts, again and again,
+as a build with a broken container would be. Each upgrade is `helm upgrade --reuse-values` naming the
+build's image tag (and the row's `operator.upgradeWave`): the chart's Deployment replaces the operator's
+pod (Recreate: one operator at a time), and the new pod's passes carry the new template to the fleets.
+Each row runs, under the same load:
 
-1. upgrade A -> B (the operator process stopped, the new build started: what `helm upgrade` does to the
-   operator's Deployment), waited for until every fleet runs B's template, rolled out, none held;
+1. upgrade A -> B, waited for until every fleet runs B's template, rolled out, none held;
 2. upgrade B -> A, the same;
 3. the bad build C, watched for BAD_WATCH_SECONDS (or until the wave halts, plus HALT_WATCH_SECONDS);
 4. back to A (the chart rolled back), waited for as in 1.
 
-Rows: `--upgrade-wave=1` (Chatfleet: one fleet at a time, a failing one halts the wave) and
-`--upgrade-wave=0` (the baseline: no wave, every fleet at once, as any operator without one, or a chart
-of plain Deployments, rolls them). Counted per row: the most fleets rolling a new template at the same
-moment (sampled every 0.5 s), how many fleets the bad build reached, each upgrade's seconds, and what the
-users saw: turns, streams cut, non-2xx, turns with no answer, lost histories, and the turns' p50/p99
-seconds during the upgrades beside the quiet half minute before them.
+Rows: `operator.upgradeWave=1` (Chatfleet: one fleet at a time, a failing one halts the wave) and
+`operator.upgradeWave=0` (the baseline: no wave, every fleet at once, as any operator without one, or a
+chart of plain Deployments, rolls them). Counted per row: the most fleets rolling a new template at the
+same moment (sampled every 0.5 s), how many fleets the bad build reached, each upgrade's seconds (from
+`helm upgrade`), and what the users saw: turns, streams cut, non-2xx, turns with no answer, lost
+histories, and the turns' p50/p99 seconds during the upgrades beside the quiet half minute before them.
 
 Writes bench-results/chaos-upgrades.json and prints the table.
 """
@@ -43,6 +46,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "hack"))
 sys.path.insert(0, str(REPO / "bench"))
 
+from chatfleet_platform.addons.operatorchart import OperatorChart, image_values, real_node_values  # noqa: E402
+from chatfleet_platform.cluster import images  # noqa: E402
 from chatfleet_platform.cluster.realnode import CLIENT_ADDRESSES  # noqa: E402
 from chatfleet_platform.load.dialogues import DialogueLoad  # noqa: E402
 from chatfleet_platform.load.realpods import service_url  # noqa: E402
@@ -56,12 +61,15 @@ QUIET_SECONDS = float(os.environ.get("QUIET_SECONDS", "30"))
 BAD_WATCH_SECONDS = 120.0
 HALT_WATCH_SECONDS = 45.0
 UPGRADE_TIMEOUT = 900.0
-#: The builds: (the chat API's CPU, extra environment). A and B are good; C restarts Triton before it loads.
+#: The builds: (the chat API's CPU, extra environment), each baked into its image. A and B are good; C's
+#: chat-api container is OOM-killed as it starts.
 BUILDS: dict[str, tuple[str, dict[str, str]]] = {
     "A": ("150m", {}),
     "B": ("200m", {}),
     "C": ("160m", {"CHATFLEET_CHAT_API_MEMORY": "24Mi"}),
 }
+#: The namespace of the chart's release.
+SYSTEM = "chatfleet-system"
 #: Smaller CPU requests than the real node's usual 250m (limits are not enforced there), so that every
 #: fleet's surge pod fits the node's 2 cores at once in the baseline: 2 x FLEETS pods.
 RESOURCES = {"cpu": "100m", "memory": "2Gi"}
@@ -79,20 +87,50 @@ def split(total: int, parts: int) -> list[int]:
     return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
 
 
-def start_build(platform: Platform, build: str, wave: int) -> None:
-    """Replace the running operator with `build`, its wave `wave` (0: none)."""
+def build_ref(build: str) -> str:
+    """The image of `build`: the built operator image's repository and tag, `-build-<name>` after it."""
+    return f"{images.read_refs()['operator']['ref']}-build-{build.lower()}"
+
+
+def build_env(build: str) -> dict[str, str]:
+    """What `build`'s image sets in its environment."""
     cpu, env = BUILDS[build]
-    platform.stop_operator()
-    platform.start_operator(f"--upgrade-wave={wave}", env={"CHATFLEET_CHAT_API_CPU": cpu, **env})
+    return {"CHATFLEET_CHAT_API_CPU": cpu, **env}
 
 
-def upgrade(platform: Platform, build: str, wave: int) -> dict[str, Any]:
+def import_builds(platform: Platform) -> None:
+    """Every build's image into the real node's containerd (configs only: the layers are the operator's)."""
+    assert platform.node is not None
+    for build in BUILDS:
+        images.load_variant(
+            platform.node.socket, "operator", build_ref(build), build_env(build), progress=say
+        )
+
+
+def install(platform: Platform, chart: OperatorChart) -> None:
+    """The chart, build A, wave 1, its pod on the real node, watching every namespace; the local
+    platform's host paths (the tiny model) and analysis host (Prometheus on 127.0.0.1) allowed."""
+    platform.cluster.kubectl("create", "namespace", SYSTEM)
+    chart.install([
+        *image_values(build_ref("A")), *real_node_values(),
+        "--set", "operator.upgradeWave=1",
+        "--set", f"operator.allowedHostPaths={{{REPO / '.work'}}}",
+        "--set", "operator.analysisAllowedHosts={127.0.0.1}",
+    ])  # fmt: skip
+
+
+def start_build(chart: OperatorChart, build: str, wave: int, wait: bool = False) -> None:
+    """`helm upgrade` to `build`'s image with the wave `wave` (0: none)."""
+    chart.upgrade([*image_values(build_ref(build)), "--set", f"operator.upgradeWave={wave}"], wait=wait)
+
+
+def upgrade(platform: Platform, chart: OperatorChart, build: str, wave: int) -> dict[str, Any]:
     """Start `build` and watch the fleets until it has rolled out everywhere (the good builds) or for the
     bad build's watch; what was seen."""
     cpu = BUILDS[build][0]
     bad = bool(BUILDS[build][1])
     t0 = time.monotonic()
-    start_build(platform, build, wave)
+    start_build(chart, build, wave)
     most, reached, halted_at, held_seen = 0, set(), None, set()
     last: WaveSample | None = None
     timeline: list[tuple[float, int]] = []
@@ -118,7 +156,9 @@ def upgrade(platform: Platform, build: str, wave: int) -> dict[str, Any]:
         elif last.finished:
             break
         if now - t0 > UPGRADE_TIMEOUT:
-            raise RuntimeError(f"upgrade to {build} not finished after {UPGRADE_TIMEOUT:.0f} s: {last}")
+            raise RuntimeError(
+                f"upgrade to {build} not finished after {UPGRADE_TIMEOUT:.0f} s: {last}\n{chart.log()}"
+            )
         time.sleep(0.5)
     t1 = time.monotonic()
     out = {
@@ -146,7 +186,7 @@ def quantiles(values: list[float]) -> tuple[float, float]:
     return s[len(s) // 2], s[min(len(s) - 1, int(len(s) * 0.99))]
 
 
-def row(platform: Platform, bots: list[Bot], wave: int, label: str) -> dict[str, Any]:
+def row(platform: Platform, chart: OperatorChart, bots: list[Bot], wave: int, label: str) -> dict[str, Any]:
     """One row: the four upgrades under the users, and what they saw."""
     loads = [
         DialogueLoad(
@@ -165,7 +205,7 @@ def row(platform: Platform, bots: list[Bot], wave: int, label: str) -> dict[str,
         t_quiet = time.monotonic()
         say(f"{label}: users chatting; {QUIET_SECONDS:.0f} s quiet first")
         time.sleep(QUIET_SECONDS)
-        upgrades = [upgrade(platform, b, wave) for b in ("B", "A", "C", "A")]
+        upgrades = [upgrade(platform, chart, b, wave) for b in ("B", "A", "C", "A")]
         time.sleep(5)
     finally:
         summaries = [load.stop() for load in loads]
@@ -210,21 +250,26 @@ def main() -> int:
     results: dict[str, Any] = {
         "fleets": FLEETS,
         "users": USERS,
-        "builds": {k: {"chat_api_cpu": v[0], **v[1]} for k, v in BUILDS.items()},
+        "builds": {k: {"image": "", **build_env(k)} for k in BUILDS},
+        "operator": "a pod of the chart's Deployment on the real node; upgrades by helm upgrade",
         "resources": RESOURCES,
         "rows": [],
     }
     try:
         platform.up(operator=False)
-        platform.start_operator("--upgrade-wave=1", env={"CHATFLEET_CHAT_API_CPU": BUILDS["A"][0]})
-        say(f"{FLEETS} fleets of one pod on the real node, build A")
+        import_builds(platform)
+        for k in BUILDS:
+            results["builds"][k]["image"] = build_ref(k)
+        chart = OperatorChart(platform.cluster, SYSTEM)
+        install(platform, chart)
+        say(f"the chart installed, build A; {FLEETS} fleets of one pod on the real node")
         bots = [platform.bot(resources=RESOURCES, wait=False) for _ in range(FLEETS)]
         for b in bots:
             b.wait(b.ready, 900, f"{b.ns}/{b.name} Ready")
         for wave, label in ((1, "Chatfleet, upgrade wave 1"), (0, "no wave (baseline): every fleet at once")):
             say(f"row: {label}")
-            results["rows"].append(row(platform, bots, wave, label))
-            start_build(platform, "A", 1)  # between rows: build A, the next row's first operator
+            start_build(chart, "A", wave, wait=True)  # the row's wave, on the build every fleet runs
+            results["rows"].append(row(platform, chart, bots, wave, label))
     finally:
         OUT.parent.mkdir(parents=True, exist_ok=True)
         OUT.write_text(json.dumps(results, indent=1, default=str))

@@ -32,11 +32,18 @@ def chat(url, body):
     return post_json(f"{url}/v1/chat/completions", body)
 
 
+#: replica B's breaker stays open this long before it lets a probe through: the test's requests while it is
+#: open must all find it open (with the suites' 1 s, a loaded machine took longer than that between two
+#: requests, the second went through as the half-open probe and counted as `unavailable`)
+RESET_SECONDS = "10"
+
+
 @pytest.fixture(scope="module")
 def replica_b(rt_workdir, triton_repo, redis_srv, make_api_env):
     """A second replica: its own tritonserver and chat API, sharing Redis with replica A."""
     triton = TritonServer(triton_repo, home=rt_workdir / "triton-home", log_path=rt_workdir / "triton-b.log")
-    api = ChatApiProcess("", make_api_env(redis_srv.url), log_path=rt_workdir / "api-b.log")
+    env = {**make_api_env(redis_srv.url), "CHATFLEET_BREAKER_RESET_SECONDS": RESET_SECONDS}
+    api = ChatApiProcess("", env, log_path=rt_workdir / "api-b.log")
     try:
         triton.start().wait_ready(180)
         api.triton_grpc = triton.grpc_url

@@ -97,6 +97,12 @@ def route_settle_seconds(ctx: PassContext) -> float:
     return ctx.settings.release.route_settle_seconds if ctx.routed else 0.0
 
 
+def route_join_seconds(ctx: PassContext) -> float:
+    """How long a canary pod has been Ready before a route sends it users: the operator's setting behind
+    an HTTPRoute, 0 where no route carries the split."""
+    return ctx.settings.release.route_join_seconds if ctx.routed else 0.0
+
+
 def autoscaled_total(
     autoscale: Autoscale,
     declared: int | None,

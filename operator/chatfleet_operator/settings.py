@@ -148,6 +148,12 @@ class ReleaseSettings:
     a Gateway data plane applies a route change a moment after the pods' endpoints change, and a route
     that still points at a Service without endpoints answers 503 (Argo Rollouts'
     abortScaleDownDelaySeconds guards the same race). The pods drain once they go."""
+    route_join_seconds: float = 3.0
+    """Seconds a canary pod has been Ready before an HTTPRoute sends it users: the gateway reads the
+    Service's EndpointSlices, which list a pod a moment after it turns Ready (the EndpointSlice controller,
+    then the gateway's own batching: Traefik's provider throttle is 2 s), and a route that weights a
+    Service whose endpoints it has not read yet answers that share 503 (`no available server`). The
+    joining twin of route_settle_seconds; the step's pause counts from the join."""
     discovery_cache_seconds: float = 10.0
     """Seconds the answer 'does the cluster serve gateway.networking.k8s.io' (or the Inference Extension's
     group) is reused."""

@@ -17,7 +17,7 @@ from typing import Protocol
 
 from chatfleet_operator.analysis.assess import ERROR_PAUSE, INCONCLUSIVE, SUCCESSFUL
 from chatfleet_operator.analysis.queries import window_seconds
-from chatfleet_operator.context import PassContext, route_settle_seconds
+from chatfleet_operator.context import PassContext, route_join_seconds, route_settle_seconds
 from chatfleet_operator.intents import EventIntent, Gate, GateKind, ReleaseFields
 from chatfleet_operator.release.router import TrafficIntent
 from chatfleet_operator.release.state import (
@@ -191,6 +191,26 @@ def requeue(ctx: PassContext, rel: ReleaseState, *candidates: float | None) -> f
     next_measure = interval - since(last, ctx.now) if last else 1.0
     values = [v for v in (next_measure, *candidates) if v is not None and v > 0]
     return max(1.0, min([interval, *values]))
+
+
+def joined_canary(ctx: PassContext) -> tuple[int, float | None]:
+    """(canary pods a route may send users to, seconds until the next Ready one may): the Ready pods of the
+    canary's revision that have been Ready for route_join_seconds, while the gateway reads their endpoints.
+
+    e.g. join 3 s, 2 pods Ready 5 s and 1 s ago -> (1, 2.0); both 5 s ago -> (2, None); no route (join 0)
+    -> (Ready pods, None). A Ready pod with no time of its Ready condition counts as joined.
+    """
+    join = route_join_seconds(ctx)
+    if not join:
+        return ctx.canary.ready, None
+    ages = [
+        since(p.ready_since, ctx.now) if p.ready_since else join
+        for p in ctx.canary.pods
+        if p.ready and p.revision == ctx.canary.revision
+    ]
+    joined = min(ctx.canary.ready, sum(1 for age in ages if age >= join))
+    waiting = [join - age for age in ages if age < join]
+    return joined, (min(waiting) if waiting else None)
 
 
 def settling_canary(ctx: PassContext, moved_at: str | None) -> tuple[int, float | None]:

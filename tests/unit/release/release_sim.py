@@ -39,6 +39,7 @@ def release_context(
     dialogue_check: DialogueCheck | None = None,
     route_settle: float = 0.0,
     route: RouteState | None = None,
+    route_join: float = 0.0,
 ) -> PassContext:
     """The context of one pass as the planner reads it: the tracks, the clock, the release status, this
     pass's measurements; whether a route carries the traffic is the strategy's answer, as in a real pass."""
@@ -50,7 +51,9 @@ def release_context(
         pods=(*stable.pods, *canary.pods),
         nodes=(),
         now=now,
-        settings=Settings(release=ReleaseSettings(route_settle_seconds=route_settle)),
+        settings=Settings(
+            release=ReleaseSettings(route_settle_seconds=route_settle, route_join_seconds=route_join)
+        ),
         update_revision=update_revision,
         total=total,
         traffic=traffic,
@@ -106,6 +109,7 @@ class World:
     latency: float = 100.0
     prometheus_up: bool = True
     route_settle: float = 0.0  # the operator's route_settle_seconds (HTTPRoute canary only)
+    route_join: float = 0.0  # its route_join_seconds (0 here: a pod joins the route the tick it is Ready)
     stable_requests: float = 0.0  # requests the stable track served in the idle window (dialogue drain)
     route: RouteState | None = None  # the parent Gateway's word on the HTTPRoute (None: no route read)
     measured: int = 0
@@ -158,6 +162,7 @@ class World:
             check,
             self.route_settle,
             self.route,
+            self.route_join,
         )
         plan = plan_release(ctx)
         self.plans.append(plan)

@@ -12,6 +12,7 @@ from chatfleet_operator.converge.status import pass_events
 from chatfleet_operator.intents import EventIntent
 from chatfleet_operator.release.children import desired_children, plan_pass
 from chatfleet_operator.release.measure import Releases
+from chatfleet_operator.timefmt import rfc3339
 from pass_helpers import NOW, context, pass_children
 
 OLD = {
@@ -205,3 +206,60 @@ def test_only_a_routed_canary_waits_for_the_route_to_settle():
     assert route_settle_seconds(context(NEW, traffic="HTTPRoute")) == 10.0
     assert route_settle_seconds(context(NEW, traffic="ReplicaRatio")) == 0.0
     assert route_settle_seconds(context(blue_green, traffic="HTTPRoute")) == 0.0
+
+
+def routed_pass(children, status, pods, now, traffic="HTTPRoute"):
+    """A pass over NEW; the children it wants are added to `children` (the cluster after it)."""
+    ctx = context(NEW, children=children, pods=pods, status=status, now=now, traffic=traffic)
+    plan = plan_pass(ctx)
+    children.update({(m["kind"], m["metadata"]["name"]): m for m in desired_children(ctx, plan)})
+    return plan
+
+
+def test_a_routed_step_sends_its_canary_users_only_once_the_gateway_can_have_read_its_endpoint():
+    """The gateway reads the canary Service's EndpointSlices a moment after the pod turns Ready; a weight
+    given at once was answered 503 `no available server` for that moment (the real-pod zero-drop test
+    through Traefik: 7 of 2,627 turns)."""
+    children, old_rev = children_and_rev(OLD)
+    status = {"stableRevision": old_rev}
+    first = routed_pass(children, status, [], NOW)
+    status["release"] = first.release.to_status()
+    new_rev = first.release.revision
+    ready_at = NOW + timedelta(seconds=10)
+    pods = [PodFacts("c-0", new_rev, "canary", "Running", True, ready_since=rfc3339(ready_at))]
+
+    young = routed_pass(children, status, pods, ready_at + timedelta(seconds=1))
+    assert young.route_weight == 0 and young.release.effective_weight == 0
+    assert young.requeue_after <= 2.0  # looked at again once the pod has joined
+    joined = routed_pass(children, status, pods, ready_at + timedelta(seconds=3))
+    assert joined.route_weight is None and joined.release.effective_weight == joined.release.weight > 0
+    # no route, no join: the replica ratio moves as soon as the pod is Ready
+    ratio = routed_pass(children, status, pods, ready_at + timedelta(seconds=1), traffic="ReplicaRatio")
+    assert ratio.route_weight is None and ratio.release.effective_weight > 0
+
+
+def test_joined_canary_counts_pods_ready_for_the_join_and_says_when_the_next_joins():
+    from chatfleet_operator.release.strategy import joined_canary
+
+    children, old_rev = children_and_rev(OLD)
+    status = {"stableRevision": old_rev}
+    rel = routed_pass(children, status, [], NOW).release
+    status["release"] = rel.to_status()
+    now = NOW + timedelta(seconds=30)
+
+    def pod(name, ready_for, ready=True):
+        since = rfc3339(now - timedelta(seconds=ready_for)) if ready_for is not None else ""
+        return PodFacts(name, rel.revision, "canary", "Running", ready, ready_since=since)
+
+    def joined(pods, traffic="HTTPRoute"):
+        return joined_canary(
+            context(NEW, children=children, pods=pods, status=status, now=now, traffic=traffic)
+        )
+
+    # the step's canary asks for one pod (Track.ready counts no more than the Deployment asks for)
+    assert joined([pod("a", 1)]) == (0, 2.0)
+    assert joined([pod("a", 5)]) == (1, None)
+    assert joined([pod("a", 5), pod("b", 1)]) == (1, 2.0)
+    assert joined([pod("a", 1)], traffic="ReplicaRatio") == (1, None)
+    assert joined([pod("a", None)]) == (1, None)  # no time of its Ready condition: counted
+    assert joined([pod("a", 5, ready=False)]) == (0, None)

@@ -17,6 +17,7 @@ from chatfleet_operator.release.strategy import (
     ReleaseReason,
     Verdict,
     analysis_hold,
+    joined_canary,
     mark_analysis_start,
     passed_since,
     requeue,
@@ -48,7 +49,8 @@ def stepping(
     step = steps[idx]
     weight = step.weight
     s = split(ctx.total, weight, ctx.traffic, capacity)
-    canary_ready = ctx.canary.ready >= s.canary and ctx.canary.revision == rel.revision
+    # behind a route, a pod counts once the gateway has had time to read its endpoint (joined_canary)
+    canary_ready = joined_canary(ctx)[0] >= s.canary and ctx.canary.revision == rel.revision
     refused = route_hold(ctx, f"at step {idx + 1}/{len(steps)}")
     # The step's clock (its pause, the analysis it needs after) runs while its pods are Ready and
     # users reach them: a route the Gateway refuses stops it, and it starts again once served.

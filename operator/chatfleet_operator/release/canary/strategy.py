@@ -43,6 +43,7 @@ from chatfleet_operator.release.state import HistoryEntry, ReleasePhase, Release
 from chatfleet_operator.release.strategy import (
     ReleasePlan,
     Verdict,
+    joined_canary,
     promoted_plan,
     requeue,
     selector_text,
@@ -145,11 +146,10 @@ class Canary:
         if capacity == SURGE and ctx.canary.ready < s.canary:
             stable_replicas = max(s.stable, min(ctx.total, ctx.stable.replicas))  # surge first, then shrink
         route_weight: int | None = None
-        if ctx.traffic == HTTPROUTE and not (
-            ctx.canary.ready >= s.canary and ctx.canary.revision == rel.revision
-        ):
-            # the step waits for its pods
-            route_weight = covered_weight(ctx, steps, step.index, rel.revision, capacity)
+        joined, join_left = joined_canary(ctx)
+        if ctx.traffic == HTTPROUTE and not (joined >= s.canary and ctx.canary.revision == rel.revision):
+            # the step waits for its pods, and for the gateway to have read their endpoints
+            route_weight = covered_weight(ctx, steps, step.index, rel.revision, capacity, joined)
         rel.weight = step.weight
         rel.effective_weight = s.effective_weight if route_weight is None else route_weight
         plan = canary_plan(
@@ -162,7 +162,7 @@ class Canary:
             stable=stable_replicas,
             canary=s.canary,
             gate=step.gate,
-            requeue_after=requeue(ctx, rel, step.pause_left),
+            requeue_after=requeue(ctx, rel, step.pause_left, join_left),
         )
         plan.route_weight = route_weight
         return plan
@@ -183,18 +183,18 @@ def shadow_mirror(ctx: PassContext, plan: ReleasePlan) -> Mirror | None:
 
 
 def covered_weight(
-    ctx: PassContext, steps: Sequence[CanaryStep], idx: int, revision: str, capacity: str
+    ctx: PassContext, steps: Sequence[CanaryStep], idx: int, revision: str, capacity: str, joined: int
 ) -> int:
-    """The largest weight up to step idx that the canary's Ready pods of `revision` can serve, else 0.
+    """The largest weight up to step idx that the canary's `joined` pods of `revision` can serve, else 0.
 
     Behind an HTTPRoute a step's weight waits for the step's canary pods: a gateway sends a backend its
     share whether or not it has a Ready endpoint. e.g. total 4, steps 20/50: step 2 with 1 of 2 canary pods
-    Ready -> 20; step 1 with 0 Ready (the release just began, or its pod was lost) -> 0.
+    joined -> 20; step 1 with 0 joined (the release just began, or its pod was lost) -> 0.
     """
     if ctx.canary.revision != revision:
         return 0
     for step in reversed(steps[:idx]):
-        if ctx.canary.ready >= split(ctx.total, step.weight, ctx.traffic, capacity).canary:
+        if joined >= split(ctx.total, step.weight, ctx.traffic, capacity).canary:
             return step.weight
     return 0
 

@@ -209,9 +209,14 @@ bench-answer-cache: setup ## Answer cache: the same customer-service dialogues w
 	$(PY) bench/answer_cache_bench.py $(BENCH_ARGS)
 
 .PHONY: bench-chaos
-bench-chaos: setup ## Faults, in two parts: 10 replica SIGKILLs, 2 frozen replicas (lost nodes), 2 Redis restarts under 32 streamed dialogues, the stream relay's resume beside the same run without it (processes on 127.0.0.1; ~12 min); then bench-chaos-upgrades
+bench-chaos: setup ## Faults, in three parts: 10 replica SIGKILLs, 2 frozen replicas (lost nodes), 2 Redis restarts under 32 streamed dialogues, the stream relay's resume beside the same run without it (processes on 127.0.0.1; ~12 min); then bench-chaos-pods and bench-chaos-upgrades
 	$(PY) bench/chaos_bench.py $(BENCH_ARGS)
+	$(PY) bench/chaos_pods_bench.py
 	$(PY) bench/upgrade_bench.py
+
+.PHONY: bench-chaos-pods
+bench-chaos-pods: setup ## Replicas' chat-api containers SIGKILLed on real pods under 32 streamed users: the ChatbotService's stream relay beside the fleet's Service (~15 min)
+	$(PY) bench/chaos_pods_bench.py
 
 .PHONY: bench-chaos-upgrades
 bench-chaos-upgrades: setup ## Operator upgrades on real pods: the chart's operator pod upgraded by helm between operator images (two builds and a bad one) under 32 streamed users on 3 fleets, the upgrade wave beside no wave: fleets rolling at once, fleets a bad build reaches, what users saw (~15 min)

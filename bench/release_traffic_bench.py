@@ -154,9 +154,17 @@ class Platform:
             time.sleep(12)  # the operator's Gateway API discovery is cached 10 s
         return self.gateway
 
-    def bot(self, *, resources: dict[str, Any] | None = None, wait: bool = True, **spec_kw: Any) -> Bot:
+    def bot(
+        self,
+        *,
+        resources: dict[str, Any] | None = None,
+        wait: bool = True,
+        over: dict[str, dict[str, Any]] | None = None,
+        **spec_kw: Any,
+    ) -> Bot:
         """A new namespace with the Redis Secret and a bot (Ready, unless `wait` is False); `resources`
-        over the real node's (e.g. smaller CPU requests, so more pods fit its 2 cores)."""
+        over the real node's (e.g. smaller CPU requests, so more pods fit its 2 cores); each section of
+        `over` over the spec's (e.g. {"runtime": {"maxNewTokens": 96}, "streamRelay": {...}})."""
         ns = f"bench-{uuid.uuid4().hex[:6]}"
         self.cluster.kubectl("create", "namespace", ns)
         assert services.wait_until(
@@ -178,6 +186,8 @@ class Platform:
         bot = Bot(self.cluster, ns)
         spec = traffic_spec(self.prom.url, image=self.image, model_dir=self.model_dir, **spec_kw)
         spec["resources"].update(resources or {})
+        for section, values in (over or {}).items():
+            spec[section] = {**spec.get(section, {}), **values}
         bot.apply(spec)
         if wait:
             bot.wait(bot.ready, 600, "bot Ready")

@@ -164,6 +164,8 @@ class DialogueLoad:
     reuse_after: float = 65.0
     """Seconds an address rests between dialogues: more than the affinity timeout (the session TTL)."""
     timeout: float = 60.0
+    max_tokens: int = 6
+    """Tokens each answer may have (long answers keep streams open: what a fault can cut)."""
     seed: int = 7
     upstream_header: str = ""
     """A response header naming the replica that answered (a gateway's, e.g. the pool gateway's
@@ -225,6 +227,7 @@ class DialogueLoad:
                 pin=pin,
                 source=source,
                 timeout=self.timeout,
+                max_tokens=self.max_tokens,
                 upstream_header=self.upstream_header,
             )
             r.dialogue_started = started

@@ -1,0 +1,195 @@
+"""`make bench-chaos-pods` (the third part of `make bench-chaos`): replicas killed mid-answer on real pods,
+through the stream relay the operator runs beside the same users straight through the fleet's Service.
+
+Everything is real: the local Kubernetes, a real node (kubelet, containerd, runc) running the project's
+runtime image (Triton + the chat API on the tiny model, on CPU), Redis for the sessions, the operator (a
+host process), and the ChatbotService's own stream relay (`spec.streamRelay`: its Deployment and Service
+`<name>-relay`, the operator's). One ChatbotService of REPLICAS (3) pods; USERS (32) users hold
+five-turn streamed dialogues (`DialogueLoad`, MAX_TOKENS tokens per answer, the end-of-sequence token
+suppressed by the runtime's cap, so answers are long enough to be cut).
+
+While they chat, KILLS (6) times, every INTERVAL seconds once at least two replicas are Ready, the
+chat-api container of one Ready replica (in turn) is SIGKILLed from the host: a crash (an OOM kill, a
+segfault); the kubelet restarts the container in its pod (its restart back-off growing with each kill).
+
+Rows, on the same pods, the baseline first (the relay's row meets the longer restart back-offs):
+- `service` (the baseline: what a user gets without the relay, the fleet's Service and kube-proxy): the
+  streams a kill cuts reach their users cut;
+- `relay` (Chatfleet: Service `<name>-relay`): a cut stream is continued on another replica from the
+  session's history and the text already sent.
+
+Figures per row: turns asked, completed, cut, non-2xx, no answer, lost histories, the kills, and the
+relay's resumes (its own counter). Writes bench-results/chaos-pods.json and prints the table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "hack"))
+sys.path.insert(0, str(REPO / "bench"))
+
+from chatfleet_platform.cluster.realnode import CLIENT_ADDRESSES  # noqa: E402
+from chatfleet_platform.load.dialogues import DialogueLoad  # noqa: E402
+from chatfleet_platform.load.realpods import kill_container_process, service_url  # noqa: E402
+from chatfleet_platform.load.releasetraffic import Bot  # noqa: E402
+from release_traffic_bench import Platform, table  # noqa: E402
+
+REPLICAS = int(os.environ.get("REPLICAS", "3"))
+USERS = int(os.environ.get("USERS", "32"))
+KILLS = int(os.environ.get("KILLS", "6"))
+INTERVAL = float(os.environ.get("INTERVAL", "10"))
+MAX_TOKENS = 96
+#: Smaller CPU requests than the real node's usual 250m, so that the replicas and the relay fit its cores.
+RESOURCES = {"cpu": "100m", "memory": "2Gi"}
+RELAY = "app.kubernetes.io/component=stream-relay"
+OUT = REPO / "bench-results" / "chaos-pods.json"
+
+
+def say(msg: str) -> None:
+    """Progress line."""
+    print(f"[bench-chaos-pods] {msg}", flush=True)
+
+
+def ready(pod: dict[str, Any]) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions", []))
+
+
+def pods(bot: Bot, selector: str) -> list[dict[str, Any]]:
+    res = bot.kubectl("get", "pods", "-l", selector, "-o", "json")
+    return sorted(json.loads(res.stdout)["items"], key=lambda p: p["metadata"]["name"])
+
+
+def replicas_ready(bot: Bot) -> list[dict[str, Any]]:
+    return [p for p in pods(bot, f"chatfleet.io/service={bot.name}") if ready(p)]
+
+
+def two_ready(bot: Bot) -> list[dict[str, Any]] | None:
+    """The Ready replicas when at least two are (one to kill, one for the relay to resume on)."""
+    live = replicas_ready(bot)
+    return live if len(live) >= 2 else None
+
+
+def relay_resumes(bot: Bot) -> float:
+    """The relay pods' resumes so far (their own counter, summed)."""
+    total = 0.0
+    for pod in pods(bot, RELAY):
+        url = f"http://{pod['status']['podIP']}:9400/metrics"
+        try:
+            text = urllib.request.urlopen(url, timeout=5).read().decode()
+        except OSError:
+            continue
+        total += sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("chatfleet_relay_resumes_total")
+        )
+    return total
+
+
+def row(platform: Platform, bot: Bot, via: str) -> dict[str, Any]:
+    """One row: the users through `via` (Service `bot` or `bot-relay`), KILLS kills, what they saw."""
+    service = f"{bot.name}-relay" if via == "relay" else bot.name
+    load = DialogueLoad(
+        service_url(platform.cluster, bot.ns, service),
+        concurrency=USERS,
+        pin=False,
+        sources=CLIENT_ADDRESSES,
+        max_seconds=3600,
+        think_seconds=(0.5, 1.5),
+        max_tokens=MAX_TOKENS,
+        timeout=120,
+    ).start()
+    kills: list[dict[str, Any]] = []
+    try:
+        bot.wait(lambda: load.summary()["ok"] >= 20, 300, "dialogues under way")
+        before = relay_resumes(bot)
+        t0 = time.monotonic()
+        for i in range(KILLS):
+            time.sleep(INTERVAL)
+            live = bot.wait(lambda: two_ready(bot), 600, "two Ready replicas")
+            victim = live[i % len(live)]
+            pid = kill_container_process(platform.cluster, victim, "chat-api")
+            kills.append(
+                {"at_s": round(time.monotonic() - t0, 1), "pod": victim["metadata"]["name"], "pid": pid}
+            )
+            say(f"{via}: kill {i + 1}/{KILLS}: chat-api of {victim['metadata']['name']}")
+        time.sleep(INTERVAL)
+    finally:
+        summary = load.stop()
+    resumes = relay_resumes(bot) - before if via == "relay" else 0.0
+    out = {
+        "row": "relay (Chatfleet)" if via == "relay" else "service (baseline)",
+        "via": service,
+        **{k: summary[k] for k in ("turns", "ok", "dialogues", "cut", "non_2xx", "failed", "lost_history")},
+        "kills": len(kills),
+        "resumes": resumes,
+        "codes": summary["codes"],
+        "errors": summary["errors"],
+        "kill_log": kills,
+    }
+    say(f"{via}: { ({k: v for k, v in out.items() if k not in ('kill_log', 'errors')}) }")
+    return out
+
+
+def main() -> int:
+    """Both rows on one platform and the same bot; print the table and write the JSON."""
+    platform = Platform()
+    results: dict[str, Any] = {
+        "replicas": REPLICAS,
+        "users": USERS,
+        "kills_per_row": KILLS,
+        "interval_s": INTERVAL,
+        "max_tokens": MAX_TOKENS,
+        "rows": [],
+    }
+    try:
+        platform.up()
+        bot = platform.bot(
+            replicas=REPLICAS,
+            resources=RESOURCES,
+            wait=False,
+            over={"runtime": {"maxNewTokens": MAX_TOKENS}, "streamRelay": {"enabled": True, "replicas": 1}},
+        )
+        bot.wait(bot.ready, 900, "bot Ready")
+        bot.wait(lambda: len(replicas_ready(bot)) == REPLICAS, 600, f"{REPLICAS} Ready replicas")
+        bot.wait(lambda: [p for p in pods(bot, RELAY) if ready(p)], 300, "the relay Ready")
+        say(f"{REPLICAS} replicas and the relay Ready")
+        for via in ("service", "relay"):
+            results["rows"].append(row(platform, bot, via))
+    finally:
+        OUT.parent.mkdir(parents=True, exist_ok=True)
+        OUT.write_text(json.dumps(results, indent=1, default=str))
+        platform.down()
+    print()
+    print(
+        f"{REPLICAS} replicas on real pods, {USERS} users streaming {MAX_TOKENS}-token answers, {KILLS} kills a row"
+    )
+    print(
+        table(
+            results["rows"],
+            [
+                ("row", "row"),
+                ("kills", "chat-api kills"),
+                ("turns", "turns"),
+                ("cut", "streams cut"),
+                ("non_2xx", "non-2xx"),
+                ("failed", "no answer"),
+                ("lost_history", "lost histories"),
+                ("resumes", "relay resumes"),
+            ],
+        )
+    )
+    print(f"\nwritten: {OUT.relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

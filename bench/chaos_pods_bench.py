@@ -153,10 +153,13 @@ def main() -> int:
     try:
         platform.up()
         bot = platform.bot(
-            replicas=REPLICAS,
             resources=RESOURCES,
             wait=False,
-            over={"runtime": {"maxNewTokens": MAX_TOKENS}, "streamRelay": {"enabled": True, "replicas": 1}},
+            over={  # on_real_node sets one replica: the scaling section is ours here
+                "scaling": {"replicas": REPLICAS},
+                "runtime": {"maxNewTokens": MAX_TOKENS},
+                "streamRelay": {"enabled": True, "replicas": 1},
+            },
         )
         bot.wait(bot.ready, 900, "bot Ready")
         bot.wait(lambda: len(replicas_ready(bot)) == REPLICAS, 600, f"{REPLICAS} Ready replicas")

@@ -214,7 +214,7 @@ bench-chaos: setup ## Faults, in two parts: 10 replica SIGKILLs, 2 frozen replic
 	$(PY) bench/upgrade_bench.py
 
 .PHONY: bench-chaos-pods
-bench-chaos-pods: setup ## Replicas' chat-api containers SIGKILLed on real pods under 32 streamed users: the ChatbotService's stream relay beside the fleet's Service (new: not yet run to its end)
+bench-chaos-pods: setup ## Replicas' chat-api containers SIGKILLed on real pods under 32 streamed users: the ChatbotService's stream relay beside the fleet's Service (~7 min)
 	$(PY) bench/chaos_pods_bench.py
 
 .PHONY: bench-chaos-upgrades

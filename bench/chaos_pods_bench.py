@@ -28,7 +28,6 @@ import json
 import os
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +37,13 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from chatfleet_platform.cluster.realnode import CLIENT_ADDRESSES  # noqa: E402
 from chatfleet_platform.load.dialogues import DialogueLoad  # noqa: E402
-from chatfleet_platform.load.realpods import kill_container_process, service_url  # noqa: E402
+from chatfleet_platform.load.realpods import (  # noqa: E402
+    kill_container_process,
+    metric_sum,
+    pod_ready,
+    pods_matching,
+    service_url,
+)
 from chatfleet_platform.load.releasetraffic import Bot  # noqa: E402
 from release_traffic_bench import Platform, table  # noqa: E402
 
@@ -58,17 +63,12 @@ def say(msg: str) -> None:
     print(f"[bench-chaos-pods] {msg}", flush=True)
 
 
-def ready(pod: dict[str, Any]) -> bool:
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions", []))
-
-
 def pods(bot: Bot, selector: str) -> list[dict[str, Any]]:
-    res = bot.kubectl("get", "pods", "-l", selector, "-o", "json")
-    return sorted(json.loads(res.stdout)["items"], key=lambda p: p["metadata"]["name"])
+    return pods_matching(bot.cluster, bot.ns, selector)
 
 
 def replicas_ready(bot: Bot) -> list[dict[str, Any]]:
-    return [p for p in pods(bot, f"chatfleet.io/service={bot.name}") if ready(p)]
+    return [p for p in pods(bot, f"chatfleet.io/service={bot.name}") if pod_ready(p)]
 
 
 def two_ready(bot: Bot) -> list[dict[str, Any]] | None:
@@ -79,19 +79,10 @@ def two_ready(bot: Bot) -> list[dict[str, Any]] | None:
 
 def relay_resumes(bot: Bot) -> float:
     """The relay pods' resumes so far (their own counter, summed)."""
-    total = 0.0
-    for pod in pods(bot, RELAY):
-        url = f"http://{pod['status']['podIP']}:9400/metrics"
-        try:
-            text = urllib.request.urlopen(url, timeout=5).read().decode()
-        except OSError:
-            continue
-        total += sum(
-            float(line.rsplit(" ", 1)[1])
-            for line in text.splitlines()
-            if line.startswith("chatfleet_relay_resumes_total")
-        )
-    return total
+    return sum(
+        metric_sum(f"http://{pod['status']['podIP']}:9400/metrics", "chatfleet_relay_resumes_total")
+        for pod in pods(bot, RELAY)
+    )
 
 
 def row(platform: Platform, bot: Bot, via: str) -> dict[str, Any]:
@@ -163,7 +154,7 @@ def main() -> int:
         )
         bot.wait(bot.ready, 900, "bot Ready")
         bot.wait(lambda: len(replicas_ready(bot)) == REPLICAS, 600, f"{REPLICAS} Ready replicas")
-        bot.wait(lambda: [p for p in pods(bot, RELAY) if ready(p)], 300, "the relay Ready")
+        bot.wait(lambda: [p for p in pods(bot, RELAY) if pod_ready(p)], 300, "the relay Ready")
         say(f"{REPLICAS} replicas and the relay Ready")
         for via in ("service", "relay"):
             results["rows"].append(row(platform, bot, via))

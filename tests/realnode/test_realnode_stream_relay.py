@@ -18,11 +18,17 @@ import json
 import os
 import signal
 import threading
-import urllib.request
 from typing import Any
 
 import pytest
-from chatfleet_platform.load.realpods import container_pid, on_real_node, service_url
+from chatfleet_platform.load.realpods import (
+    container_pid,
+    metric_sum,
+    on_real_node,
+    pod_ready,
+    pods_matching,
+    service_url,
+)
 from chatfleet_platform.load.releasetraffic import Bot
 from chatfleet_platform.servers.services import wait_until
 
@@ -33,17 +39,7 @@ MAX_TOKENS = 256
 
 
 def pods(bot: Bot, selector: str) -> list[dict[str, Any]]:
-    res = bot.cluster.kubectl("get", "pods", "-l", selector, "-o", "json", namespace=bot.ns)
-    return json.loads(res.stdout)["items"]
-
-
-def gauge(url: str, name: str) -> float:
-    """A series' value on a /metrics page (summed over labels; 0 when absent or unreachable)."""
-    try:
-        text = urllib.request.urlopen(url, timeout=5).read().decode()
-    except OSError:
-        return 0.0
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
+    return pods_matching(bot.cluster, bot.ns, selector)
 
 
 class Stream(threading.Thread):
@@ -108,22 +104,17 @@ def test_a_replica_killed_mid_answer_every_stream_through_the_relay_completes(
     bot.wait(bot.ready, 600, "bot Ready")
     fleet, relays = "chatfleet.io/service=bot", "app.kubernetes.io/component=stream-relay"
 
-    def ready(pod: dict[str, Any]) -> bool:
-        return any(
-            c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions", [])
-        )
-
-    bot.wait(lambda: len([p for p in pods(bot, fleet) if ready(p)]) == 2, 600, "two Ready replicas")
-    bot.wait(lambda: [p for p in pods(bot, relays) if ready(p)], 300, "the relay Ready")
+    bot.wait(lambda: len([p for p in pods(bot, fleet) if pod_ready(p)]) == 2, 600, "two Ready replicas")
+    bot.wait(lambda: [p for p in pods(bot, relays) if pod_ready(p)], 300, "the relay Ready")
     (relay_pod,) = pods(bot, relays)
     relay_metrics = f"http://{relay_pod['status']['podIP']}:9400/metrics"
     url = service_url(cluster, real_ns, "bot-relay")
     attempts = []
     for attempt in range(3):
-        live = sorted((p for p in pods(bot, fleet) if ready(p)), key=lambda p: p["metadata"]["name"])
+        live = sorted((p for p in pods(bot, fleet) if pod_ready(p)), key=lambda p: p["metadata"]["name"])
         victim = live[attempt % len(live)]
         pid = container_pid(cluster, victim, "chat-api")  # found before the streams: the kill comes at once
-        before = gauge(relay_metrics, "chatfleet_relay_resumes_total")
+        before = metric_sum(relay_metrics, "chatfleet_relay_resumes_total")
         streams = [Stream(url, n) for n in range(USERS)]
         for s in streams:
             s.start()
@@ -131,7 +122,7 @@ def test_a_replica_killed_mid_answer_every_stream_through_the_relay_completes(
         os.kill(pid, signal.SIGKILL)
         for s in streams:
             s.join(180)
-        resumed = gauge(relay_metrics, "chatfleet_relay_resumes_total") - before
+        resumed = metric_sum(relay_metrics, "chatfleet_relay_resumes_total") - before
         outcome = {
             "victim": victim["metadata"]["name"],
             "resumed": resumed,
@@ -143,5 +134,5 @@ def test_a_replica_killed_mid_answer_every_stream_through_the_relay_completes(
         if resumed >= 1:
             break
         # the victim's streams had finished before the kill: wait for it to be back, then again
-        wait_until(lambda: len([p for p in pods(bot, fleet) if ready(p)]) == 2, 300, 0.5)
+        wait_until(lambda: len([p for p in pods(bot, fleet) if pod_ready(p)]) == 2, 300, 0.5)
     assert attempts[-1]["resumed"] >= 1, f"no attempt cut a stream for the relay to resume: {attempts}"

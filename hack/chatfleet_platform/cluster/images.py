@@ -694,6 +694,14 @@ def read_refs(cache: Path | None = None) -> dict[str, dict]:
     return json.loads(path.read_text())
 
 
+def _archive(refs: Mapping[str, dict], name: str, cache: Path | None) -> Path:
+    """The docker-archive of the built image `name`; a PlatformError when it has none."""
+    entry = refs.get(name)
+    if not entry or not entry.get("archive") or not Path(entry["archive"]).is_file():
+        raise PlatformError(f"image {name!r} has no archive in {images_dir(cache)}: run `make images`")
+    return Path(entry["archive"])
+
+
 def load_images(
     address: str | Path,
     names: Sequence[str] = LOAD_ORDER,
@@ -717,10 +725,7 @@ def _load_locked(
     took: dict[str, float] = {}
     archives: dict[str, Path] = {}
     for name in names:
-        entry = refs.get(name)
-        if not entry or not entry.get("archive") or not Path(entry["archive"]).is_file():
-            raise PlatformError(f"image {name!r} has no archive in {images_dir(cache)}: run `make images`")
-        archives[name] = Path(entry["archive"])
+        archives[name] = _archive(refs, name, cache)
     have = node_snapshots(str(address))
     plans = {name: ociimport.plan(archives[name], refs[name]["ref"], have) for name in names}
     check_import_space(Path(address).parent, {n: p.send_bytes for n, p in plans.items()})
@@ -762,10 +767,9 @@ def load_variant(
     own, so nothing is sent where the base is already imported). Another build of the same code, told
     apart by what its defaults read from the environment."""
     with cache_lock(cache, shared=True):
-        entry = read_refs(cache).get(name)
-        if not entry or not entry.get("archive") or not Path(entry["archive"]).is_file():
-            raise PlatformError(f"image {name!r} has no archive in {images_dir(cache)}: run `make images`")
-        archive = Path(entry["archive"])
+        refs = read_refs(cache)
+        archive = _archive(refs, name, cache)  # first: a missing image is named, not a KeyError
+        entry = refs[name]
         base = ociimport.plan(archive, entry["ref"], node_snapshots(str(address)))
         variant = ociimport.with_env(base, ref, env)
         t0 = time.monotonic()

@@ -279,6 +279,27 @@ def picker_rbac(namespace: str) -> list[dict[str, Any]]:
     return chart_template("templates/picker-rbac.yaml", f"operator.gateway.pickerNamespaces={{{namespace}}}")
 
 
+def pod_ready(pod: dict[str, Any]) -> bool:
+    """The pod's Ready condition is True."""
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+def pods_matching(cluster: Any, namespace: str, selector: str) -> list[dict[str, Any]]:
+    """The pods of `namespace` that match the label selector, by name."""
+    res = cluster.kubectl("get", "pods", "-l", selector, "-o", "json", namespace=namespace)
+    return sorted(json.loads(res.stdout)["items"], key=lambda p: p["metadata"]["name"])
+
+
+def metric_sum(url: str, name: str) -> float:
+    """A series' value on a /metrics page (summed over labels; 0 when absent or unreachable)."""
+    try:
+        text = urllib.request.urlopen(url, timeout=5).read().decode()
+    except OSError:
+        return 0.0
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
+
+
 def container_pid(cluster: Any, pod: dict[str, Any], container: str) -> int:
     """The host PID of a container's main process (found through the real node's containerd)."""
     cid = next(s["containerID"] for s in pod["status"]["containerStatuses"] if s["name"] == container)

@@ -77,6 +77,12 @@ class _GatesMadeBy:
         """Drop gates (waking the waiters only if that changes the set's state)."""
         await self._change(lambda gates: gates.difference_update(toggles))
 
+    async def release(self, resource_indexed: Any) -> None:
+        """Drop every gate made so far and the watcher's own (`resource_indexed`, None: none): a watch
+        that ended can index nothing more, and kopf's watcher has closed its objects' workers."""
+        made, self.made = self.made, set()
+        await self.drop_toggles(made | ({resource_indexed} - {None}))
+
     async def _change(self, edit: Any) -> None:
         real = self._toggles
         async with real._condition:
@@ -109,7 +115,7 @@ async def watcher_that_releases_its_gates(
             operator_indexed=gates, resource_indexed=resource_indexed, **kwargs
         )
     finally:
-        await operator_indexed.drop_toggles(gates.made | ({resource_indexed} - {None}))
+        await gates.release(resource_indexed)
 
 
 async def watch_through_a_removed_kind(**kwargs: Any) -> None:
@@ -123,7 +129,11 @@ async def watch_through_a_removed_kind(**kwargs: Any) -> None:
     platform, with every fleet then left unreconciled). A kind that is gone for good is then stopped
     by the observer, which cancels this task while it waits; one that comes back is watched again.
     While it waits, the kind holds no gate of kopf's start-up: it has nothing to index, and the
-    operator's handlers of every other kind go on.
+    operator's handlers of every other kind go on. That includes the gates of objects it had listed
+    whose workers kopf's watcher closed at the 404 before they indexed them: while kopf's discovery
+    still lists a deleted kind, the watcher 404s every 30 s for good, and one such gate left shut held
+    every handler of the operator (its integration suite's operator reconciled nothing for minutes once
+    a Traefik module had uninstalled its CRDs).
     """
     resource, indexed, gate = (kwargs.get(k) for k in ("resource", "operator_indexed", "resource_indexed"))
     for attempt in itertools.count():
@@ -131,8 +141,8 @@ async def watch_through_a_removed_kind(**kwargs: Any) -> None:
             await _KOPF_WATCHER(**kwargs)
             return
         except APINotFoundError:
-            if indexed is not None and gate is not None:
-                await indexed.drop_toggle(gate)
+            if isinstance(indexed, _GatesMadeBy):
+                await indexed.release(gate)
             delay = GONE_RETRY_SECONDS[min(attempt, len(GONE_RETRY_SECONDS) - 1)]
             log.warning(
                 "The API server does not serve %s (404: its CustomResourceDefinition deleted?); "

@@ -12,7 +12,7 @@ async def run_watcher(patched: bool, api, processor, *, resource: tuple[str, str
     orchestrator cancels a watcher whose kind or namespace is gone.
 
     Returns (what the task ended with: None when cancelled; whether it still ran when cancelled; whether
-    kopf's "all indexed" gates were all open afterwards).
+    kopf's "all indexed" gates were all open just before it was cancelled, and afterwards).
     """
     import asyncio
 
@@ -42,12 +42,13 @@ async def run_watcher(patched: bool, api, processor, *, resource: tuple[str, str
             )
         )
         await asyncio.sleep(seconds)
-        running = not task.done()
+        running, opened_while_running = not task.done(), indexed.is_on()
         task.cancel()
         (outcome,) = await asyncio.gather(task, return_exceptions=True)
     finally:
         watching.infinite_watch = original
-    return (None if isinstance(outcome, asyncio.CancelledError) else outcome), running, indexed.is_on()
+    outcome = None if isinstance(outcome, asyncio.CancelledError) else outcome
+    return outcome, running, opened_while_running, indexed.is_on()
 
 
 class TestIndexReadinessSurvivesStoppedWatchers:
@@ -129,7 +130,7 @@ class TestAWatchedKindDeletedDoesNotStopTheOperator:
 
         monkeypatch.setattr(kopfext, "GONE_RETRY_SECONDS", (0.05,), raising=False)
         # cancelled at the end: what kopf's orchestrator does when the kind is gone for good
-        outcome, running, opened = await run_watcher(
+        outcome, running, _, opened = await run_watcher(
             patched, api, processor, resource=("traefik.io", "v1alpha1", "traefikservices"), seconds=0.5
         )
         return outcome, running, calls, opened
@@ -149,6 +150,46 @@ class TestAWatchedKindDeletedDoesNotStopTheOperator:
         assert outcome is None and running, outcome
         assert calls == ["watch", "watch"]  # watched again once the kind was served
         assert opened  # the kind holds no start-up gate shut
+
+    def test_objects_listed_before_the_kind_went_hold_no_gate_while_it_is_watched_again(self, monkeypatch):
+        """The kind was listed while the operator's gate was shut (its CRD had just been installed, so
+        every namespace's new watcher held the gate), one listed object's worker had not indexed it yet,
+        then the CRD was deleted: the watch ends with a 404, kopf's watcher closes that worker, and the
+        kind stays gone while kopf, its discovery not yet updated, keeps the watcher (it 404s again every
+        GONE_RETRY_SECONDS). The object's gate must not stay shut meanwhile: it held every handler of
+        every kind (the integration suite's operator reconciled nothing for minutes after a Traefik
+        module uninstalled its CRDs, its log only these 404 warnings)."""
+        import asyncio
+
+        from chatfleet_operator import kopfext
+        from kopf._cogs.clients import errors, watching
+
+        calls: list[str] = []
+
+        async def api(**_):
+            calls.append("watch")
+            if len(calls) == 1:
+                yield {"type": None, "object": {"metadata": {"uid": "u1", "name": "a", "namespace": "ns"}}}
+                yield watching.Bookmark.LISTED
+                await asyncio.sleep(0.05)
+            raise errors.APINotFoundError("404 page not found", status=404, headers={})
+
+        async def processor_not_reached(**_):
+            await asyncio.Event().wait()  # the object's worker never got to index it
+
+        monkeypatch.setattr(kopfext, "GONE_RETRY_SECONDS", (0.05,), raising=False)
+        outcome, running, opened_while_running, _ = asyncio.run(
+            run_watcher(
+                True,
+                api,
+                processor_not_reached,
+                resource=("traefik.io", "v1alpha1", "traefikservices"),
+                seconds=0.6,
+            )
+        )
+        assert outcome is None and running, outcome
+        assert len(calls) >= 3  # listed, then watched again and again while the kind is gone
+        assert opened_while_running
 
 
 def test_no_change_handlers_so_no_diff_base_is_needed():

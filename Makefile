@@ -214,7 +214,7 @@ bench-chaos: setup ## Faults, in two parts: 10 replica SIGKILLs, 2 frozen replic
 	$(PY) bench/upgrade_bench.py
 
 .PHONY: bench-chaos-pods
-bench-chaos-pods: setup ## Replicas' chat-api containers SIGKILLed on real pods under 32 streamed users: the ChatbotService's stream relay beside the fleet's Service (~7 min)
+bench-chaos-pods: setup ## Faults on real pods under 32 streamed users: 10 chat-api SIGKILLs and 2 Redis restarts a row, the ChatbotService's stream relay beside the fleet's Service (~20 min)
 	$(PY) bench/chaos_pods_bench.py
 
 .PHONY: bench-chaos-upgrades

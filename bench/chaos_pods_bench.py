@@ -1,5 +1,6 @@
-"""`make bench-chaos-pods` (the third part of `make bench-chaos`): replicas killed mid-answer on real pods,
-through the stream relay the operator runs beside the same users straight through the fleet's Service.
+"""`make bench-chaos-pods` (run on its own, not by `make bench-chaos`): replicas killed mid-answer and the
+session store restarted on real pods, through the stream relay the operator runs beside the same users
+straight through the fleet's Service.
 
 Everything is real: the local Kubernetes, a real node (kubelet, containerd, runc) running the project's
 runtime image (Triton + the chat API on the tiny model, on CPU), Redis for the sessions, the operator (a
@@ -8,9 +9,15 @@ host process), and the ChatbotService's own stream relay (`spec.streamRelay`: it
 five-turn streamed dialogues (`DialogueLoad`, MAX_TOKENS tokens per answer, the end-of-sequence token
 suppressed by the runtime's cap, so answers are long enough to be cut).
 
-While they chat, KILLS (6) times, every INTERVAL seconds once at least two replicas are Ready, the
-chat-api container of one Ready replica (in turn) is SIGKILLed from the host: a crash (an OOM kill, a
-segfault); the kubelet restarts the container in its pod (its restart back-off growing with each kill).
+While they chat, every INTERVAL seconds one fault, KILLS (10) kills and REDIS_RESTARTS (2) Redis restarts
+spread among them:
+- a kill (once at least two replicas are Ready): the chat-api container of the Ready replica killed least
+  so far is SIGKILLed from the host: a crash (an OOM kill, a segfault); the kubelet restarts the container in its
+  pod (its restart back-off growing with each kill);
+- a Redis restart: the session store is SIGKILLed (no shutdown, no save), stays down REDIS_DOWN (8) s and
+  is started again on the same port. It keeps nothing (no persistence, as a cache-only Redis): the
+  dialogues that spanned it lose their history (counted apart from the other lost histories), and the
+  turns asked while it was down are answered without one (`chatfleet.history: "unavailable"`, counted).
 
 Rows, on the same pods, the baseline first (the relay's row meets the longer restart back-offs):
 - `service` (the baseline: what a user gets without the relay, the fleet's Service and kube-proxy): the
@@ -18,8 +25,9 @@ Rows, on the same pods, the baseline first (the relay's row meets the longer res
 - `relay` (Chatfleet: Service `<name>-relay`): a cut stream is continued on another replica from the
   session's history and the text already sent.
 
-Figures per row: turns asked, completed, cut, non-2xx, no answer, lost histories, the kills, and the
-relay's resumes (its own counter). Writes bench-results/chaos-pods.json and prints the table.
+Figures per row: turns asked, completed, cut, non-2xx, no answer, lost histories, turns answered without
+a history, the kills and Redis restarts, and the relay's resumes (its own counter). Writes
+bench-results/chaos-pods.json and prints the table.
 """
 
 from __future__ import annotations
@@ -49,7 +57,11 @@ from release_traffic_bench import Platform, table  # noqa: E402
 
 REPLICAS = int(os.environ.get("REPLICAS", "3"))
 USERS = int(os.environ.get("USERS", "32"))
-KILLS = int(os.environ.get("KILLS", "6"))
+KILLS = int(os.environ.get("KILLS", "10"))
+REDIS_RESTARTS = int(os.environ.get("REDIS_RESTARTS", "2"))
+REDIS_DOWN = 8.0
+#: Seconds after Redis is back within which a new dialogue may still meet the restart's effects.
+SETTLE_SECONDS = 2.0
 INTERVAL = float(os.environ.get("INTERVAL", "10"))
 MAX_TOKENS = 96
 #: Smaller CPU requests than the real node's usual 250m, so that the replicas and the relay fit its cores.
@@ -85,8 +97,39 @@ def relay_resumes(bot: Bot) -> float:
     )
 
 
+def faults() -> list[str]:
+    """The row's faults in order: KILLS "kill"s with REDIS_RESTARTS "redis" spread evenly among them."""
+    plan = ["kill"] * KILLS
+    for i in range(REDIS_RESTARTS, 0, -1):
+        plan.insert(i * KILLS // (REDIS_RESTARTS + 1), "redis")
+    return plan
+
+
+def restart_redis(platform: Platform) -> tuple[float, float]:
+    """SIGKILL the session store, leave it down REDIS_DOWN seconds, start it again on the same port;
+    (killed, back), monotonic."""
+    assert platform.redis is not None
+    down = time.monotonic()
+    platform.redis.kill()
+    time.sleep(REDIS_DOWN)
+    platform.redis.start()
+    return down, time.monotonic()
+
+
+def lost_to_redis(results: list[Any], outages: list[tuple[float, float]]) -> int:
+    """Turns with a lost history whose dialogue spanned a Redis restart: begun before Redis was back (and
+    SETTLE_SECONDS more), the turn asked after it was killed. The store kept nothing, so these lost what
+    it held; any other lost history is a fault of the fleet, not of the store."""
+    return sum(
+        1
+        for r in results
+        if r.lost
+        and any(r.dialogue_started < back + SETTLE_SECONDS and r.at >= down for down, back in outages)
+    )
+
+
 def row(platform: Platform, bot: Bot, via: str) -> dict[str, Any]:
-    """One row: the users through `via` (Service `bot` or `bot-relay`), KILLS kills, what they saw."""
+    """One row: the users through `via` (Service `bot` or `bot-relay`), the faults, what they saw."""
     service = f"{bot.name}-relay" if via == "relay" else bot.name
     load = DialogueLoad(
         service_url(platform.cluster, bot.ns, service),
@@ -98,35 +141,56 @@ def row(platform: Platform, bot: Bot, via: str) -> dict[str, Any]:
         max_tokens=MAX_TOKENS,
         timeout=120,
     ).start()
-    kills: list[dict[str, Any]] = []
+    log: list[dict[str, Any]] = []
+    outages: list[tuple[float, float]] = []
+    killed: dict[str, int] = {}
     try:
         bot.wait(lambda: load.summary()["ok"] >= 20, 300, "dialogues under way")
         before = relay_resumes(bot)
         t0 = time.monotonic()
-        for i in range(KILLS):
+        for n, fault in enumerate(faults(), 1):
             time.sleep(INTERVAL)
+            if fault == "redis":
+                outages.append(restart_redis(platform))
+                log.append({"at_s": round(outages[-1][0] - t0, 1), "fault": "redis", "down_s": REDIS_DOWN})
+                say(f"{via}: fault {n}: Redis killed, down {REDIS_DOWN:.0f} s, started again")
+                continue
             live = bot.wait(lambda: two_ready(bot), 600, "two Ready replicas")
-            victim = live[i % len(live)]
+            # the Ready replica killed least so far: the kills spread over the replicas
+            victim = min(live, key=lambda p: (killed.get(p["metadata"]["name"], 0), p["metadata"]["name"]))
+            killed[victim["metadata"]["name"]] = killed.get(victim["metadata"]["name"], 0) + 1
             pid = kill_container_process(platform.cluster, victim, "chat-api")
-            kills.append(
-                {"at_s": round(time.monotonic() - t0, 1), "pod": victim["metadata"]["name"], "pid": pid}
+            log.append(
+                {
+                    "at_s": round(time.monotonic() - t0, 1),
+                    "fault": "kill",
+                    "pod": victim["metadata"]["name"],
+                    "pid": pid,
+                }
             )
-            say(f"{via}: kill {i + 1}/{KILLS}: chat-api of {victim['metadata']['name']}")
+            say(f"{via}: fault {n}: chat-api of {victim['metadata']['name']} killed")
         time.sleep(INTERVAL)
     finally:
         summary = load.stop()
     resumes = relay_resumes(bot) - before if via == "relay" else 0.0
+    unavailable = sum(r.history == "unavailable" for r in load.results)
+    spanned = lost_to_redis(load.results, outages)
     out = {
         "row": "relay (Chatfleet)" if via == "relay" else "service (baseline)",
         "via": service,
         **{k: summary[k] for k in ("turns", "ok", "dialogues", "cut", "non_2xx", "failed", "lost_history")},
-        "kills": len(kills),
+        "history_unavailable": unavailable,
+        "lost_history_redis": spanned,
+        "lost_history_other": summary["lost_history"] - spanned,
+        "kills": sum(f["fault"] == "kill" for f in log),
+        "redis_restarts": sum(f["fault"] == "redis" for f in log),
         "resumes": resumes,
         "codes": summary["codes"],
         "errors": summary["errors"],
-        "kill_log": kills,
+        "lost": summary["lost"],
+        "fault_log": log,
     }
-    say(f"{via}: { ({k: v for k, v in out.items() if k not in ('kill_log', 'errors')}) }")
+    say(f"{via}: { ({k: v for k, v in out.items() if k not in ('fault_log', 'errors', 'lost')}) }")
     return out
 
 
@@ -137,6 +201,8 @@ def main() -> int:
         "replicas": REPLICAS,
         "users": USERS,
         "kills_per_row": KILLS,
+        "redis_restarts_per_row": REDIS_RESTARTS,
+        "redis_down_s": REDIS_DOWN,
         "interval_s": INTERVAL,
         "max_tokens": MAX_TOKENS,
         "rows": [],
@@ -164,7 +230,8 @@ def main() -> int:
         platform.down()
     print()
     print(
-        f"{REPLICAS} replicas on real pods, {USERS} users streaming {MAX_TOKENS}-token answers, {KILLS} kills a row"
+        f"{REPLICAS} replicas on real pods, {USERS} users streaming {MAX_TOKENS}-token answers; a row: {KILLS}"
+        f" chat-api kills, {REDIS_RESTARTS} Redis restarts ({REDIS_DOWN:.0f} s down, nothing kept)"
     )
     print(
         table(
@@ -172,11 +239,14 @@ def main() -> int:
             [
                 ("row", "row"),
                 ("kills", "chat-api kills"),
+                ("redis_restarts", "Redis restarts"),
                 ("turns", "turns"),
                 ("cut", "streams cut"),
                 ("non_2xx", "non-2xx"),
                 ("failed", "no answer"),
-                ("lost_history", "lost histories"),
+                ("history_unavailable", "answered without history"),
+                ("lost_history_redis", "lost histories: dialogues across a Redis restart"),
+                ("lost_history_other", "lost histories: others"),
                 ("resumes", "relay resumes"),
             ],
         )

@@ -253,3 +253,39 @@ def test_compare_with_stable_off_leaves_agreement_out_of_the_shadow_gates():
 
     names = [c.name for c in shadow.checks_of(QualitySpec(compare_with_stable=False))]
     assert shadow.AGREEMENT not in names and shadow.GARBLED in names
+
+
+def test_the_mirror_and_the_shadow_clock_wait_for_the_gateway_to_read_the_canary_pods_endpoint(monkeypatch):
+    """A pod just turned Ready is not yet among the endpoints the gateway reads; the mirror (and the shadow
+    analysis's clock) starts once it has been Ready route_join_seconds (3 s), as a step's weight does, and
+    the pass comes back by then."""
+    from chatfleet_operator.timefmt import rfc3339
+
+    monkeypatch.setattr(measure, "take_records", lambda url, timeout_seconds=5.0: ([], 0, None))
+    releases = Releases(provider=PERFECT_METRICS)
+    old_ctx = context(OLD)
+    children = {(m["kind"], m["metadata"]["name"]): m for m in desired_children(old_ctx, plan_pass(old_ctx))}
+    old_rev = old_ctx.update_revision
+    first = run(releases, NEW, children, [], {"stableRevision": old_rev}, NOW)
+    children.update(first.desired)
+    status = {"stableRevision": old_rev, "release": first.plan.release.to_status()}
+    ready_at = NOW + timedelta(seconds=10)
+    pods = [
+        PodFacts("bot-s", old_rev, "stable", "Running", True, ip="10.0.0.1"),
+        PodFacts(
+            "bot-c",
+            first.plan.release.revision,
+            "canary",
+            "Running",
+            True,
+            ip="10.0.0.2",
+            ready_since=rfc3339(ready_at),
+        ),
+    ]
+    young = run(releases, NEW, children, pods, status, ready_at + timedelta(seconds=1))
+    assert "filters" not in weighted_rule(young.desired)
+    assert young.plan.release.canary_ready_at is None
+    assert young.plan.requeue_after <= 2.0  # looked at again once the pod has joined
+    joined = run(releases, NEW, children, pods, status, ready_at + timedelta(seconds=3))
+    assert weighted_rule(joined.desired)["filters"][0]["type"] == "RequestMirror"
+    assert joined.plan.release.canary_ready_at is not None

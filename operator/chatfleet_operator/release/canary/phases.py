@@ -217,7 +217,9 @@ def shadow_phase(
     now = rfc3339(ctx.now)
     routed = ctx.traffic == HTTPROUTE
     s = split(ctx.total, shadow.percent if routed else 0, ctx.traffic, capacity)
-    canary_ready = routed and ctx.canary.ready >= s.canary and ctx.canary.revision == rel.revision
+    # a pod counts once the gateway has had time to read its endpoint (joined_canary), as in a step
+    joined, join_left = joined_canary(ctx)
+    canary_ready = routed and joined >= s.canary and ctx.canary.revision == rel.revision
     refused = route_hold(ctx, "in the shadow phase")
     if not canary_ready or refused is not None:  # a refused route mirrors nothing: the phase waits
         rel.canary_ready_at = None
@@ -269,7 +271,7 @@ def shadow_phase(
         stable=s.stable,
         canary=s.canary,
         gate=gate,
-        requeue_after=requeue(ctx, rel),
+        requeue_after=requeue(ctx, rel, join_left),
     )
     plan.route_weight = 0
     return plan

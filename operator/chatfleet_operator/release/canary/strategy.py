@@ -169,7 +169,8 @@ class Canary:
 
 
 def shadow_mirror(ctx: PassContext, plan: ReleasePlan) -> Mirror | None:
-    """The mirror of a release in its shadow phase once a canary pod of its revision is Ready; None otherwise.
+    """The mirror of a release in its shadow phase once a canary pod of its revision is Ready and the
+    gateway has had time to read its endpoint (joined_canary); None otherwise.
 
     Not before: a gateway may treat a mirror Service without endpoints as broken and fail the whole rule
     (Traefik's TraefikService does, unless allowEmptyServices), and users' requests go through that rule.
@@ -177,7 +178,7 @@ def shadow_mirror(ctx: PassContext, plan: ReleasePlan) -> Mirror | None:
     rel = plan.release
     if rel is None or rel.phase != ReleasePhase.SHADOWING or plan.canary_replicas < 1:
         return None
-    if ctx.canary.ready < 1 or ctx.canary.revision != rel.revision:
+    if joined_canary(ctx)[0] < 1 or ctx.canary.revision != rel.revision:
         return None
     return Mirror(ctx.spec.analysis.quality.shadow.percent, ctx.settings.release.gateway_mirror)
 

@@ -365,15 +365,24 @@ def run(args: argparse.Namespace) -> int:
         # own: a random priority per process makes exactly one replica the leader.
         priority = args.priority if args.priority is not None else random.randint(1, 2**31 - 1)
         peering = {"standalone": False, "peering_name": args.peering, "priority": priority}
-    try:
-        asyncio.run(
-            kopf.operator(
+    gate = kopfext.GateWatch()
+    metrics.HANDLERS_HELD.set_function(gate.held_seconds)
+
+    async def operate() -> None:
+        """kopf's operator, and beside it the watch on its start-up gate (stopped with it)."""
+        watch = asyncio.create_task(gate.run(kopfext.GATE_SAMPLE_SECONDS, kopfext.GATE_WARN_SECONDS))
+        try:
+            await kopf.operator(
                 clusterwide=not namespaces,
                 namespaces=namespaces,
                 liveness_endpoint=args.liveness,
                 **peering,
             )
-        )
+        finally:
+            watch.cancel()
+
+    try:
+        asyncio.run(operate())
     finally:
         dump_stats()
     return 0

@@ -1,11 +1,13 @@
-"""kopf tuning for event handlers only, and two repairs of kopf's watchers: the start-up gate, and a
-watched kind whose CustomResourceDefinition is deleted (no API calls here)."""
+"""kopf tuning for event handlers only, two repairs of kopf's watchers: the start-up gate, and a watched
+kind whose CustomResourceDefinition is deleted; and a watch on that gate (no API calls here)."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
 import logging
+import time
+from collections.abc import Callable
 from typing import Any
 
 import kopf
@@ -21,6 +23,15 @@ GONE_RETRY_SECONDS = (1.0, 2.0, 5.0, 10.0, 30.0)
 
 #: kopf's own watcher (kopf 1.45.2), wrapped by `watcher_that_releases_its_gates`.
 _KOPF_WATCHER = queueing.watcher
+
+#: Seconds between two looks at kopf's start-up gate, and how long it may stay shut before each look warns
+#: (normally seconds: the gate opens once every watch has listed and indexed what it listed).
+GATE_SAMPLE_SECONDS = 10.0
+GATE_WARN_SECONDS = 60.0
+
+#: kopf's "all indexed" set of this process (one per kopf run), as its watchers' wrappers saw it; None
+#: before the first watcher starts.
+_indexed: Any = None
 
 
 class NoDiffBase(kopf.DiffBaseStorage):
@@ -58,6 +69,8 @@ class _GatesMadeBy:
     """
 
     def __init__(self, toggles: Any) -> None:
+        global _indexed
+        _indexed = toggles
         self._toggles = toggles
         self.made: set[Any] = set()
 
@@ -156,3 +169,55 @@ async def watch_through_a_removed_kind(**kwargs: Any) -> None:
 def repair_index_gates() -> None:
     """Make kopf's orchestrator start `watcher_that_releases_its_gates` (call before kopf starts)."""
     queueing.watcher = watcher_that_releases_its_gates
+
+
+def shut_gates() -> list[str]:
+    """The names of kopf's start-up gates still shut ("<kind>@<namespace>" for a watch that has not listed,
+    "(<kind>, <uid>)" for an object not indexed yet), sorted; empty when all are open or before kopf runs."""
+    if _indexed is None:
+        return []
+    return sorted(str(gate.name or gate) for gate in list(_indexed) if not gate.is_on())
+
+
+class GateWatch:
+    """How long kopf has held every handler at its start-up gate, and by which gates, sampled.
+
+    kopf runs no handler of any kind while one gate is shut: normal for the seconds a start or a new
+    namespace takes to list, a stuck operator when it lasts (its log otherwise silent about why).
+    """
+
+    def __init__(self, gates: Callable[[], list[str]] = shut_gates) -> None:
+        self._gates = gates
+        self.shut_since: float | None = None
+        self.names: list[str] = []
+
+    def sample(self, now: float) -> float:
+        """Look at the gates now; the seconds they have been held shut without a break (0.0: open)."""
+        self.names = self._gates()
+        if not self.names:
+            self.shut_since = None
+            return 0.0
+        if self.shut_since is None:
+            self.shut_since = now
+        return now - self.shut_since
+
+    def held_seconds(self, now: float | None = None) -> float:
+        """Seconds held shut as of the last sample, counted to `now` (0.0 when open at the last sample)."""
+        if self.shut_since is None:
+            return 0.0
+        return (time.monotonic() if now is None else now) - self.shut_since
+
+    async def run(self, period: float, warn_after: float) -> None:
+        """Sample every `period` seconds; while held `warn_after` seconds or more, warn with the gates."""
+        while True:
+            held = self.sample(time.monotonic())
+            if self.names and held >= warn_after:
+                more = f" and {len(self.names) - 5} more" if len(self.names) > 5 else ""
+                log.warning(
+                    "kopf has held every handler for %.0f s at its start-up gate, until these watches have "
+                    "listed and their objects are indexed: %s%s",
+                    held,
+                    ", ".join(self.names[:5]),
+                    more,
+                )
+            await asyncio.sleep(period)

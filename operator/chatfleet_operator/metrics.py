@@ -72,6 +72,12 @@ OLDEST_PASS = Gauge(
     "Seconds the oldest unfinished pass has been going, waiting for its lock or a worker thread "
     "included; 0 when none is. A pass that never ends makes it grow (the stuck-reconcile alert).",
 )
+HANDLERS_HELD = Gauge(
+    f"{PREFIX}_handlers_held_seconds",
+    "Seconds kopf has held every handler at its start-up gate (a watch not yet listed, or a listed object "
+    "not yet indexed), sampled every 10 s; 0 when open. Seconds at a start or a new namespace; a gate "
+    "that stays shut leaves every ChatbotService unreconciled (the operator logs the gates it waits for).",
+)
 API_REQUESTS = Counter(
     f"{PREFIX}_api_requests_total",
     "Kubernetes API requests of the operator (kube.py; not kopf's watches), by verb (GET, APPLY, PATCH, "

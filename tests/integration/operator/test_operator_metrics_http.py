@@ -94,4 +94,7 @@ def test_a_release_moves_the_operators_own_metrics(kube, operator):
     assert moved(promoted, after, "chatfleet_operator_releases_started_total", strategy="canary") >= 1
     # no release is going on in this operator at the scrape's moment, or it is younger than a minute
     assert sample(after, "chatfleet_operator_oldest_pass_seconds") < 60
+    # the passes above ran, so kopf's start-up gate is open (the last 10-s look may predate that by seconds)
+    assert ("chatfleet_operator_handlers_held_seconds", ()) in after
+    assert sample(after, "chatfleet_operator_handlers_held_seconds") < 60
     assert sample(after, "process_resident_memory_bytes") > 0

@@ -243,3 +243,71 @@ def test_the_start_up_gate_wakes_its_waiters_only_when_it_opens():
     assert opened
     assert quiet < 10 * 200, quiet  # a few state checks per gate and per waiter: linear
     assert loud > 50 * 200, loud  # kopf's: every waiter on every drop: quadratic
+
+
+class TestTheGateWatch:
+    """kopf runs no handler while one start-up gate is shut: the operator samples how long, and by which
+    gates (the metric chatfleet_operator_handlers_held_seconds and a warning that names them); before it,
+    an operator held for good logged nothing about why."""
+
+    def test_held_seconds_count_from_the_first_sample_that_found_a_gate_shut(self) -> None:
+        from chatfleet_operator.kopfext import GateWatch
+
+        gates: list[str] = []
+        watch = GateWatch(lambda: list(gates))
+        assert watch.sample(100.0) == 0.0 and watch.held_seconds(105.0) == 0.0
+        gates.append("traefikservices.v1alpha1.traefik.io@t-1")
+        assert watch.sample(110.0) == 0.0
+        assert watch.sample(140.0) == 30.0 and watch.held_seconds(150.0) == 40.0
+        assert watch.names == ["traefikservices.v1alpha1.traefik.io@t-1"]
+        gates.clear()
+        assert watch.sample(160.0) == 0.0 and watch.held_seconds(170.0) == 0.0
+
+    def test_shut_gates_names_the_gates_kopfs_set_holds_shut(self) -> None:
+        import asyncio
+
+        from chatfleet_operator import kopfext
+        from kopf._cogs.aiokits import aiotoggles
+
+        async def scenario() -> tuple[list[str], list[str]]:
+            indexed = aiotoggles.ToggleSet(all)
+            gates = kopfext._GatesMadeBy(indexed)  # what each watcher kopf starts is given
+            shut = await gates.make_toggle(name="pods.v1@t-1")
+            await gates.make_toggle(True, name="deployments.v1.apps@t-1")
+            before = kopfext.shut_gates()
+            await gates.drop_toggle(shut)
+            return before, kopfext.shut_gates()
+
+        assert asyncio.run(scenario()) == (["pods.v1@t-1"], [])
+
+    def test_a_gate_held_past_the_limit_is_warned_with_its_names(self, caplog) -> None:
+        import asyncio
+        import logging
+
+        from chatfleet_operator.kopfext import GateWatch
+
+        async def scenario() -> None:
+            watch = GateWatch(lambda: [f"kind@ns-{i}" for i in range(7)])
+            task = asyncio.create_task(watch.run(period=0.01, warn_after=0.0))
+            await asyncio.sleep(0.05)
+            task.cancel()
+
+        with caplog.at_level(logging.WARNING, logger="chatfleet"):
+            asyncio.run(scenario())
+        warnings = [r.getMessage() for r in caplog.records if "start-up gate" in r.getMessage()]
+        assert warnings and "kind@ns-0, kind@ns-1" in warnings[0] and "and 2 more" in warnings[0]
+
+    def test_an_open_gate_warns_nothing(self, caplog) -> None:
+        import asyncio
+        import logging
+
+        from chatfleet_operator.kopfext import GateWatch
+
+        async def scenario() -> None:
+            task = asyncio.create_task(GateWatch(lambda: []).run(period=0.01, warn_after=0.0))
+            await asyncio.sleep(0.05)
+            task.cancel()
+
+        with caplog.at_level(logging.WARNING, logger="chatfleet"):
+            asyncio.run(scenario())
+        assert not [r for r in caplog.records if "start-up gate" in r.getMessage()]

@@ -180,6 +180,7 @@ def test_every_series_has_the_prefix_help_and_unit_in_its_name():
         "chatfleet_operator_queue_depth",
         "chatfleet_operator_reconcile_running",
         "chatfleet_operator_oldest_pass_seconds",
+        "chatfleet_operator_handlers_held_seconds",
         "chatfleet_operator_api_requests",
         "chatfleet_operator_api_request_duration_seconds",
         "chatfleet_operator_releases_started",

@@ -238,15 +238,30 @@ class Cluster:
         )
         self.progress(f"etcd ready on 127.0.0.1:{ports['etcd_client']} ({dt:.1f}s)")
 
-        # 2. kube-apiserver
-        proc = launch("kube-apiserver", self._apiserver_args(bins, ports, pki_dir))
-        dt = procs.wait_for(
-            "kube-apiserver",
-            self._readyz,
-            timeout=timeout,
-            log=self.log("kube-apiserver"),
-            proc=proc,
-        )
+        # 2. kube-apiserver. Its port is picked before it listens: another cluster starting beside this one
+        # (the other lane of `make test`, whose real-pod layer restarts its cluster) may take it meanwhile,
+        # most likely the preferred 6443. Then it starts again on another port.
+        for attempt in range(3):
+            proc = launch("kube-apiserver", self._apiserver_args(bins, ports, pki_dir))
+            try:
+                dt = procs.wait_for(
+                    "kube-apiserver",
+                    self._readyz,
+                    timeout=timeout,
+                    log=self.log("kube-apiserver"),
+                    proc=proc,
+                )
+                break
+            except PlatformError as exc:
+                if attempt == 2 or "address already in use" not in str(exc):
+                    raise
+                taken = ports["apiserver"]
+                ports["apiserver"] = procs.free_port()
+                self._save(state)
+                self.kubeconfig.write_text(pki.kubeconfig(f"https://127.0.0.1:{ports['apiserver']}", pki_dir))
+                self.progress(
+                    f"kube-apiserver: port {taken} was taken meanwhile; trying {ports['apiserver']}"
+                )
         self.progress(f"kube-apiserver ready on https://127.0.0.1:{ports['apiserver']} ({dt:.1f}s)")
 
         # 3. controller-manager and scheduler

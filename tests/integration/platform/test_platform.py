@@ -279,3 +279,31 @@ def test_plain_reads_answer_as_kubectl_does(cluster, namespace):
             theirs.stdout,
             theirs.stderr,
         ), args
+
+
+def test_an_apiserver_port_taken_before_it_listens_is_given_up_for_another(cluster, tmp_path, monkeypatch):
+    """The API server's port is picked before it listens (6443 when free); a cluster starting beside it
+    (`make test`'s other lane restarts its real-pod cluster) may take it meanwhile. Seen: a chart-layer
+    cluster's kube-apiserver exited with `bind: address already in use` on 6443 and five tests failed.
+    Here the port picked is already held: the API server starts again on another one."""
+    import socket
+
+    from chatfleet_platform.cluster.cluster import Cluster
+    from chatfleet_platform.common import procs
+
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    taken = held.getsockname()[1]
+    pick = procs.free_port
+    monkeypatch.setattr(procs, "free_port", lambda preferred=None, **kw: taken if preferred else pick(**kw))
+    second = Cluster(tmp_path / "second", progress=lambda _: None)
+    try:
+        second.up(nodes=1)
+        port = second.state()["ports"]["apiserver"]
+        assert port != taken
+        assert f"127.0.0.1:{port}" in second.kubeconfig.read_text()
+        assert second.kubectl("get", "namespace", "default", check=False).returncode == 0
+    finally:
+        second.down()
+        held.close()

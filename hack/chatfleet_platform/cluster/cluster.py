@@ -217,8 +217,13 @@ class Cluster:
 
         pki_dir = self.workdir / "pki"
         pki.generate(pki_dir)
-        self.kubeconfig.write_text(pki.kubeconfig(f"https://127.0.0.1:{ports['apiserver']}", pki_dir))
-        self.kubeconfig.chmod(0o600)
+
+        def write_kubeconfig() -> None:
+            """The kubeconfig for the API server's port (written again if that port changes)."""
+            self.kubeconfig.write_text(pki.kubeconfig(f"https://127.0.0.1:{ports['apiserver']}", pki_dir))
+            self.kubeconfig.chmod(0o600)
+
+        write_kubeconfig()
         self.progress(f"certificates and kubeconfig written to {self.workdir}")
 
         def launch(name: str, argv: list[str]) -> procs.Proc:
@@ -258,7 +263,7 @@ class Cluster:
                 taken = ports["apiserver"]
                 ports["apiserver"] = procs.free_port()
                 self._save(state)
-                self.kubeconfig.write_text(pki.kubeconfig(f"https://127.0.0.1:{ports['apiserver']}", pki_dir))
+                write_kubeconfig()
                 self.progress(
                     f"kube-apiserver: port {taken} was taken meanwhile; trying {ports['apiserver']}"
                 )

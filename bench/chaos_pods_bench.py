@@ -36,6 +36,7 @@ import json
 import os
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -143,7 +144,6 @@ def row(platform: Platform, bot: Bot, via: str) -> dict[str, Any]:
     ).start()
     log: list[dict[str, Any]] = []
     outages: list[tuple[float, float]] = []
-    killed: dict[str, int] = {}
     try:
         bot.wait(lambda: load.summary()["ok"] >= 20, 300, "dialogues under way")
         before = relay_resumes(bot)
@@ -156,9 +156,9 @@ def row(platform: Platform, bot: Bot, via: str) -> dict[str, Any]:
                 say(f"{via}: fault {n}: Redis killed, down {REDIS_DOWN:.0f} s, started again")
                 continue
             live = bot.wait(lambda: two_ready(bot), 600, "two Ready replicas")
-            # the Ready replica killed least so far: the kills spread over the replicas
-            victim = min(live, key=lambda p: (killed.get(p["metadata"]["name"], 0), p["metadata"]["name"]))
-            killed[victim["metadata"]["name"]] = killed.get(victim["metadata"]["name"], 0) + 1
+            # the Ready replica killed least so far (the log says): the kills spread over the replicas
+            killed = Counter(f["pod"] for f in log if f["fault"] == "kill")
+            victim = min(live, key=lambda p: (killed[p["metadata"]["name"]], p["metadata"]["name"]))
             pid = kill_container_process(platform.cluster, victim, "chat-api")
             log.append(
                 {

@@ -413,10 +413,15 @@ class Cluster:
                         "patch", name, "--type=merge", "-p", '{"metadata":{"finalizers":null}}', check=False
                     )
                 unstuck = True
+                # the removal gets its own half of `timeout`: under a loaded API server the calls before
+                # it can use up the whole of it, and the CRD goes only after the patch
+                deadline = max(deadline, time.monotonic() + timeout / 2)
             if time.monotonic() > deadline:
                 res = self.kubectl("get", "crd", *names, "--ignore-not-found", "-o", "json", check=False)
                 found = json.loads(res.stdout or "{}")  # a List for several names, the object for one
                 items = found.get("items", [found] if found else [])
+                if not items:  # gone between the last look and this one
+                    return
                 conditions = "; ".join(
                     f"{o['metadata']['name']} "
                     + ", ".join(

@@ -7,12 +7,12 @@ Its engine runs at most 2 requests at once and queues 4 more for at most 2 s (`d
 hold five-turn streamed dialogues through the Service (`DialogueLoad`).
 
 - Redis: once dialogues are under way, the Redis process is killed with SIGKILL (no shutdown, no save),
-  stays down 8 s, and is started again on the same port. Every turn must be answered (no cut stream, no
-  non-2xx, no failed request: the outage costs the history, never the answer), and the history's state
-  said plainly: each turn that began while Redis was down says `chatfleet.history: "unavailable"`, each
-  that began once it was back (2 s settle) says `"ok"`; dialogues begun after the restart lose nothing.
-  Dialogues that spanned it lost what the old process held (a Redis without persistence forgets
-  everything): counted, not hidden (`lost` in the summary printed).
+  stays down 8 s, and is started again on the same port, empty (a Redis without persistence forgets
+  everything). Every turn must be answered (no cut stream, no non-2xx, no failed request), and no
+  dialogue may lose history, those that spanned the restart included: the pod keeps its own copy of the
+  windows it answered. The history's state is said plainly: each turn that began while Redis was down
+  says `chatfleet.history: "replica"` (the pod's copy) or, for a dialogue's first turn, `"unavailable"`;
+  each that began once it was back (2 s settle) says `"restored"` (the copy put back) or `"ok"`.
 - Burst: 2 users, then 8 more within a second (5x) for 10 s, then 2 again. What the engine cannot hold is
   refused as documented: HTTP 429 with `Retry-After: 1` (code `overloaded`, "kv budget: ..."), never a 5xx, a cut stream, a
   refused connection, or a fallback answer (429s are not breaker failures, so the breaker stays closed);
@@ -84,14 +84,17 @@ def test_answers_keep_coming_while_redis_is_killed_and_started_again(drill_bot, 
     during = [r for r in load.results if t_kill + 0.5 <= r.at < t_back - 0.5]
     after = [r for r in load.results if r.at >= t_back + SETTLE_SECONDS]
     fresh = [r for r in load.results if r.dialogue_started >= t_back + SETTLE_SECONDS]
-    summary["history_during"] = sorted({r.history for r in during})
-    summary["history_after"] = sorted({r.history for r in after})
+    summary["history_during"] = dict(Counter(r.history for r in during))
+    summary["history_after"] = dict(Counter(r.history for r in after))
     summary["lost_in_fresh_dialogues"] = sum(r.lost for r in fresh)
     print(f"redis drill summary: {summary}")
 
     assert (summary["cut"], summary["non_2xx"], summary["failed"]) == (0, 0, 0), summary
-    assert during and {r.history for r in during} == {"unavailable"}, summary
-    assert after and {r.history for r in after} == {"ok"}, summary
+    assert during and "replica" in summary["history_during"], summary
+    assert set(summary["history_during"]) <= {"replica", "unavailable"}, summary
+    assert after and "restored" in summary["history_after"], summary
+    assert set(summary["history_after"]) <= {"ok", "restored"}, summary
+    assert summary["lost_history"] == 0, summary  # the dialogues across the restart included
     assert fresh and summary["lost_in_fresh_dialogues"] == 0, summary
 
 

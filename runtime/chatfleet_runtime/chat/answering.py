@@ -44,7 +44,8 @@ class AnswerSteps:
     inflight: int
 
     async def _remember(self, turn: Turn, reply: str) -> None:
-        """Store the answered turn with this pod's revision; count a revision switch once it is stored."""
+        """Store the answered turn with this pod's revision; count a revision switch once it is kept (in
+        Redis or this replica's copy: the dialogue's next turn here reads it)."""
         if turn.session_id is None or not turn.store:
             return
         revision = self.settings.revision

@@ -127,6 +127,13 @@ class ApiMetrics:
             ["model", "op"],
             registry=r,
         )
+        self.session_from_replica = Counter(
+            "chatfleet_session_history_from_replica",
+            "Turns whose history came from this replica's own copy: restored (Redis had lost it, the copy was "
+            "put back) or replica (Redis could not be read)",
+            ["model", "source"],
+            registry=r,
+        )
         self.triton_up = Gauge(
             "chatfleet_triton_metrics_up",
             "1 when the last /metrics scrape could include Triton's metrics (re-exported), else 0",

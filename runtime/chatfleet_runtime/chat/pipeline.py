@@ -62,6 +62,11 @@ from chatfleet_runtime.prompting import RequestError, SamplingParams, continuous
 
 log = logging.getLogger("chatfleet.api")
 
+#: A turn's `chatfleet.history`, by where its history came from (sessions.History.source): "ok" (Redis),
+#: "restored" (Redis had lost it; this replica's copy was put back), "replica" (Redis could not be read;
+#: this replica's copy, without the turns other replicas answered since). "unavailable" and "none" besides.
+HISTORY_STATES = {"redis": "ok", "restored": "restored", "replica": "replica"}
+
 
 class ChatPipeline(AnswerSteps):
     """The chat API's state (breaker, in-flight count, sessions, metrics) and its request steps."""
@@ -87,6 +92,7 @@ class ChatPipeline(AnswerSteps):
             ttl_s=settings.session_ttl_s,
             turns=settings.history_turns,
             on_error=lambda op: metrics.session_errors.labels(name, op).inc(),
+            on_replica=lambda source: metrics.session_from_replica.labels(name, source).inc(),
         )
         self.active = ActiveSessions(max(settings.session_ttl_s, settings.idle_s), clock=clock)
         """Conversations seen here: active sessions (within the TTL) and open dialogues (within idle_s)."""
@@ -334,7 +340,7 @@ class ChatPipeline(AnswerSteps):
             if not shadow:
                 self.active.touch(sid)
             history = await self.store.history(sid)
-            history_state = "ok" if history.ok else "unavailable"
+            history_state = HISTORY_STATES[history.source] if history.ok else "unavailable"
             prompt_messages = compose(messages, history.messages)
         if ignored:
             log.info("ignored unknown request fields: %s", ", ".join(ignored))

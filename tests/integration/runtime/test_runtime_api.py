@@ -95,6 +95,30 @@ def test_multi_turn_uses_history_from_redis(api, triton, redis_srv):
     assert r.llen(key) == 2 and 0 < r.ttl(key) <= 3600
 
 
+def test_a_window_redis_lost_is_put_back_by_the_replica_that_answered_it(api, redis_srv):
+    """Redis lost a dialogue's window (a restart with nothing kept does this to every key): the replica
+    that answered it puts its own copy back, with a TTL, in the real Redis, and answers with it."""
+    import redis
+
+    sid = f"lost-{time.time_ns()}"
+    for text in ("one", "two"):
+        assert chat(api, {"messages": user(text), "max_tokens": 2, "session_id": sid})[0] == 200
+    r = redis.Redis(port=redis_srv.port)
+    key = f"chatfleet:session:tiny-chat:{sid}"
+    assert r.llen(key) == 2
+    restored_before = metric_value(api.metrics_url, "chatfleet_session_history_from_replica_total")
+    r.delete(key)
+    status, body = chat(api, {"messages": user("three"), "max_tokens": 2, "session_id": sid})
+    assert status == 200, body
+    assert (body["chatfleet"]["history"], body["chatfleet"]["history_turns"]) == ("restored", 2)
+    assert [json.loads(t)["messages"][0]["content"] for t in r.lrange(key, 0, -1)] == ["one", "two", "three"]
+    assert 0 < r.ttl(key) <= 3600
+    assert (
+        metric_value(api.metrics_url, "chatfleet_session_history_from_replica_total", source="restored")
+        == restored_before + 1
+    )
+
+
 def test_history_is_a_sliding_window_of_turns(api, redis_srv):
     import redis
 

@@ -98,7 +98,9 @@ def test_no_switch_when_either_revision_is_unknown(fleet):
     assert fleet.switches("r1") == 0 and fleet.switches(None) == 0
 
 
-def test_no_switch_counted_when_the_turn_is_not_stored(fleet):
+def test_a_switch_is_counted_once_when_the_turn_is_kept_only_in_the_replicas_copy(fleet):
+    """A turn Redis could not store is still in the answering replica's copy: the dialogue moved (its next
+    turn there reads it, and the copy is put back in Redis), so the switch counts then, and only then."""
     fleet.turn("r1", "q1")
     healthy = fleet.redis.pipeline
 
@@ -107,12 +109,24 @@ def test_no_switch_counted_when_the_turn_is_not_stored(fleet):
             raise ConnectionError("redis write failed")
 
     fleet.redis.pipeline = lambda transaction=True: WriteFails(fleet.redis)
-    info = fleet.turn("r2", "q2")  # read the r1 turn, answered, but not stored: the dialogue did not move
+    info = fleet.turn("r2", "q2")  # read the r1 turn, answered, kept in r2's copy only
     assert (info["history_turns"], info["previous_revision"]) == (1, "r1")
-    assert fleet.switches("r2") == 0
-    fleet.redis.pipeline = healthy
-    fleet.turn("r2", "q3")  # now stored: r1 -> r2, once
     assert fleet.switches("r2") == 1
+    fleet.redis.pipeline = healthy
+    info = fleet.turn("r2", "q3")  # r2's copy is newer than Redis: put back, r2 -> r2
+    assert (info["history"], info["history_turns"], info["previous_revision"]) == ("restored", 2, "r2")
+    assert [t["reply"] for t in stored(fleet.redis)] == ["echo: q1", "echo: q2", "echo: q3"]
+    assert fleet.switches("r2") == 1
+
+
+def test_a_turn_kept_nowhere_counts_no_switch():
+    f = Fleet(FakeRedis(), history_turns=0)
+    try:
+        f.turn("r1", "q1")
+        f.turn("r2", "q2")
+        assert f.switches("r2") == 0
+    finally:
+        f.close()
 
 
 def test_no_switch_when_redis_cannot_be_read(fleet):
@@ -144,8 +158,18 @@ def test_a_lost_history_shows_in_history_turns(fleet):
     fleet.turn("r1", "q1")
     fleet.turn("r1", "q2")
     fleet.redis.lists.clear()  # Redis lost the dialogue (flushed, expired, failed over)
-    info = fleet.turn("r2", "q3")
+    info = fleet.turn("r2", "q3")  # a replica with no copy of it
     assert (info["history"], info["history_turns"]) == ("ok", 0)  # turn 3 got 0 < min(2, 5) turns back
+
+
+def test_the_replica_that_answered_a_dialogue_gives_back_what_redis_lost(fleet):
+    fleet.turn("r1", "q1")
+    fleet.turn("r1", "q2")
+    fleet.redis.lists.clear()  # Redis restarted with nothing kept
+    info = fleet.turn("r1", "q3")
+    assert (info["history"], info["history_turns"]) == ("restored", 2)
+    assert metric(fleet.pod("r1"), "chatfleet_session_history_from_replica_total", source="restored") == 1
+    assert [t["reply"] for t in stored(fleet.redis)] == ["echo: q1", "echo: q2", "echo: q3"]
 
 
 def test_open_dialogues_gauge_counts_turns_within_the_idle_window():

@@ -6,7 +6,14 @@ import asyncio
 import json
 
 import pytest
-from chatfleet_runtime.chat.sessions import ActiveSessions, History, SessionStore, compose, history_messages
+from chatfleet_runtime.chat.sessions import (
+    ActiveSessions,
+    History,
+    SessionStore,
+    Windows,
+    compose,
+    history_messages,
+)
 
 
 class FakePipeline:
@@ -19,8 +26,14 @@ class FakePipeline:
     async def __aexit__(self, *exc):
         return False
 
-    def rpush(self, key, value):
-        self.ops.append(("rpush", key, value))
+    def rpush(self, key, *values):
+        self.ops.extend(("rpush", key, value) for value in values)
+
+    def delete(self, key):
+        self.ops.append(("delete", key))
+
+    def expireat(self, key, when):
+        self.ops.append(("expireat", key, when))
 
     def ltrim(self, key, start, end):
         self.ops.append(("ltrim", key, start, end))
@@ -39,6 +52,10 @@ class FakePipeline:
                 self.redis.lists.setdefault(key, []).append(args[0])
             elif op == "ltrim":
                 self.redis.lists[key] = self.redis.lists[key][args[0] :]
+            elif op == "delete":
+                self.redis.lists.pop(key, None)
+            elif op == "expireat":
+                self.redis.expire_at[key] = args[0]
             else:
                 self.redis.ttl[key] = args[0]
         if lost_reply == "after":  # done on the server, the reply timed out
@@ -49,7 +66,7 @@ class FakeRedis:
     """The three list commands and the pipeline the store uses."""
 
     def __init__(self):
-        self.lists, self.ttl, self.down = {}, {}, False
+        self.lists, self.ttl, self.expire_at, self.down = {}, {}, {}, False
         self.fail_next: list[str] = []
         """Time-outs of the next calls: "before" (nothing done) or "after" (done, the reply lost)."""
 
@@ -105,14 +122,14 @@ def test_redis_down_degrades_and_reports_and_then_stops_waiting():
     redis.down = True
     assert run(store.history("s")) == History(ok=False)
     assert 4.0 <= clock.now < 4.5  # tried again for RETRY_S
-    assert run(store.append("s", [{"role": "user", "content": "q"}], "a")) is False
+    assert run(store.append("s", [{"role": "user", "content": "q"}], "a")) is True  # kept in the copy
     assert clock.now < 4.5  # within DOWN_S of the read that gave up: one try, no wait
     assert errors == ["read", "write"]
     redis.down = False
-    assert run(store.append("s", [{"role": "user", "content": "q"}], "a")) is True
+    assert run(store.append("t", [{"role": "user", "content": "q"}], "a")) is True
     redis.down = True
     clock.now += 1
-    assert run(store.history("s")) == History(ok=False) and clock.now >= 9.0  # up again: full budget
+    assert run(store.history("u")) == History(ok=False) and clock.now >= 9.0  # up again: full budget
 
 
 def test_a_stall_of_two_and_a_half_seconds_loses_no_turn(monkeypatch):
@@ -227,3 +244,139 @@ def test_open_dialogues_count_within_a_shorter_window():
     assert (active.count(), active.count(within_s=30), active.count(within_s=100)) == (2, 1, 2)
     now[0] = 120  # "old" is past the TTL: pruned, whatever the window
     assert (active.count(within_s=1000), active.count()) == (1, 1)
+
+
+def contents(history):
+    return [m["content"] for m in history.messages]
+
+
+def ask(store, sid, i):
+    return run(store.append(sid, [{"role": "user", "content": f"q{i}"}], f"a{i}"))
+
+
+def test_a_redis_restarted_with_nothing_kept_gets_back_the_windows_this_replica_has():
+    """Redis restarted with no persistence: every list is gone. The replica that answered a dialogue puts
+    its window back (one transaction, expiring when the lost one would have) and answers with it."""
+    redis, sources = FakeRedis(), []
+    store = SessionStore(redis, namespace="m", ttl_s=600, turns=3, on_replica=sources.append)
+    for i in range(4):
+        assert ask(store, "s", i)
+    redis.lists.clear()  # the restart
+    history = run(store.history("s"))
+    assert (history.ok, history.source, contents(history)) == (
+        True,
+        "restored",
+        ["q1", "a1", "q2", "a2", "q3", "a3"],
+    )
+    assert [json.loads(t)["reply"] for t in redis.lists["chatfleet:session:m:s"]] == ["a1", "a2", "a3"]
+    newest = json.loads(redis.lists["chatfleet:session:m:s"][-1])["at"]
+    assert newest + 600 <= redis.expire_at["chatfleet:session:m:s"] <= newest + 602
+    assert sources == ["restored"]
+    assert run(store.history("s")).source == "redis"  # put back: read from Redis again
+
+
+def test_while_redis_cannot_be_read_the_replica_answers_with_its_copy_and_keeps_each_turn():
+    redis, errors, sources, clock = FakeRedis(), [], [], Clock()
+    store = SessionStore(
+        redis,
+        namespace="m",
+        on_error=errors.append,
+        on_replica=sources.append,
+        clock=clock,
+        sleep=clock.sleep,
+    )
+    assert ask(store, "s", 0)
+    redis.down = True
+    history = run(store.history("s"))
+    assert (history.ok, history.source, contents(history)) == (True, "replica", ["q0", "a0"])
+    assert ask(store, "s", 1)  # not in Redis, kept in the copy
+    assert contents(run(store.history("s"))) == ["q0", "a0", "q1", "a1"]
+    assert run(store.history("other")) == History(ok=False)  # a dialogue this replica never saw
+    assert errors == ["read", "write", "read", "read"] and sources == ["replica", "replica"]
+    redis.down = False  # back with what it had: the copy is newer, so it is put back
+    history = run(store.history("s"))
+    assert (history.source, contents(history)) == ("restored", ["q0", "a0", "q1", "a1"])
+    assert len(redis.lists["chatfleet:session:m:s"]) == 2
+
+
+def test_turns_answered_by_another_replica_since_the_copy_win():
+    """The dialogue moved on to another replica: Redis is newer than this replica's copy and is read as is
+    (the copy is never put back over it)."""
+    redis = FakeRedis()
+    here, there = SessionStore(redis, namespace="m"), SessionStore(redis, namespace="m")
+    assert ask(here, "s", 0)
+    assert run(there.history("s")).turns == 1
+    assert ask(there, "s", 1)
+    history = run(here.history("s"))
+    assert (history.source, contents(history)) == ("redis", ["q0", "a0", "q1", "a1"])
+    redis.lists.clear()  # a restart now: the copy here lacks what `there` answered
+    assert contents(run(there.history("s"))) == ["q0", "a0", "q1", "a1"]
+
+
+def test_the_copy_is_bounded_by_count_and_never_outlives_redis():
+    now = [1_000.0]
+    windows = Windows(ttl_s=60, limit=3, wall=lambda: now[0])
+
+    def turn(at):
+        return json.dumps({"messages": [], "reply": "a", "at": at})
+
+    for i in range(5):
+        windows.put(f"s{i}", [turn(now[0])])
+    assert len(windows) == 3 and windows.get("s0") == () and windows.get("s4")  # least recently used went
+    windows.get("s2")
+    windows.put("old", [turn(now[0] - 61)])  # newest turn past the TTL: Redis would have dropped it
+    assert windows.get("old") == () and len(windows) == 3
+    now[0] += 61
+    assert windows.get("s4") == ()
+    windows.put("new", [turn(now[0])])
+    assert len(windows) == 1  # the expired ones went with the next write
+    assert windows.size == len(turn(now[0]))
+
+
+def test_the_copy_is_bounded_in_characters():
+    def turn(text):
+        return json.dumps({"reply": text, "at": 1_000.0})
+
+    windows = Windows(ttl_s=60, chars=3 * len(turn("x" * 10)), wall=lambda: 1_000.0)
+    for i in range(3):
+        windows.put(f"s{i}", [turn("x" * 10)])
+    assert len(windows) == 3
+    windows.put("big", [turn("x" * 10), turn("y" * 10)])  # two more turns' worth: the two oldest go
+    assert (len(windows), windows.get("s0"), windows.get("s1")) == (2, (), ())
+    windows.put("big", [turn("x" * 10)])  # replaced, not added
+    assert windows.size == 2 * len(turn("x" * 10))
+
+
+def test_a_replica_without_a_copy_reads_a_lost_history_as_lost():
+    redis = FakeRedis()
+    store = SessionStore(redis, namespace="m", local_dialogues=0)
+    assert ask(store, "s", 0) and ask(store, "s", 1)
+    redis.lists.clear()
+    history = run(store.history("s"))
+    assert (history.ok, history.source, history.turns) == (True, "redis", 0)
+
+
+def test_replicas_with_partial_copies_put_a_dialogue_back_together(monkeypatch):
+    """A dialogue spread over two replicas (a Service without affinity): each copy lacks the turns the
+    other answered since. After a restart the first put-back is partial; the other replica's next read
+    adds what it has, and no turn either of them kept is lost."""
+    import itertools
+    import time as real_time
+
+    ticks = itertools.count(real_time.time(), 0.5)  # turns half a second apart, as real ones are
+    monkeypatch.setattr(real_time, "time", lambda: next(ticks))
+    redis = FakeRedis()
+    a, b = SessionStore(redis, namespace="m", turns=10), SessionStore(redis, namespace="m", turns=10)
+    for i, store in enumerate([a, b, a, b]):
+        run(store.history("s"))
+        assert ask(store, "s", i)
+    redis.lists.clear()
+    history = run(a.history("s"))  # a's copy: turns 0-2
+    assert (history.source, history.turns) == ("restored", 3)
+    assert ask(a, "s", 4)
+    history = run(b.history("s"))  # b's copy has turn 3, which a's lacked
+    assert (history.source, contents(history)[-4:]) == ("restored", ["q3", "a3", "q4", "a4"])
+    assert [json.loads(t)["reply"] for t in redis.lists["chatfleet:session:m:s"]] == [
+        f"a{i}" for i in range(5)
+    ]
+    assert run(a.history("s")).source == "redis"  # whole again: nothing more to put back

@@ -15,9 +15,11 @@ spread among them:
   so far is SIGKILLed from the host: a crash (an OOM kill, a segfault); the kubelet restarts the container in its
   pod (its restart back-off growing with each kill);
 - a Redis restart: the session store is SIGKILLed (no shutdown, no save), stays down REDIS_DOWN (8) s and
-  is started again on the same port. It keeps nothing (no persistence, as a cache-only Redis): the
-  dialogues that spanned it lose their history (counted apart from the other lost histories), and the
-  turns asked while it was down are answered without one (`chatfleet.history: "unavailable"`, counted).
+  is started again on the same port. It keeps nothing (no persistence, as a cache-only Redis). The
+  replicas put back the windows they kept (`chatfleet.history: "restored"`) and answer from them while it
+  is down (`"replica"`); what they could not (a dialogue's turns only a killed replica had, or a first
+  turn while it is down: `"unavailable"`, counted) shows as lost histories of the dialogues that spanned
+  it, counted apart from the other lost histories.
 
 Rows, on the same pods, the baseline first (the relay's row meets the longer restart back-offs):
 - `service` (the baseline: what a user gets without the relay, the fleet's Service and kube-proxy): the
@@ -26,7 +28,9 @@ Rows, on the same pods, the baseline first (the relay's row meets the longer res
   session's history and the text already sent.
 
 Figures per row: turns asked, completed, cut, non-2xx, no answer, lost histories, turns answered without
-a history, the kills and Redis restarts, and the relay's resumes (its own counter). Writes
+a history, the kills and Redis restarts, the relay's resumes (its own counter) and the silence they cost
+the clients (the relay's own measure, `chatfleet_relay_resume_gap_seconds`: from the last chunk before
+the cut to the first text after it; mean, and how many within 2 s). Writes
 bench-results/chaos-pods.json and prints the table.
 """
 
@@ -54,6 +58,7 @@ from chatfleet_platform.load.realpods import (  # noqa: E402
     service_url,
 )
 from chatfleet_platform.load.releasetraffic import Bot  # noqa: E402
+from chatfleet_platform.localruntime.testing import metric_value  # noqa: E402
 from release_traffic_bench import Platform, table  # noqa: E402
 
 REPLICAS = int(os.environ.get("REPLICAS", "3"))
@@ -96,6 +101,17 @@ def relay_resumes(bot: Bot) -> float:
         metric_sum(f"http://{pod['status']['podIP']}:9400/metrics", "chatfleet_relay_resumes_total")
         for pod in pods(bot, RELAY)
     )
+
+
+def relay_gaps(bot: Bot) -> dict[str, float]:
+    """The relay pods' measure of the silence their resumes cost the clients so far (summed): count, sum
+    (seconds), and how many within 2 s (its histogram's le="2.0" bucket)."""
+    urls = [f"http://{pod['status']['podIP']}:9400/metrics" for pod in pods(bot, RELAY)]
+    name = "chatfleet_relay_resume_gap_seconds"
+    return {
+        key: sum(metric_value(url, f"{name}_{key}", **labels) for url in urls)
+        for key, labels in (("count", {}), ("sum", {}), ("bucket", {"le": "2.0"}))
+    }
 
 
 def faults() -> list[str]:
@@ -146,7 +162,7 @@ def row(platform: Platform, bot: Bot, via: str) -> dict[str, Any]:
     outages: list[tuple[float, float]] = []
     try:
         bot.wait(lambda: load.summary()["ok"] >= 20, 300, "dialogues under way")
-        before = relay_resumes(bot)
+        before, gaps_before = relay_resumes(bot), relay_gaps(bot)
         t0 = time.monotonic()
         for n, fault in enumerate(faults(), 1):
             time.sleep(INTERVAL)
@@ -173,18 +189,24 @@ def row(platform: Platform, bot: Bot, via: str) -> dict[str, Any]:
     finally:
         summary = load.stop()
     resumes = relay_resumes(bot) - before if via == "relay" else 0.0
+    gaps = {k: v - gaps_before[k] for k, v in relay_gaps(bot).items()} if via == "relay" else {}
     unavailable = sum(r.history == "unavailable" for r in load.results)
+    from_copy = Counter(r.history for r in load.results if r.history in ("restored", "replica"))
     spanned = lost_to_redis(load.results, outages)
     out = {
         "row": "relay (Chatfleet)" if via == "relay" else "service (baseline)",
         "via": service,
         **{k: summary[k] for k in ("turns", "ok", "dialogues", "cut", "non_2xx", "failed", "lost_history")},
         "history_unavailable": unavailable,
+        "history_restored": from_copy["restored"],
+        "history_from_replica": from_copy["replica"],
         "lost_history_redis": spanned,
         "lost_history_other": summary["lost_history"] - spanned,
         "kills": sum(f["fault"] == "kill" for f in log),
         "redis_restarts": sum(f["fault"] == "redis" for f in log),
         "resumes": resumes,
+        "resume_gap_mean_s": round(gaps["sum"] / gaps["count"], 3) if gaps.get("count") else None,
+        "resume_gaps_within_2s": f"{int(gaps['bucket'])}/{int(gaps['count'])}" if gaps else None,
         "codes": summary["codes"],
         "errors": summary["errors"],
         "lost": summary["lost"],
@@ -245,9 +267,13 @@ def main() -> int:
                 ("non_2xx", "non-2xx"),
                 ("failed", "no answer"),
                 ("history_unavailable", "answered without history"),
+                ("history_restored", "history put back from a replica's copy"),
+                ("history_from_replica", "answered from a replica's copy (Redis down)"),
                 ("lost_history_redis", "lost histories: dialogues across a Redis restart"),
                 ("lost_history_other", "lost histories: others"),
                 ("resumes", "relay resumes"),
+                ("resume_gap_mean_s", "resume silence, mean s (the relay's measure)"),
+                ("resume_gaps_within_2s", "resumes within 2 s"),
             ],
         )
     )

@@ -96,6 +96,7 @@ def test_every_expected_alert_exists_and_is_tested() -> None:
         "ChatbotServiceTrafficDrop",
         "ChatbotServiceReleaseRolledBack",
         "ChatfleetOperatorReconcileStuck",
+        "ChatfleetOperatorHandlersHeld",
     }
     tests = yaml.safe_load(TESTS.read_text())["tests"]
     tested = {t["alertname"] for group in tests for t in group.get("alert_rule_test", [])}

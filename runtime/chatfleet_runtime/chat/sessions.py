@@ -12,12 +12,13 @@ stored twice. Redis trouble never fails a chat turn: reads return no history, wr
 ``on_error(op)`` is called so the API can count it; once an operation used its whole budget, the ones
 in the next DOWN_S seconds try once only (Redis is down: answer without waiting).
 
-Each replica also keeps its own copy of the windows it last read or wrote (`Windows`: bounded by count
-and by the TTL). A Redis that restarted with nothing kept (no persistence) lost every dialogue: a read
-that finds a window lacking turns this replica's copy has puts the two together back (one transaction)
-and answers with them (`History.source` "restored"); a Redis that cannot be read answers a dialogue this replica has
-seen with its copy ("replica") instead of none. A copy lacks the turns other replicas answered since it
-was made, so dialogues kept on their replica (the picker, the relay) get back all of theirs, others part.
+Each replica also keeps its own copy of the windows it last read or wrote (`Windows`: bounded by count,
+by characters and by the TTL). A Redis that restarted with nothing kept (no persistence) lost every
+dialogue: a read that finds a window lacking turns this replica's copy has puts the two together back (one
+transaction) and answers with them (`History.source` "restored"); a Redis that cannot be read answers a
+dialogue this replica has seen with its copy ("replica") instead of none. A copy lacks the turns other
+replicas answered since it was made, so a dialogue kept on its replica (the picker, one pod) gets back all
+of its turns, one spread over replicas part of them, turn by turn.
 """
 
 from __future__ import annotations

@@ -206,10 +206,13 @@ class SessionStore:
             self.on_replica("replica")
             return self._loaded(kept, "replica")
         source = "redis"
-        # the window of both, by time (a stable sort: ties keep their order); turns that only left Redis
-        # by its trim are older than its newest N and fall off again, so this differs from Redis's window
-        # only when Redis lost turns this replica has (a restart, or another replica's partial put-back)
-        merged = sorted(dict.fromkeys([*raw, *kept]), key=_at)[-self.turns :] if kept else raw
+        # only when the copy has turns Redis lacks: the window of both, by time (a stable sort: ties keep
+        # their order); turns that only left Redis by its trim are older than its newest N and fall off
+        # again, so this differs from Redis's window only when Redis lost turns this replica has (a
+        # restart, or another replica's partial put-back). Redis's own order is never re-sorted: turns of
+        # replicas whose clocks differ would otherwise be rewritten on every read.
+        missing = set(kept).difference(raw)
+        merged = sorted(dict.fromkeys([*raw, *kept]), key=_at)[-self.turns :] if missing else raw
         if merged != raw:
             raw, source = merged, "restored"
             self.on_replica(source)

@@ -380,3 +380,19 @@ def test_replicas_with_partial_copies_put_a_dialogue_back_together(monkeypatch):
         f"a{i}" for i in range(5)
     ]
     assert run(a.history("s")).source == "redis"  # whole again: nothing more to put back
+
+
+def test_a_window_whose_turns_are_out_of_time_order_is_never_rewritten():
+    """Turns of replicas whose clocks differ sit in Redis out of time order: with nothing missing from
+    Redis, the read keeps Redis's window as it is (no put-back, no write on every read)."""
+    redis = FakeRedis()
+    store = SessionStore(redis, namespace="m")
+    key = "chatfleet:session:m:s"
+    late, early = (
+        json.dumps({"messages": [], "reply": r, "at": at}) for r, at in (("a0", 1e10), ("a1", 1e10 - 5))
+    )
+    redis.lists[key] = [late, early]
+    assert run(store.history("s")).source == "redis"
+    redis.pipeline = None  # any write would fail here
+    history = run(store.history("s"))
+    assert (history.source, [m["content"] for m in history.messages]) == ("redis", ["a0", "a1"])

@@ -95,18 +95,20 @@ def two_ready(bot: Bot) -> list[dict[str, Any]] | None:
     return live if len(live) >= 2 else None
 
 
+def relay_metrics(bot: Bot) -> list[str]:
+    """The /metrics URLs of the relay pods."""
+    return [f"http://{pod['status']['podIP']}:9400/metrics" for pod in pods(bot, RELAY)]
+
+
 def relay_resumes(bot: Bot) -> float:
     """The relay pods' resumes so far (their own counter, summed)."""
-    return sum(
-        metric_sum(f"http://{pod['status']['podIP']}:9400/metrics", "chatfleet_relay_resumes_total")
-        for pod in pods(bot, RELAY)
-    )
+    return sum(metric_sum(url, "chatfleet_relay_resumes_total") for url in relay_metrics(bot))
 
 
 def relay_gaps(bot: Bot) -> dict[str, float]:
     """The relay pods' measure of the silence their resumes cost the clients so far (summed): count, sum
     (seconds), and how many within 2 s (its histogram's le="2.0" bucket)."""
-    urls = [f"http://{pod['status']['podIP']}:9400/metrics" for pod in pods(bot, RELAY)]
+    urls = relay_metrics(bot)
     name = "chatfleet_relay_resume_gap_seconds"
     return {
         key: sum(metric_value(url, f"{name}_{key}", **labels) for url in urls)

@@ -206,6 +206,20 @@ def test_no_change_handlers_so_no_diff_base_is_needed():
     assert isinstance(settings.persistence.diffbase_storage, NoDiffBase)
 
 
+def test_every_watch_handler_runs_on_the_event_loop():
+    """Indexes and event handlers are coroutines: kopf runs a plain function in its thread pool, a hop
+    per watch event (submit, a future, a wake-up of the loop) -- a plain `def` handler fails here."""
+    import inspect
+
+    from chatfleet_operator import main  # noqa: F401  (registers the handlers)
+
+    registry = kopf.get_default_registry()
+    handlers = [*registry._indexing.get_all_handlers(), *registry._watching.get_all_handlers()]
+    assert len(handlers) >= 20, [h.id for h in handlers]
+    plain = [h.id for h in handlers if not inspect.iscoroutinefunction(h.fn)]
+    assert plain == []
+
+
 def test_the_start_up_gate_wakes_its_waiters_only_when_it_opens():
     """kopf's ToggleSet wakes every waiter on every added or dropped gate: at start-up each listed object
     has a gate and a worker that, once it indexed the object, drops the gate and waits for the whole set,

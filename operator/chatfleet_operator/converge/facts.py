@@ -234,8 +234,9 @@ def observe_track(
     return Track(rev, asked, ready, mine, exists=True)
 
 
-def content_signature(body: Mapping[str, Any]) -> str:
-    """Hash of what a user or the operator sets on an object (not status, not bookkeeping).
+def content_signature(body: Mapping[str, Any], spec: bool = True) -> str:
+    """Hash of what a user or the operator sets on an object (not status, not bookkeeping); without the
+    spec (`spec=False`) for a kind whose metadata.generation already tells every change of it.
 
     Two watch events with the same signature need no pass: a status-only update of a PDB or HPA, or the
     echo of the operator's own write.
@@ -245,8 +246,9 @@ def content_signature(body: Mapping[str, Any]) -> str:
         "labels": meta.get("labels"),
         "annotations": meta.get("annotations"),
         "ownerReferences": meta.get("ownerReferences"),
-        **{k: v for k, v in body.items() if k not in ("metadata", "status", "apiVersion", "kind")},
     }
+    if spec:
+        essence |= {k: v for k, v in body.items() if k not in ("metadata", "status", "apiVersion", "kind")}
     return hashlib.sha256(json.dumps(essence, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -256,10 +258,32 @@ def content_signature_of(body: Mapping[str, Any]) -> tuple[Any, ...]:
 
 
 def deployment_signature(body: Mapping[str, Any]) -> tuple[Any, ...]:
-    """Change signature of a Deployment: its content, rollout counts and whether its pods cannot be created
-    (ReplicaFailure: e.g. the endpoint picker's ServiceAccount missing, shown in status.routing.picker)."""
+    """Change signature of a Deployment: its metadata, rollout counts and whether its pods cannot be created
+    (ReplicaFailure: e.g. the endpoint picker's ServiceAccount missing, shown in status.routing.picker).
+
+    Its spec is hashed only when it has no metadata.generation (in the counts): the API server moves that
+    on every change of a Deployment's spec, and every watch event of every Deployment comes here.
+    """
     failure = (get_condition(body.get("status"), "ReplicaFailure") or {}).get("status")
-    return (content_signature(body), astuple(deployment_facts(body)), failure)
+    spec = not body.get("metadata", {}).get("generation")
+    return (content_signature(body, spec=spec), astuple(deployment_facts(body)), failure)
+
+
+def deployment_progress_only(before: tuple[Any, ...] | None, after: tuple[Any, ...]) -> bool:
+    """Whether a Deployment's new change signature (deployment_signature) differs from `before` only by
+    rollout progress short of its goal: counts moving while fewer pods are ready and available than it
+    asks for, under the same generation, metadata and failure state.
+
+    e.g. updated 0 -> 1 of 2: True; ready reaching the replicas asked, a new generation, a label, a
+    ReplicaFailure, the deadline exceeded, a scale-down (enough pods available): False.
+    """
+    if before is None or before[0] != after[0] or before[2] != after[2]:
+        return False
+    was, now = DeploymentFacts(*before[1]), DeploymentFacts(*after[1])
+    fixed = ("name", "generation", "desired", "revision", "deadline_exceeded")
+    if any(getattr(was, f) != getattr(now, f) for f in fixed):
+        return False
+    return now.ready < now.desired and now.available < now.desired
 
 
 def autoscaler_signature(body: Mapping[str, Any]) -> tuple[Any, ...]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 from chatfleet_operator.api import Reason
 from chatfleet_operator.converge.diagnose import crashlooping, diagnose
@@ -9,6 +11,8 @@ from chatfleet_operator.converge.facts import (
     DeploymentFacts,
     NodeFacts,
     deployment_facts,
+    deployment_progress_only,
+    deployment_signature,
     node_facts,
     pod_facts,
 )
@@ -251,3 +255,99 @@ class TestDiagnose:
             {"metadata": {"name": "b", "labels": {"chatfleet.io/revision": "new"}}, "status": status}
         )
         assert [p.name for p in crashlooping([old, new], "new")] == ["b"]
+
+
+class TestDeploymentSignature:
+    """A Deployment's change signature: its spec through metadata.generation, its metadata, its counts."""
+
+    BODY = {
+        "metadata": {"name": "bot", "generation": 3, "labels": {"a": "1"}, "annotations": {}},
+        "spec": {"replicas": 2, "template": {"spec": {"containers": [{"name": "triton", "image": "i:1"}]}}},
+        "status": {"observedGeneration": 3, "replicas": 2, "readyReplicas": 2, "availableReplicas": 2},
+    }
+
+    def changed(self, edit) -> dict:
+        body = copy.deepcopy(self.BODY)
+        edit(body)
+        return body
+
+    def test_the_spec_counts_through_its_generation(self):
+        def new_image(b):
+            b["spec"]["template"]["spec"]["containers"][0]["image"] = "i:2"
+
+        same_generation = self.changed(new_image)  # not a state the API server shows
+        bumped = self.changed(lambda b: (new_image(b), b["metadata"].update(generation=4)))
+        assert deployment_signature(same_generation) == deployment_signature(self.BODY)
+        assert deployment_signature(bumped) != deployment_signature(self.BODY)
+
+    def test_without_a_generation_the_spec_is_hashed(self):
+        def drop_generation(b):
+            b["metadata"].pop("generation")
+
+        plain = self.changed(drop_generation)
+        edited = self.changed(lambda b: (drop_generation(b), b["spec"]["template"].update(x=1)))
+        assert deployment_signature(edited) != deployment_signature(plain)
+
+    @pytest.mark.parametrize(
+        "edit",
+        [
+            pytest.param(lambda b: b["metadata"]["labels"].update(a="2"), id="a-label"),
+            pytest.param(lambda b: b["metadata"]["annotations"].update(x="y"), id="an-annotation"),
+            pytest.param(lambda b: b["status"].update(readyReplicas=1), id="a-count"),
+        ],
+    )
+    def test_metadata_and_counts_count(self, edit):
+        assert deployment_signature(self.changed(edit)) != deployment_signature(self.BODY)
+
+    def test_status_bookkeeping_does_not(self):
+        body = self.changed(
+            lambda b: b["status"].update(conditions=[{"type": "Available", "status": "True"}])
+        )
+        assert deployment_signature(body) == deployment_signature(self.BODY)
+
+
+class TestDeploymentProgressOnly:
+    """Which Deployment changes are only rollout progress short of the replicas asked."""
+
+    def sig(self, updated=0, ready=0, desired=2, generation=1, labels=None, deadline=False, failure=None):
+        conditions = [{"type": "ReplicaFailure", "status": failure}] if failure else []
+        if deadline:
+            conditions.append({"type": "Progressing", "reason": "ProgressDeadlineExceeded"})
+        return deployment_signature(
+            {
+                "metadata": {"name": "bot", "generation": generation, "labels": labels or {}},
+                "spec": {"replicas": desired},
+                "status": {
+                    "observedGeneration": generation,
+                    "replicas": max(updated, ready),
+                    "updatedReplicas": updated,
+                    "readyReplicas": ready,
+                    "availableReplicas": ready,
+                    "conditions": conditions,
+                },
+            }
+        )
+
+    def test_counts_short_of_the_goal_are_progress(self):
+        assert deployment_progress_only(self.sig(), self.sig(updated=1))
+        assert deployment_progress_only(self.sig(updated=2), self.sig(updated=2, ready=1))
+
+    @pytest.mark.parametrize(
+        "after",
+        [
+            pytest.param({"updated": 2, "ready": 2}, id="ready-reached"),
+            pytest.param({"updated": 1, "generation": 2}, id="a-new-generation"),
+            pytest.param({"updated": 1, "labels": {"x": "y"}}, id="a-label"),
+            pytest.param({"updated": 1, "failure": "True"}, id="replica-failure"),
+            pytest.param({"updated": 1, "deadline": True}, id="deadline-exceeded"),
+            pytest.param({"desired": 3}, id="replicas-asked"),
+        ],
+    )
+    def test_anything_else_is_not(self, after):
+        assert not deployment_progress_only(self.sig(), self.sig(**after))
+
+    def test_a_first_sight_is_not(self):
+        assert not deployment_progress_only(None, self.sig(updated=1))
+
+    def test_a_scale_down_with_enough_pods_available_is_not(self):
+        assert not deployment_progress_only(self.sig(ready=3, desired=1), self.sig(ready=2, desired=1))

@@ -67,16 +67,24 @@ class World:
 
     def changed(self, kind: str, body: Mapping[str, Any], deleted: bool = False) -> bool:
         """Record an object's change signature; True when it differs from the last one seen or written."""
+        return self.observe(kind, body, deleted) is not None
+
+    def observe(
+        self, kind: str, body: Mapping[str, Any], deleted: bool = False
+    ) -> tuple[tuple[Any, ...] | None, tuple[Any, ...] | None] | None:
+        """Record an object's change signature: (the one before, the new one) when they differ, None when
+        they do not (the new one is None for a deletion that matters)."""
         meta = body.get("metadata", {})
         key = (kind, meta.get("namespace", ""), meta.get("name", ""))
         with self._lock:
             if deleted:
                 before = self._signatures.pop(key, None)
-                return kind != "Pod" or (before is not None and before != QUIET_POD)
+                matters = kind != "Pod" or (before is not None and before != QUIET_POD)
+                return (before, None) if matters else None
             signature = change_signature(kind, body)
             before = self._signatures.get(key, QUIET_POD if kind == "Pod" else None)
             self._signatures[key] = signature
-        return signature != before
+        return (before, signature) if signature != before else None
 
     def remember(self, kind: str, namespace: str, name: str, body: Mapping[str, Any] | None, rv: int) -> None:
         """Record an object we wrote (or a tombstone), newer than the watch cache until its event arrives."""

@@ -25,6 +25,7 @@ from chatfleet_operator.builders.httproute import GATEWAY_GROUP
 from chatfleet_operator.builders.inferencepool import POOL_GROUP, POOL_VERSION
 from chatfleet_operator.builders.scaledobject import KEDA_GROUP, KEDA_VERSION
 from chatfleet_operator.cache import Key, Snapshot, World
+from chatfleet_operator.converge.facts import deployment_progress_only
 from chatfleet_operator.reconcile import Outcome, PassFailed, reconcile_pass, record_error
 from chatfleet_operator.release.measure import Releases
 from chatfleet_operator.settings import Settings
@@ -111,6 +112,8 @@ class Controller:
         self._failures: dict[Key, int] = {}
         self._retries: dict[Key, asyncio.TimerHandle] = {}
         """The one retry timer of each object that failed or has a problem."""
+        self._progress_due: dict[Key, asyncio.TimerHandle] = {}
+        """The one deferred trigger of each object whose Deployment progressed (_trigger_after_progress_hold)."""
         self._generations: dict[Key, int] = {}
         """The generation the last pass of each object started on (its spec changes trigger once)."""
         self._waiting_for_nodes: set[Key] = set()
@@ -160,6 +163,9 @@ class Controller:
             if body is None or body.get("metadata", {}).get("deletionTimestamp"):
                 return None
             self._generations[key] = body.get("metadata", {}).get("generation")
+            progress_due = self._progress_due.pop(key, None)
+            if progress_due is not None:  # this pass sees the progress it waited to show
+                progress_due.cancel()
             snap = self.world.snapshot(key)
             loop = asyncio.get_running_loop()
             outcome = await loop.run_in_executor(
@@ -210,9 +216,39 @@ class Controller:
             timing.seconds = time.monotonic() - started
 
     def child_event(self, kind: str, event_type: str, body: Mapping[str, Any], key: Key | None) -> None:
-        """A watch event of an owned object or pod: trigger the owner only when something that matters changed."""
-        if key is not None and self.world.changed(kind, body, deleted=event_type == "DELETED"):
+        """A watch event of an owned object or pod: trigger the owner only when something that matters changed.
+
+        A Deployment's rollout progress short of its goal (facts.deployment_progress_only) triggers the
+        pass only once the owner's progress status could be written again (progress_status_seconds after
+        its last status write): the pass would hold that write until then anyway, and a new fleet's
+        Deployment reports its counts three or four times on the way to Ready.
+        """
+        if key is None:
+            return
+        seen = self.world.observe(kind, body, deleted=event_type == "DELETED")
+        if seen is None:
+            return
+        before, after = seen
+        if kind == "Deployment" and after is not None and deployment_progress_only(before, after):
+            self._trigger_after_progress_hold(key)
+        else:
             self.trigger(key)
+
+    def _trigger_after_progress_hold(self, key: Key) -> None:
+        """Trigger a pass when the owner's progress status may be written again (at once if it may now);
+        one such timer per object, dropped when any pass of it starts (that pass sees the progress)."""
+        written = self.world.status_written_at(key)
+        interval = self.settings.retry.progress_status_seconds
+        wait = interval - (self.clock() - written).total_seconds() if written is not None else 0.0
+        if wait <= 0:
+            self.trigger(key)
+        elif key not in self._progress_due:
+            self._progress_due[key] = asyncio.get_running_loop().call_later(wait, self._progress_is_due, key)
+
+    def _progress_is_due(self, key: Key) -> None:
+        """The deferred progress trigger of one object."""
+        self._progress_due.pop(key, None)
+        self.trigger(key)
 
     async def attempt(
         self,
@@ -342,8 +378,9 @@ class Controller:
         self._locks.pop(key, None)
         self._failures.pop(key, None)
         self._generations.pop(key, None)
-        retry = self._retries.pop(key, None)
-        if retry is not None:
-            retry.cancel()
+        for timers in (self._retries, self._progress_due):
+            timer = timers.pop(key, None)
+            if timer is not None:
+                timer.cancel()
         self.world.forget(*key)
         self.autoscaling.forget(key)

@@ -249,6 +249,91 @@ class TestProgressWrites:
         assert len(progress) == 1
 
 
+def deployment(updated: int = 0, ready: int = 0, replicas: int = 2, **meta: Any) -> dict[str, Any]:
+    """A watched Deployment of the ChatbotService "bot" asking for `replicas` pods."""
+    labels = {"chatfleet.io/service": "bot", **meta.pop("labels", {})}
+    return {
+        "metadata": {"namespace": "ns", "name": "bot", "generation": 1, "labels": labels, **meta},
+        "spec": {"replicas": replicas},
+        "status": {
+            "observedGeneration": 1,
+            "replicas": max(updated, ready),
+            "updatedReplicas": updated,
+            "readyReplicas": ready,
+            "availableReplicas": ready,
+        },
+    }
+
+
+class TestProgressTriggers:
+    """A Deployment's progress short of Ready triggers its owner's pass only when the progress status may
+    be written again; anything else triggers at once."""
+
+    KEY = ("ns", "bot")
+
+    def events(self, *bodies, written_ago: float | None = 1.0, interval: float = 5.0, wait: float = 0.0):
+        """Feed Deployment events to a Controller whose last status write was `written_ago` seconds ago;
+        the triggers asked after each, the deferred timers, and the triggers after `wait` more seconds."""
+        settings = Settings(retry=RetrySettings(progress_status_seconds=interval))
+        controller = Controller(settings, FakeClient(), clock=lambda: NOW)
+        asked: list[Any] = []
+        controller.trigger = lambda key, lane="": asked.append(key)
+        if written_ago is not None:
+            controller.world.status_written(self.KEY, NOW - timedelta(seconds=written_ago))
+        controller.world.changed("Deployment", deployment())  # the echo of the operator's own apply
+
+        async def scenario():
+            seen = []
+            for body in bodies:
+                controller.child_event("Deployment", "MODIFIED", body, self.KEY)
+                seen.append(len(asked))
+            timers = len(controller._progress_due)
+            await asyncio.sleep(wait)
+            return seen, timers, len(asked)
+
+        return asyncio.run(scenario())
+
+    def test_progress_waits_for_the_hold_and_is_asked_once(self):
+        seen, timers, after = self.events(deployment(updated=1), deployment(updated=2, ready=1))
+        assert seen == [0, 0] and timers == 1 and after == 0
+
+    def test_the_deferred_pass_comes_when_the_hold_ends(self):
+        seen, _, after = self.events(deployment(updated=1), written_ago=0.0, interval=0.2, wait=0.4)
+        assert seen == [0] and after == 1
+
+    def test_ready_triggers_at_once(self):
+        seen, _, _ = self.events(deployment(updated=1), deployment(updated=2, ready=2))
+        assert seen == [0, 1]
+
+    def test_progress_long_after_the_last_write_triggers_at_once(self):
+        assert self.events(deployment(updated=1), written_ago=6.0)[0] == [1]
+        assert self.events(deployment(updated=1), written_ago=None)[0] == [1]
+
+    @pytest.mark.parametrize(
+        "body",
+        [
+            pytest.param(deployment(updated=1, labels={"x": "hand-edit"}), id="a-label"),
+            pytest.param(deployment(updated=1, generation=2), id="a-new-generation"),
+            pytest.param(deployment(replicas=3), id="replicas-asked"),
+        ],
+    )
+    def test_anything_but_progress_triggers_at_once(self, body):
+        assert self.events(body)[0] == [1]
+
+    def test_a_pass_drops_the_deferred_trigger(self):
+        controller = Controller(Settings(), FakeClient(), clock=lambda: NOW)
+        controller.world.status_written(self.KEY, NOW)
+        controller.world.changed("Deployment", deployment())
+
+        async def scenario():
+            controller.child_event("Deployment", "MODIFIED", deployment(updated=1), self.KEY)
+            due = controller._progress_due[self.KEY]
+            await controller.run_pass(self.KEY, cbs_body())
+            return due.cancelled(), dict(controller._progress_due)
+
+        assert asyncio.run(scenario()) == (True, {})
+
+
 class TestBackoff:
     @pytest.mark.parametrize(
         ("retry", "delay"),

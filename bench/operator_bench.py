@@ -172,23 +172,47 @@ def wait_all_ready(
     return None
 
 
-def api_requests(cluster: Cluster) -> dict[str, int]:
-    """The API server's request counts by "VERB resource[/subresource]" (apiserver_request_total)."""
-    counts: dict[str, int] = {}
-    for line in cluster.kubectl("get", "--raw", "/metrics").stdout.splitlines():
-        if not line.startswith("apiserver_request_total{"):
+def metric_samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
+    """The samples of one metric in a Prometheus text exposition: (labels, value) each."""
+    samples = []
+    for line in text.splitlines():
+        if not line.startswith(name + "{"):
             continue
         labels = dict(
-            part.split("=", 1)
-            for part in line[line.index("{") + 1 : line.rindex("}")].split(",")
-            if "=" in part
+            (key, value.strip('"'))
+            for key, value in (
+                part.split("=", 1)
+                for part in line[line.index("{") + 1 : line.rindex("}")].split(",")
+                if "=" in part
+            )
         )
-        verb, resource = labels.get("verb", "").strip('"'), labels.get("resource", "").strip('"')
-        sub = labels.get("subresource", "").strip('"')
+        samples.append((labels, float(line.rsplit(" ", 1)[1])))
+    return samples
+
+
+def api_requests(cluster: Cluster) -> dict[str, int]:
+    """The API server's request counts by "VERB resource[/subresource]" (apiserver_request_total), and the
+    watch events it sent by resource, every watcher together: "WATCH EVENTS pods" (count) and "WATCH KiB
+    pods" (their size; apiserver_watch_events_total, apiserver_watch_events_sizes_sum)."""
+    text = cluster.kubectl("get", "--raw", "/metrics").stdout
+    counts: dict[str, int] = {}
+    for labels, value in metric_samples(text, "apiserver_request_total"):
+        verb, resource, sub = (
+            labels.get("verb", ""),
+            labels.get("resource", ""),
+            labels.get("subresource", ""),
+        )
         if verb in ("WATCH", "CONNECT") or not resource:
             continue
         key = f"{verb} {resource}{'/' + sub if sub else ''}"
-        counts[key] = counts.get(key, 0) + int(float(line.rsplit(" ", 1)[1]))
+        counts[key] = counts.get(key, 0) + int(value)
+    for metric, what, scale in (
+        ("apiserver_watch_events_total", "WATCH EVENTS", 1),
+        ("apiserver_watch_events_sizes_sum", "WATCH KiB", 1024),
+    ):
+        for labels, value in metric_samples(text, metric):
+            key = f"{what} {labels.get('resource') or labels.get('kind', '?')}"
+            counts[key] = counts.get(key, 0) + int(value / scale)
     return counts
 
 
@@ -226,6 +250,14 @@ def machine_cpu_seconds() -> float:
     fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
     busy = sum(fields[:8]) - fields[3] - fields[4]  # user nice system idle iowait irq softirq steal
     return busy / os.sysconf("SC_CLK_TCK")
+
+
+def request_figures(after: dict, before: dict) -> dict:
+    """The API server's requests (the 15 largest) and the watch events it sent, from one row's start to
+    its end (api_requests before and after)."""
+    requests = {k: v for k, v in after.items() if not k.startswith("WATCH ")}
+    watch = {k: v for k, v in after.items() if k.startswith("WATCH ")}
+    return {"api_requests_to_ready": delta(requests, before, top=15), "watch_to_ready": delta(watch, before)}
 
 
 def delta(after: dict, before: dict, top: int | None = None) -> dict:
@@ -408,7 +440,7 @@ def run_fleet(cluster: Cluster, op: Operator, n: int, tmp: Path, steady_s: float
         # where the time went, from the creation to all Ready: CPU seconds per process, API requests
         "cpu_seconds_to_ready": delta(c1, c0),
         "machine_cpu_seconds_to_ready": round(m1 - m0, 1),
-        "api_requests_to_ready": delta(r1, r0, top=15),
+        **request_figures(r1, r0),
         "stage_seconds": stages,
     }
 
@@ -475,7 +507,7 @@ def deployments_to_available(
         "all_ready_s": round(ready_s, 1) if ready_s else None,
         "cpu_seconds_to_ready": delta(c1, c0),
         "machine_cpu_seconds_to_ready": round(m1 - m0, 1),
-        "api_requests_to_ready": delta(r1, r0, top=15),
+        **request_figures(r1, r0),
     }
 
 

@@ -234,9 +234,18 @@ def observe_track(
     return Track(rev, asked, ready, mine, exists=True)
 
 
-def content_signature(body: Mapping[str, Any], spec: bool = True) -> str:
+#: Annotations the Deployment controller keeps on a Deployment (its revision counter): not the owner's content.
+DEPLOYMENT_CONTROLLER_ANNOTATIONS = frozenset(
+    {"deployment.kubernetes.io/revision", "deployment.kubernetes.io/revision-history"}
+)
+
+
+def content_signature(
+    body: Mapping[str, Any], spec: bool = True, ignored: frozenset[str] = frozenset()
+) -> str:
     """Hash of what a user or the operator sets on an object (not status, not bookkeeping); without the
-    spec (`spec=False`) for a kind whose metadata.generation already tells every change of it.
+    spec (`spec=False`) for a kind whose metadata.generation already tells every change of it, and without
+    the `ignored` annotations (those a controller other than the operator keeps).
 
     Two watch events with the same signature need no pass: a status-only update of a PDB or HPA, or the
     echo of the operator's own write.
@@ -244,7 +253,7 @@ def content_signature(body: Mapping[str, Any], spec: bool = True) -> str:
     meta = body.get("metadata", {})
     essence = {
         "labels": meta.get("labels"),
-        "annotations": meta.get("annotations"),
+        "annotations": {k: v for k, v in (meta.get("annotations") or {}).items() if k not in ignored},
         "ownerReferences": meta.get("ownerReferences"),
     }
     if spec:
@@ -262,11 +271,13 @@ def deployment_signature(body: Mapping[str, Any]) -> tuple[Any, ...]:
     (ReplicaFailure: e.g. the endpoint picker's ServiceAccount missing, shown in status.routing.picker).
 
     Its spec is hashed only when it has no metadata.generation (in the counts): the API server moves that
-    on every change of a Deployment's spec, and every watch event of every Deployment comes here.
+    on every change of a Deployment's spec, and every watch event of every Deployment comes here. The
+    Deployment controller's revision annotations are left out: it sets them on every new Deployment.
     """
     failure = (get_condition(body.get("status"), "ReplicaFailure") or {}).get("status")
     spec = not body.get("metadata", {}).get("generation")
-    return (content_signature(body, spec=spec), astuple(deployment_facts(body)), failure)
+    meta = content_signature(body, spec=spec, ignored=DEPLOYMENT_CONTROLLER_ANNOTATIONS)
+    return (meta, astuple(deployment_facts(body)), failure)
 
 
 def deployment_progress_only(before: tuple[Any, ...] | None, after: tuple[Any, ...]) -> bool:

@@ -351,3 +351,11 @@ class TestDeploymentProgressOnly:
 
     def test_a_scale_down_with_enough_pods_available_is_not(self):
         assert not deployment_progress_only(self.sig(ready=3, desired=1), self.sig(ready=2, desired=1))
+
+
+def test_the_deployment_controllers_revision_annotation_is_not_the_owners_change():
+    """The Deployment controller annotates every new Deployment with its revision: no pass for that."""
+    body = TestDeploymentSignature.BODY
+    annotated = copy.deepcopy(body)
+    annotated["metadata"]["annotations"]["deployment.kubernetes.io/revision"] = "1"
+    assert deployment_signature(annotated) == deployment_signature(body)

@@ -4,7 +4,8 @@ Every pass comes from a watch event (kopf's event handlers, which keep no bookke
 a ChatbotService listed at start-up or with a generation no pass has run yet ("spec" lane, the larger
 worker pool), an owned object, pod or node whose change matters, or a timer ("triggered" lane). A pass
 that raises or reports a problem is retried here with a growing delay (`backoff_delay`), one retry
-timer per object.
+timer per object; a pass waiting on time (a release, a held progress status) has one timer per object
+too, the earliest asked, dropped by any pass of the object.
 """
 
 from __future__ import annotations
@@ -112,8 +113,9 @@ class Controller:
         self._failures: dict[Key, int] = {}
         self._retries: dict[Key, asyncio.TimerHandle] = {}
         """The one retry timer of each object that failed or has a problem."""
-        self._progress_due: dict[Key, asyncio.TimerHandle] = {}
-        """The one deferred trigger of each object whose Deployment progressed (_trigger_after_progress_hold)."""
+        self._due: dict[Key, asyncio.TimerHandle] = {}
+        """The one timer of each object's next pass on time (_pass_due_in): the earliest asked wins, and any
+        pass of the object drops it (that pass asks again for what it still waits on)."""
         self._generations: dict[Key, int] = {}
         """The generation the last pass of each object started on (its spec changes trigger once)."""
         self._waiting_for_nodes: set[Key] = set()
@@ -163,16 +165,16 @@ class Controller:
             if body is None or body.get("metadata", {}).get("deletionTimestamp"):
                 return None
             self._generations[key] = body.get("metadata", {}).get("generation")
-            progress_due = self._progress_due.pop(key, None)
-            if progress_due is not None:  # this pass sees the progress it waited to show
-                progress_due.cancel()
+            due = self._due.pop(key, None)
+            if due is not None:  # this pass does what the timer was for, or asks for it again
+                due.cancel()
             snap = self.world.snapshot(key)
             loop = asyncio.get_running_loop()
             outcome = await loop.run_in_executor(
                 executor or self.executor, self._timed_pass, body, snap, timing
             )
-            if outcome.requeue_after:  # a release waits on time (a pause, the next measurement), a forecast
-                loop.call_later(outcome.requeue_after, self.trigger, key)
+            if outcome.requeue_after:  # a release waits on time (a pause, the next measurement), a forecast,
+                self._pass_due_in(key, outcome.requeue_after)  # a held progress status
             if outcome.wave_changed:
                 self._wake_held(but=key)
             if outcome.upgrade_held:
@@ -235,19 +237,28 @@ class Controller:
             self.trigger(key)
 
     def _trigger_after_progress_hold(self, key: Key) -> None:
-        """Trigger a pass when the owner's progress status may be written again (at once if it may now);
-        one such timer per object, dropped when any pass of it starts (that pass sees the progress)."""
+        """Trigger a pass when the owner's progress status may be written again (at once if it may now)."""
         written = self.world.status_written_at(key)
         interval = self.settings.retry.progress_status_seconds
         wait = interval - (self.clock() - written).total_seconds() if written is not None else 0.0
         if wait <= 0:
             self.trigger(key)
-        elif key not in self._progress_due:
-            self._progress_due[key] = asyncio.get_running_loop().call_later(wait, self._progress_is_due, key)
+        else:
+            self._pass_due_in(key, wait)
 
-    def _progress_is_due(self, key: Key) -> None:
-        """The deferred progress trigger of one object."""
-        self._progress_due.pop(key, None)
+    def _pass_due_in(self, key: Key, delay: float) -> None:
+        """A pass of `key` in `delay` seconds, unless one is already due sooner (one timer per object)."""
+        loop = asyncio.get_running_loop()
+        due = self._due.get(key)
+        if due is not None:
+            if due.when() <= loop.time() + delay:
+                return
+            due.cancel()
+        self._due[key] = loop.call_later(delay, self._pass_is_due, key)
+
+    def _pass_is_due(self, key: Key) -> None:
+        """The timer of one object's next pass went off."""
+        self._due.pop(key, None)
         self.trigger(key)
 
     async def attempt(
@@ -378,7 +389,7 @@ class Controller:
         self._locks.pop(key, None)
         self._failures.pop(key, None)
         self._generations.pop(key, None)
-        for timers in (self._retries, self._progress_due):
+        for timers in (self._retries, self._due):
             timer = timers.pop(key, None)
             if timer is not None:
                 timer.cancel()

@@ -16,7 +16,7 @@ from chatfleet_operator.api import ApiError, Reason
 from chatfleet_operator.cache import Snapshot, World
 from chatfleet_operator.controller import Controller, backoff_delay
 from chatfleet_operator.converge.facts import NodeFacts, PodFacts
-from chatfleet_operator.reconcile import reconcile_pass
+from chatfleet_operator.reconcile import Outcome, reconcile_pass
 from chatfleet_operator.settings import PodSettings, RetrySettings, Settings
 from chatfleet_operator.writes import Gone
 from operator_helpers import as_observed, cbs_body
@@ -287,7 +287,7 @@ class TestProgressTriggers:
             for body in bodies:
                 controller.child_event("Deployment", "MODIFIED", body, self.KEY)
                 seen.append(len(asked))
-            timers = len(controller._progress_due)
+            timers = len(controller._due)
             await asyncio.sleep(wait)
             return seen, timers, len(asked)
 
@@ -327,11 +327,53 @@ class TestProgressTriggers:
 
         async def scenario():
             controller.child_event("Deployment", "MODIFIED", deployment(updated=1), self.KEY)
-            due = controller._progress_due[self.KEY]
+            due = controller._due[self.KEY]
             await controller.run_pass(self.KEY, cbs_body())
-            return due.cancelled(), dict(controller._progress_due)
+            return due.cancelled(), dict(controller._due)
 
         assert asyncio.run(scenario()) == (True, {})
+
+
+class TestOneTimerPerObject:
+    """Each object has one timer for its next pass on time: the earliest asked wins, any pass drops it."""
+
+    def test_the_earliest_due_pass_wins(self):
+        controller = Controller(Settings(), FakeClient())
+        key, asked = ("ns", "bot"), []
+        controller.trigger = lambda k, lane="": asked.append(k)
+
+        async def scenario():
+            controller._pass_due_in(key, 0.3)
+            controller._pass_due_in(key, 5.0)  # later: kept at 0.3
+            controller._pass_due_in(key, 0.1)  # sooner: replaces it
+            await asyncio.sleep(0.5)
+            return list(asked), dict(controller._due)
+
+        assert asyncio.run(scenario()) == ([key], {})
+
+    def test_a_pass_drops_the_timer_and_its_outcome_asks_again(self):
+        """A held progress status asks for a pass when the hold ends; a pass before then (the Deployment
+        got Ready) drops that timer, and its outcome sets the next one only if it still waits on time."""
+        controller = Controller(Settings(), FakeClient())
+        key = ("ns", "bot")
+        waits = iter([4.0, None, 30.0])
+
+        def timed_pass(body, snap, timing):
+            return Outcome(problems=[], writes=0, status={}, requeue_after=next(waits))
+
+        controller._timed_pass = timed_pass
+
+        async def scenario():
+            seen = []
+            for _ in range(3):
+                before = controller._due.get(key)
+                await controller.run_pass(key, cbs_body())
+                after = controller._due.get(key)
+                seen.append((before is not None and before.cancelled(), after is not None))
+            return seen
+
+        # held (a timer), Ready (the timer dropped, none asked), a release pause (a timer again)
+        assert asyncio.run(scenario()) == [(False, True), (True, False), (False, True)]
 
 
 class TestBackoff:

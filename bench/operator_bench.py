@@ -28,6 +28,7 @@ import json
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -580,6 +581,54 @@ def operator_template(cluster: Cluster, tmp: Path, timeout: float) -> list[dict]
     return template
 
 
+def ratios(floors: list[dict], fleets: list[dict]) -> dict:
+    """One round's operator / fair floor ratios per size: time to all Ready and the machine's CPU."""
+    out = {}
+    for floor, fleet in zip(floors, fleets, strict=True):
+        pairs = (("time", "all_ready_s"), ("machine_cpu", "machine_cpu_seconds_to_ready"))
+        out[str(fleet["chatbotservices"])] = {
+            what: round(fleet[key] / floor[key], 3) if fleet.get(key) and floor.get(key) else None
+            for what, key in pairs
+        } | {"operator_s": fleet.get("all_ready_s"), "floor_s": floor.get("all_ready_s")}
+    return out
+
+
+def median_ratios(rounds: list[dict]) -> dict:
+    """The median of each ratio over the rounds, per size."""
+    out: dict = {}
+    for size in rounds[0]:
+        out[size] = {}
+        for what in ("time", "machine_cpu"):
+            values = [r[size][what] for r in rounds if r.get(size, {}).get(what) is not None]
+            out[size][what] = round(statistics.median(values), 3) if values else None
+    return out
+
+
+def another_round(
+    args: argparse.Namespace, sizes: list[int], template: list[dict], directory: Path
+) -> tuple[Cluster, list[dict], list[dict]]:
+    """The fair floor's rows on a new cluster, then the operator's on another: (the operator's cluster, the
+    floors, the fleets)."""
+    cluster = start_cluster(directory / "floor", args.nodes)
+    try:
+        floors = []
+        for n in sizes:
+            log(f"{directory.name}: fair floor of {n} ChatbotServices")
+            floors.append(fair_floor(cluster, template, n, directory, args.timeout))
+    finally:
+        cluster.down()
+    cluster = start_cluster(directory / "operator", args.nodes)
+    op = Operator(cluster, directory)
+    try:
+        fleets = []
+        for n in sizes:
+            log(f"{directory.name}: fleet of {n} ChatbotServices")
+            fleets.append(run_fleet(cluster, op, n, directory, args.steady, args.timeout))
+    finally:
+        op.stop()
+    return cluster, floors, fleets
+
+
 def start_cluster(directory: Path, nodes: int) -> Cluster:
     """The local platform with `nodes` kwok GPU nodes and the ChatbotService CRD."""
     cluster = Cluster(directory, progress=log)
@@ -680,6 +729,19 @@ def table(result: dict) -> str:
                 ],
             )
         )
+    rounds = result.get("rounds") or []
+    if len(rounds) > 1:
+        for size, median in result["median_ratios"].items():
+            each = ", ".join(f"{r[size]['time']:.2f}x" for r in rounds if r[size].get("time"))
+            rows.append(
+                (
+                    f"{size} CBS, {len(rounds)} rounds: operator / floor, time",
+                    f"{each}; median {median['time']:.2f}x",
+                    "",
+                )
+            )
+            each = ", ".join(f"{r[size]['machine_cpu']:.2f}x" for r in rounds if r[size].get("machine_cpu"))
+            rows.append(("  machine CPU s", f"{each}; median {median['machine_cpu']:.2f}x", ""))
     rst = result.get("restart")
     if rst:
         kinds = ", ".join(f"{k} {v}" for k, v in rst["writes_by_kind"].items() if v) or "none"
@@ -728,8 +790,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--profile", action="store_true", help="sample the operator with py-spy during the fleets"
     )
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="the fair floor and the operator's rows this many times, alternately, each on a new cluster; "
+        "the ratios of every round and their median (the machine's speed drifts between rows)",
+    )
     args = ap.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
+    fresh = args.fresh_cluster or args.rounds > 1
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # still stop the cluster on SIGTERM
     RESULTS.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="chatfleet-opbench-") as tmpdir:
@@ -755,9 +825,9 @@ def main(argv: list[str] | None = None) -> int:
                 for n in sizes:
                     log(f"fair floor: the operator's objects for {n} ChatbotServices, no operator")
                     result["fair_floor"].append(fair_floor(cluster, template, n, tmp, args.timeout))
-                    if not args.fresh_cluster:
+                    if not fresh:
                         delete_namespace(cluster, f"fair-{n}")
-                if args.fresh_cluster:
+                if fresh:
                     log("a new cluster for the operator's rows")
                     cluster.down()
                     cluster = start_cluster(tmp / "cluster-operator", args.nodes)
@@ -774,6 +844,13 @@ def main(argv: list[str] | None = None) -> int:
                 if profiler is not None:
                     result["profile"] = stop_profiler(profiler, profile_file)
                 op.stop()
+            if not args.no_baseline:
+                result["rounds"] = [ratios(result["fair_floor"], result["fleets"])]
+                for number in range(2, args.rounds + 1):
+                    cluster.down()
+                    cluster, floors, fleets = another_round(args, sizes, template, tmp / f"round-{number}")
+                    result["rounds"].append(ratios(floors, fleets))
+                result["median_ratios"] = median_ratios(result["rounds"])
             fleet = sum(r["chatbotservices"] for r in result["fleets"])
             log(f"restart: a new operator over the {fleet} Ready ChatbotServices")
             result["restart"] = restart(cluster, tmp, fleet, args.steady, args.timeout)

@@ -116,3 +116,19 @@ def test_profile_summary_shares_inclusive_and_self_time_by_function_not_line():
         "loads (json/__init__.py)": 20.0,
     }
     assert ob.profile_summary("") == {}
+
+
+def test_each_rounds_ratios_and_their_median():
+    """--rounds: each round's operator / fair floor ratios per size, and the median over the rounds."""
+
+    def row(n, ready_s, cpu_s):
+        return {"chatbotservices": n, "all_ready_s": ready_s, "machine_cpu_seconds_to_ready": cpu_s}
+
+    rounds = [
+        ob.ratios([row(1000, 50.0, 100.0)], [row(1000, 100.0, 150.0)]),
+        ob.ratios([row(1000, 80.0, 120.0)], [row(1000, 100.0, 180.0)]),
+        ob.ratios([row(1000, 40.0, 100.0)], [row(1000, None, 190.0)]),  # the operator's row timed out
+    ]
+    assert rounds[0]["1000"] == {"time": 2.0, "machine_cpu": 1.5, "operator_s": 100.0, "floor_s": 50.0}
+    assert rounds[2]["1000"]["time"] is None
+    assert ob.median_ratios(rounds) == {"1000": {"time": 1.625, "machine_cpu": 1.5}}

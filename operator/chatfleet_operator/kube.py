@@ -6,7 +6,6 @@ status code, with its duration) and every write (the benchmark's counts). Every 
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Mapping
@@ -15,6 +14,7 @@ from typing import Any
 from urllib.parse import quote
 
 import kubernetes
+import orjson
 import urllib3
 from kubernetes.client import ApiClient, Configuration
 
@@ -83,7 +83,8 @@ def request(
     *,
     kind: str,
 ) -> dict[str, Any]:
-    """One API request about `kind` (the metrics' label); returns the decoded JSON body or raises ApiError."""
+    """One API request about `kind` (the metrics' label); returns the decoded JSON body (orjson: an applied
+    Deployment comes back whole, and Python's `json` takes twice as long) or raises ApiError."""
     client = _api()
     headers = {"Accept": accept, "Content-Type": content_type}
     payload = body
@@ -106,7 +107,7 @@ def request(
         metrics.api_request(verb, kind, code, seconds)
     if not 200 <= response.status < 300:
         raise ApiError(response.status, response.reason or "", data.decode(errors="replace") if data else "")
-    return json.loads(data) if data else {}
+    return orjson.loads(data) if data else {}
 
 
 def _count(verb: str, kind: str) -> None:

@@ -22,7 +22,7 @@ from chatfleet_operator.cache import owner_key, slim
 from chatfleet_operator.controller import Controller
 from chatfleet_operator.converge.facts import node_facts, pod_facts
 from chatfleet_operator.kinds import BY_NAME, KINDS, Kind, Watch
-from chatfleet_operator.kopfext import NoDiffBase
+from chatfleet_operator.kopfext import NoDiffBase, decode_watch_streams_faster
 
 MANAGED = {api.LABEL_MANAGED_BY: api.MANAGED_BY_VALUE}
 OWNED = {api.LABEL_SERVICE: kopf.PRESENT}
@@ -47,7 +47,9 @@ def controller_for(kwargs: dict[str, Any]) -> Controller:
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     """Tune kopf: no log events posted (only the operator's own Warnings), no per-event diff base (no
-    change handlers), long watches, short backoffs."""
+    change handlers), long watches, short backoffs, watch events decoded by orjson (kopf runs start-up
+    handlers before it starts any watcher)."""
+    decode_watch_streams_faster()
     settings.posting.enabled = False
     settings.persistence.diffbase_storage = NoDiffBase()
     settings.watching.server_timeout = 600

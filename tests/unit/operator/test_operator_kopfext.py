@@ -325,3 +325,105 @@ class TestTheGateWatch:
         with caplog.at_level(logging.WARNING, logger="chatfleet"):
             asyncio.run(scenario())
         assert not [r for r in caplog.records if "start-up gate" in r.getMessage()]
+
+
+def read_kopfs_watch_stream(lines: list[bytes], monkeypatch) -> tuple[list, int]:
+    """kopf's own watch stream (`kopf._cogs.clients.api.stream`) over a response that sends `lines`, split
+    across chunks mid-line; returns the events it yields and how many times orjson decoded one."""
+    import asyncio
+    import logging
+
+    import orjson
+    from chatfleet_operator import kopfext
+    from kopf._cogs.clients import api
+    from kopf._cogs.configs import configuration
+
+    payload = b"\n".join(lines) + b"\n"
+
+    class Content:
+        async def iter_chunked(self, size: int):
+            for start in range(0, len(payload), 7):
+                yield payload[start : start + 7]
+
+    class Response:
+        content = Content()
+
+        async def __aenter__(self):
+            return self
+
+        async def __aexit__(self, *_):
+            return None
+
+        def close(self) -> None:
+            pass
+
+    async def request(**_):
+        return Response()
+
+    decoded = []
+
+    def counting(text):
+        decoded.append(text)
+        return orjson_loads(text)
+
+    orjson_loads = orjson.loads
+    monkeypatch.setattr(api, "request", request)
+    monkeypatch.setattr(kopfext.orjson, "loads", counting)
+
+    async def read() -> list:
+        settings = configuration.OperatorSettings()
+        return [e async for e in api.stream("/apis/x", settings=settings, logger=logging.getLogger("t"))]
+
+    return asyncio.run(read()), len(decoded)
+
+
+class TestWatchStreamsDecodedByOrjson:
+    """Decoding watch events was 37 % of the operator's CPU with 1,000 ChatbotServices (Python's `json`
+    in kopf's stream); orjson reads the same objects in about half the time."""
+
+    EVENTS = [
+        {"type": "ADDED", "object": {"kind": "Pod", "metadata": {"name": "bot-0", "labels": {"a": "é"}}}},
+        {"type": "MODIFIED", "object": {"kind": "Deployment", "status": {"replicas": 2, "ready": 1.5}}},
+    ]
+
+    def lines(self) -> list[bytes]:
+        import json
+
+        return [json.dumps(event, ensure_ascii=False).encode() for event in self.EVENTS]
+
+    def test_kopf_alone_decodes_with_pythons_json(self, monkeypatch) -> None:
+        import json
+
+        from kopf._cogs.clients import api
+
+        monkeypatch.setattr(api, "json", json)
+        events, by_orjson = read_kopfs_watch_stream(self.lines(), monkeypatch)
+        assert events == self.EVENTS
+        assert by_orjson == 0
+
+    def test_the_operators_start_up_makes_kopf_decode_each_event_with_orjson(self, monkeypatch) -> None:
+        import json
+
+        from chatfleet_operator import main
+        from kopf._cogs.clients import api
+
+        monkeypatch.setattr(api, "json", json)
+        main.configure(settings=kopf.OperatorSettings())
+        events, by_orjson = read_kopfs_watch_stream(self.lines(), monkeypatch)
+        assert events == self.EVENTS
+        assert by_orjson == len(self.EVENTS)
+
+    def test_what_orjson_refuses_is_read_as_pythons_json_reads_it(self) -> None:
+        import json
+
+        import pytest
+        from chatfleet_operator.kopfext import decode
+
+        for text in (
+            '{"n": [9223372036854775807, -9223372036854775808]}',
+            '{"x": NaN}',
+            b'{"a": [1, "\xc3\xa9"]}',
+        ):
+            assert repr(decode(text)) == repr(json.loads(text))
+        with pytest.raises(json.JSONDecodeError):
+            decode('{"a": ')

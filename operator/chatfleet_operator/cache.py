@@ -91,6 +91,13 @@ class World:
         with self._lock:
             self._recent[(kind, namespace, name)] = (rv, body)
 
+    def wrote(self, kind: str, namespace: str, name: str, rv: int) -> bool:
+        """Whether this process's last write of that object returned it at resourceVersion `rv` (and the
+        watch cache had not caught up with it by the object's last snapshot)."""
+        with self._lock:
+            entry = self._recent.get((kind, namespace, name))
+        return entry is not None and entry[1] is not None and entry[0] == rv
+
     def status_written(self, key: Key, at: datetime) -> None:
         """Record when this process last wrote a ChatbotService's status."""
         with self._lock:

@@ -25,7 +25,7 @@ from chatfleet_operator.autoscale.measure import Autoscaling
 from chatfleet_operator.builders.httproute import GATEWAY_GROUP
 from chatfleet_operator.builders.inferencepool import POOL_GROUP, POOL_VERSION
 from chatfleet_operator.builders.scaledobject import KEDA_GROUP, KEDA_VERSION
-from chatfleet_operator.cache import Key, Snapshot, World
+from chatfleet_operator.cache import Key, Snapshot, World, resource_version
 from chatfleet_operator.converge.facts import deployment_progress_only
 from chatfleet_operator.reconcile import Outcome, PassFailed, reconcile_pass, record_error
 from chatfleet_operator.release.measure import Releases
@@ -123,6 +123,9 @@ class Controller:
         """Fleets whose update from the operator waits for a place in the upgrade wave (wave.py)."""
         self._rediscovery: asyncio.TimerHandle | None = None
         """The one round of passes a burst of CRD events asks for (crd_event)."""
+        self._passing: dict[Key, list[tuple[str, str, int]]] = {}
+        """Objects whose pass is running, with the owned objects new to the watch seen meanwhile (kind,
+        name, resourceVersion): each is the echo of that pass's own write, or triggers a pass when it ends."""
 
     def use_indexes(self, indexes: Mapping[str, Any]) -> None:
         """Keep references to kopf's index objects (they live as long as the operator)."""
@@ -170,9 +173,13 @@ class Controller:
                 due.cancel()
             snap = self.world.snapshot(key)
             loop = asyncio.get_running_loop()
-            outcome = await loop.run_in_executor(
-                executor or self.executor, self._timed_pass, body, snap, timing
-            )
+            self._passing[key] = []
+            try:
+                outcome = await loop.run_in_executor(
+                    executor or self.executor, self._timed_pass, body, snap, timing
+                )
+            finally:
+                self._settle_new_children(key)
             if outcome.requeue_after:  # a release waits on time (a pause, the next measurement), a forecast,
                 self._pass_due_in(key, outcome.requeue_after)  # a held progress status
             if outcome.wave_changed:
@@ -231,9 +238,28 @@ class Controller:
         if seen is None:
             return
         before, after = seen
+        new_during_a_pass = self._passing.get(key) if before is None and after is not None else None
+        if new_during_a_pass is not None:  # most likely the echo of the running pass's own write
+            meta = body.get("metadata", {})
+            new_during_a_pass.append((kind, meta.get("name", ""), resource_version(body)))
+            return
         if kind == "Deployment" and after is not None and deployment_progress_only(before, after):
             self._trigger_after_progress_hold(key)
         else:
+            self.trigger(key)
+
+    def _settle_new_children(self, key: Key) -> None:
+        """At the end of a pass: the owned objects new to the watch during it that are not the echo of that
+        pass's own write (the object at the resourceVersion the pass's write returned) trigger a pass.
+
+        A pass creates its children with server-side applies from a worker thread; the watch event of each
+        creation often reaches the event loop before the apply's response reaches the thread, so without
+        this every such echo looked new and asked for a pass that had nothing to do (a third of a pass per
+        new ChatbotService at 300 at once: docs/benchmarks.md, "where the passes go").
+        """
+        namespace = key[0]
+        seen = self._passing.pop(key, [])
+        if any(not self.world.wrote(kind, namespace, name, rv) for kind, name, rv in seen):
             self.trigger(key)
 
     def _trigger_after_progress_hold(self, key: Key) -> None:

@@ -334,6 +334,65 @@ class TestProgressTriggers:
         assert asyncio.run(scenario()) == (True, {})
 
 
+class TestTheEchoOfAPassOwnWrite:
+    """The watch event of a child the running pass has just created often reaches the event loop before the
+    apply's response reaches the pass's thread: that echo triggers no pass, while an object new to the watch
+    that the pass did not write (or not at that resourceVersion) still triggers one when the pass ends."""
+
+    KEY = ("ns", "bot")
+
+    def scenario(self, echo: Any) -> tuple[list[str], list[Any]]:
+        """A first pass whose every apply is preceded, on the event loop, by the watch event `echo(manifest,
+        rv)` makes of it (None: no event); returns the kinds applied and the triggers asked afterwards."""
+        import threading
+
+        from chatfleet_operator.kinds import BY_NAME
+
+        client = FakeClient()
+        controller = Controller(Settings(), client, clock=lambda: NOW)
+        controller.world.indexes = {BY_NAME["Node"].index: {"nodes": NODES}}
+        asked: list[Any] = []
+        controller.trigger = lambda key, lane="": asked.append(key)
+        applied: list[str] = []
+
+        async def main() -> None:
+            loop = asyncio.get_running_loop()
+            apply = client.apply
+
+            def apply_after_its_watch_event(manifest):
+                event = echo(manifest, client.rv + 1)
+                if event is not None:
+                    delivered = threading.Event()
+
+                    def deliver() -> None:
+                        controller.child_event(manifest["kind"], "ADDED", event, self.KEY)
+                        delivered.set()
+
+                    loop.call_soon_threadsafe(deliver)
+                    delivered.wait(5)
+                applied.append(manifest["kind"])
+                return apply(manifest)
+
+            client.apply = apply_after_its_watch_event
+            await controller.run_pass(self.KEY, cbs_body())
+
+        asyncio.run(main())
+        return applied, asked
+
+    def test_the_echo_of_each_write_triggers_nothing(self):
+        applied, asked = self.scenario(lambda manifest, rv: as_observed(manifest, rv))
+        assert "Deployment" in applied and "Service" in applied
+        assert asked == []
+
+    def test_a_child_the_pass_did_not_write_at_that_version_triggers_a_pass_when_it_ends(self):
+        applied, asked = self.scenario(lambda manifest, rv: as_observed(manifest, rv + 7))
+        assert "Deployment" in applied
+        assert asked == [self.KEY]
+
+    def test_without_events_during_the_pass_nothing_is_asked(self):
+        assert self.scenario(lambda manifest, rv: None)[1] == []
+
+
 class TestOneTimerPerObject:
     """Each object has one timer for its next pass on time: the earliest asked wins, any pass drops it."""
 

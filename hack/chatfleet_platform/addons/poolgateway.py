@@ -16,11 +16,10 @@ watching the API server (with an extension server for InferencePool backends) is
 from __future__ import annotations
 
 import copy
+import ipaddress
 import json
 import shutil
 import sys
-import threading
-import time
 import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -71,10 +70,11 @@ def pools_of(
     return out
 
 
-def _picker_cluster(pool: Pool) -> dict[str, Any]:
+def picker_cluster(name: str, host: str, port: int) -> dict[str, Any]:
+    """The cluster `name` of a pool's endpoint picker: gRPC (HTTP/2) to host:port (an IP, or a DNS name)."""
     return {
-        "name": f"picker-{pool.name}",
-        "type": "STATIC",
+        "name": name,
+        "type": "STATIC" if _is_ip(host) else "STRICT_DNS",
         "connect_timeout": "1s",
         "typed_extension_protocol_options": {
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
@@ -83,22 +83,62 @@ def _picker_cluster(pool: Pool) -> dict[str, Any]:
             }
         },
         "load_assignment": {
-            "cluster_name": f"picker-{pool.name}",
-            "endpoints": [
-                {"lb_endpoints": [{"endpoint": {"address": _socket(pool.picker_host, pool.picker_port)}}]}
-            ],
+            "cluster_name": name,
+            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": _socket(host, port)}}]}],
         },
     }
 
 
-def _pool_cluster(pool: Pool) -> dict[str, Any]:
+def pool_cluster(name: str) -> dict[str, Any]:
+    """The cluster `name` of a pool: each request goes where the picker's header names (ORIGINAL_DST)."""
     return {
-        "name": f"pool-{pool.name}",
+        "name": name,
         "type": "ORIGINAL_DST",
         "lb_policy": "CLUSTER_PROVIDED",
         "connect_timeout": "2s",
         "original_dst_lb_config": {"use_http_header": True, "http_header_name": DESTINATION_HEADER},
     }
+
+
+def _ext_proc_service(picker: str) -> dict[str, Any]:
+    return {"envoy_grpc": {"cluster_name": picker}, "timeout": EXT_PROC_TIMEOUT}
+
+
+def ext_proc_filter(picker: str) -> dict[str, Any]:
+    """The HTTP filter that asks a pool's picker (cluster `picker`) where each request goes: the request's
+    headers, and its body unless the picker declines it (mode override); answers only set headers."""
+    return {
+        "name": EXT_PROC,
+        "typed_config": {
+            "@type": EXT_PROC_TYPE,
+            "grpc_service": _ext_proc_service(picker),
+            "failure_mode_allow": False,
+            "processing_mode": {
+                "request_header_mode": "SEND",
+                "request_body_mode": "BUFFERED",
+                "response_header_mode": "SKIP",
+                "response_body_mode": "NONE",
+                "request_trailer_mode": "SKIP",
+                "response_trailer_mode": "SKIP",
+            },
+            "allow_mode_override": True,  # the picker skips the body of a request whose headers name it
+            "mutation_rules": {"allow_all_routing": True},
+            "message_timeout": EXT_PROC_TIMEOUT,
+        },
+    }
+
+
+def ext_proc_override(picker: str) -> dict[str, Any]:
+    """A weighted cluster's per-filter config: its requests ask the picker of cluster `picker`."""
+    return {"@type": EXT_PROC_ROUTE_TYPE, "overrides": {"grpc_service": _ext_proc_service(picker)}}
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def _socket(host: str, port: int) -> dict[str, Any]:
@@ -169,41 +209,19 @@ def envoy_config(
     """Envoy's bootstrap for one route over `pools` (weights in the order given)."""
     if not pools:
         raise PlatformError("an InferencePool route needs at least one pool")
-    first = pools[0]
-
-    def ext_proc_service(pool: Pool) -> dict[str, Any]:
-        return {"envoy_grpc": {"cluster_name": f"picker-{pool.name}"}, "timeout": EXT_PROC_TIMEOUT}
-
     weighted = [
         {
             "name": f"pool-{p.name}",
             "weight": p.weight,
-            "typed_per_filter_config": {
-                EXT_PROC: {"@type": EXT_PROC_ROUTE_TYPE, "overrides": {"grpc_service": ext_proc_service(p)}}
-            },
+            "typed_per_filter_config": {EXT_PROC: ext_proc_override(f"picker-{p.name}")},
         }
         for p in pools
     ]
-    ext_proc = {
-        "name": EXT_PROC,
-        "typed_config": {
-            "@type": EXT_PROC_TYPE,
-            "grpc_service": ext_proc_service(first),
-            "failure_mode_allow": False,
-            "processing_mode": {
-                "request_header_mode": "SEND",
-                "request_body_mode": "BUFFERED",
-                "response_header_mode": "SKIP",
-                "response_body_mode": "NONE",
-                "request_trailer_mode": "SKIP",
-                "response_trailer_mode": "SKIP",
-            },
-            "allow_mode_override": True,  # the picker skips the body of a request whose headers name it
-            "mutation_rules": {"allow_all_routing": True},
-            "message_timeout": EXT_PROC_TIMEOUT,
-        },
-    }
-    clusters = [*(_pool_cluster(p) for p in pools), *(_picker_cluster(p) for p in pools)]
+    clusters = [
+        *(pool_cluster(f"pool-{p.name}") for p in pools),
+        *(picker_cluster(f"picker-{p.name}", p.picker_host, p.picker_port) for p in pools),
+    ]
+    ext_proc = ext_proc_filter(f"picker-{pools[0].name}")
     return _bootstrap(weighted, clusters, [ext_proc], listen_port, admin_port, host, identify_upstream)
 
 
@@ -301,6 +319,23 @@ def with_route_from_file(
     return bootstrap, route
 
 
+def envoy_admin(address: str, path: str) -> dict[str, Any] | None:
+    """A JSON answer of the Envoy admin port at host:port (None when Envoy does not answer)."""
+    try:
+        with urllib.request.urlopen(f"http://{address}{path}", timeout=2) as r:
+            return json.load(r)
+    except (OSError, ValueError):
+        return None
+
+
+def ext_proc_stats(admin: str) -> dict[str, int]:
+    """Envoy's ext_proc counters (message_timeouts, streams_failed, ...) and its downstream responses by
+    class, from its admin port at host:port: what says whether a non-2xx came from the picker's exchange
+    or from upstream. Empty when Envoy does not answer."""
+    found = envoy_admin(admin, "/stats?format=json&filter=ext_proc|downstream_rq_[1-5]xx") or {}
+    return {s["name"]: s["value"] for s in found.get("stats") or [] if isinstance(s.get("value"), int)}
+
+
 class PoolGateway:
     """Envoy serving one InferencePool route on 127.0.0.1. `program` sets its pools and weights: new
     weights over the same pools reach the running Envoy as a route update (streams in flight go on, as
@@ -351,12 +386,7 @@ class PoolGateway:
         self._route = route
 
     def _admin(self, path: str) -> dict[str, Any] | None:
-        """A JSON answer of Envoy's admin port (None when Envoy does not answer)."""
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.admin_port}{path}", timeout=2) as r:
-                return json.load(r)
-        except (OSError, ValueError):
-            return None
+        return envoy_admin(f"127.0.0.1:{self.admin_port}", path)
 
     def _route_applied(self) -> bool:
         """Whether Envoy serves the last route written (its admin config dump's version)."""
@@ -408,13 +438,7 @@ class PoolGateway:
         procs.wait_for("envoy", lambda: procs.http_ok(ready), timeout=timeout, log=log, proc=self.proc)
 
     def ext_proc_stats(self) -> dict[str, int]:
-        """Envoy's ext_proc counters (message_timeouts, streams_failed, ...) and its downstream responses
-        by class: what says whether a non-2xx came from the picker's exchange or from upstream. Empty
-        when Envoy does not answer."""
-        stats = (self._admin("/stats?format=json&filter=ext_proc|downstream_rq_[1-5]xx") or {}).get(
-            "stats"
-        ) or []
-        return {s["name"]: s["value"] for s in stats if isinstance(s.get("value"), int)}
+        return ext_proc_stats(f"127.0.0.1:{self.admin_port}")
 
     def stop(self) -> None:
         procs.stop(self.proc)
@@ -451,166 +475,6 @@ def start_picker(
     for port in pools.values():
         procs.wait_for("picker", lambda p=port: procs.port_in_use(p), timeout=timeout, log=log, proc=proc)
     return proc
-
-
-#: The GatewayClass and controller name of the local pool gateway (no other controller claims them).
-POOL_GATEWAY_CLASS = "chatfleet-local-envoy"
-POOL_CONTROLLER = "chatfleet.io/local-pool-gateway"
-
-
-def gateway_objects(namespace: str, name: str) -> list[dict[str, Any]]:
-    """The GatewayClass and Gateway the pool gateway serves (one HTTP listener, routes from every namespace)."""
-    return [
-        {
-            "apiVersion": "gateway.networking.k8s.io/v1",
-            "kind": "GatewayClass",
-            "metadata": {"name": POOL_GATEWAY_CLASS},
-            "spec": {"controllerName": POOL_CONTROLLER},
-        },
-        {
-            "apiVersion": "gateway.networking.k8s.io/v1",
-            "kind": "Gateway",
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": {
-                "gatewayClassName": POOL_GATEWAY_CLASS,
-                "listeners": [
-                    {
-                        "name": "http",
-                        "port": 80,
-                        "protocol": "HTTP",
-                        "allowedRoutes": {"namespaces": {"from": "All"}},
-                    }
-                ],
-            },
-        },
-    ]
-
-
-def parent_status(gateway_namespace: str, gateway_name: str, generation: int, with_controller: bool) -> dict:
-    """One status.parents entry: the Gateway accepts the object and resolves its references (an HTTPRoute's
-    entry names its controller; an InferencePool's has no such field)."""
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    conditions = [
-        {
-            "type": kind,
-            "status": "True",
-            "reason": kind,
-            "message": f"served by the local pool gateway ({POOL_CONTROLLER})",
-            "observedGeneration": generation,
-            "lastTransitionTime": now,
-        }
-        for kind in ("Accepted", "ResolvedRefs")
-    ]
-    ref = {
-        "group": "gateway.networking.k8s.io",
-        "kind": "Gateway",
-        "namespace": gateway_namespace,
-        "name": gateway_name,
-    }
-    entry: dict[str, Any] = {"parentRef": ref, "conditions": conditions}
-    if with_controller:
-        entry["controllerName"] = POOL_CONTROLLER
-    return entry
-
-
-class PoolRouteController(threading.Thread):
-    """What a Gateway's controller does for one HTTPRoute over InferencePools, on the local platform (Envoy
-    Gateway's place): reads the route and its pools from the API every `period` seconds, programs the
-    PoolGateway when the pools or weights change (route updates: nothing in flight is cut), and writes the
-    Gateway's word (Accepted, ResolvedRefs) into their status. A pool's picker is reached at its Service's
-    ClusterIP (kube-proxy on this host). An error stops the thread and is raised by `check`."""
-
-    def __init__(
-        self,
-        cluster: Any,
-        namespace: str,
-        route_name: str,
-        gateway: PoolGateway,
-        parent: tuple[str, str],
-        *,
-        period: float = 0.5,
-        identify_upstream: bool = True,
-    ) -> None:
-        super().__init__(daemon=True, name=f"pool-route-{namespace}/{route_name}")
-        self.cluster, self.namespace, self.route_name = cluster, namespace, route_name
-        self.gateway, self.parent, self.period = gateway, parent, period
-        self.identify_upstream = identify_upstream
-        self.programs: list[tuple[float, tuple[tuple[str, int], ...]]] = []
-        """(monotonic time, ((pool, weight), ...)) each time the gateway took new pools or weights."""
-        self.error: BaseException | None = None
-        self._halt = threading.Event()
-        self._written: dict[tuple[str, str], int] = {}
-
-    def _objects(self) -> dict[tuple[str, str], dict[str, Any]]:
-        """The namespace's HTTPRoutes, InferencePools and Services by (kind, name): one kubectl call a pass."""
-        res = self.cluster.kubectl(
-            "get", "httproutes,inferencepools,services", "-o", "json", namespace=self.namespace, check=False
-        )
-        items = json.loads(res.stdout).get("items", []) if res.returncode == 0 else []
-        return {(o["kind"], o["metadata"]["name"]): o for o in items}
-
-    def _write_status(self, kind: str, obj: Mapping[str, Any], with_controller: bool) -> None:
-        meta = obj["metadata"]
-        generation = int(meta.get("generation", 1))
-        if self._written.get((kind, meta["name"])) == generation:
-            return
-        entry = parent_status(*self.parent, generation, with_controller)
-        patch = json.dumps({"status": {"parents": [entry]}})
-        self.cluster.kubectl(
-            "patch",
-            kind,
-            meta["name"],
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-            patch,
-            namespace=self.namespace,
-        )
-        self._written[(kind, meta["name"])] = generation
-
-    def pass_once(self) -> None:
-        """One look at the route and its pools: program the gateway, write their status."""
-        objects = self._objects()
-        route = objects.get(("HTTPRoute", self.route_name))
-        if route is None:
-            return
-        backends = route["spec"]["rules"][-1].get("backendRefs") or []
-        if not backends or any(b.get("kind") != "InferencePool" for b in backends):
-            return  # a route over Services: not this gateway's
-        pools = {name: o for (kind, name), o in objects.items() if kind == "InferencePool"}
-        if any(b["name"] not in pools for b in backends):
-            return  # a pool not written yet
-        # the operator's pools of one route share one picker
-        (picker,) = {pools[b["name"]]["spec"]["endpointPickerRef"]["name"] for b in backends}
-        host = (objects.get(("Service", picker)) or {}).get("spec", {}).get("clusterIP")
-        if not host:
-            return  # the picker's Service not written yet
-        found = pools_of(route, pools, host)
-        self.gateway.program(found, identify_upstream=self.identify_upstream)
-        weights = tuple((p.name, p.weight) for p in found)
-        if not self.programs or self.programs[-1][1] != weights:
-            self.programs.append((time.monotonic(), weights))
-        self._write_status("httproute", route, with_controller=True)
-        for b in backends:
-            self._write_status("inferencepool", pools[b["name"]], with_controller=False)
-
-    def run(self) -> None:
-        while not self._halt.is_set():
-            try:
-                self.pass_once()
-            except BaseException as exc:  # raised again by check(), in the test's thread
-                self.error = exc
-                return
-            self._halt.wait(self.period)
-
-    def check(self) -> None:
-        """Raise what stopped the thread, if anything did."""
-        if self.error is not None:
-            raise PlatformError(f"the pool route controller stopped: {self.error!r}") from self.error
-
-    def stop(self) -> None:
-        self._halt.set()
-        self.join(30)
 
 
 if __name__ == "__main__":  # print a config for two pools, to read

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import collections
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from needs import need_module
@@ -21,35 +19,7 @@ need_module("envoy_data_plane", "run `make setup` (the picker package's dependen
 import httpx  # noqa: E402 - after the checks above
 from chatfleet_platform.addons.poolgateway import Pool, PoolGateway, start_picker  # noqa: E402 - after the checks above
 from chatfleet_platform.common import procs  # noqa: E402 - after the checks above
-
-
-class Replica:
-    """A replica stand-in: POST answers {"who", "body"}; GET /metrics reports `inflight`."""
-
-    def __init__(self, name: str) -> None:
-        self.name, self.inflight = name, 0
-        replica = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def _send(self, data: bytes) -> None:
-                self.send_response(200)
-                self.send_header("content-length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_POST(self):
-                body = self.rfile.read(int(self.headers.get("content-length", 0)))
-                self._send(json.dumps({"who": replica.name, "body": body.decode()}).encode())
-
-            def do_GET(self):
-                self._send(f'chatfleet_inflight_requests{{model="m"}} {replica.inflight}\n'.encode())
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.address = f"127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+from replicas import Replica  # noqa: E402 - after the checks above
 
 
 @pytest.fixture(scope="module")

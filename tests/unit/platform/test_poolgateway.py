@@ -12,9 +12,7 @@ from chatfleet_operator.spec import ObjectRef
 from chatfleet_platform.addons.poolgateway import (
     DESTINATION_HEADER,
     EXT_PROC,
-    POOL_CONTROLLER,
     UPSTREAM_HEADER,
-    PoolRouteController,
     ServiceBackend,
     envoy_config,
     pools_of,
@@ -87,73 +85,3 @@ def test_the_gateways_route_is_read_from_a_watched_file():
     weighted = served["virtual_hosts"][0]["routes"][0]["route"]["weighted_clusters"]["clusters"]
     assert [(c["name"], c["weight"]) for c in weighted] == [("pool-bot", 80), ("pool-bot-canary", 20)]
     assert served["response_headers_to_add"][0]["header"]["key"] == UPSTREAM_HEADER
-
-
-class FakeCluster:
-    """kubectl over the operator's objects: `get -o json` lists them all (the controller asks for the
-    namespace's routes, pools and Services at once), `patch --subresource=status` is recorded."""
-
-    def __init__(self, objects):
-        self.objects, self.patches = objects, []
-
-    def kubectl(self, *args, namespace=None, check=True):
-        import json
-        import subprocess
-
-        if args[0] == "patch":
-            self.patches.append((args[1], args[2], json.loads(args[-1])))
-            return subprocess.CompletedProcess(args, 0, "", "")
-        assert args[:2] == ("get", "httproutes,inferencepools,services"), args
-        return subprocess.CompletedProcess(args, 0, json.dumps({"items": self.objects}), "")
-
-
-class FakeGateway:
-    def __init__(self):
-        self.programmed = []
-
-    def program(self, pools, identify_upstream=False):
-        self.programmed.append([(p.name, p.weight, p.picker_host, p.picker_port) for p in pools])
-
-
-def test_the_route_controller_programs_the_pools_at_the_pickers_cluster_ip_and_writes_their_status():
-    route = build_httproute(
-        REF, stable_weight=50, canary_weight=50, gateway_name="gw", gateway_namespace="edge",
-        pool_group="inference.networking.k8s.io",
-    )  # fmt: skip
-    route["metadata"]["generation"] = 3
-    picker_service = {
-        "kind": "Service",
-        "metadata": {"name": "bot-picker"},
-        "spec": {"clusterIP": "10.96.0.9"},
-    }
-    objects = [route, picker_service]
-    objects += [build_inference_pool(REF, track) for track in ("stable", "canary")]
-    cluster, gateway = FakeCluster(objects), FakeGateway()
-    controller = PoolRouteController(cluster, "ns", "bot", gateway, ("edge", "gw"))
-    controller.pass_once()
-    controller.pass_once()
-    picker = PICKER_PORTS
-    assert gateway.programmed[0] == [
-        ("bot", 50, "10.96.0.9", picker["stable"]),
-        ("bot-canary", 50, "10.96.0.9", picker["canary"]),
-    ]
-    assert [w for _, w in controller.programs] == [(("bot", 50), ("bot-canary", 50))]  # one change, once
-    # each object's status written once per generation, naming the Gateway; the route's names the controller
-    assert [(k, n) for k, n, _ in cluster.patches] == [
-        ("httproute", "bot"), ("inferencepool", "bot"), ("inferencepool", "bot-canary")
-    ]  # fmt: skip
-    (entry,) = cluster.patches[0][2]["status"]["parents"]
-    assert entry["parentRef"]["name"] == "gw" and entry["parentRef"]["namespace"] == "edge"
-    assert entry["controllerName"] == POOL_CONTROLLER
-    assert {c["type"]: (c["status"], c["observedGeneration"]) for c in entry["conditions"]} == {
-        "Accepted": ("True", 3),
-        "ResolvedRefs": ("True", 3),
-    }
-    assert "controllerName" not in cluster.patches[1][2]["status"]["parents"][0]
-
-
-def test_the_route_controller_leaves_a_route_over_services_alone():
-    route = build_httproute(REF, stable_weight=100, canary_weight=0, gateway_name="gw")
-    cluster, gateway = FakeCluster([route]), FakeGateway()
-    PoolRouteController(cluster, "ns", "bot", gateway, ("ns", "gw")).pass_once()
-    assert gateway.programmed == [] and cluster.patches == []

@@ -128,8 +128,7 @@ def test_dialogues_keep_their_replica_and_revision_through_pools_with_no_client_
     url = f"http://127.0.0.1:{port}"
     load, phases = None, {}
     try:
-        bot.wait(lambda: gateway.check() or gateway.programs(), 120, "the gateway programmed from the pools")
-        gateway.wait_serving(port)  # the Gateway's listener comes with its first route
+        gateway.wait_serving_route(pool_ns, bot.name, timeout=120)  # Envoy serves the operator's route
         bot.wait(
             lambda: [p.get("status") for p in routing(bot).get("pools") or []] == ["True", "True"],
             60,

@@ -28,13 +28,14 @@ import secrets
 import signal
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
 import yaml
 
 from chatfleet_platform.addons import gatewayapi, inferenceext
-from chatfleet_platform.addons.poolgateway import envoy_binary, ext_proc_stats
+from chatfleet_platform.addons.poolgateway import envoy_admin, envoy_binary, ext_proc_stats
 from chatfleet_platform.common import procs
 from chatfleet_platform.common.config import PlatformError, cache_dir, read_versions
 
@@ -131,6 +132,37 @@ def gateway_objects(namespace: str, name: str, port: int) -> list[dict[str, Any]
     ]
 
 
+def route_served(route: Mapping[str, Any], dump: Mapping[str, Any]) -> bool:
+    """Whether an Envoy whose route configuration is `dump` (its admin's config_dump of
+    dynamic_route_configs) serves the HTTPRoute's InferencePool rules as `route` has them: each such
+    rule's routes send its pools their weights (the extension's weighted clusters)."""
+    meta = route["metadata"]
+    prefix = f"httproute/{meta['namespace']}/{meta['name']}/rule/"
+    served: dict[int, list[tuple[str, int]]] = {}
+    for config in dump.get("configs") or []:
+        for vhost in (config.get("route_config") or {}).get("virtual_hosts") or []:
+            for r in vhost.get("routes") or []:
+                name = r.get("name", "")
+                if name.startswith(prefix):
+                    weighted = ((r.get("route") or {}).get("weighted_clusters") or {}).get("clusters") or []
+                    served[int(name[len(prefix) :].split("/")[0])] = [
+                        (c["name"], int(c.get("weight", 0))) for c in weighted
+                    ]
+    for i, rule in enumerate(route["spec"].get("rules") or []):
+        refs = rule.get("backendRefs") or []
+        if refs and all(ref.get("kind") == "InferencePool" for ref in refs):
+            want = [
+                (
+                    f"inferencepool/{ref.get('namespace', meta['namespace'])}/{ref['name']}",
+                    int(ref.get("weight", 1)),
+                )
+                for ref in refs
+            ]
+            if served.get(i) != want:
+                return False
+    return True
+
+
 class EnvoyGateway:
     """Envoy Gateway and its pool extension serving `cluster`, run from `workdir`. `start` installs the
     CRDs it needs (the Gateway API's standard channel, InferencePool: it runs without its own CRDs and
@@ -169,6 +201,22 @@ class EnvoyGateway:
             if not out or out[-1][1] != doc["weights"]:
                 out.append((doc["time"], doc["weights"]))
         return out
+
+    def serves(self, route: Mapping[str, Any]) -> bool:
+        """Whether its Envoy serves the HTTPRoute's InferencePool rules as they are now (`route_served`)."""
+        admin = self.envoy_admin()
+        dump = envoy_admin(admin, "/config_dump?resource=dynamic_route_configs") if admin else None
+        return route_served(route, dump or {})
+
+    def wait_serving_route(self, namespace: str, name: str, timeout: float = 60) -> None:
+        """Until its Envoy serves the HTTPRoute's pool rules as the API has them now (`serves`)."""
+
+        def serving() -> bool:
+            self.check()
+            res = self.cluster.kubectl("get", "httproute", name, "-o", "json", namespace=namespace)
+            return self.serves(json.loads(res.stdout))
+
+        procs.wait_for(f"Envoy serving HTTPRoute {namespace}/{name}", serving, timeout=timeout)
 
     def start(self, timeout: float = 120) -> None:
         lock_path = cache_dir() / "envoy-gateway.lock"

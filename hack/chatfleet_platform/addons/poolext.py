@@ -420,7 +420,14 @@ class PoolExtension:
         response, programmed = program(
             request, rules, identify_upstream=self.identify_upstream, listen_on=self.listen_on
         )
-        log.info("translation: %d pool rules, %d pools programmed", len(rules), len(programmed))
+        log.info(
+            "translation: %d routes, rules %s, %d of them over pools, %d pools programmed; %d objects read",
+            sum(len(v.routes) for c in request.routes for v in c.virtual_hosts),
+            ["/".join(map(str, k)) for k in keys],
+            len(rules),
+            len(programmed),
+            len(objects),
+        )
         self._write_status(objects, rules, programmed)
         if self.programs_log and programmed:
             line = {"time": time.time(), "weights": {b.name: b.weight for b in programmed}}

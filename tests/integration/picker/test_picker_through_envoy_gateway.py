@@ -63,7 +63,7 @@ def served(cluster, tmp_path_factory):
         pools = []
         for track in ("stable", "canary"):
             pool = build_inference_pool(ref, track)
-            del pool["metadata"]["ownerReferences"]  # no ChatbotService owns them here
+            del pool["metadata"]["ownerReferences"]  # no ChatbotService owns them here (see route)
             pool["spec"]["endpointPickerRef"]["port"]["number"] = ports[track]
             pools.append(pool)
         picker_service = {
@@ -85,7 +85,9 @@ def served(cluster, tmp_path_factory):
 
 
 def route(ref, canary: int, pins=None) -> dict:
-    return build_httproute(
+    """The operator's HTTPRoute, without its owner reference: no ChatbotService owns it here, and the garbage
+    collector deletes what names an owner that does not exist."""
+    built = build_httproute(
         ref,
         stable_weight=100 - canary,
         canary_weight=canary,
@@ -94,6 +96,8 @@ def route(ref, canary: int, pins=None) -> dict:
         pool_group=POOL_GROUP,
         pins=pins,
     )
+    del built["metadata"]["ownerReferences"]
+    return built
 
 
 def program(cluster, gateway, ref, port: int, canary: int, pins=None) -> str:

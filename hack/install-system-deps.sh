@@ -4,6 +4,7 @@
 #   prometheus                    for promtool only: the server is built from Go modules (build-platform.sh)
 #   containerd, runc, CNI plugins, iptables, conntrack, socat     the real nodes (hack/chatfleet_platform/cluster/realnode.py)
 #   buildah, skopeo, debootstrap, gcc     the images, built without a registry (make images)
+#   unshare (util-linux)          Envoy Gateway's private mount namespace (chatfleet_platform.addons.envoygateway)
 set -euo pipefail
 need=()
 command -v prometheus   >/dev/null 2>&1 || need+=(prometheus)
@@ -19,6 +20,7 @@ command -v buildah      >/dev/null 2>&1 || need+=(buildah)
 command -v skopeo       >/dev/null 2>&1 || need+=(skopeo)
 command -v debootstrap  >/dev/null 2>&1 || need+=(debootstrap)
 command -v gcc          >/dev/null 2>&1 || need+=(gcc libc6-dev)
+command -v unshare      >/dev/null 2>&1 || need+=(util-linux)
 [ ${#need[@]} -eq 0 ] && exit 0
 echo "[deps] installing Debian packages: ${need[*]}"
 if ! command -v apt-get >/dev/null 2>&1; then

@@ -35,6 +35,7 @@ from typing import IO, Any
 import yaml
 
 from chatfleet_platform.addons import gatewayapi, inferenceext
+from chatfleet_platform.addons.poolext import is_pool_rule, pool_cluster_name
 from chatfleet_platform.addons.poolgateway import envoy_admin, envoy_binary, ext_proc_stats
 from chatfleet_platform.common import procs
 from chatfleet_platform.common.config import PlatformError, cache_dir, read_versions
@@ -149,14 +150,13 @@ def route_served(route: Mapping[str, Any], dump: Mapping[str, Any]) -> bool:
                         (c["name"], int(c.get("weight", 0))) for c in weighted
                     ]
     for i, rule in enumerate(route["spec"].get("rules") or []):
-        refs = rule.get("backendRefs") or []
-        if refs and all(ref.get("kind") == "InferencePool" for ref in refs):
+        if is_pool_rule(rule):
             want = [
                 (
-                    f"inferencepool/{ref.get('namespace', meta['namespace'])}/{ref['name']}",
+                    pool_cluster_name(ref.get("namespace", meta["namespace"]), ref["name"]),
                     int(ref.get("weight", 1)),
                 )
-                for ref in refs
+                for ref in rule["backendRefs"]
             ]
             if served.get(i) != want:
                 return False
@@ -182,13 +182,6 @@ class EnvoyGateway:
         """One JSON line per translation that programmed pools: time and each pool's weight."""
         return self.workdir / "programs.jsonl"
 
-    def translations(self) -> list[dict[str, int]]:
-        """Each translation's pool weights, in order (one per Envoy Gateway translation with pools)."""
-        try:
-            return [json.loads(line)["weights"] for line in self.programs_log.read_text().splitlines()]
-        except OSError:
-            return []
-
     def programs(self) -> list[tuple[float, dict[str, int]]]:
         """(wall time, {pool: weight}) of each translation whose weights differ from the one before."""
         out: list[tuple[float, dict[str, int]]] = []
@@ -202,19 +195,16 @@ class EnvoyGateway:
                 out.append((doc["time"], doc["weights"]))
         return out
 
-    def serves(self, route: Mapping[str, Any]) -> bool:
-        """Whether its Envoy serves the HTTPRoute's InferencePool rules as they are now (`route_served`)."""
-        admin = self.envoy_admin()
-        dump = envoy_admin(admin, "/config_dump?resource=dynamic_route_configs") if admin else None
-        return route_served(route, dump or {})
-
     def wait_serving_route(self, namespace: str, name: str, timeout: float = 60) -> None:
-        """Until its Envoy serves the HTTPRoute's pool rules as the API has them now (`serves`)."""
+        """Until its Envoy serves the HTTPRoute's pool rules as the API has them now (`route_served` over
+        its Envoy's route configuration)."""
 
         def serving() -> bool:
             self.check()
             res = self.cluster.kubectl("get", "httproute", name, "-o", "json", namespace=namespace)
-            return self.serves(json.loads(res.stdout))
+            admin = self.envoy_admin()
+            dump = envoy_admin(admin, "/config_dump?resource=dynamic_route_configs") if admin else None
+            return route_served(json.loads(res.stdout), dump or {})
 
         procs.wait_for(f"Envoy serving HTTPRoute {namespace}/{name}", serving, timeout=timeout)
 

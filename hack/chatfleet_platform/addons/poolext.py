@@ -136,11 +136,24 @@ class PoolBackend:
 
     @property
     def cluster(self) -> str:
-        return f"inferencepool/{self.namespace}/{self.name}"
+        return pool_cluster_name(self.namespace, self.name)
 
     @property
     def picker(self) -> str:
-        return f"inferencepool/{self.namespace}/{self.name}/picker"
+        return f"{self.cluster}/picker"
+
+
+def pool_cluster_name(namespace: str, name: str) -> str:
+    """The Envoy cluster the extension makes of an InferencePool."""
+    return f"inferencepool/{namespace}/{name}"
+
+
+def is_pool_rule(rule: Mapping[str, Any]) -> bool:
+    """Whether an HTTPRoute rule's backends are all InferencePools (the rules this extension programs)."""
+    refs = rule.get("backendRefs") or []
+    return bool(refs) and all(
+        r.get("kind") == "InferencePool" and r.get("group", POOL_GROUP) == POOL_GROUP for r in refs
+    )
 
 
 def rule_of(cluster_name: str) -> tuple[str, str, int] | None:
@@ -280,13 +293,10 @@ def rules_from(
         rules = (route or {}).get("spec", {}).get("rules") or []
         if index >= len(rules):
             continue
-        refs = rules[index].get("backendRefs") or []
-        if not refs or any(
-            r.get("kind") != "InferencePool" or r.get("group", POOL_GROUP) != POOL_GROUP for r in refs
-        ):
+        if not is_pool_rule(rules[index]):
             continue
         backends = []
-        for ref in refs:
+        for ref in rules[index]["backendRefs"]:
             pns = ref.get("namespace", ns)
             pool = by.get(("InferencePool", pns, ref["name"]))
             picker = (pool or {}).get("spec", {}).get("endpointPickerRef") or {}

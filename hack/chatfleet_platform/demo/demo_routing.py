@@ -24,6 +24,8 @@ from chatfleet_platform.common.config import PlatformError
 from chatfleet_platform.load.realpods import picker_rbac, pod_ready, pods_matching
 
 from .demo_release import REAL_NAME, REAL_NS
+from .demo_release import _patch as patch_spec
+from .demo_release import _status as status_of
 
 #: The operator's default Gateway name (--gateway), in the ChatbotService's own namespace.
 GATEWAY = "chatfleet"
@@ -31,13 +33,11 @@ DIALOGUES, TURNS = 3, 3
 
 
 def _status(demo: Any) -> dict[str, Any]:
-    res = demo.cluster.kubectl("get", "chatbotservice", REAL_NAME, "-n", REAL_NS, "-o", "json", check=False)
-    return (json.loads(res.stdout).get("status") or {}) if res.returncode == 0 else {}
+    return status_of(demo, REAL_NAME, REAL_NS)
 
 
 def _scale(demo: Any, replicas: int) -> None:
-    patch = json.dumps({"spec": {"scaling": {"replicas": replicas}}})
-    demo.cluster.kubectl("patch", "chatbotservice", REAL_NAME, "-n", REAL_NS, "--type=merge", "-p", patch)
+    patch_spec(demo, {"scaling": {"replicas": replicas}}, REAL_NAME, REAL_NS)
 
 
 def _wait(what: str, check, timeout: float, why=lambda: "") -> None:

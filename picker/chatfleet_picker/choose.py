@@ -9,7 +9,11 @@ For a request of a dialogue the picker has seen, that choice is overruled:
    turn, on whichever track it now is: a dialogue never switches revision while a replica of its revision
    serves (a canary's weights move, a promotion relabels it, and no client header is needed);
 3. **new**: a dialogue seen for the first time (or whose revision has no replica left) goes to the
-   least-loaded replica of the track the gateway chose, so new dialogues follow the route's weights.
+   least-loaded replica of a track chosen by the route's weights. Where the picker knows them
+   (`set_weights`: it reads the HTTPRoute), new dialogues take the tracks in a smooth weighted round
+   robin, so each track's share of them is its weight to within one dialogue at any count (the
+   gateway's own weighted choice is random per request: at 20 % over 60 dialogues it lands anywhere
+   from about 10 to 30 %); otherwise they take the track the gateway chose.
 
 Saturation is read from the replica's metrics (its queue: requests in flight; its KV usage). New
 dialogues go to the replica with the least queue plus picks sent to it since its metrics were read, then
@@ -22,7 +26,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 AFFINITY, REVISION, NEW, ANY = "affinity", "revision", "new", "any"
@@ -80,6 +84,9 @@ class Picker:
         self._dialogues: OrderedDict[str, _Dialogue] = OrderedDict()
         self._sent: dict[str, int] = {}
         """Picks per address since that address's load was last observed."""
+        self._weights: dict[str, int] | None = None
+        self._credit: dict[str, int] = {}
+        """Smooth weighted round robin's current weight per track (new dialogues)."""
 
     def __len__(self) -> int:
         return len(self._dialogues)
@@ -91,13 +98,40 @@ class Picker:
         read, kept = set(addresses), set(present)
         self._sent = {a: n for a, n in self._sent.items() if a in kept and a not in read}
 
+    def set_weights(self, weights: Mapping[str, int] | None) -> None:
+        """The route's weights by track (None: unknown, new dialogues take the gateway's track). A change
+        starts the round robin afresh, so each of a canary's steps gets its own weight's share."""
+        fresh = dict(weights) if weights else None
+        if fresh != self._weights:
+            self._weights, self._credit = fresh, {}
+
+    def new_track(self, track: str, ready: Sequence[Endpoint]) -> str:
+        """The track of a new dialogue: the next of a smooth weighted round robin (nginx's) over the
+        weighted tracks that have a ready replica; `track` (the gateway's choice) without weights.
+
+        e.g. weights stable 80, canary 20: stable, stable, canary, stable, stable, then again.
+        """
+        live = {e.track for e in ready}
+        weights = {t: w for t, w in (self._weights or {}).items() if w > 0 and t in live}
+        if not weights:
+            return track
+        for t, w in weights.items():
+            self._credit[t] = self._credit.get(t, 0) + w
+        best = max(sorted(weights), key=lambda t: self._credit[t])
+        self._credit[best] -= sum(weights.values())
+        return best
+
     def saturated(self, e: Endpoint) -> bool:
         """At its queue or KV limit, by its last metrics (picks since then only order new dialogues:
         most have finished by the next read, so counting them would move dialogues off idle replicas)."""
         return e.queue >= self.limits.max_queue or e.kv_usage >= self.limits.max_kv_usage
 
-    def pick(self, dialogue: str | None, track: str, endpoints: Sequence[Endpoint]) -> Choice | None:
-        """The replica for one request of `dialogue` (None: no key) routed by the gateway to `track`."""
+    def pick(
+        self, dialogue: str | None, track: str, endpoints: Sequence[Endpoint], by_weight: bool = True
+    ) -> Choice | None:
+        """The replica for one request of `dialogue` (None: no key) routed by the gateway to `track`; a
+        new dialogue's track is the weights' (`new_track`) unless not `by_weight` (the gateway's route
+        pinned this request to its pool)."""
         ready = [e for e in endpoints if e.ready]
         if not ready:
             return None
@@ -113,6 +147,7 @@ class Picker:
                 best = self._least_loaded(dialogue, same)
                 choice = Choice(best.address, REVISION, best.revision)
         if choice is None:
+            track = self.new_track(track, ready) if by_weight else track
             on_track = [e for e in ready if e.track == track]
             best = self._least_loaded(dialogue, on_track or ready)
             choice = Choice(best.address, NEW if on_track else ANY, best.revision)

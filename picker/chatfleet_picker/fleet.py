@@ -189,3 +189,94 @@ def watch_pods(fleet: Fleet, namespace: str, selector: str, target_port: int, me
         except Exception as exc:  # the API server restarting must not end the picker
             log.warning("pod watch of %s/%s broke (%s); listing again", namespace, selector, exc)
             threading.Event().wait(1.0)
+
+
+POOL_GROUP, POOL_KIND = "inference.networking.k8s.io", "InferencePool"
+
+
+@dataclass(frozen=True)
+class RouteSplit:
+    """What the picker reads of its bot's HTTPRoute: the weights by track of the rule that splits the
+    traffic among the pools, and the header matches of the rules that pin a pool (a request matching one
+    came to its pool by that rule, not by the weights)."""
+
+    weights: dict[str, int] | None
+    pins: tuple[tuple[tuple[str, str], ...], ...] = ()
+    """Each: (lower-cased header name, value) pairs that must all be present (exact matches)."""
+
+    def pinned(self, headers: Mapping[str, str]) -> bool:
+        """Whether a request with these headers (names lower-cased) matches a pinning rule."""
+        return any(all(headers.get(name) == value for name, value in pin) for pin in self.pins)
+
+
+def route_split(route: Mapping[str, Any], pools: Mapping[str, str]) -> RouteSplit:
+    """The RouteSplit of an HTTPRoute (`pools`: pool name -> track).
+
+    The weights are those of its first rule that matches on no header with every backend one of `pools`
+    (a backend without a weight weighs 1, Gateway API's default); None when no rule does (the gateway's
+    own choice then stands). The pins are the header matches of the other rules whose backends are pools.
+
+    e.g. rules [x-chatfleet-revision: a -> bot], [bot 80, bot-canary 20] with pools {bot: stable,
+    bot-canary: canary} -> weights {stable: 80, canary: 20}, pins ((("x-chatfleet-revision", "a"),),).
+    """
+    weights: dict[str, int] | None = None
+    pins: list[tuple[tuple[str, str], ...]] = []
+    for rule in (route.get("spec") or {}).get("rules") or []:
+        refs = rule.get("backendRefs") or []
+        if not refs or not all(
+            r.get("group") == POOL_GROUP and r.get("kind") == POOL_KIND and r.get("name") in pools
+            for r in refs
+        ):
+            continue
+        matches = rule.get("matches") or []
+        headed = [m for m in matches if m.get("headers")]
+        if headed:
+            for m in headed:
+                pins.append(tuple((h["name"].lower(), h["value"]) for h in m["headers"]))
+            continue
+        if weights is None:
+            weights = {}
+            for r in refs:
+                track = pools[r["name"]]
+                weights[track] = weights.get(track, 0) + int(r.get("weight", 1))
+    return RouteSplit(weights, tuple(pins))
+
+
+class RouteWeights:
+    """The route as last read (None: not read, or unreadable); written by the route watch's thread, read
+    on the event loop (one attribute: a plain swap)."""
+
+    def __init__(self) -> None:
+        self.current: RouteSplit | None = None
+
+
+def watch_route(holder: RouteWeights, namespace: str, name: str, pools: Mapping[str, str]) -> None:
+    """Watch the HTTPRoute `name`, forever (run in a thread), keeping `holder` at its split; a route
+    deleted or unreadable leaves None (new dialogues then take the gateway's choice)."""
+    from kubernetes import client, config, watch
+
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    api = client.CustomObjectsApi()
+    args = ("gateway.networking.k8s.io", "v1", namespace, "httproutes")
+    selector = f"metadata.name={name}"
+    while True:
+        try:
+            listed = api.list_namespaced_custom_object(*args, field_selector=selector)
+            items = listed.get("items") or []
+            holder.current = route_split(items[0], pools) if items else None
+            for event in watch.Watch().stream(
+                api.list_namespaced_custom_object,
+                *args,
+                field_selector=selector,
+                resource_version=listed["metadata"]["resourceVersion"],
+                timeout_seconds=300,
+            ):
+                deleted = event["type"] == "DELETED"
+                holder.current = None if deleted else route_split(event["object"], pools)
+        except Exception as exc:  # the API server restarting must not end the picker
+            holder.current = None
+            log.warning("route watch of %s/%s broke (%s); listing again", namespace, name, exc)
+            threading.Event().wait(1.0)

@@ -5,6 +5,8 @@ pool's endpoint picker over ext_proc; the picker answers with the header
 `x-gateway-destination-endpoint: <ip:port>` and the gateway sends the request there. One picker serves
 both pools of a ChatbotService (stable and canary), one gRPC port each, so it knows which pool the route's
 weights chose without anything gateway-specific, and one dialogue table spans both (chatfleet_picker.choose).
+With `--route` it also reads the HTTPRoute's weights (a watch, in its namespace), so new dialogues take the
+tracks in exactly those shares rather than by the gateway's per-request draw.
 
 Who calls it: the gateway's data plane only (the pools' endpointPickerRef names these ports); its metrics
 port is for Prometheus. The dialogue key is read as the chat API reads it: header X-Session-Id, else the
@@ -42,7 +44,7 @@ from envoy_data_plane.envoy.service.ext_proc.v3 import (
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
 from chatfleet_picker.choose import Endpoint, Limits, Picker
-from chatfleet_picker.fleet import Fleet, Replica, scrape, watch_pods
+from chatfleet_picker.fleet import Fleet, Replica, RouteWeights, scrape, watch_pods, watch_route
 
 log = logging.getLogger("chatfleet.picker")
 
@@ -115,12 +117,17 @@ class PoolProcessor(ExternalProcessorBase):
     """ext_proc for the pool of one track. The picker is used on the event loop only (these handlers and
     the metrics reads' `observe`), so it needs no lock; the pod watch's thread touches the Fleet only."""
 
-    def __init__(self, track: str, fleet: Fleet, picker: Picker, metrics: Metrics):
+    def __init__(self, track: str, fleet: Fleet, picker: Picker, metrics: Metrics, weights: RouteWeights):
         self.track, self.fleet, self.picker, self.metrics = track, fleet, picker, metrics
+        self.weights = weights
 
     def choose(self, headers: Mapping[str, str], body: bytes) -> CommonResponse:
         dialogue = dialogue_key(headers, body)
-        choice = self.picker.pick(dialogue, self.track, self.fleet.endpoints())
+        route = self.weights.current
+        self.picker.set_weights(route.weights if route else None)
+        # a request that a pinning rule sent to this pool keeps it; the weights decide the others
+        by_weight = route is None or not route.pinned(headers)
+        choice = self.picker.pick(dialogue, self.track, self.fleet.endpoints(), by_weight=by_weight)
         self.metrics.dialogues.set(len(self.picker))
         if choice is None:
             self.metrics.unavailable.labels(self.track).inc()
@@ -180,11 +187,12 @@ async def serve(
     limits: Limits,
     scrape_interval_s: float,
     metrics: Metrics,
+    weights: RouteWeights,
 ) -> None:
     picker = Picker(limits, clock=time.monotonic)
     servers = []
     for track, port in ports.items():
-        server = grpclib.server.Server([PoolProcessor(track, fleet, picker, metrics)])
+        server = grpclib.server.Server([PoolProcessor(track, fleet, picker, metrics, weights)])
         await server.start(host, port)
         servers.append(server)
         log.info("picker for the %s pool on %s:%d", track, host, port)
@@ -217,6 +225,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         default=[],
         help="a replica without Kubernetes: address,track,revision[,metrics_url]",
     )
+    parser.add_argument(
+        "--route",
+        help="the HTTPRoute (in --namespace) whose weights new dialogues follow exactly (with --pool-name)",
+    )
+    parser.add_argument(
+        "--pool-name",
+        action="append",
+        default=[],
+        metavar="TRACK=POOL",
+        help="the InferencePool of a track in --route, e.g. canary=bot-canary",
+    )
     parser.add_argument("--metrics-port", type=int, default=0, help="the picker's own /metrics (0: none)")
     parser.add_argument("--scrape-interval", type=float, default=1.0)
     parser.add_argument("--max-queue", type=float, default=Limits.max_queue)
@@ -246,6 +265,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         ).start()
     else:
         parser.error("give --namespace and --selector (pods from the API) or --endpoint (a fixed list)")
+    weights = RouteWeights()
+    if args.route:
+        if not (args.namespace and args.pool_name):
+            parser.error("--route needs --namespace and --pool-name TRACK=POOL")
+        pools = {pool: track for track, pool in (x.split("=", 1) for x in args.pool_name)}
+        threading.Thread(
+            target=watch_route, args=(weights, args.namespace, args.route, pools), daemon=True
+        ).start()
     registry = CollectorRegistry()
     metrics = Metrics(registry)  # counted always, served only with --metrics-port
     if args.metrics_port:
@@ -256,7 +283,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         sessions=args.max_dialogues,
         session_ttl_s=args.dialogue_ttl,
     )
-    asyncio.run(serve(fleet, ports, args.host, limits, args.scrape_interval, metrics))
+    asyncio.run(serve(fleet, ports, args.host, limits, args.scrape_interval, metrics, weights))
 
 
 if __name__ == "__main__":

@@ -217,14 +217,22 @@ def test_rules_are_commented() -> None:
             assert any(ln.lstrip().startswith("#") for ln in before), f"rule at line {i + 1} has no comment"
 
 
-def test_the_pickers_read_pods_in_the_fleets_namespaces_and_nothing_else() -> None:
+def test_the_pickers_read_pods_and_routes_in_the_fleets_namespaces_and_nothing_else() -> None:
     """InferencePool routing's endpoint pickers: the chart writes their ServiceAccount and a Role to list
-    and watch pods, bound to that ServiceAccount only, in the watched namespaces or the ones listed."""
+    and watch pods and HTTPRoutes (the route's weights), bound to that ServiceAccount only, in the watched
+    namespaces or the ones listed."""
     docs = render(["watch.scope=namespaces", "watch.namespaces={team-a,team-b}"])
     roles = [d for d in find(docs, "Role") if is_pickers(d)]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     for role in roles:
-        assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}]
+        assert role["rules"] == [
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
+            {
+                "apiGroups": ["gateway.networking.k8s.io"],
+                "resources": ["httproutes"],
+                "verbs": ["list", "watch"],
+            },
+        ]
     for binding in (d for d in find(docs, "RoleBinding") if is_pickers(d)):
         ns = binding["metadata"]["namespace"]
         assert binding["subjects"] == [

@@ -452,10 +452,12 @@ def start_picker(
     *,
     scrape_interval: float = 0.5,
     extra: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
     timeout: float = 30.0,
 ) -> procs.Proc:
     """The endpoint picker (python -m chatfleet_picker) on 127.0.0.1 for a fixed list of replicas
-    ('address,track,revision[,metrics_url]'), one gRPC port per pool: {pool name: port}."""
+    ('address,track,revision[,metrics_url]'), one gRPC port per pool: {pool name: port}; `extra`
+    arguments (e.g. --route, read with the kubeconfig that `env` names)."""
     argv = [
         sys.executable,
         "-m",
@@ -471,7 +473,7 @@ def start_picker(
     for endpoint in endpoints:
         argv += ["--endpoint", endpoint]
     log = workdir / "picker.log"
-    proc = procs.start("picker", argv, log=log)
+    proc = procs.start("picker", argv, log=log, env=dict(env) if env is not None else None)
     for port in pools.values():
         procs.wait_for("picker", lambda p=port: procs.port_in_use(p), timeout=timeout, log=log, proc=proc)
     return proc

@@ -118,6 +118,8 @@ def build_picker(
         f"--pod-metrics-port={SCRAPE_PORT}",
         f"--metrics-port={PICKER_METRICS_PORT}",
         f"--max-queue={PICKER_MAX_QUEUE}",
+        f"--route={ref.name}",  # the HTTPRoute's weights (build_httproute names it after the bot)
+        *(f"--pool-name={track}={pool_name(ref, track)}" for track in PICKER_PORTS),
     ]
     grpc_ports = [
         {"name": f"grpc-{track}", "containerPort": port, "protocol": "TCP"}

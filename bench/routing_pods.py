@@ -1,0 +1,259 @@
+"""bench-routing's fleet on real pods (`--fleet pods`, the default): the operator's own ChatbotService on the
+local real node, routed by the operator.
+
+Everything is real: the local Kubernetes with a real node (kubelet, containerd, runc) running the project's
+runtime image (Triton + the chat API) on the Qwen2-0.5B-shaped model (a hostPath under .work), sessions in
+Redis, sticky dialogues on; the operator (a host process, `--routing=auto`) sees the Gateway API and
+InferencePool CRDs that Envoy Gateway installs, so it routes the ChatbotService through an HTTPRoute to its
+InferencePools and runs its endpoint picker as a pod on the real node (the operator's image, the chart's
+picker RBAC). Envoy Gateway (chatfleet_platform.addons.envoygateway) serves that route from its own Envoy
+on this host, with the local platform's InferencePool extension.
+
+The baselines go to the same pods: Envoy (the same wheel) configured directly over the pods' addresses, as
+a gateway configures itself for a route to the Services (poolgateway.ServiceBackend): each request to a
+random endpoint (`service`), or hashed on X-Session-Id (`session-hash`).
+
+The canary is the operator's own release (steps 20, 50, 100 %, spec.rollout.paused held at each step while
+the bench runs the stage), with one stable and one canary pod (the real node's 2 cores hold three chat pods
+at most); the baseline's weighted Services get the same weights over the same two pods.
+"""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "hack"))
+
+from chatfleet_platform.addons import envoygateway  # noqa: E402
+from chatfleet_platform.addons.envoygateway import EnvoyGateway  # noqa: E402
+from chatfleet_platform.addons.poolgateway import PoolGateway, ServiceBackend  # noqa: E402
+from chatfleet_platform.cluster import images  # noqa: E402
+from chatfleet_platform.cluster.realnode import REAL_LABEL, REAL_TAINT  # noqa: E402
+from chatfleet_platform.common import procs  # noqa: E402
+from chatfleet_platform.common.config import (  # noqa: E402
+    LOCAL_ANALYSIS_ARGS,
+    LOCAL_HOST_PATH_ARGS,
+    REAL_NODE_OPERATOR_ENV,
+)
+from chatfleet_platform.load.realpods import picker_rbac  # noqa: E402
+from chatfleet_platform.load.releasetraffic import Bot, ready_pods, rolled_back, traffic_spec  # noqa: E402
+from chatfleet_platform.servers import services  # noqa: E402
+from release_traffic_bench import Platform  # noqa: E402
+
+#: The chat API's port in every pod (operator builders: CHAT_PORT).
+CHAT_PORT = 8080
+GATEWAY_NAMESPACE, GATEWAY_NAME = "routing-gateway", "chatfleet-pools"
+#: The canary's steps; each is held (spec.rollout.paused) while the bench runs it.
+STEPS = (20, 50, 100)
+#: A step's pause: long enough to pause the release again once it reaches the next step.
+STEP_PAUSE_SECONDS = 30
+
+
+def say(msg: str) -> None:
+    print(f"[bench-routing] {msg}", flush=True)
+
+
+def readable(model_dir: Path) -> Path:
+    """The model's files readable by the pods' users (a hostPath mount keeps the host's modes)."""
+    for p in [model_dir, *model_dir.rglob("*")]:
+        p.chmod(p.stat().st_mode | 0o444 | (0o111 if p.is_dir() else 0))
+    return model_dir
+
+
+def addresses(bot: Bot, track: str) -> list[str]:
+    """IP:port of the chat API of each Ready pod of a track (what a gateway sees behind its Service)."""
+    out = []
+    for pod in bot.pods(track):
+        statuses = pod.get("status", {}).get("containerStatuses") or [{}]
+        if pod["metadata"].get("deletionTimestamp") or not all(s.get("ready") for s in statuses):
+            continue
+        out.append(f"{pod['status']['podIP']}:{CHAT_PORT}")
+    return sorted(out)
+
+
+class PodFleet:
+    """The platform, Envoy Gateway, the operator and the bot; `affinity_modes` and `canary_modes` as in
+    routing_bench's host fleet."""
+
+    def __init__(
+        self, workdir: Path, model_dir: Path, *, replicas: int, max_new_tokens: int, context_tokens: int
+    ) -> None:
+        self.workdir, self.model_dir = workdir, readable(model_dir)
+        self.replicas, self.max_new_tokens, self.context_tokens = replicas, max_new_tokens, context_tokens
+        self.platform = Platform()
+        self.gateway: EnvoyGateway | None = None
+        self.direct = PoolGateway(workdir / "direct-envoy")
+        self.port = procs.free_port()
+        self.bot: Bot | None = None
+        self.revision_of: dict[str, str] = {}
+        self.weight = 0
+
+    # -- set-up -----------------------------------------------------------------------------------------
+
+    def __enter__(self) -> PodFleet:
+        try:
+            self._up()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def _up(self) -> None:
+        platform = self.platform
+        platform.up(operator=False)
+        cluster = platform.cluster
+        operator_image = images.ImageBuilder().build(["operator"])["operator"]["ref"]
+        self.gateway = EnvoyGateway(cluster, self.workdir / "envoy-gateway", identify_upstream=True)
+        self.gateway.start()  # the Gateway API and InferencePool CRDs: the operator routes by pools
+        cluster.kubectl("create", "namespace", GATEWAY_NAMESPACE)
+        cluster.apply(envoygateway.gateway_objects(GATEWAY_NAMESPACE, GATEWAY_NAME, self.port))
+        taint = f"{REAL_TAINT['key']}={REAL_TAINT['value']}:{REAL_TAINT['effect']}"
+        cluster.start_extra(
+            "operator",
+            [
+                sys.executable,
+                "-m",
+                "chatfleet_operator.cli",
+                "run",
+                *LOCAL_ANALYSIS_ARGS,
+                *LOCAL_HOST_PATH_ARGS,
+                f"--gateway={GATEWAY_NAME}",
+                f"--gateway-namespace={GATEWAY_NAMESPACE}",
+                "--routing=auto",
+                f"--picker-image={operator_image}",
+                f"--picker-node-selector={REAL_LABEL}=true",
+                f"--picker-toleration={taint}",
+            ],
+            env={**cluster.env, **REAL_NODE_OPERATOR_ENV},
+        )
+        self.bot = self._bot()
+        say(f"pods: {', '.join(addresses(self.bot, 'stable'))}; picker Ready; Envoy Gateway serves the pools")
+
+    def _bot(self) -> Bot:
+        """The ChatbotService on `replicas` pods, its route and pools served, its picker Ready."""
+        platform, cluster = self.platform, self.platform.cluster
+        assert platform.redis is not None and platform.prom is not None
+        ns = f"routing-{uuid.uuid4().hex[:6]}"
+        cluster.kubectl("create", "namespace", ns)
+        assert services.wait_until(
+            lambda: cluster.kubectl("get", "sa", "default", namespace=ns, check=False).returncode == 0, 30
+        )
+        secret = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "redis", "namespace": ns},
+            "stringData": {"url": platform.redis.url_at(platform.node_ip)},
+        }
+        cluster.apply([secret, *picker_rbac(ns)])
+        spec = traffic_spec(
+            platform.prom.url,
+            image=platform.image,
+            model_dir=self.model_dir,
+            steps=STEPS,
+            pause_seconds=STEP_PAUSE_SECONDS,
+        )
+        # The steps move when the bench resumes them and their pause is over: no analysis (its verdicts
+        # are not what this bench measures).
+        for step in spec["rollout"]["canary"]["steps"]:
+            step["analysis"] = False
+        spec["model"]["maxContextTokens"] = self.context_tokens
+        spec["runtime"]["maxNewTokens"] = self.max_new_tokens
+        bot = Bot(cluster, ns)
+        say(f"ChatbotService {ns}/bot on the real node ({self.model_dir.name})")
+        bot.apply(spec)
+        bot.wait(bot.ready, 900, "bot Ready")
+        bot.patch({"scaling": {"replicas": self.replicas}})
+        bot.wait(
+            lambda: ready_pods(bot, "stable") >= self.replicas, 600, f"{self.replicas} Ready stable pods"
+        )
+        bot.wait(lambda: (routing(bot).get("picker") or {}).get("ready"), 300, "the picker pod Ready")
+        assert self.gateway is not None
+        self.gateway.wait_serving_route(ns, bot.name, timeout=180)
+        bot.wait(lambda: routing(bot).get("backends") == "InferencePool", 60, "routing by InferencePool")
+        return bot
+
+    def __exit__(self, *exc: object) -> None:
+        for stop in (self.direct.stop, self.gateway.stop if self.gateway else None, self.platform.down):
+            if stop is None:
+                continue
+            try:
+                stop()
+            except Exception as e:  # keep tearing down
+                say(f"teardown: {e}")
+
+    # -- modes ------------------------------------------------------------------------------------------
+
+    @property
+    def pools_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _services(self, backends: list[ServiceBackend], **kw: Any) -> str:
+        self.direct.serve_services(backends, identify_upstream=True, **kw)
+        return self.direct.url
+
+    def affinity_modes(self) -> dict[str, Callable[[], str]]:
+        """Phase 1's modes over the stable pods: name -> configure (returns the URL to send to)."""
+        assert self.bot is not None
+        one_service = [ServiceBackend("bot", 100, tuple(addresses(self.bot, "stable")))]
+        return {
+            "service": lambda: self._services(one_service, lb_policy="RANDOM"),
+            "session-hash": lambda: self._services(one_service, hash_header="x-session-id"),
+            "pools+picker": lambda: self.pools_url,
+        }
+
+    def canary_start(self) -> dict[str, str]:
+        """One stable pod, then the operator's release held at its first step; {pod address: revision}."""
+        bot = self.bot
+        assert bot is not None
+        bot.patch({"scaling": {"replicas": 1}})
+        bot.wait(lambda: len(bot.pods("stable")) == 1, 300, "one stable pod")
+        self.revision_of = {a: "a" for a in addresses(bot, "stable")}
+        bot.patch({"runtime": {"fallbackText": "Busy, release 1. Try again."}})
+        bot.wait(lambda: bot.status().get("release"), 60, "a release")
+        self._hold(STEPS[0])
+        return self.revision_of
+
+    def _hold(self, weight: int) -> None:
+        """Until the release holds at `weight` (paused), its canary pod Ready and Envoy serving the weight."""
+        bot, gateway = self.bot, self.gateway
+        assert bot is not None and gateway is not None
+
+        def at_weight() -> bool:
+            assert not rolled_back(bot), bot.cond("Stalled")
+            return (bot.status().get("release") or {}).get("weight") == weight
+
+        bot.wait(at_weight, 600, f"the release at {weight} %")
+        bot.patch({"rollout": {"paused": True}})
+        bot.wait(lambda: ready_pods(bot, "canary") >= 1, 600, "a Ready canary pod")
+        gateway.wait_serving_route(bot.ns, bot.name, timeout=120)
+        self.revision_of.update({a: "b" for a in addresses(bot, "canary")})
+        self.weight = weight
+        say(
+            f"release held at {weight} % (stable {addresses(bot, 'stable')}, canary {addresses(bot, 'canary')})"
+        )
+
+    def canary_modes(self, weight: int) -> dict[str, Callable[[], str]]:
+        """The release moved on to `weight` (resumed, then held); each mode's configure."""
+        bot = self.bot
+        assert bot is not None
+        if weight != self.weight:
+            bot.patch({"rollout": {"paused": False}})
+            self._hold(weight)
+        stable, canary = addresses(bot, "stable"), addresses(bot, "canary")
+        backends = [
+            ServiceBackend("bot", 100 - weight, tuple(stable)),
+            ServiceBackend("bot-canary", weight, tuple(canary)),
+        ]
+        return {
+            "weighted-services": lambda: self._services(backends),
+            "pools+picker": lambda: self.pools_url,
+        }
+
+
+def routing(bot: Bot) -> dict[str, Any]:
+    return bot.status().get("routing") or {}

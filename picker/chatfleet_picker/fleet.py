@@ -242,6 +242,10 @@ def route_split(route: Mapping[str, Any], pools: Mapping[str, str]) -> RouteSpli
     return RouteSplit(weights, tuple(pins))
 
 
+#: The longest wait between two reads of a route that cannot be read (1 s, doubling up to this).
+ROUTE_RETRY_MAX_S = 30.0
+
+
 class RouteWeights:
     """The route as last read (None: not read, or unreadable); written by the route watch's thread, read
     on the event loop (one attribute: a plain swap)."""
@@ -262,9 +266,11 @@ def watch_route(holder: RouteWeights, namespace: str, name: str, pools: Mapping[
     api = client.CustomObjectsApi()
     args = ("gateway.networking.k8s.io", "v1", namespace, "httproutes")
     selector = f"metadata.name={name}"
+    backoff = 1.0
     while True:
         try:
             listed = api.list_namespaced_custom_object(*args, field_selector=selector)
+            backoff = 1.0
             items = listed.get("items") or []
             holder.current = route_split(items[0], pools) if items else None
             for event in watch.Watch().stream(
@@ -276,7 +282,10 @@ def watch_route(holder: RouteWeights, namespace: str, name: str, pools: Mapping[
             ):
                 deleted = event["type"] == "DELETED"
                 holder.current = None if deleted else route_split(event["object"], pools)
-        except Exception as exc:  # the API server restarting must not end the picker
+        except Exception as exc:  # the API server restarting (or a Role without httproutes) must not end it
             holder.current = None
-            log.warning("route watch of %s/%s broke (%s); listing again", namespace, name, exc)
-            threading.Event().wait(1.0)
+            log.warning(
+                "route watch of %s/%s broke (%s); listing again in %.0fs", namespace, name, exc, backoff
+            )
+            threading.Event().wait(backoff)
+            backoff = min(ROUTE_RETRY_MAX_S, backoff * 2)

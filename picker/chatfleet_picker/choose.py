@@ -4,7 +4,8 @@ The gateway has already chosen the pool (the track, by the HTTPRoute's weights) 
 For a request of a dialogue the picker has seen, that choice is overruled:
 
 1. **affinity**: the turn goes to the replica that answered the dialogue's last turn (it holds the
-   dialogue's prefix KV), unless that replica is saturated (queue or KV usage at its limit) or gone;
+   dialogue's prefix KV), unless that replica is saturated (its queue at its limit) and another of its
+   revision is not, or it is gone;
 2. **revision**: otherwise to the least-loaded replica of the revision that answered the dialogue's first
    turn, on whichever track it now is: a dialogue never switches revision while a replica of its revision
    serves (a canary's weights move, a promotion relabels it, and no client header is needed);
@@ -15,11 +16,15 @@ For a request of a dialogue the picker has seen, that choice is overruled:
    gateway's own weighted choice is random per request: at 20 % over 60 dialogues it lands anywhere
    from about 10 to 30 %); otherwise they take the track the gateway chose.
 
-Saturation is read from the replica's metrics (its queue: requests in flight; its KV usage). New
-dialogues go to the replica with the least queue plus picks sent to it since its metrics were read, then
-the least KV usage; ties go by a hash of the dialogue and the address, so equal replicas
-share new dialogues instead of one taking them all. A request without a dialogue key is a new dialogue
-each time (nothing to keep).
+Load is read from the replica's metrics: its queue (requests in flight or waiting) and the fill of its
+KV prefix store. Saturation is the queue alone: the runtime admits a request into its running batch only
+while the batch's KV fits its budget, so KV pressure shows as requests waiting, while the prefix store
+is an LRU cache that fills up by design (a full one is a warm replica, not a busy one: counting it as
+saturation moved dialogues off the replicas holding their prefixes). New dialogues go to the replica
+with the least queue plus picks sent to it since its metrics were read, then the least-filled prefix
+store (room for the new dialogue's prefix without evicting others); ties go by a hash of the dialogue
+and the address, so equal replicas share new dialogues instead of one taking them all. A request without
+a dialogue key is a new dialogue each time (nothing to keep).
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ class Endpoint:
     queue: float = 0.0
     """Requests in flight or waiting (chatfleet_inflight_requests)."""
     kv_usage: float = 0.0
-    """Fill of the replica's KV cache, 0..1."""
+    """Fill of the replica's KV prefix store, 0..1 (orders new dialogues; never saturation)."""
 
 
 @dataclass(frozen=True)
@@ -52,7 +57,6 @@ class Limits:
     """When a replica counts as saturated (a dialogue then leaves it for another of its revision)."""
 
     max_queue: float = 8.0
-    max_kv_usage: float = 0.95
     sessions: int = 100_000
     """Dialogues remembered (least recently used forgotten first)."""
     session_ttl_s: float = 3600.0
@@ -122,9 +126,9 @@ class Picker:
         return best
 
     def saturated(self, e: Endpoint) -> bool:
-        """At its queue or KV limit, by its last metrics (picks since then only order new dialogues:
-        most have finished by the next read, so counting them would move dialogues off idle replicas)."""
-        return e.queue >= self.limits.max_queue or e.kv_usage >= self.limits.max_kv_usage
+        """At its queue limit, by its last metrics (picks since then only order new dialogues: most have
+        finished by the next read, so counting them would move dialogues off idle replicas)."""
+        return e.queue >= self.limits.max_queue
 
     def pick(
         self, dialogue: str | None, track: str, endpoints: Sequence[Endpoint], by_weight: bool = True
@@ -145,7 +149,10 @@ class Picker:
                 choice = Choice(home.address, AFFINITY, home.revision)
             elif same:
                 best = self._least_loaded(dialogue, same)
-                choice = Choice(best.address, REVISION, best.revision)
+                if home is not None and self.saturated(best):  # all saturated: moving loses the prefix
+                    choice = Choice(home.address, AFFINITY, home.revision)
+                else:
+                    choice = Choice(best.address, REVISION, best.revision)
         if choice is None:
             track = self.new_track(track, ready) if by_weight else track
             on_track = [e for e in ready if e.track == track]

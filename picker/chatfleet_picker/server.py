@@ -239,7 +239,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--metrics-port", type=int, default=0, help="the picker's own /metrics (0: none)")
     parser.add_argument("--scrape-interval", type=float, default=1.0)
     parser.add_argument("--max-queue", type=float, default=Limits.max_queue)
-    parser.add_argument("--max-kv-usage", type=float, default=Limits.max_kv_usage)
     parser.add_argument(
         "--max-dialogues", type=int, default=Limits.sessions, help="dialogues remembered (LRU)"
     )
@@ -279,7 +278,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         start_http_server(args.metrics_port, addr=args.host, registry=registry)
     limits = Limits(
         max_queue=args.max_queue,
-        max_kv_usage=args.max_kv_usage,
         sessions=args.max_dialogues,
         session_ttl_s=args.dialogue_ttl,
     )

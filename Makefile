@@ -222,7 +222,7 @@ bench-chaos-upgrades: setup ## Operator upgrades on real pods: the chart's opera
 	$(PY) bench/upgrade_bench.py
 
 .PHONY: bench-routing
-bench-routing: setup ## InferencePool routing: Chatfleet's endpoint picker vs plain Services and session hashing behind real Envoy, real runtime replicas: prefix affinity, TTFT, revision switches through a canary (~10 min)
+bench-routing: setup ## InferencePool routing: Chatfleet's endpoint picker vs plain Services and session hashing behind real Envoy, the operator's pods on the real node: prefix affinity, TTFT, revision switches and canary shares through its release (~18 min)
 	$(PY) bench/routing_bench.py $(BENCH_ARGS)
 
 .PHONY: bench-rollout

@@ -1,7 +1,8 @@
 """The replicas of one ChatbotService as the picker knows them: pods from the API, load from their metrics.
 
-Pure parts (`endpoint_of_pod`, `parse_load`, `Fleet`) are tested alone; `watch_pods` (the Kubernetes API,
-in a thread) and `scrape` (each replica's metrics port) feed a `Fleet`.
+Pure parts (`endpoint_of_pod`, `parse_load`, `Fleet`, `route_split`) are tested alone; `watch_pods` (the
+Kubernetes API, in a thread) and `scrape` (each replica's metrics port) feed a `Fleet`, `watch_route` (a
+thread) keeps the bot's HTTPRoute's weights and pinning rules in a `LatestRoute`.
 """
 
 from __future__ import annotations
@@ -246,7 +247,7 @@ def route_split(route: Mapping[str, Any], pools: Mapping[str, str]) -> RouteSpli
 ROUTE_RETRY_MAX_S = 30.0
 
 
-class RouteWeights:
+class LatestRoute:
     """The route as last read (None: not read, or unreadable); written by the route watch's thread, read
     on the event loop (one attribute: a plain swap)."""
 
@@ -254,7 +255,7 @@ class RouteWeights:
         self.current: RouteSplit | None = None
 
 
-def watch_route(holder: RouteWeights, namespace: str, name: str, pools: Mapping[str, str]) -> None:
+def watch_route(holder: LatestRoute, namespace: str, name: str, pools: Mapping[str, str]) -> None:
     """Watch the HTTPRoute `name`, forever (run in a thread), keeping `holder` at its split; a route
     deleted or unreadable leaves None (new dialogues then take the gateway's choice)."""
     from kubernetes import client, config, watch

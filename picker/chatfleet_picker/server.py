@@ -44,7 +44,7 @@ from envoy_data_plane.envoy.service.ext_proc.v3 import (
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
 from chatfleet_picker.choose import Endpoint, Limits, Picker
-from chatfleet_picker.fleet import Fleet, Replica, RouteWeights, scrape, watch_pods, watch_route
+from chatfleet_picker.fleet import Fleet, LatestRoute, Replica, scrape, watch_pods, watch_route
 
 log = logging.getLogger("chatfleet.picker")
 
@@ -117,13 +117,13 @@ class PoolProcessor(ExternalProcessorBase):
     """ext_proc for the pool of one track. The picker is used on the event loop only (these handlers and
     the metrics reads' `observe`), so it needs no lock; the pod watch's thread touches the Fleet only."""
 
-    def __init__(self, track: str, fleet: Fleet, picker: Picker, metrics: Metrics, weights: RouteWeights):
+    def __init__(self, track: str, fleet: Fleet, picker: Picker, metrics: Metrics, route: LatestRoute):
         self.track, self.fleet, self.picker, self.metrics = track, fleet, picker, metrics
-        self.weights = weights
+        self.route = route
 
     def choose(self, headers: Mapping[str, str], body: bytes) -> CommonResponse:
         dialogue = dialogue_key(headers, body)
-        route = self.weights.current
+        route = self.route.current
         self.picker.set_weights(route.weights if route else None)
         # a request that a pinning rule sent to this pool keeps it; the weights decide the others
         by_weight = route is None or not route.pinned(headers)
@@ -187,12 +187,12 @@ async def serve(
     limits: Limits,
     scrape_interval_s: float,
     metrics: Metrics,
-    weights: RouteWeights,
+    route: LatestRoute,
 ) -> None:
     picker = Picker(limits, clock=time.monotonic)
     servers = []
     for track, port in ports.items():
-        server = grpclib.server.Server([PoolProcessor(track, fleet, picker, metrics, weights)])
+        server = grpclib.server.Server([PoolProcessor(track, fleet, picker, metrics, route)])
         await server.start(host, port)
         servers.append(server)
         log.info("picker for the %s pool on %s:%d", track, host, port)
@@ -264,13 +264,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         ).start()
     else:
         parser.error("give --namespace and --selector (pods from the API) or --endpoint (a fixed list)")
-    weights = RouteWeights()
+    route = LatestRoute()
     if args.route:
         if not (args.namespace and args.pool_name):
             parser.error("--route needs --namespace and --pool-name TRACK=POOL")
         pools = {pool: track for track, pool in (x.split("=", 1) for x in args.pool_name)}
         threading.Thread(
-            target=watch_route, args=(weights, args.namespace, args.route, pools), daemon=True
+            target=watch_route, args=(route, args.namespace, args.route, pools), daemon=True
         ).start()
     registry = CollectorRegistry()
     metrics = Metrics(registry)  # counted always, served only with --metrics-port
@@ -281,7 +281,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         sessions=args.max_dialogues,
         session_ttl_s=args.dialogue_ttl,
     )
-    asyncio.run(serve(fleet, ports, args.host, limits, args.scrape_interval, metrics, weights))
+    asyncio.run(serve(fleet, ports, args.host, limits, args.scrape_interval, metrics, route))
 
 
 if __name__ == "__main__":

@@ -90,11 +90,13 @@ def stepping(
         gate = hold
     else:
         left = max(0, math.ceil(step.pause_seconds - waited))
-        need = "a passing analysis" if step.analysis else "nothing else"
+        # e.g. "Step 2/3: weight 50%, 8s of pause left, then a passing analysis"; a step without
+        # analysis: "Step 1/3: weight 20%, 4s of pause left (no analysis at this step)"
+        need = ", then a passing analysis" if step.analysis else " (no analysis at this step)"
         gate = Gate(
             GateKind.ADVANCING,
             ReleaseReason.RELEASING,
-            f"Step {idx + 1}/{len(steps)}: weight {weight}%, {left}s of pause left, then {need}",
+            f"Step {idx + 1}/{len(steps)}: weight {weight}%, {left}s of pause left{need}",
         )
     return Step(idx, weight, gate, pause_left)
 

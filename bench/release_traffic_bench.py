@@ -40,7 +40,7 @@ from chatfleet_platform.addons import scrape  # noqa: E402
 from chatfleet_platform.addons.gateway import SHARED_NAMESPACE, Gateway  # noqa: E402
 from chatfleet_platform.cluster import images  # noqa: E402
 from chatfleet_platform.cluster.cluster import Cluster  # noqa: E402
-from chatfleet_platform.cluster.realnode import CLIENT_ADDRESSES, NodePlan  # noqa: E402
+from chatfleet_platform.cluster.realnode import CLIENT_ADDRESSES, NodePlan, readable_by_pods  # noqa: E402
 from chatfleet_platform.common.config import (  # noqa: E402
     CHATBOT_CRD_FILE,
     CHATBOT_CRD_NAME,
@@ -113,10 +113,7 @@ class Platform:
             self.cluster.workdir / "bench-prometheus", scrape_configs=configs
         ).start()
         self.redis = services.Redis(self.cluster.workdir / "bench-redis", also_bind=(self.node_ip,)).start()
-        model = build_tiny_model(REPO / ".work" / "realnode-model")
-        for p in [model, *model.rglob("*")]:
-            p.chmod(p.stat().st_mode | 0o444 | (0o111 if p.is_dir() else 0))
-        self.model_dir = model
+        self.model_dir = readable_by_pods(build_tiny_model(REPO / ".work" / "realnode-model"))
         if operator:
             self.start_operator()
 

@@ -80,12 +80,10 @@ def runtime_image(image_refs) -> str:
 @pytest.fixture(scope="session")
 def host_model_dir() -> Path:
     """The tiny model on the host, readable by the pods' non-root user (mounted with model.hostPath)."""
+    from chatfleet_platform.cluster.realnode import readable_by_pods
     from chatfleet_platform.localruntime.tiny import build_tiny_model
 
-    path = build_tiny_model(REPO_ROOT / ".work" / "realnode-model")
-    for p in [path, *path.rglob("*")]:
-        p.chmod(p.stat().st_mode | 0o444 | (0o111 if p.is_dir() else 0))
-    return path
+    return readable_by_pods(build_tiny_model(REPO_ROOT / ".work" / "realnode-model"))
 
 
 @pytest.fixture(scope="session")

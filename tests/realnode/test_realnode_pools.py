@@ -36,7 +36,7 @@ import pytest
 from chatfleet_platform.addons import envoygateway, gatewayapi, inferenceext
 from chatfleet_platform.addons.envoygateway import EnvoyGateway
 from chatfleet_platform.addons.poolgateway import UPSTREAM_HEADER
-from chatfleet_platform.cluster.realnode import REAL_LABEL, REAL_TAINT
+from chatfleet_platform.cluster.realnode import PICKER_PLACEMENT_ARGS
 from chatfleet_platform.common import procs
 from chatfleet_platform.common.config import REAL_NODE_OPERATOR_ENV
 from chatfleet_platform.load.dialogues import DialogueLoad
@@ -58,7 +58,6 @@ def pool_operator(cluster, chatfleet_crd, real_node, image_refs, tmp_path_factor
     """Envoy Gateway serving a Gateway (the Gateway API and InferencePool CRDs installed), and an operator
     that routes pool-* releases through pools, its pickers on the real node. Yields (operator, gateway,
     the gateway's URL)."""
-    taint = f"{REAL_TAINT['key']}={REAL_TAINT['value']}:{REAL_TAINT['effect']}"
     op = OperatorProcess(
         chatfleet_crd,
         tmp_path_factory.mktemp("pool-operator"),
@@ -68,8 +67,7 @@ def pool_operator(cluster, chatfleet_crd, real_node, image_refs, tmp_path_factor
             f"--gateway-namespace={GATEWAY_NAMESPACE}",
             "--routing=auto",
             f"--picker-image={image_refs['operator']['ref']}",
-            f"--picker-node-selector={REAL_LABEL}=true",
-            f"--picker-toleration={taint}",
+            *PICKER_PLACEMENT_ARGS,
         ),
         env=REAL_NODE_OPERATOR_ENV,
     )

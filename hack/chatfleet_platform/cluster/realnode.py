@@ -61,6 +61,11 @@ from .nodestore import NodeImages
 REAL_LABEL = "chatfleet.io/real-node"
 #: Pods that tolerate this taint (and select REAL_LABEL) run on a real node; nothing else lands there.
 REAL_TAINT = {"key": REAL_LABEL, "value": "true", "effect": "NoSchedule"}
+#: Operator flags that place the endpoint pickers of InferencePool routing on a real node.
+PICKER_PLACEMENT_ARGS = (
+    f"--picker-node-selector={REAL_LABEL}=true",
+    f"--picker-toleration={REAL_TAINT['key']}={REAL_TAINT['value']}:{REAL_TAINT['effect']}",
+)
 PODS_CIDR = "10.245.0.0/16"  # all real nodes' pod ranges
 KWOK_POD_CIDR = (
     "10.244.0.0/16"  # blackholed: a Service backed by a simulated pod must not leak off the machine
@@ -314,6 +319,14 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
                 "tcpCloseWaitTimeout": "0s",
             },
         }
+
+
+def readable_by_pods(folder: Path) -> Path:
+    """`folder` (a model the real node's pods mount with spec.model.hostPath) readable by the pods'
+    non-root user: a hostPath mount keeps the host's modes. Returns `folder`."""
+    for p in [folder, *folder.rglob("*")]:
+        p.chmod(p.stat().st_mode | 0o444 | (0o111 if p.is_dir() else 0))
+    return folder
 
 
 def plans(root: Path, count: int, gpus: int) -> list[NodePlan]:

@@ -116,14 +116,9 @@ class Demo:
         if not self.real_nodes:
             return []
         from chatfleet_platform.cluster import images
-        from chatfleet_platform.cluster.realnode import REAL_LABEL, REAL_TAINT
+        from chatfleet_platform.cluster.realnode import PICKER_PLACEMENT_ARGS
 
-        taint = f"{REAL_TAINT['key']}={REAL_TAINT['value']}:{REAL_TAINT['effect']}"
-        return [
-            f"--picker-image={images.read_refs()['operator']['ref']}",
-            f"--picker-node-selector={REAL_LABEL}=true",
-            f"--picker-toleration={taint}",
-        ]
+        return [f"--picker-image={images.read_refs()['operator']['ref']}", *PICKER_PLACEMENT_ARGS]
 
     @property
     def model_dir(self) -> Path:
@@ -198,11 +193,10 @@ class Demo:
         from .demo_release import REAL_NAME, REAL_NS
 
         self.step("A chatbot on real pods: the runtime image on the real node, a chat through the Service")
+        from chatfleet_platform.cluster.realnode import readable_by_pods
         from chatfleet_platform.localruntime.tiny import build_tiny_model
 
-        model = build_tiny_model(self.model_dir)
-        for p in [model, *model.rglob("*")]:
-            p.chmod(p.stat().st_mode | 0o444 | (0o111 if p.is_dir() else 0))
+        model = readable_by_pods(build_tiny_model(self.model_dir))
         spec = on_real_node(
             {"runtime": {"maxNewTokens": 32, "streaming": True}},
             image=images.read_refs()["runtime"]["ref"],

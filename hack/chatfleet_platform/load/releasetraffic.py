@@ -225,14 +225,19 @@ def rolled_back(bot: Bot) -> bool:
     return stalled.get("status") == "True" and stalled.get("reason") == "RolledBack"
 
 
-def ready_pods(bot: Bot, track: str) -> int:
+def serving_pods(bot: Bot, track: str) -> list[dict[str, Any]]:
     """Pods of a track, not going away, with every container ready."""
-    return sum(
-        1
+    return [
+        p
         for p in bot.pods(track)
         if not p["metadata"].get("deletionTimestamp")
         and all(s.get("ready") for s in p.get("status", {}).get("containerStatuses") or [{}])
-    )
+    ]
+
+
+def ready_pods(bot: Bot, track: str) -> int:
+    """How many serving_pods the track has."""
+    return len(serving_pods(bot, track))
 
 
 @dataclass

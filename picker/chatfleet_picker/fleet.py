@@ -153,15 +153,23 @@ async def scrape(
             await asyncio.sleep(interval_s)
 
 
-def watch_pods(fleet: Fleet, namespace: str, selector: str, target_port: int, metrics_port: int) -> None:
-    """List then watch the pods matching `selector`, forever (run in a thread). In-cluster credentials,
-    or the kubeconfig outside a cluster. A broken watch lists again."""
-    from kubernetes import client, config, watch
+def load_kube_config() -> None:
+    """The API's credentials: in-cluster (the picker's ServiceAccount), else the kubeconfig outside a
+    cluster."""
+    from kubernetes import config
 
     try:
         config.load_incluster_config()
     except config.ConfigException:
         config.load_kube_config()
+
+
+def watch_pods(fleet: Fleet, namespace: str, selector: str, target_port: int, metrics_port: int) -> None:
+    """List then watch the pods matching `selector`, forever (run in a thread). In-cluster credentials,
+    or the kubeconfig outside a cluster. A broken watch lists again."""
+    from kubernetes import client, watch
+
+    load_kube_config()
     api = client.ApiClient()
     core = client.CoreV1Api(api)
     while True:
@@ -258,12 +266,9 @@ class LatestRoute:
 def watch_route(holder: LatestRoute, namespace: str, name: str, pools: Mapping[str, str]) -> None:
     """Watch the HTTPRoute `name`, forever (run in a thread), keeping `holder` at its split; a route
     deleted or unreadable leaves None (new dialogues then take the gateway's choice)."""
-    from kubernetes import client, config, watch
+    from kubernetes import client, watch
 
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        config.load_kube_config()
+    load_kube_config()
     api = client.CustomObjectsApi()
     args = ("gateway.networking.k8s.io", "v1", namespace, "httproutes")
     selector = f"metadata.name={name}"

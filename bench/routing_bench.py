@@ -197,25 +197,13 @@ class PoolsBehindEnvoyGateway:
 
     def program(self, canary: int) -> str:
         """Apply the route with the canary's weight; wait until Envoy serves it; the gateway's URL."""
-        from chatfleet_operator.builders.httproute import build_httproute
+        from chatfleet_platform.addons.envoygateway import unowned_route
 
-        route = build_httproute(
-            self.ref,
-            stable_weight=100 - canary,
-            canary_weight=canary,
-            gateway_name="pools",
-            gateway_namespace=self.ref.namespace,
-            pool_group=POOL_GROUP,
-        )
-        del route["metadata"][
-            "ownerReferences"
-        ]  # no ChatbotService owns it: the garbage collector would delete it
-        self.cluster.apply([route])
+        self.cluster.apply([unowned_route(self.ref, canary, "pools")])
         self.gateway.wait_serving_route(self.ref.namespace, self.ref.name)
         return f"http://127.0.0.1:{self.port}"
 
 
-POOL_GROUP = "inference.networking.k8s.io"
 #: The canary's weights, in order.
 CANARY_WEIGHTS = (20, 50, 100)
 #: The model's context (tokens): five turns of history fit.
@@ -226,7 +214,6 @@ CONTEXT_TOKENS = 4096
 def envoy_gateway_pools(workdir: Path, picker_ports: dict[str, int]):
     """A local cluster (kwok, one node) holding the operator's InferencePools of bot `bot` (their pickers at
     `picker_ports` on this host, through an ExternalName Service), Envoy Gateway serving a Gateway for it."""
-    from chatfleet_operator.builders.inferencepool import build_inference_pool, picker_name
     from chatfleet_operator.spec import ObjectRef
     from chatfleet_platform.addons import envoygateway
     from chatfleet_platform.cluster.cluster import Cluster
@@ -240,19 +227,7 @@ def envoy_gateway_pools(workdir: Path, picker_ports: dict[str, int]):
         port = procs.free_port()
         cluster.kubectl("create", "namespace", ref.namespace)
         cluster.apply(envoygateway.gateway_objects(ref.namespace, "pools", port))
-        pools = []
-        for track in ("stable", "canary"):
-            pool = build_inference_pool(ref, track)
-            del pool["metadata"]["ownerReferences"]  # no ChatbotService owns them here
-            pool["spec"]["endpointPickerRef"]["port"]["number"] = picker_ports[track]
-            pools.append(pool)
-        picker_service = {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": {"name": picker_name(ref), "namespace": ref.namespace},
-            "spec": {"type": "ExternalName", "externalName": "127.0.0.1"},
-        }
-        cluster.apply([picker_service, *pools])
+        cluster.apply(envoygateway.host_picker_pools(ref, picker_ports))
         print("[bench-routing] Envoy Gateway serving the pools from a local cluster", flush=True)
         yield PoolsBehindEnvoyGateway(cluster, gateway, port, ref)
     finally:

@@ -33,7 +33,7 @@ from chatfleet_platform.addons import envoygateway  # noqa: E402
 from chatfleet_platform.addons.envoygateway import EnvoyGateway  # noqa: E402
 from chatfleet_platform.addons.poolgateway import PoolGateway, ServiceBackend  # noqa: E402
 from chatfleet_platform.cluster import images  # noqa: E402
-from chatfleet_platform.cluster.realnode import REAL_LABEL, REAL_TAINT  # noqa: E402
+from chatfleet_platform.cluster.realnode import PICKER_PLACEMENT_ARGS, readable_by_pods  # noqa: E402
 from chatfleet_platform.common import procs  # noqa: E402
 from chatfleet_platform.common.config import (  # noqa: E402
     LOCAL_ANALYSIS_ARGS,
@@ -41,7 +41,13 @@ from chatfleet_platform.common.config import (  # noqa: E402
     REAL_NODE_OPERATOR_ENV,
 )
 from chatfleet_platform.load.realpods import picker_rbac  # noqa: E402
-from chatfleet_platform.load.releasetraffic import Bot, ready_pods, rolled_back, traffic_spec  # noqa: E402
+from chatfleet_platform.load.releasetraffic import (  # noqa: E402
+    Bot,
+    ready_pods,
+    rolled_back,
+    serving_pods,
+    traffic_spec,
+)
 from chatfleet_platform.servers import services  # noqa: E402
 from release_traffic_bench import Platform  # noqa: E402
 
@@ -58,22 +64,9 @@ def say(msg: str) -> None:
     print(f"[bench-routing] {msg}", flush=True)
 
 
-def readable(model_dir: Path) -> Path:
-    """The model's files readable by the pods' users (a hostPath mount keeps the host's modes)."""
-    for p in [model_dir, *model_dir.rglob("*")]:
-        p.chmod(p.stat().st_mode | 0o444 | (0o111 if p.is_dir() else 0))
-    return model_dir
-
-
 def addresses(bot: Bot, track: str) -> list[str]:
     """IP:port of the chat API of each Ready pod of a track (what a gateway sees behind its Service)."""
-    out = []
-    for pod in bot.pods(track):
-        statuses = pod.get("status", {}).get("containerStatuses") or [{}]
-        if pod["metadata"].get("deletionTimestamp") or not all(s.get("ready") for s in statuses):
-            continue
-        out.append(f"{pod['status']['podIP']}:{CHAT_PORT}")
-    return sorted(out)
+    return sorted(f"{pod['status']['podIP']}:{CHAT_PORT}" for pod in serving_pods(bot, track))
 
 
 class PodFleet:
@@ -83,7 +76,7 @@ class PodFleet:
     def __init__(
         self, workdir: Path, model_dir: Path, *, replicas: int, max_new_tokens: int, context_tokens: int
     ) -> None:
-        self.workdir, self.model_dir = workdir, readable(model_dir)
+        self.workdir, self.model_dir = workdir, readable_by_pods(model_dir)
         self.replicas, self.max_new_tokens, self.context_tokens = replicas, max_new_tokens, context_tokens
         self.platform = Platform()
         self.gateway: EnvoyGateway | None = None
@@ -112,7 +105,6 @@ class PodFleet:
         self.gateway.start()  # the Gateway API and InferencePool CRDs: the operator routes by pools
         cluster.kubectl("create", "namespace", GATEWAY_NAMESPACE)
         cluster.apply(envoygateway.gateway_objects(GATEWAY_NAMESPACE, GATEWAY_NAME, self.port))
-        taint = f"{REAL_TAINT['key']}={REAL_TAINT['value']}:{REAL_TAINT['effect']}"
         cluster.start_extra(
             "operator",
             [
@@ -126,8 +118,7 @@ class PodFleet:
                 f"--gateway-namespace={GATEWAY_NAMESPACE}",
                 "--routing=auto",
                 f"--picker-image={operator_image}",
-                f"--picker-node-selector={REAL_LABEL}=true",
-                f"--picker-toleration={taint}",
+                *PICKER_PLACEMENT_ARGS,
             ],
             env={**cluster.env, **REAL_NODE_OPERATOR_ENV},
         )

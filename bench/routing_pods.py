@@ -21,7 +21,6 @@ at most); the baseline's weighted Services get the same weights over the same tw
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -67,8 +66,8 @@ def addresses(bot: Bot, track: str) -> list[str]:
 
 
 class PodFleet:
-    """The platform, Envoy Gateway, the operator and the bot; `affinity_modes` and `canary_modes` as in
-    routing_bench's host fleet."""
+    """The platform, Envoy Gateway, the operator and the bot: a fleet as routing_bench's modes use one
+    (HostFleet's methods)."""
 
     def __init__(
         self, workdir: Path, model_dir: Path, *, replicas: int, max_new_tokens: int, context_tokens: int
@@ -166,23 +165,20 @@ class PodFleet:
 
     # -- modes ------------------------------------------------------------------------------------------
 
-    @property
-    def pools_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def _services(self, backends: list[ServiceBackend], **kw: Any) -> str:
+    def services_with(self, backends: list[ServiceBackend], **kw: Any) -> str:
+        """Envoy configured directly for `backends` (the baselines); its URL."""
         self.direct.serve_services(backends, identify_upstream=True, **kw)
         return self.direct.url
 
-    def affinity_modes(self) -> dict[str, Callable[[], str]]:
-        """Phase 1's modes over the stable pods: name -> configure (returns the URL to send to)."""
+    def pools_at(self, weight: int) -> str:
+        """Envoy Gateway's URL: the operator's route carries the release's weight (held at `weight`)."""
+        assert weight == self.weight, (weight, self.weight)
+        return f"http://127.0.0.1:{self.port}"
+
+    def affinity_start(self) -> list[str]:
+        """Phase 1: the stable pods' addresses."""
         assert self.bot is not None
-        one_service = [ServiceBackend("bot", 100, tuple(addresses(self.bot, "stable")))]
-        return {
-            "service": lambda: self._services(one_service, lb_policy="RANDOM"),
-            "session-hash": lambda: self._services(one_service, hash_header="x-session-id"),
-            "pools+picker": lambda: self.pools_url,
-        }
+        return addresses(self.bot, "stable")
 
     def canary_start(self) -> dict[str, str]:
         """One stable pod, then the operator's release held at its first step; {pod address: revision}."""
@@ -215,22 +211,14 @@ class PodFleet:
             f"release held at {weight} % (stable {addresses(bot, 'stable')}, canary {addresses(bot, 'canary')})"
         )
 
-    def canary_modes(self, weight: int) -> dict[str, Callable[[], str]]:
-        """The release moved on to `weight` (resumed, then held); each mode's configure."""
+    def canary_at(self, weight: int) -> tuple[list[str], list[str]]:
+        """The release moved on to `weight` (resumed, then held); the stable and the canary pods' addresses."""
         bot = self.bot
         assert bot is not None
         if weight != self.weight:
             bot.patch({"rollout": {"paused": False}})
             self._hold(weight)
-        stable, canary = addresses(bot, "stable"), addresses(bot, "canary")
-        backends = [
-            ServiceBackend("bot", 100 - weight, tuple(stable)),
-            ServiceBackend("bot-canary", weight, tuple(canary)),
-        ]
-        return {
-            "weighted-services": lambda: self._services(backends),
-            "pools+picker": lambda: self.pools_url,
-        }
+        return addresses(bot, "stable"), addresses(bot, "canary")
 
 
 def routing(bot: Bot) -> dict[str, Any]:

@@ -15,7 +15,7 @@ import subprocess
 import threading
 import time
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -202,8 +202,10 @@ def wait_for(
     log: Path | None = None,
     proc: Proc | None = None,
     interval: float = 0.2,
+    detail: Callable[[], str] | None = None,
 ) -> float:
-    """Poll check() until true; returns seconds waited. Fails fast if the process died."""
+    """Poll check() until true; returns seconds waited. Fails fast if the process died. On a time-out the
+    error carries `detail()` (e.g. the status waited on) and the log's tail."""
     t0 = time.monotonic()
     while True:
         try:
@@ -215,8 +217,9 @@ def wait_for(
             tail = log_tail(log) if log else ""
             raise PlatformError(f"{what}: the process exited while starting; log {log}:\n{tail}")
         if time.monotonic() - t0 > timeout:
-            tail = log_tail(log) if log else ""
-            raise PlatformError(f"{what}: not ready after {timeout:.0f}s; log {log}:\n{tail}")
+            more = f" {detail()}" if detail else ""
+            tail = f"; log {log}:\n{log_tail(log)}" if log else ""
+            raise PlatformError(f"{what}: not ready after {timeout:.0f}s{more}{tail}")
         time.sleep(interval)
 
 

@@ -12,7 +12,6 @@ before (Envoy Gateway's fixed ports allow one per host; the tests start their ow
 from __future__ import annotations
 
 import json
-import time
 import urllib.request
 from typing import Any
 
@@ -20,7 +19,6 @@ from chatfleet_platform.addons import envoygateway, gatewayapi, inferenceext
 from chatfleet_platform.addons.envoygateway import EnvoyGateway
 from chatfleet_platform.addons.poolgateway import UPSTREAM_HEADER
 from chatfleet_platform.common import procs
-from chatfleet_platform.common.config import PlatformError
 from chatfleet_platform.load.realpods import picker_rbac, pod_ready, pods_matching
 
 from .demo_release import REAL_NAME, REAL_NS
@@ -38,14 +36,6 @@ def _status(demo: Any) -> dict[str, Any]:
 
 def _scale(demo: Any, replicas: int) -> None:
     patch_spec(demo, {"scaling": {"replicas": replicas}}, REAL_NAME, REAL_NS)
-
-
-def _wait(what: str, check, timeout: float, why=lambda: "") -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise PlatformError(f"{what}: not after {timeout:.0f}s {why()}".rstrip())
-        time.sleep(1)
 
 
 def _routed(demo: Any) -> bool:
@@ -89,16 +79,18 @@ def run_routing_demo(demo: Any) -> None:
         )
         _scale(demo, 2)
         selector = f"chatfleet.io/service={REAL_NAME},chatfleet.io/track=stable"
-        _wait(
+        procs.wait_for(
             "2 Ready replicas",
             lambda: sum(pod_ready(p) for p in pods_matching(cluster, REAL_NS, selector)) >= 2,
-            300,
+            timeout=300,
+            interval=1.0,
         )
-        _wait(
+        procs.wait_for(
             "status.routing: the route and both pools accepted, the picker Ready",
             lambda: _routed(demo),
-            180,
-            lambda: f"(status.routing: {json.dumps(_status(demo).get('routing'))})",
+            timeout=180,
+            interval=1.0,
+            detail=lambda: f"(status.routing: {json.dumps(_status(demo).get('routing'))})",
         )
         gateway.wait_serving(port)
         demo.kubectl_show("get", "httproute,inferencepool", "-n", REAL_NS)

@@ -56,6 +56,12 @@ class TestProcs:
         assert procs.stop(proc)
         assert not procs.is_ours(proc)
 
+    def test_a_wait_that_times_out_says_what_it_waited_on(self):
+        from chatfleet_platform.common.config import PlatformError
+
+        with pytest.raises(PlatformError, match=r"the route: not ready after 0s \(status: pending\)$"):
+            procs.wait_for("the route", lambda: False, timeout=0.01, detail=lambda: "(status: pending)")
+
     def test_dead_process_is_not_ours(self, tmp_path):
         proc = procs.start("quick", [sys.executable, "-c", "pass"], log=tmp_path / "l")
         subprocess.run(["sleep", "0.3"])

@@ -1,19 +1,29 @@
-"""`make bench-chaos-pods` (run on its own, not by `make bench-chaos`): replicas killed mid-answer and the
-session store restarted on real pods, through the stream relay the operator runs beside the same users
-straight through the fleet's Service.
+"""`make bench-chaos-pods` (run on its own, not by `make bench-chaos`): replicas killed mid-answer, GPU nodes
+lost and the session store restarted on real pods, through the stream relay the operator runs beside the
+same users straight through the fleet's Service.
 
-Everything is real: the local Kubernetes, a real node (kubelet, containerd, runc) running the project's
-runtime image (Triton + the chat API on the tiny model, on CPU), Redis for the sessions, the operator (a
-host process), and the ChatbotService's own stream relay (`spec.streamRelay`: its Deployment and Service
-`<name>-relay`, the operator's). One ChatbotService of REPLICAS (3) pods; USERS (32) users hold
-five-turn streamed dialogues (`DialogueLoad`, MAX_TOKENS tokens per answer, the end-of-sequence token
-suppressed by the runtime's cap, so answers are long enough to be cut).
+Everything is real: the local Kubernetes, two real nodes (kubelet, containerd, runc; GPUS_PER_NODE fake
+GPUs each) running the project's runtime image (Triton + the chat API on the tiny model, on CPU), Redis
+for the sessions, the operator (a host process), and the ChatbotService's own stream relay
+(`spec.streamRelay`: its Deployment and Service `<name>-relay`, the operator's). One ChatbotService of
+REPLICAS (3) pods of one GPU each (four GPUs in all: the scheduler spreads them over both nodes, and a
+lost node's pods mostly wait for a node with a free GPU); USERS (32) users hold five-turn streamed
+dialogues (`DialogueLoad`, MAX_TOKENS tokens per answer, the end-of-sequence token suppressed by the
+runtime's cap, so answers are long enough to be cut).
 
-While they chat, every INTERVAL seconds one fault, KILLS (10) kills and REDIS_RESTARTS (2) Redis restarts
-spread among them:
+While they chat, every INTERVAL seconds one fault, KILLS (10) kills, NODE_LOSSES (2) node losses and
+REDIS_RESTARTS (2) Redis restarts spread among them:
 - a kill (once at least two replicas are Ready): the chat-api container of the Ready replica killed least
   so far is SIGKILLed from the host: a crash (an OOM kill, a segfault); the kubelet restarts the container in its
   pod (its restart back-off growing with each kill);
+- a node loss (once Ready replicas run on both nodes): the node that holds one or more Ready replicas and
+  not the relay loses power (`RealNodes.lose_power`): its kubelet is killed and its pods frozen NODE_SILENT
+  (5) s, longer than the relay's stall limit (3 s), so they send nothing and close nothing, as a machine
+  without power; then they are killed and its Node deleted, as a cloud's node controller does. Their pods
+  are deleted at once (the pod garbage collector's part, after its quarantine, brought forward so the loss
+  fits the row). NODE_DOWN (10) s later the node rejoins (a replacement machine of the same name: a new
+  kubelet, its GPUs advertised again); the fleet's new pods start on the surviving node's free GPU and on
+  the rejoined node;
 - a Redis restart: the session store is SIGKILLed (no shutdown, no save), stays down REDIS_DOWN (8) s and
   is started again on the same port. It keeps nothing (no persistence, as a cache-only Redis). The
   replicas put back the windows they kept (`chatfleet.history: "restored"`) and answer from them while it
@@ -41,6 +51,7 @@ import os
 import sys
 import time
 from collections import Counter
+from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +75,12 @@ from release_traffic_bench import Platform, table  # noqa: E402
 REPLICAS = int(os.environ.get("REPLICAS", "3"))
 USERS = int(os.environ.get("USERS", "32"))
 KILLS = int(os.environ.get("KILLS", "10"))
+NODE_LOSSES = int(os.environ.get("NODE_LOSSES", "2"))
 REDIS_RESTARTS = int(os.environ.get("REDIS_RESTARTS", "2"))
+NODES = 2
+GPUS_PER_NODE = 2
+NODE_SILENT = 5.0
+NODE_DOWN = 10.0
 REDIS_DOWN = 8.0
 #: Seconds after Redis is back within which a new dialogue may still meet the restart's effects.
 SETTLE_SECONDS = 2.0
@@ -116,12 +132,46 @@ def relay_gaps(bot: Bot) -> dict[str, float]:
     }
 
 
-def faults() -> list[str]:
-    """The row's faults in order: KILLS "kill"s with REDIS_RESTARTS "redis" spread evenly among them."""
-    plan = ["kill"] * KILLS
-    for i in range(REDIS_RESTARTS, 0, -1):
-        plan.insert(i * KILLS // (REDIS_RESTARTS + 1), "redis")
+def faults(kills: int = KILLS, nodes: int = NODE_LOSSES, redis: int = REDIS_RESTARTS) -> list[str]:
+    """The row's faults in order: `kills` "kill"s with the `nodes` "node" losses and `redis` "redis"
+    restarts spread evenly among them, a node loss first where they alternate."""
+    others = [f for pair in zip_longest(["node"] * nodes, ["redis"] * redis) for f in pair if f]
+    plan = ["kill"] * kills
+    for i in range(len(others), 0, -1):
+        plan.insert(i * kills // (len(others) + 1), others[i - 1])
     return plan
+
+
+def node_to_lose(bot: Bot) -> str | None:
+    """The node a loss should hit, once Ready replicas run on two nodes: of the nodes that do not hold
+    the relay, the one with the most Ready replicas (None until there is such a node and a Ready replica
+    elsewhere for the streams to resume on)."""
+    relay = {p["spec"].get("nodeName") for p in pods(bot, RELAY)}
+    ready = Counter(p["spec"].get("nodeName") for p in replicas_ready(bot))
+    if len(ready) < 2:
+        return None
+    candidates = [n for n in ready if n not in relay]
+    return max(candidates, key=lambda n: (ready[n], n)) if candidates else None
+
+
+def lose_node(platform: Platform, name: str) -> dict[str, Any]:
+    """Node `name` loses power (silent NODE_SILENT s, then its pods killed and its Node deleted), its pods
+    are deleted, and NODE_DOWN s later it rejoins; what happened, for the fault log."""
+    node = next(n for n in platform.nodes if n.name == name)
+    cluster = platform.cluster
+    lost = cluster.realnodes.lose_power(node, silent_seconds=NODE_SILENT)
+    gone = time.monotonic()
+    cluster.kubectl(
+        "delete", "pods", "--all-namespaces", f"--field-selector=spec.nodeName={name}",
+        "--grace-period=0", "--force", check=False,
+    )  # fmt: skip
+    time.sleep(max(0.0, NODE_DOWN - (time.monotonic() - gone)))
+    cluster.realnodes.rejoin(node)
+    return {
+        "node": name,
+        "pods_lost": len(lost),
+        "back_after_s": round(time.monotonic() - gone + NODE_SILENT, 1),
+    }
 
 
 def restart_redis(platform: Platform) -> tuple[float, float]:
@@ -147,6 +197,24 @@ def lost_to_redis(results: list[Any], outages: list[tuple[float, float]]) -> int
     )
 
 
+def outage_turns(results: list[Any], outages: list[tuple[float, float]], after: float = 10.0) -> list[dict]:
+    """Per Redis outage, the turns that began while Redis was down and in the `after` s once it was back:
+    how many of each outcome and `chatfleet.history` state ("ok/replica": answered from a replica's copy),
+    and of those that began their dialogue before the kill, how many stored turns each answer loaded.
+    What the replicas' copies did for the users is read here."""
+    out = []
+    for down, back in outages:
+        view: dict[str, Any] = {}
+        for label, lo, hi in (("down", down, back), ("after", back, back + after)):
+            turns = [r for r in results if lo <= r.at < hi]
+            view[label] = dict(Counter(f"{r.outcome}/{r.history or '-'}" for r in turns))
+            view[f"{label}_history_turns_of_older_dialogues"] = dict(
+                Counter(r.history_turns for r in turns if r.dialogue_started < down)
+            )
+        out.append(view)
+    return out
+
+
 def row(platform: Platform, bot: Bot, via: str) -> dict[str, Any]:
     """One row: the users through `via` (Service `bot` or `bot-relay`), the faults, what they saw."""
     service = f"{bot.name}-relay" if via == "relay" else bot.name
@@ -168,6 +236,12 @@ def row(platform: Platform, bot: Bot, via: str) -> dict[str, Any]:
         t0 = time.monotonic()
         for n, fault in enumerate(faults(), 1):
             time.sleep(INTERVAL)
+            if fault == "node":
+                name = bot.wait(lambda: node_to_lose(bot), 600, "Ready replicas on two nodes")
+                at = round(time.monotonic() - t0, 1)
+                log.append({"at_s": at, "fault": "node", **lose_node(platform, name)})
+                say(f"{via}: fault {n}: {name} lost power, rejoined after {log[-1]['back_after_s']} s")
+                continue
             if fault == "redis":
                 outages.append(restart_redis(platform))
                 log.append({"at_s": round(outages[-1][0] - t0, 1), "fault": "redis", "down_s": REDIS_DOWN})
@@ -205,6 +279,7 @@ def row(platform: Platform, bot: Bot, via: str) -> dict[str, Any]:
         "lost_history_redis": spanned,
         "lost_history_other": summary["lost_history"] - spanned,
         "kills": sum(f["fault"] == "kill" for f in log),
+        "node_losses": sum(f["fault"] == "node" for f in log),
         "redis_restarts": sum(f["fault"] == "redis" for f in log),
         "resumes": resumes,
         "resume_gap_mean_s": round(gaps["sum"] / gaps["count"], 3) if gaps.get("count") else None,
@@ -213,8 +288,10 @@ def row(platform: Platform, bot: Bot, via: str) -> dict[str, Any]:
         "errors": summary["errors"],
         "lost": summary["lost"],
         "fault_log": log,
+        "redis_outage_turns": outage_turns(load.results, outages),
     }
-    say(f"{via}: { ({k: v for k, v in out.items() if k not in ('fault_log', 'errors', 'lost')}) }")
+    shown = {k: v for k, v in out.items() if k not in ("fault_log", "errors", "lost", "redis_outage_turns")}
+    say(f"{via}: {shown}")
     return out
 
 
@@ -225,6 +302,11 @@ def main() -> int:
         "replicas": REPLICAS,
         "users": USERS,
         "kills_per_row": KILLS,
+        "node_losses_per_row": NODE_LOSSES,
+        "nodes": NODES,
+        "gpus_per_node": GPUS_PER_NODE,
+        "node_silent_s": NODE_SILENT,
+        "node_down_s": NODE_DOWN,
         "redis_restarts_per_row": REDIS_RESTARTS,
         "redis_down_s": REDIS_DOWN,
         "interval_s": INTERVAL,
@@ -232,7 +314,7 @@ def main() -> int:
         "rows": [],
     }
     try:
-        platform.up()
+        platform.up(real_nodes=NODES, gpus=GPUS_PER_NODE)
         bot = platform.bot(
             resources=RESOURCES,
             wait=False,
@@ -254,8 +336,9 @@ def main() -> int:
         platform.down()
     print()
     print(
-        f"{REPLICAS} replicas on real pods, {USERS} users streaming {MAX_TOKENS}-token answers; a row: {KILLS}"
-        f" chat-api kills, {REDIS_RESTARTS} Redis restarts ({REDIS_DOWN:.0f} s down, nothing kept)"
+        f"{REPLICAS} replicas on {NODES} real nodes, {USERS} users streaming {MAX_TOKENS}-token answers; a row:"
+        f" {KILLS} chat-api kills, {NODE_LOSSES} node losses ({NODE_SILENT:.0f} s silent, back {NODE_DOWN:.0f} s"
+        f" later), {REDIS_RESTARTS} Redis restarts ({REDIS_DOWN:.0f} s down, nothing kept)"
     )
     print(
         table(
@@ -263,6 +346,7 @@ def main() -> int:
             [
                 ("row", "row"),
                 ("kills", "chat-api kills"),
+                ("node_losses", "node losses"),
                 ("redis_restarts", "Redis restarts"),
                 ("turns", "turns"),
                 ("cut", "streams cut"),

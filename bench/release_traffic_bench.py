@@ -91,16 +91,19 @@ class Platform:
         self.gateway: Gateway | None = None
         self.image = ""
         self.model_dir = Path()
+        self.nodes: list[NodePlan] = []
         self.node: NodePlan | None = None
         self.node_ip = ""
 
-    def up(self, operator: bool = True) -> None:
-        """Everything but the gateway (its CRDs switch the operator to HTTPRoutes); the operator too
-        unless told not to (`start_operator` then starts it with flags of the caller's)."""
-        say("building images (cached) and starting the platform with one real node")
+    def up(self, operator: bool = True, *, real_nodes: int = 1, gpus: int = 8) -> None:
+        """Everything but the gateway (its CRDs switch the operator to HTTPRoutes), on `real_nodes` real
+        nodes of `gpus` GPUs each; the operator too unless told not to (`start_operator` then starts it
+        with flags of the caller's)."""
+        say(f"building images (cached) and starting the platform with {real_nodes} real node(s)")
         self.image = images.ImageBuilder().build(list(images.ALL_NAMES))["runtime"]["ref"]
         self.cluster.up(nodes=1)
-        (self.node,) = self.cluster.add_real_nodes(1, gpus=8)
+        self.nodes = self.cluster.add_real_nodes(real_nodes, gpus=gpus)
+        self.node = self.nodes[0]
         self.node_ip = self.node.ip
         self.cluster.install_crd(CHATBOT_CRD_FILE, CHATBOT_CRD_NAME)
         configs = scrape.podmonitor_scrape_configs(

@@ -16,12 +16,14 @@ Node i (`chatfleet-real-<i>`):
 Some of this exists once per host, so node 0 alone runs it:
 
 - kube-proxy: its iptables rules are host-wide.
-- The fake GPU device plugin: the kubelet's device-plugin folder is fixed at
-  /var/lib/kubelet/device-plugins.
 - The API forwarder: NODE_IP:6443 to the API server on loopback, so in-cluster clients reach
   https://10.96.0.1.
 
-Further nodes carry no GPUs. Only one cluster per host may run real nodes: `host.json` in the cluster
+Every node has its GPUs, from its own fake device plugin. The kubelet's device-plugin folder is fixed per
+host (/var/lib/kubelet/device-plugins, whatever its --root-dir), so a further node's containerd starts in
+a mount namespace of its own (unshare), with the node's own folder bound over that path there; its kubelet
+and device plugin join that namespace (nsenter), as they would share a machine's filesystem. Node 0 stays
+in the host's namespace. Only one cluster per host may run real nodes: `host.json` in the cluster
 folder records what `up` changed on the host, and `down` undoes exactly that.
 
 Gotchas met on this kind of machine, each handled below:
@@ -79,6 +81,8 @@ PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 #: had before the platform's sub-packages (chatfleet_platform.fakegpu), as a killed older run left it.
 DEVICE_PLUGIN = "chatfleet_platform.cluster.fakegpu"
 DEVICE_PLUGIN_COMMANDS = (DEVICE_PLUGIN.encode(), b"chatfleet_platform.fakegpu")
+#: The kubelet's device-plugin folder: one fixed path per host (a further node binds its own over it).
+DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 GUARD_COMMENT = "chatfleet-real-node"
 #: Where the nodes' folders live (short, for the Unix sockets in them); removed by down.
 NODES_ROOT = Path("/var/lib/chatfleet-real")
@@ -163,6 +167,28 @@ class NodePlan:
         return self.index == 0
 
     @property
+    def device_plugins(self) -> Path:
+        """The folder a further node's kubelet and device plugin see at DEVICE_PLUGIN_DIR (node 0 uses the host's)."""
+        return self.dir / "device-plugins"
+
+    def containerd_argv(self, containerd: str, config: Path) -> list[str]:
+        """containerd's command line: node 0's in the host's mount namespace; a further node's in a mount
+        namespace of its own, made as it starts, with the node's device-plugin folder bound over the host's
+        (DEVICE_PLUGIN_DIR must exist). That namespace is the node's: `joined` puts its kubelet and device
+        plugin in it, so they meet each other there, and containerd sees the kubelet's volume mounts."""
+        argv = [containerd, "--config", str(config)]
+        if self.primary:
+            return argv
+        bind = f'mount --bind {self.device_plugins} {DEVICE_PLUGIN_DIR} && exec "$0" "$@"'
+        return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", bind, *argv]
+
+    def joined(self, argv: list[str], containerd_pid: int) -> list[str]:
+        """argv run in the node's mount namespace, that of its containerd (process `containerd_pid`)."""
+        if self.primary:
+            return argv
+        return ["nsenter", f"--mount=/proc/{containerd_pid}/ns/mnt", "--", *argv]
+
+    @property
     def kubelet_port(self) -> int:
         return 10250
 
@@ -173,7 +199,7 @@ class NodePlan:
     def labels(self) -> dict[str, str]:
         """Node labels: the real-node marker, and NVIDIA's GPU feature discovery labels where GPUs exist."""
         out = {REAL_LABEL: "true", "node.kubernetes.io/instance-type": "local-real"}
-        if self.primary and self.gpus:
+        if self.gpus:
             out.update(
                 {
                     "nvidia.com/gpu.present": "true",
@@ -330,10 +356,10 @@ def readable_by_pods(folder: Path) -> Path:
 
 
 def plans(root: Path, count: int, gpus: int) -> list[NodePlan]:
-    """The plans of `count` real nodes in cluster folder `root`; GPUs on node 0 only."""
+    """The plans of `count` real nodes in cluster folder `root`, `gpus` GPUs each."""
     if count < 0 or count > 8:
         raise PlatformError(f"real nodes: 0 to 8 on one host, got {count}")
-    return [NodePlan(i, root, gpus if i == 0 else 0) for i in range(count)]
+    return [NodePlan(i, root, gpus) for i in range(count)]
 
 
 def api_endpoint_slice(ip: str) -> dict:
@@ -385,7 +411,8 @@ NODE_RBAC = [
 def require_host_tools() -> dict[str, str]:
     """Paths of the Debian tools a real node needs, or one PlatformError naming what is missing."""
     hint = "run `make system-deps` (Debian: containerd runc containernetworking-plugins iptables socat)"
-    tools = {t: require_tool(t, hint) for t in ("containerd", "ctr", "runc", "iptables", "ip", "socat")}
+    names = ("containerd", "ctr", "runc", "iptables", "ip", "socat", "unshare", "nsenter")
+    tools = {t: require_tool(t, hint) for t in names}
     if not Path("/usr/lib/cni/bridge").exists():
         raise PlatformError(f"the CNI plugins are missing (/usr/lib/cni/bridge): {hint}")
     if os.geteuid() != 0:
@@ -463,8 +490,8 @@ class RealNodes:
         t0 = time.monotonic()
         self._host_network(state)
         self.cluster.apply(NODE_RBAC)
-        # node 0 last: every kubelet wipes the shared device-plugin folder when it starts, and the plugin
-        # must register with node 0's kubelet
+        # node 0 last: its kubelet and device plugin use the host's device-plugin folder, which a kubelet
+        # wipes when it starts; the further nodes' bind their own over it in their mount namespaces
         for node in sorted(nodes, key=lambda n: n.primary):
             self._node_up(node, state, tools, bins, images)
         self.progress(f"{count} real node(s) Ready ({time.monotonic() - t0:.1f}s)")
@@ -532,8 +559,11 @@ class RealNodes:
         reused = images is not None and nodestore.take(images.key, node.dir / "containerd" / "root")
         cfg = node.dir / "containerd" / "config.toml"
         cfg.write_text(node.containerd_config(tools["runc"]))
+        if not node.primary:
+            node.device_plugins.mkdir(exist_ok=True)
+            DEVICE_PLUGIN_DIR.mkdir(parents=True, exist_ok=True)  # /var/lib/kubelet is in HOST_PATHS
         ctrd = self._start(
-            state, f"{node.name}/containerd", node, [tools["containerd"], "--config", str(cfg)]
+            state, f"{node.name}/containerd", node, node.containerd_argv(tools["containerd"], cfg)
         )
         procs.wait_for(
             f"{node.name} containerd",
@@ -562,6 +592,14 @@ class RealNodes:
         self._kubelet_up(node, state, bins)
         if node.primary:
             self._primary_extras(node, state, bins)
+        if node.gpus:
+            self._start(
+                state,
+                f"{node.name}/device-plugin",
+                node,
+                self._joined(node, state, [sys.executable, "-m", DEVICE_PLUGIN, "--count", str(node.gpus)]),
+            )
+            self._wait_for_gpus(node)
         self.progress(f"real node {node.name} Ready at {node.ip} ({time.monotonic() - t0:.1f}s)")
 
     def _kubelet_up(self, node: NodePlan, state: dict, bins: Binaries) -> None:
@@ -572,17 +610,21 @@ class RealNodes:
             state,
             f"{node.name}/kubelet",
             node,
-            [
-                str(bins.kubelet),
-                f"--config={node.dir / 'kubelet' / 'config.yaml'}",
-                f"--kubeconfig={node.dir / 'pki' / 'kubelet.kubeconfig'}",
-                f"--root-dir={node.dir / 'kubelet'}",
-                f"--cert-dir={node.dir / 'kubelet' / 'pki'}",
-                f"--hostname-override={node.name}",
-                f"--node-ip={node.ip}",
-                f"--node-labels={labels}",
-                "--v=1",
-            ],
+            self._joined(
+                node,
+                state,
+                [
+                    str(bins.kubelet),
+                    f"--config={node.dir / 'kubelet' / 'config.yaml'}",
+                    f"--kubeconfig={node.dir / 'pki' / 'kubelet.kubeconfig'}",
+                    f"--root-dir={node.dir / 'kubelet'}",
+                    f"--cert-dir={node.dir / 'kubelet' / 'pki'}",
+                    f"--hostname-override={node.name}",
+                    f"--node-ip={node.ip}",
+                    f"--node-labels={labels}",
+                    "--v=1",
+                ],
+            ),
         )
         procs.wait_for(
             f"{node.name} Ready",
@@ -593,16 +635,22 @@ class RealNodes:
             interval=0.5,
         )
 
+    def _joined(self, node: NodePlan, state: dict, argv: list[str]) -> list[str]:
+        """argv in the node's mount namespace (NodePlan.joined), its containerd's as `state` records it."""
+        return node.joined(argv, procs.Proc.from_json(state["pids"][f"{node.name}/containerd"]).pid)
+
     # ---- drills ----------------------------------------------------------------------------------
-    def lose_power(self, node: NodePlan) -> list[str]:
+    def lose_power(self, node: NodePlan, *, silent_seconds: float = 0.0) -> list[str]:
         """What a GPU node losing power does to the cluster, for drills: its kubelet and every process of
         its pods SIGKILLed (no preStop, no drain, no goodbye to the API), then its Node deleted, as a
-        cloud's node controller deletes the Node of a machine that is gone. Returns the pods (namespace/name)
+        cloud's node controller deletes the Node of a machine that is gone. With `silent_seconds`, its
+        pods are first frozen that long (the cgroup freezer: no byte more, and no connection closed, as a
+        machine without power sends nothing), then killed. Returns the pods (namespace/name)
         the API still had on it: the pod garbage collector deletes them after its 40 s quarantine; a drill
         may do that sooner, and must before `rejoin` (a Node of the same name would take them back).
 
-        Host-wide parts (kube-proxy, the device plugin, the API forwarder, containerd) keep running: on
-        this host they stand for the rest of the cluster and the replacement machine. `rejoin` brings the
+        Host-wide parts (kube-proxy, the API forwarder) keep running, and so do the node's containerd and
+        device plugin: on this host they stand for the rest of the cluster and the replacement machine. `rejoin` brings the
         node back.
         """
         state = self.host_state()
@@ -612,7 +660,12 @@ class RealNodes:
         with contextlib.suppress(ProcessLookupError):
             os.kill(kubelet.pid, signal.SIGKILL)
         procs.stop(kubelet, timeout=5)  # reaped (SIGKILL again if it were still there)
-        _kill_cgroup_tree(node.cgroup_root)
+        if silent_seconds:
+            _set_frozen(node.cgroup_root, True)
+            time.sleep(silent_seconds)
+        _kill_cgroup_tree(node.cgroup_root)  # a frozen process dies as it thaws
+        if silent_seconds:
+            _set_frozen(node.cgroup_root, False)
         listed = self.cluster.kubectl(
             "get", "pods", "-A", f"--field-selector=spec.nodeName={node.name}", "-o", "json", check=False
         )
@@ -630,7 +683,7 @@ class RealNodes:
         t0 = time.monotonic()
         state = self.host_state()
         self._kubelet_up(node, state, self.cluster.binaries)
-        if node.primary and node.gpus:
+        if node.gpus:
             self._wait_for_gpus(node)
         self.progress(f"{node.name} rejoined, Ready ({time.monotonic() - t0:.1f}s)")
 
@@ -654,7 +707,7 @@ class RealNodes:
         self._save(state)
 
     def _primary_extras(self, node: NodePlan, state: dict, bins: Binaries) -> None:
-        """kube-proxy, the fake GPU device plugin and the API forwarder (once per host, on node 0)."""
+        """kube-proxy and the API forwarder (once per host, on node 0)."""
         cpki = self.cluster.workdir / "pki"
         pki.client_identity(cpki, "kube-proxy", "system:kube-proxy")
         (node.dir / "pki" / "kube-proxy.kubeconfig").write_text(
@@ -686,14 +739,6 @@ class RealNodes:
         self.cluster.apply([api_endpoint_slice(node.ip)])
         for addr in CLIENT_ADDRESSES:  # inside the pods' /16 (no masquerade), outside every node's /24
             _run("ip", "addr", "replace", f"{addr}/32", "dev", node.bridge)
-        if node.gpus:
-            self._start(
-                state,
-                f"{node.name}/device-plugin",
-                node,
-                [sys.executable, "-m", DEVICE_PLUGIN, "--count", str(node.gpus)],
-            )
-            self._wait_for_gpus(node)
 
     def _wait_for_gpus(self, node: NodePlan) -> None:
         """Until the Node's allocatable holds its GPUs (the device plugin has registered with the kubelet)."""
@@ -897,6 +942,14 @@ def _kill_cgroup_tree(root: str) -> None:
                     os.kill(int(pid), signal.SIGKILL)
                 except (ProcessLookupError, ValueError):
                     pass
+
+
+def _set_frozen(root: str, frozen: bool) -> None:
+    """Freeze (or thaw) every process in the cgroup tree `root` (cgroup v1's freezer: a parent's state is
+    its descendants')."""
+    (Path("/sys/fs/cgroup/freezer") / root.lstrip("/") / "freezer.state").write_text(
+        "FROZEN" if frozen else "THAWED"
+    )
 
 
 def _remove_cgroup_tree(root: str) -> None:

@@ -44,13 +44,56 @@ def test_each_bridge_has_its_own_locally_administered_mac(tmp_path):
     assert first & 0b10 and not first & 0b1, "locally administered, unicast"
 
 
-def test_only_the_first_node_has_gpus_and_runs_the_host_wide_parts(tmp_path):
+def test_every_node_has_its_gpus_and_only_the_first_runs_the_host_wide_parts(tmp_path):
     nodes = realnode.plans(tmp_path, 2, gpus=4)
-    assert [n.gpus for n in nodes] == [4, 0]
+    assert [n.gpus for n in nodes] == [4, 4]
     assert [n.primary for n in nodes] == [True, False]
-    assert nodes[0].labels()["nvidia.com/gpu.count"] == "4"
-    assert "nvidia.com/gpu.product" not in nodes[1].labels()
+    assert [n.labels()["nvidia.com/gpu.count"] for n in nodes] == ["4", "4"]
     assert all(n.labels()[realnode.REAL_LABEL] == "true" for n in nodes)
+    assert "nvidia.com/gpu.product" not in realnode.NodePlan(1, tmp_path, 0).labels()
+
+
+def test_a_further_node_runs_in_a_mount_namespace_of_its_own_with_its_own_device_plugin_folder(tmp_path):
+    """The kubelet's device-plugin folder is one fixed path per host: two kubelets there would wipe each
+    other's plugin sockets. A further node's containerd starts in a new mount namespace with the node's own
+    folder bound over that path; its kubelet and plugin join that namespace. Node 0 keeps the host's."""
+    first, second = realnode.plans(tmp_path, 2, gpus=4)
+    cfg = tmp_path / "config.toml"
+    assert first.containerd_argv("/usr/bin/containerd", cfg) == ["/usr/bin/containerd", "--config", str(cfg)]
+    assert first.joined(["kubelet", "--v=1"], 42) == ["kubelet", "--v=1"]
+    argv = second.containerd_argv("/usr/bin/containerd", cfg)
+    assert argv[:5] == ["unshare", "--mount", "--propagation", "private", "--"]
+    assert f"mount --bind {second.device_plugins} {realnode.DEVICE_PLUGIN_DIR}" in argv[7]
+    assert argv[-3:] == ["/usr/bin/containerd", "--config", str(cfg)]
+    assert second.device_plugins != first.device_plugins and second.device_plugins.parent == second.dir
+    assert second.joined(["kubelet", "--v=1"], 42) == [
+        "nsenter",
+        "--mount=/proc/42/ns/mnt",
+        "--",
+        "kubelet",
+        "--v=1",
+    ]
+
+
+def test_the_namespace_wrapper_binds_the_folder_and_runs_the_command_with_its_arguments(tmp_path):
+    """The shell line in containerd_argv, run with `mount` stubbed: it binds, then execs the command with
+    its arguments intact (an argument with a space included)."""
+    (node,) = [n for n in realnode.plans(tmp_path, 2, gpus=1) if not n.primary]
+    argv = node.containerd_argv(str(tmp_path / "containerd"), tmp_path / "a b.toml")
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "mount").write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/mounted\n')
+    (tmp_path / "containerd").write_text(f'#!/bin/sh\nprintf "%s|" "$@" > {tmp_path}/ran\n')
+    for f in (bin_ / "mount", tmp_path / "containerd"):
+        f.chmod(0o755)
+    env = {"PATH": f"{bin_}:/usr/bin:/bin"}
+    subprocess.run(argv[5:], check=True, env=env)  # the part after unshare's own options
+    assert (tmp_path / "mounted").read_text().split() == [
+        "--bind",
+        str(node.device_plugins),
+        str(realnode.DEVICE_PLUGIN_DIR),
+    ]
+    assert (tmp_path / "ran").read_text() == f"--config|{tmp_path / 'a b.toml'}|"
 
 
 def test_too_many_nodes_is_refused(tmp_path):
@@ -221,6 +264,26 @@ def test_a_node_losing_power_has_its_kubelet_killed_and_its_node_deleted(tmp_pat
     listing, delete = cluster.calls
     assert f"--field-selector=spec.nodeName={node.name}" in listing
     assert delete[:3] == ("delete", "node", node.name)
+
+
+def test_a_silent_power_loss_freezes_the_pods_that_long_then_kills_them_and_thaws(tmp_path, monkeypatch):
+    """A machine without power sends nothing, not even a close: the pods are frozen for `silent_seconds`,
+    killed while frozen (the signal lands as they thaw), then thawed."""
+    events: list[tuple] = []
+    monkeypatch.setattr(realnode, "_kill_cgroup_tree", lambda root: events.append(("kill", root)))
+    monkeypatch.setattr(realnode, "_set_frozen", lambda root, frozen: events.append(("frozen", root, frozen)))
+    monkeypatch.setattr(realnode.time, "sleep", lambda s: events.append(("sleep", s)))
+    nodes = realnode.RealNodes(_FakeCluster(tmp_path, []), progress=lambda _: None)
+    (node,) = realnode.plans(tmp_path, 1, 8)
+    kubelet = procs.start("kubelet", ["sleep", "60"], log=tmp_path / "kubelet.log")
+    nodes._save({"pids": {f"{node.name}/kubelet": kubelet.to_json()}, "nodes": [node.name]})
+
+    nodes.lose_power(node, silent_seconds=3)
+
+    root = node.cgroup_root
+    assert [e for e in events if e[0] != "sleep" or e[1] == 3] == [
+        ("frozen", root, True), ("sleep", 3), ("kill", root), ("frozen", root, False),
+    ]  # fmt: skip
 
 
 def test_a_node_with_no_kubelet_running_cannot_lose_power(tmp_path):

@@ -7,13 +7,14 @@ itself in a pod on that node, installed by its Helm chart (`charts/chatfleet-ope
 `helm upgrade`. FLEETS (3) ChatbotServices of one pod each serve USERS (32) users holding five-turn
 streamed dialogues through their Services (`DialogueLoad`, split over the fleets).
 
-The operator's builds are images: the built operator image with one `ENV` on top, as a Dockerfile of
-`FROM chatfleet-operator` and `ENV CHATFLEET_CHAT_API_CPU=...` builds it (no layer of its own; imported into
-the real node under its own tag, `images.load_variant`). What tells them apart is what every fleet's pod
-template gets from them, with the same revision (what a new annotation, env var or probe in the builders
-does): the chat API's CPU, build A 150m, build B 200m. The bad build (C) also gives the chat API 24Mi of
-memory (`CHATFLEET_CHAT_API_MEMORY`): its chat-api container is OOM-killed as it starts, again and again,
-as a build with a broken container would be. Each upgrade is `helm upgrade --reuse-values` naming the
+The operator's builds are images of three versions of its code: each is built from the operator's
+sources with its defaults in `chatfleet_operator/settings.py` changed (`ImageBuilder.build_edited_into`:
+the operator's Dockerfile on the same base and layer cache, as a release of changed code is built, then
+imported into the real node under its own tag). What tells them apart is what every fleet's pod template
+gets from them, with the same revision (what a new annotation, env var or probe in the builders does):
+the chat API's CPU, build A 150m, build B 200m. The bad build (C) also gives the chat API 24Mi of memory:
+its chat-api container is OOM-killed as it starts, again and again, as a build with a broken container
+would be. Each upgrade is `helm upgrade --reuse-values` naming the
 build's image tag (and the row's `operator.upgradeWave`): the chart's Deployment replaces the operator's
 pod (Recreate: one operator at a time), and the new pod's passes carry the new template to the fleets.
 Each row runs, under the same load:
@@ -61,13 +62,11 @@ QUIET_SECONDS = float(os.environ.get("QUIET_SECONDS", "30"))
 BAD_WATCH_SECONDS = 120.0
 HALT_WATCH_SECONDS = 45.0
 UPGRADE_TIMEOUT = 900.0
-#: The builds: (the chat API's CPU, extra environment), each baked into its image. A and B are good; C's
-#: chat-api container is OOM-killed as it starts.
-BUILDS: dict[str, tuple[str, dict[str, str]]] = {
-    "A": ("150m", {}),
-    "B": ("200m", {}),
-    "C": ("160m", {"CHATFLEET_CHAT_API_MEMORY": "24Mi"}),
-}
+#: The builds: (the chat API's CPU, its memory or None for the default), each its own version of the
+#: operator's code. A and B are good; C's chat-api container is OOM-killed as it starts.
+BUILDS: dict[str, tuple[str, str | None]] = {"A": ("150m", None), "B": ("200m", None), "C": ("160m", "24Mi")}
+#: Where the builds' code differs: the pod settings' defaults.
+SETTINGS = "operator/chatfleet_operator/settings.py"
 #: The namespace of the chart's release.
 SYSTEM = "chatfleet-system"
 #: Smaller CPU requests than the real node's usual 250m (limits are not enforced there), so that every
@@ -92,18 +91,22 @@ def build_ref(build: str) -> str:
     return f"{images.read_refs()['operator']['ref']}-build-{build.lower()}"
 
 
-def build_env(build: str) -> dict[str, str]:
-    """What `build`'s image sets in its environment."""
-    cpu, env = BUILDS[build]
-    return {"CHATFLEET_CHAT_API_CPU": cpu, **env}
+def build_edits(build: str) -> list[images.Edit]:
+    """How `build`'s code differs from the operator's: its defaults for the chat API's CPU (and memory)."""
+    cpu, memory = BUILDS[build]
+    edits = [(SETTINGS, 'chat_api_cpu: str = "500m"', f'chat_api_cpu: str = "{cpu}"')]
+    if memory:
+        edits.append((SETTINGS, 'chat_api_memory: str = "512Mi"', f'chat_api_memory: str = "{memory}"'))
+    return edits
 
 
-def import_builds(platform: Platform) -> None:
-    """Every build's image into the real node's containerd (configs only: the layers are the operator's)."""
+def build_images(platform: Platform) -> None:
+    """Every build's image, built from its code and imported into the real node's containerd."""
     assert platform.node is not None
+    builder = images.ImageBuilder(progress=say)
     for build in BUILDS:
-        images.load_variant(
-            platform.node.socket, "operator", build_ref(build), build_env(build), progress=say
+        builder.build_edited_into(
+            platform.node.socket, images.OPERATOR, build_ref(build).rsplit(":", 1)[1], build_edits(build)
         )
 
 
@@ -127,8 +130,8 @@ def start_build(chart: OperatorChart, build: str, wave: int, wait: bool = False)
 def upgrade(platform: Platform, chart: OperatorChart, build: str, wave: int) -> dict[str, Any]:
     """Start `build` and watch the fleets until it has rolled out everywhere (the good builds) or for the
     bad build's watch; what was seen."""
-    cpu = BUILDS[build][0]
-    bad = bool(BUILDS[build][1])
+    cpu, memory = BUILDS[build]
+    bad = memory is not None
     t0 = time.monotonic()
     start_build(chart, build, wave)
     most, reached, halted_at, held_seen = 0, set(), None, set()
@@ -250,14 +253,14 @@ def main() -> int:
     results: dict[str, Any] = {
         "fleets": FLEETS,
         "users": USERS,
-        "builds": {k: {"image": "", **build_env(k)} for k in BUILDS},
+        "builds": {k: {"image": "", "edits": build_edits(k)} for k in BUILDS},
         "operator": "a pod of the chart's Deployment on the real node; upgrades by helm upgrade",
         "resources": RESOURCES,
         "rows": [],
     }
     try:
         platform.up(operator=False)
-        import_builds(platform)
+        build_images(platform)
         for k in BUILDS:
             results["builds"][k]["image"] = build_ref(k)
         chart = OperatorChart(platform.cluster, SYSTEM)

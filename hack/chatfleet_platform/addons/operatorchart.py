@@ -3,7 +3,8 @@ a real node running a locally built operator image: what `helm install` and `hel
 
 Used by the real-pod test of the chart's operator and by `make bench-chaos-upgrades`, whose operator builds
 are images upgraded by `helm upgrade`. The image is never pulled (`image.pullPolicy=Never`): it must have
-been imported into the real node's containerd (every built image is; `images.load_variant` imports others).
+been imported into the real node's containerd (every built image is; `ImageBuilder.build_edited_into` imports
+other builds).
 """
 
 from __future__ import annotations

@@ -202,6 +202,24 @@ def input_files(root: Path, paths: Sequence[str]) -> dict[str, bytes]:
     return out
 
 
+Edit = tuple[str, str, str]
+"""(path of a build input, old text, new text)."""
+
+
+def edited_sources(files: Mapping[str, bytes], edits: Sequence[Edit]) -> dict[str, bytes]:
+    """`files` (input_files) with `edits` made in order, each old text found exactly once in its file,
+    else a PlatformError naming it (an edit that no longer applies). Pure."""
+    out = dict(files)
+    for path, old, new in edits:
+        if path not in out:
+            raise PlatformError(f"edit of {path}: no such build input")
+        text = out[path].decode()
+        if text.count(old) != 1:
+            raise PlatformError(f"edit of {path}: {old!r} found {text.count(old)} times, not once")
+        out[path] = text.replace(old, new).encode()
+    return out
+
+
 def content_hash(files: Mapping[str, bytes], extra: Iterable[str] = (), n: int = 10) -> str:
     """A short hash over files (name and content, order-free) and extra strings (base image ID, args)."""
     h = hashlib.sha256()
@@ -556,6 +574,37 @@ class ImageBuilder:
         self.say(f"{build.name}: {ref} ({image_id[:19]}) in {seconds:.1f}s")
         return ref, image_id
 
+    def build_edited_into(
+        self, address: str | Path, build: ImageBuild, tag: str, edits: Sequence[Edit]
+    ) -> str:
+        """Another build of `build`, from its sources with `edits` made (edited_sources), as a release of
+        changed code is built: the same Dockerfile, base and layer cache (only the steps after the changed
+        files run). Tagged `<repo>:<tag>` and imported into the containerd at `address` (the layers it
+        lacks: the changed ones) through an archive that is removed after. Returns the ref. The project's
+        images and refs.json stay as `build()` made them; the base must exist (`build()` first)."""
+        ref = f"{build.repo}:{tag}"
+        files = edited_sources(input_files(self.repo, build.inputs), edits)
+        t0 = time.monotonic()
+        with cache_lock(self.cache), tempfile.TemporaryDirectory(dir=self.dir) as tmp:
+            context = Path(tmp) / "src"
+            for rel, data in files.items():
+                (context / rel).parent.mkdir(parents=True, exist_ok=True)
+                (context / rel).write_bytes(data)
+            iid, archive = Path(tmp) / "iid", Path(tmp) / "image.tar"
+            mounts = host_mounts(tls_candidates(os.environ))
+            self.say(
+                f"{build.name}: buildah bud --layers {build.dockerfile}, {', '.join(sorted({e[0] for e in edits}))} edited -> {ref}"
+            )
+            self._bud(bud_argv(self.storage, build, context, BASE_REF, (ref,), iid, mounts))
+            self._run(push_argv(self.storage, ref, archive))
+            import_plan = ociimport.plan(archive, ref, node_snapshots(str(address)))
+            import_layers(str(address), archive, import_plan)
+        self.say(
+            f"{ref} built and imported into {address} in {time.monotonic() - t0:.1f}s "
+            f"({len(import_plan.send)} of {len(import_plan.layers)} layers sent)"
+        )
+        return ref
+
     def _bud(self, argv: Sequence[str]) -> list[str]:
         """Run `buildah bud`, its output passed through; the IDs of the step images its output names (every
         step taken from the cache; of the steps made, only some)."""
@@ -752,32 +801,6 @@ def _load_locked(
             f"({len(import_plan.send)} of {len(import_plan.layers)} layers sent, {gib:.2f} GiB)"
         )
     return took
-
-
-def load_variant(
-    address: str | Path,
-    name: str,
-    ref: str,
-    env: Mapping[str, str],
-    cache: Path | None = None,
-    progress: Callable[[str], None] = _say,
-) -> None:
-    """Import into the containerd at address, as `ref`, the built image `name` with `env` set in its
-    config: the image a Dockerfile of `FROM <name's image>` and one `ENV` would build (no layer of its
-    own, so nothing is sent where the base is already imported). Another build of the same code, told
-    apart by what its defaults read from the environment."""
-    with cache_lock(cache, shared=True):
-        refs = read_refs(cache)
-        archive = _archive(refs, name, cache)  # first: a missing image is named, not a KeyError
-        entry = refs[name]
-        base = ociimport.plan(archive, entry["ref"], node_snapshots(str(address)))
-        variant = ociimport.with_env(base, ref, env)
-        t0 = time.monotonic()
-        import_layers(str(address), archive, variant)
-        progress(
-            f"imported {ref} ({entry['ref']} with {', '.join(env)} set) into {address} in "
-            f"{time.monotonic() - t0:.1f}s ({len(variant.send)} layers sent)"
-        )
 
 
 def node_snapshots(address: str) -> set[str]:

@@ -18,8 +18,8 @@ import hashlib
 import io
 import json
 import tarfile
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -119,19 +119,6 @@ def plan(archive: Path, ref: str, have: Iterable[str]) -> ImportPlan:
     chains = chain_ids(diff_ids)
     first_missing = next((i for i, c in enumerate(chains) if c not in have), len(chains))
     return ImportPlan(ref, config, layers, layers[first_missing:])
-
-
-def with_env(import_plan: ImportPlan, ref: str, env: Mapping[str, str]) -> ImportPlan:
-    """The image `FROM <import_plan's image>` then `ENV` of each item of `env` would build, named `ref`: the
-    same layers (an ENV instruction adds none), a config whose Env has the items set (over the base's own
-    values for the same names, the others kept in order) and one history entry more. Pure."""
-    config = json.loads(import_plan.config)
-    settings = dict(item.split("=", 1) for item in config.get("config", {}).get("Env") or [])
-    settings.update(env)
-    config.setdefault("config", {})["Env"] = [f"{k}={v}" for k, v in settings.items()]
-    created_by = "/bin/sh -c #(nop) ENV " + " ".join(f"{k}={v}" for k, v in env.items())
-    config["history"] = [*config.get("history", []), {"created_by": created_by, "empty_layer": True}]
-    return replace(import_plan, ref=ref, config=json.dumps(config, separators=(",", ":")).encode())
 
 
 def _member(tar: tarfile.TarFile, name: str) -> IO[bytes]:

@@ -1,8 +1,8 @@
 """An operator upgrade seen from outside: which fleets roll a new pod template now, which are done, which wait.
 
-The upgrade tests and `bench/upgrade_bench.py` tell "two builds" of the operator apart by the chat API's
-CPU (`CHATFLEET_CHAT_API_CPU`): a change to the pod template with the same revision, as a new annotation
-or env var in the builders makes. `sample` reads every stable Deployment and ChatbotService of the
+The upgrade tests and `bench/upgrade_bench.py` tell two builds of the operator apart by the chat API's
+CPU (the setting `CHATFLEET_CHAT_API_CPU` in the tests, the code's own default in the bench's builds): a
+change to the pod template with the same revision, as a new annotation or env var in the builders makes. `sample` reads every stable Deployment and ChatbotService of the
 cluster (or of one namespace) in two kubectl calls.
 """
 

@@ -322,3 +322,28 @@ def test_only_untagged_images_no_newest_build_used_are_dropped():
     dangling = ["6a0466b33330", "a09a7cfa0142", "88fb9eb0b7fc", "5e1454c207d8", "2b9caf746291"]
     assert images.unused_cache_images(dangling, keep) == ["88fb9eb0b7fc", "5e1454c207d8"]
     assert images.unused_cache_images([], keep) == []
+
+
+def test_an_edited_build_changes_only_the_edited_files_and_refuses_an_edit_that_no_longer_applies():
+    files = {"op/settings.py": b'cpu = "500m"\nmemory = "512Mi"\n', "op/other.py": b"x = 1\n"}
+    out = images.edited_sources(
+        files, [("op/settings.py", 'cpu = "500m"', 'cpu = "150m"'), ("op/settings.py", '"512Mi"', '"24Mi"')]
+    )
+    assert out == {"op/settings.py": b'cpu = "150m"\nmemory = "24Mi"\n', "op/other.py": b"x = 1\n"}
+    assert files["op/settings.py"] == b'cpu = "500m"\nmemory = "512Mi"\n'  # the sources themselves unchanged
+    with pytest.raises(PlatformError, match="found 0 times, not once"):
+        images.edited_sources(files, [("op/settings.py", 'cpu = "1"', "")])
+    with pytest.raises(PlatformError, match="no such build input"):
+        images.edited_sources(files, [("op/gone.py", "x", "y")])
+
+
+def test_the_upgrade_benchs_builds_edit_the_operators_own_settings():
+    """bench-chaos-upgrades builds its operator versions by editing the defaults in settings.py: the edits
+    must still apply to the operator's sources as they are (else the bench fails after its setup)."""
+    sys.path.insert(0, str(REPO_ROOT / "bench"))
+    import upgrade_bench
+
+    files = images.input_files(REPO_ROOT, images.OPERATOR.inputs)
+    for build in upgrade_bench.BUILDS:
+        edited = images.edited_sources(files, upgrade_bench.build_edits(build))
+        assert edited[upgrade_bench.SETTINGS] != files[upgrade_bench.SETTINGS]

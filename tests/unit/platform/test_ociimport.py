@@ -4,7 +4,6 @@ docker-archive (the integration test imports into a real containerd)."""
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import io
 import json
@@ -118,27 +117,3 @@ def test_the_layout_holds_the_manifest_config_and_only_the_sent_blobs(tmp_path):
     assert layer_blobs == {"blobs/sha256/" + diff_ids[1][7:]}  # the base layer's blob stays home
     assert files["blobs/sha256/" + diff_ids[1][7:]] == layers[1]
     assert ociimport.sent_digests(plan) == [diff_ids[1]]
-
-
-def test_an_env_variant_is_another_image_with_the_same_layers_and_its_env_set(tmp_path):
-    layers = [layer_tar("base", "b" * 300), layer_tar("code", "c" * 20)]
-    diff_ids = docker_archive(tmp_path / "a.tar", layers)
-    base = ociimport.plan(tmp_path / "a.tar", REF, set(ociimport.chain_ids(diff_ids)))
-    config = json.loads(base.config)
-    config["config"] = {"Env": ["PATH=/usr/bin", "CHATFLEET_CHAT_API_CPU=250m"], "Cmd": ["run"]}
-    base = dataclasses.replace(base, config=json.dumps(config).encode())
-
-    variant = ociimport.with_env(base, "op:b", {"CHATFLEET_CHAT_API_CPU": "200m", "EXTRA": "a=b"})
-    assert variant.ref == "op:b"
-    assert variant.layers == base.layers and variant.send == ()  # no layer of its own: nothing to send
-    got = json.loads(variant.config)
-    assert got["config"]["Env"] == ["PATH=/usr/bin", "CHATFLEET_CHAT_API_CPU=200m", "EXTRA=a=b"]
-    assert got["config"]["Cmd"] == ["run"] and got["rootfs"]["diff_ids"] == diff_ids
-    assert got["history"][-1] == {
-        "created_by": "/bin/sh -c #(nop) ENV CHATFLEET_CHAT_API_CPU=200m EXTRA=a=b",
-        "empty_layer": True,
-    }
-    # another image: its own config and manifest digests, under its own name
-    assert json.loads(variant.manifest)["config"]["digest"] != json.loads(base.manifest)["config"]["digest"]
-    assert json.loads(variant.index)["manifests"][0]["annotations"]["io.containerd.image.name"] == "op:b"
-    assert json.loads(base.config)["config"]["Env"][1] == "CHATFLEET_CHAT_API_CPU=250m"  # the base unchanged

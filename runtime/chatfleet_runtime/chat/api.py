@@ -64,6 +64,7 @@ from chatfleet_runtime.chat.middleware import DrainGate, Handler, PortRoutes, Tr
 from chatfleet_runtime.chat.pipeline import ChatPipeline
 from chatfleet_runtime.chat.responses import Reply
 from chatfleet_runtime.chat.tracing import configure as configure_tracing
+from chatfleet_runtime.chat.turn import RELAY_HEADER, REPLICA_HEADER
 
 __all__ = ["ApiSettings", "create_app", "main", "serve"]
 
@@ -210,8 +211,14 @@ def create_app(settings: ApiSettings, backend=None, redis_client=None, clock=tim
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        """OpenAI chat completions (JSON or server-sent events)."""
-        return send(await pipeline.chat(await request.body(), request.headers))
+        """OpenAI chat completions (JSON or server-sent events); to the stream relay, with this replica's
+        address (the local end of the connection: the pod's IP behind a Service)."""
+        response = send(await pipeline.chat(await request.body(), request.headers))
+        server = request.scope.get("server")
+        if request.headers.get(RELAY_HEADER) and server:
+            host, port = server[0], server[1]
+            response.headers[REPLICA_HEADER] = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        return response
 
     return app
 

@@ -114,6 +114,10 @@ def parse_request(
 #: The stream relay's request header: while a streamed answer waits for its next chunk, the chat API sends an
 #: SSE comment every that many seconds, so that the relay can tell a slow answer from a replica gone silent.
 HEARTBEAT_HEADER = "x-chatfleet-heartbeat-seconds"
+#: The stream relay's request header: the answer then names this replica's address in REPLICA_HEADER (the
+#: relay sends the dialogue's next turns straight there, and passes neither header on to the client).
+RELAY_HEADER = "x-chatfleet-relay"
+REPLICA_HEADER = "x-chatfleet-replica"
 HEARTBEAT_BOUNDS = (0.1, 30.0)
 
 

@@ -16,6 +16,14 @@ the chat API's ``stream_cut`` error event (its Triton failed part-way). On a cut
 replica to continue the answer (``splice.resume_body``), at most ``--max-resumes`` times; when none can, the
 client gets the ``stream_cut`` error event (OpenAI's SDK raises it), never a stream that looks complete.
 
+A dialogue's turns go to the replica that answered its last one (``Affinity``; the dialogue is the
+``X-Session-Id`` header, else the body's ``session_id``, else its ``user``): its KV prefix and its copy of the
+dialogue's window are there, and its revision stays the same through a release. The chat API names its own
+address to the relay in ``X-Chatfleet-Replica`` (only when the request says it comes from the relay), so
+this holds through a Service's ClusterIP too (``--balanced``): later turns go to that address directly, and
+when it cannot answer, to the next as above (the dialogue then stays where it landed). The client never
+sees the address.
+
 A request that is not streamed is sent again to the next replica on the same faults, before any answer
 came back. When a replica saved the turn and then died before its answer reached the relay, the session's
 history holds that turn twice (the only case that can).
@@ -26,11 +34,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ipaddress
 import json
 import logging
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
@@ -48,6 +58,12 @@ CHAT_PATH = "/v1/chat/completions"
 #: Asked of the replicas on a streamed request: an SSE comment whenever the next chunk is slow to come, every
 #: that many seconds (a quarter of the stall limit), so the stall limit measures silence, not a slow answer.
 HEARTBEAT_HEADER = "X-Chatfleet-Heartbeat-Seconds"
+#: Sent with every chat request, so that the chat API answers with REPLICA_HEADER (the same names as the chat
+#: API's in chat/turn.py: the relay and the chat API share no module).
+RELAY_HEADER = "X-Chatfleet-Relay"
+#: The address (IP:port) of the replica that answered, from the chat API to the relay: the dialogue's next
+#: turns go there. Never passed on to the client.
+REPLICA_HEADER = "X-Chatfleet-Replica"
 #: Statuses that mean "this replica cannot answer now", tried on the next one.
 RETRIED = frozenset({502, 503, 504})
 #: Hop-by-hop and framing headers, never passed on (RFC 9110 7.6.1), nor the host.
@@ -64,13 +80,78 @@ HOP_HEADERS = frozenset(
         "host",
         "content-length",
         "content-encoding",
+        # the relay's own, between it and the chat API: never from the client, never to it
+        RELAY_HEADER.lower(),
+        REPLICA_HEADER.lower(),
     }
 )
 
 
 def passed_headers(headers) -> dict[str, str]:
-    """The headers passed on to the other side (less hop-by-hop, framing and host)."""
+    """The headers passed on to the other side (less hop-by-hop, framing, host and the relay's own)."""
     return {k: v for k, v in headers.items() if k.lower() not in HOP_HEADERS}
+
+
+def dialogue_key(headers: Mapping[str, str], body: object) -> str | None:
+    """The dialogue a chat request belongs to, as the chat API finds its session: the ``X-Session-Id``
+    header, the body's ``session_id``, the body's ``user``; None for a request of no dialogue. Not checked
+    here (the chat API refuses a bad one).
+
+    >>> dialogue_key({"x-session-id": "s1"}, {"user": "u"}), dialogue_key({}, {"user": "u"}), dialogue_key({}, [])
+    ('header:s1', 'user:u', None)
+    """
+    sid = next((v for k, v in headers.items() if k.lower() == "x-session-id"), None)
+    if sid:
+        return f"header:{sid}"
+    if isinstance(body, dict):
+        for field_name in ("session_id", "user"):
+            value = body.get(field_name)
+            if isinstance(value, str) and value:
+                return f"{field_name.split('_')[0]}:{value}"
+    return None
+
+
+def replica_url(address: str | None) -> str | None:
+    """The base URL of the replica that named itself ``address`` (an IP and a port), None for anything else.
+
+    >>> replica_url("10.245.0.3:8080"), replica_url("[fd00::3]:8080"), replica_url("evil.example:80")
+    ('http://10.245.0.3:8080', 'http://[fd00::3]:8080', None)
+    """
+    host, _, port = (address or "").rpartition(":")
+    try:
+        ip = ipaddress.ip_address(host.strip("[]"))
+        number = int(port)
+    except ValueError:
+        return None
+    if not 0 < number < 65536:
+        return None
+    return f"http://[{ip}]:{number}" if ip.version == 6 else f"http://{ip}:{number}"
+
+
+@dataclass
+class Affinity:
+    """The replica (base URL) that answered each dialogue's last turn, so its next turns go there. At most
+    ``limit`` dialogues, the least recently used forgotten first."""
+
+    limit: int = 100_000
+    _last: OrderedDict[str, str] = field(default_factory=OrderedDict)
+
+    def get(self, key: str | None) -> str | None:
+        if key is None or key not in self._last:
+            return None
+        self._last.move_to_end(key)
+        return self._last[key]
+
+    def put(self, key: str | None, url: str | None) -> None:
+        if key is None or url is None:
+            return
+        self._last[key] = url
+        self._last.move_to_end(key)
+        while len(self._last) > self.limit:
+            self._last.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._last)
 
 
 @dataclass
@@ -118,18 +199,25 @@ class Upstreams:
             self._resolved, self._resolved_at = found, now
         return self._resolved or self.urls
 
-    async def order(self, tried: set[str], advance: bool = True) -> list[str]:
-        """The replicas not tried yet for this request: round robin (chat requests take turns; a GET does
-        not move the turn), those that failed lately last; balanced: the one URL, ``balanced_tries`` times."""
+    async def order(self, tried: set[str], advance: bool = True, first: str | None = None) -> list[str]:
+        """The replicas not tried yet for this request: ``first`` (the dialogue's replica) unless it was
+        tried or failed lately, then round robin (chat requests take turns; a GET does not move the turn),
+        those that failed lately last; balanced: after ``first``, the one URL ``balanced_tries`` times."""
+        now = self.clock()
+        head = [first] if first and first not in tried and not self._cooling(first, now) else []
         if self.balanced:
-            return self.urls[:1] * self.balanced_tries
-        urls = await self._addresses()
+            return [*head, *self.urls[:1] * self.balanced_tries]
+        urls = [u for u in await self._addresses() if u not in head]
+        if not urls:
+            return head
         start = self._next % len(urls)
         if advance:
             self._next += 1
         turn = [u for u in urls[start:] + urls[:start] if u not in tried]
-        now = self.clock()
-        return sorted(turn, key=lambda u: now - self._failed.get(u, float("-inf")) < self.cooldown_s)
+        return [*head, *sorted(turn, key=lambda u: self._cooling(u, now))]
+
+    def _cooling(self, url: str, now: float) -> bool:
+        return now - self._failed.get(url, float("-inf")) < self.cooldown_s
 
     def failed(self, url: str) -> None:
         self._failed[url] = self.clock()
@@ -165,6 +253,13 @@ class RelayMetrics:
             "Requests sent again to another replica before any answer (unreachable, 502, 503, 504)",
             registry=self.registry,
         )
+        self.affinity = Counter(
+            "chatfleet_relay_dialogue_turns",
+            "Chat requests of a dialogue a replica answered, by where: kept (the replica of its last turn), "
+            "moved (that replica could not answer: another did), new (no replica known: its first turn here)",
+            ["placed"],
+            registry=self.registry,
+        )
 
 
 class Relay:
@@ -182,6 +277,7 @@ class Relay:
         client: httpx.AsyncClient | None = None,
     ) -> None:
         self.upstreams = upstreams
+        self.affinity = Affinity()
         self.stall_s = stall_s
         self.max_resumes = max_resumes
         self.metrics = metrics or RelayMetrics()
@@ -202,13 +298,17 @@ class Relay:
         return await self.client.send(request, stream=True)
 
     async def _open(
-        self, body: bytes, headers: dict[str, str], tried: set[str]
+        self, body: bytes, headers: dict[str, str], tried: set[str], dialogue: str | None = None
     ) -> tuple[str, httpx.Response] | Response:
         """The first replica, not yet tried, that answers 200 (the response still streaming), or the
-        answer to give the client: another replica's non-retried status, or a 503 when none could."""
+        answer to give the client: another replica's non-retried status, or a 503 when none could. The
+        `dialogue`'s replica goes first; the one that answers becomes it."""
         last: Response | None = None
-        for n, url in enumerate(await self.upstreams.order(tried)):
-            if n and self.upstreams.balanced:
+        known = self.affinity.get(dialogue)
+        order = await self.upstreams.order(tried, first=known)
+        direct = int(bool(order) and order[0] == known)  # the dialogue's replica, before the balancer
+        for n, url in enumerate(order):
+            if n > direct and self.upstreams.balanced:  # the balancer again: let a dead replica leave it
                 await asyncio.sleep(self.upstreams.balanced_pause_s)
             tried.add(url)
             try:
@@ -219,6 +319,10 @@ class Relay:
                 self.metrics.retries.inc()
                 continue
             if resp.status_code == 200:
+                if dialogue is not None:
+                    self.affinity.put(dialogue, replica_url(resp.headers.get(REPLICA_HEADER)))
+                    placed = "new" if known is None else "kept" if url == known else "moved"
+                    self.metrics.affinity.labels(placed).inc()
                 return url, resp
             content = await resp.aread()
             await resp.aclose()
@@ -248,7 +352,13 @@ class Relay:
             yield line
 
     async def _splice(
-        self, body: dict, headers: dict[str, str], url: str, resp: httpx.Response, tried: set[str]
+        self,
+        body: dict,
+        headers: dict[str, str],
+        url: str,
+        resp: httpx.Response,
+        tried: set[str],
+        dialogue: str | None,
     ) -> AsyncIterator[str]:
         """The client's stream: the replica's chunks, then another's continuing them after a cut."""
         options = body.get("stream_options")
@@ -292,7 +402,7 @@ class Relay:
                 opened: tuple[str, httpx.Response] | Response | None = None
                 if progress.resumes < self.max_resumes:
                     again = asked(resume_body(body, progress) if progress.text else body)
-                    opened = await self._open(json.dumps(again).encode(), headers, tried)
+                    opened = await self._open(json.dumps(again).encode(), headers, tried, dialogue)
                 if not isinstance(opened, tuple):
                     log.warning("stream cut (%s) and not resumed after %d resumes", why, progress.resumes)
                     yield sse(cut_error(f"the answer was cut ({why}) and no replica could continue it"))
@@ -317,8 +427,12 @@ class Relay:
         if streamed:
             headers = {k: v for k, v in headers.items() if k.lower() != HEARTBEAT_HEADER.lower()}
             headers[HEARTBEAT_HEADER] = f"{min(30.0, max(0.1, self.stall_s / 4)):g}"
+        headers[RELAY_HEADER] = "1"
+        dialogue = dialogue_key(headers, body)
         tried: set[str] = set()
-        opened = await self._open(json.dumps(asked(body)).encode() if streamed else raw, headers, tried)
+        opened = await self._open(
+            json.dumps(asked(body)).encode() if streamed else raw, headers, tried, dialogue
+        )
         if not isinstance(opened, tuple):
             if streamed:
                 self.metrics.streams.labels("refused").inc()
@@ -343,7 +457,9 @@ class Relay:
         out_headers = passed_headers(resp.headers)
         out_headers["Cache-Control"] = "no-cache"
         return StreamingResponse(
-            self._splice(body, headers, url, resp, tried), media_type="text/event-stream", headers=out_headers
+            self._splice(body, headers, url, resp, tried, dialogue),
+            media_type="text/event-stream",
+            headers=out_headers,
         )
 
     async def get(self, path: str, request: Request) -> Response:

@@ -599,3 +599,123 @@ def test_a_replica_silent_before_its_answer_began_is_left_for_the_next_after_the
     assert r.status_code == 200 and text == "hi" and data[-1] == "[DONE]"
     assert counter(relay, "chatfleet_relay_retries_total") == 1
     assert took < 30  # bounded by the limit, not by the silent replica (which never answers)
+
+
+# --- dialogues stay on their replica ----------------------------------------------------------------------
+
+
+def test_the_chat_api_names_its_address_to_the_relay_only(client):
+    """The local end of the connection (the pod's IP behind a Service; TestClient's is testserver:80)."""
+    asked = post(client, {"messages": U, "stream": True}, headers={"X-Chatfleet-Relay": "1"})
+    plain = post(client, {"messages": U, "stream": True})
+    assert asked.headers["x-chatfleet-replica"] == "testserver:80"
+    assert "x-chatfleet-replica" not in plain.headers
+
+
+class Named(Replica):
+    """A replica at an IP address that names itself in X-Chatfleet-Replica, as the chat API does."""
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        resp = super().__call__(request)
+        if request.headers.get("x-chatfleet-relay"):
+            resp.headers["X-Chatfleet-Replica"] = f"{self.name}:8080"
+        return resp
+
+
+def dialogue_relay(replicas, *, balancer=None):
+    """A relay over replicas by IP (`Named`), or over a balancer URL whose handler picks one per request;
+    each request's host is recorded."""
+    by_host = {r.name: r for r in replicas}
+    hosts: list[str] = []
+
+    def handler(request: httpx.Request):
+        hosts.append(request.url.host)
+        return (
+            (balancer or by_host.__getitem__)(request)
+            if request.url.host == "bot-replicas"
+            else by_host[request.url.host](request)
+        )
+
+    urls = ["http://bot-replicas"] if balancer else [f"http://{r.name}:8080" for r in replicas]
+    relay = relay_server.Relay(
+        relay_server.Upstreams(urls, balanced=balancer is not None, balanced_pause_s=0.01),
+        stall_s=5.0,
+        client=httpx.AsyncClient(transport=httpx.MockTransport(handler)),
+    )
+    return relay, TestClient(relay_server.create_app(relay)), hosts
+
+
+def turn(client, session):
+    return relayed(client, {"messages": U, "stream": True, "max_tokens": 10, "session_id": session})
+
+
+def test_a_dialogues_turns_go_to_the_replica_that_answered_its_last_turn():
+    """Round robin alone would send each next request to the other replica: a, b, a, b, a."""
+    a, b = Named("10.0.0.1"), Named("10.0.0.2")
+    relay, client, hosts = dialogue_relay([a, b])
+    with client:
+        answers = [turn(client, "s1")[0] for _ in range(3)] + [turn(client, "s2")[0] for _ in range(2)]
+    assert hosts == ["10.0.0.1"] * 3 + ["10.0.0.2"] * 2
+    assert {r.status_code for r in answers} == {200}
+    assert not any("x-chatfleet-replica" in r.headers for r in answers)  # the client never sees the address
+    assert counter(relay, "chatfleet_relay_dialogue_turns_total", placed="new") == 2
+    assert counter(relay, "chatfleet_relay_dialogue_turns_total", placed="kept") == 3
+
+
+def test_through_a_balancer_the_next_turn_goes_to_the_replicas_address_and_moves_when_it_is_gone():
+    """--balanced (a Service's ClusterIP): the first turn lands where kube-proxy sends it; the replica names
+    itself, and the next turns go to that address directly. When it refuses, the turn goes through the
+    balancer again and the dialogue stays where it landed."""
+    a, b = Named("10.0.0.1"), Named("10.0.0.2")
+    behind = iter([a, b, b])
+    relay, client, hosts = dialogue_relay([a, b], balancer=lambda request: next(behind)(request))
+    with client:
+        turn(client, "s1")  # through the balancer: a
+        turn(client, "s1")  # straight to a
+        a.status = 503
+        r, _, _, text = turn(client, "s1")  # a refuses: through the balancer, to b
+        turn(client, "s1")  # straight to b
+    assert hosts == ["bot-replicas", "10.0.0.1", "10.0.0.1", "bot-replicas", "10.0.0.2"]
+    assert r.status_code == 200 and text == "one two "
+    placed = {
+        p: counter(relay, "chatfleet_relay_dialogue_turns_total", placed=p) for p in ("new", "kept", "moved")
+    }
+    assert placed == {"new": 1, "kept": 2, "moved": 1}
+
+
+def test_a_resumed_stream_stays_with_the_replica_that_continued_it():
+    a, b = Named("10.0.0.1", end="break"), Named("10.0.0.2", words=("three",))
+    _relay, client, hosts = dialogue_relay([a, b])
+    with client:
+        _, data, _, text = turn(client, "s1")
+        assert data[-1] == "[DONE]" and text == "one two three"
+        turn(client, "s1")
+    assert hosts == ["10.0.0.1", "10.0.0.2", "10.0.0.2"]
+
+
+def test_the_relay_takes_no_address_from_the_client_and_keeps_only_addresses_from_replicas():
+    """A client's own X-Chatfleet-Relay or X-Chatfleet-Replica is not passed on (the relay sets its own);
+    a replica's header that is not an IP and a port is not kept (the next turn takes its turn)."""
+    a, b = Named("10.0.0.1"), Replica("10.0.0.2")
+    relay, client, _hosts = dialogue_relay([a, b])
+    a_header = {"X-Chatfleet-Replica": "10.0.0.2:8080", "X-Chatfleet-Relay": "evil"}
+    with client:
+        client.post(
+            "/v1/chat/completions",
+            json={"messages": U, "stream": True, "session_id": "s1"},
+            headers=a_header,
+        )
+    assert a.headers[-1]["x-chatfleet-relay"] == "1" and "x-chatfleet-replica" not in a.headers[-1]
+    assert relay_server.replica_url("bot.example:8080") is None
+    assert relay_server.replica_url("10.0.0.2:99999") is None
+    relay.affinity.put("user:u", relay_server.replica_url("nonsense"))
+    assert relay.affinity.get("user:u") is None
+
+
+def test_the_dialogues_remembered_are_bounded_the_least_recently_used_forgotten_first():
+    affinity = relay_server.Affinity(limit=2)
+    affinity.put("a", "http://10.0.0.1:8080")
+    affinity.put("b", "http://10.0.0.2:8080")
+    assert affinity.get("a") == "http://10.0.0.1:8080"  # a used: b is now the oldest
+    affinity.put("c", "http://10.0.0.3:8080")
+    assert (len(affinity), affinity.get("b"), affinity.get("a")) == (2, None, "http://10.0.0.1:8080")

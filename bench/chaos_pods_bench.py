@@ -40,8 +40,10 @@ Rows, on the same pods, the baseline first (the relay's row meets the longer res
 Figures per row: turns asked, completed, cut, non-2xx, no answer, lost histories, turns answered without
 a history, the kills and Redis restarts, the relay's resumes (its own counter) and the silence they cost
 the clients (the relay's own measure, `chatfleet_relay_resume_gap_seconds`: from the last chunk before
-the cut to the first text after it; mean, and how many within 2 s). Writes
-bench-results/chaos-pods.json and prints the table.
+the cut to the first text after it; mean, and how many within 2 s), the relay's dialogue turns by where
+they went (`chatfleet_relay_dialogue_turns_total`: kept on the dialogue's replica, moved, new), and per
+Redis outage how the turns met it (`redis_outage_turns`). Writes bench-results/chaos-pods.json and prints
+the table.
 """
 
 from __future__ import annotations
@@ -130,6 +132,14 @@ def relay_gaps(bot: Bot) -> dict[str, float]:
         key: sum(metric_value(url, f"{name}_{key}", **labels) for url in urls)
         for key, labels in (("count", {}), ("sum", {}), ("bucket", {"le": "2.0"}))
     }
+
+
+def relay_placed(bot: Bot) -> dict[str, float]:
+    """The relay pods' count of dialogue turns by where they went (summed): kept (the replica of the
+    dialogue's last turn), moved (that replica could not answer), new."""
+    urls = relay_metrics(bot)
+    name = "chatfleet_relay_dialogue_turns_total"
+    return {p: sum(metric_value(url, name, placed=p) for url in urls) for p in ("kept", "moved", "new")}
 
 
 def faults(kills: int = KILLS, nodes: int = NODE_LOSSES, redis: int = REDIS_RESTARTS) -> list[str]:
@@ -232,7 +242,7 @@ def row(platform: Platform, bot: Bot, via: str) -> dict[str, Any]:
     outages: list[tuple[float, float]] = []
     try:
         bot.wait(lambda: load.summary()["ok"] >= 20, 300, "dialogues under way")
-        before, gaps_before = relay_resumes(bot), relay_gaps(bot)
+        before, gaps_before, placed_before = relay_resumes(bot), relay_gaps(bot), relay_placed(bot)
         t0 = time.monotonic()
         for n, fault in enumerate(faults(), 1):
             time.sleep(INTERVAL)
@@ -266,6 +276,7 @@ def row(platform: Platform, bot: Bot, via: str) -> dict[str, Any]:
         summary = load.stop()
     resumes = relay_resumes(bot) - before if via == "relay" else 0.0
     gaps = {k: v - gaps_before[k] for k, v in relay_gaps(bot).items()} if via == "relay" else {}
+    placed = {k: v - placed_before[k] for k, v in relay_placed(bot).items()} if via == "relay" else {}
     unavailable = sum(r.history == "unavailable" for r in load.results)
     from_copy = Counter(r.history for r in load.results if r.history in ("restored", "replica"))
     spanned = lost_to_redis(load.results, outages)
@@ -284,6 +295,7 @@ def row(platform: Platform, bot: Bot, via: str) -> dict[str, Any]:
         "resumes": resumes,
         "resume_gap_mean_s": round(gaps["sum"] / gaps["count"], 3) if gaps.get("count") else None,
         "resume_gaps_within_2s": f"{int(gaps['bucket'])}/{int(gaps['count'])}" if gaps else None,
+        "relay_turns_placed": placed or None,
         "codes": summary["codes"],
         "errors": summary["errors"],
         "lost": summary["lost"],
@@ -360,6 +372,7 @@ def main() -> int:
                 ("resumes", "relay resumes"),
                 ("resume_gap_mean_s", "resume silence, mean s (the relay's measure)"),
                 ("resume_gaps_within_2s", "resumes within 2 s"),
+                ("relay_turns_placed", "relay: turns on the dialogue's replica (kept), moved, new"),
             ],
         )
     )

@@ -18,8 +18,9 @@ REDIS_RESTARTS (2) Redis restarts spread among them:
   pod (its restart back-off growing with each kill);
 - a node loss (once Ready replicas run on both nodes): the node that holds one or more Ready replicas and
   not the relay loses power (`RealNodes.lose_power`): its kubelet is killed and its pods frozen NODE_SILENT
-  (5) s, longer than the relay's stall limit (3 s), so they send nothing and close nothing, as a machine
-  without power; then they are killed and its Node deleted, as a cloud's node controller does. Their pods
+  (5) s, longer than the relay's stall limit (STALL_SECONDS, 1 s), so they send nothing and close nothing,
+  as a machine without power; then they are killed and its Node deleted, as a cloud's node controller does.
+  Their pods
   are deleted at once (the pod garbage collector's part, after its quarantine, brought forward so the loss
   fits the row). NODE_DOWN (10) s later the node rejoins (a replacement machine of the same name: a new
   kubelet, its GPUs advertised again); the fleet's new pods start on the surviving node's free GPU and on
@@ -82,6 +83,9 @@ REDIS_RESTARTS = int(os.environ.get("REDIS_RESTARTS", "2"))
 NODES = 2
 GPUS_PER_NODE = 2
 NODE_SILENT = 5.0
+#: The relay's stall limit (spec.streamRelay.stallSeconds, 3 by default): the least, so that a resume after
+#: a silent node costs about 1.5 s, within the issue's 2 s (the replicas' heartbeats come every 0.25 s).
+STALL_SECONDS = 1
 NODE_DOWN = 10.0
 REDIS_DOWN = 8.0
 #: Seconds after Redis is back within which a new dialogue may still meet the restart's effects.
@@ -333,7 +337,7 @@ def main() -> int:
             over={  # on_real_node sets one replica: the scaling section is ours here
                 "scaling": {"replicas": REPLICAS},
                 "runtime": {"maxNewTokens": MAX_TOKENS},
-                "streamRelay": {"enabled": True, "replicas": 1},
+                "streamRelay": {"enabled": True, "replicas": 1, "stallSeconds": STALL_SECONDS},
             },
         )
         bot.wait(bot.ready, 900, "bot Ready")

@@ -37,6 +37,7 @@ import contextlib
 import ipaddress
 import json
 import logging
+import random
 import socket
 import time
 from collections import OrderedDict
@@ -171,7 +172,9 @@ class Upstreams:
     resolve_every_s: float = 2.0
     clock: object = time.monotonic
     _next: int = 0
+    answered_within_s: float = 10.0
     _failed: dict[str, float] = field(default_factory=dict)
+    _answered: dict[str, float] = field(default_factory=dict)
     _resolved: list[str] = field(default_factory=list)
     _resolved_at: float = float("-inf")
 
@@ -202,10 +205,23 @@ class Upstreams:
     async def order(self, tried: set[str], advance: bool = True, first: str | None = None) -> list[str]:
         """The replicas not tried yet for this request: ``first`` (the dialogue's replica) unless it was
         tried or failed lately, then round robin (chat requests take turns; a GET does not move the turn),
-        those that failed lately last; balanced: after ``first``, the one URL ``balanced_tries`` times."""
+        those that failed lately last; balanced: after ``first``, the one URL ``balanced_tries`` times,
+        and before it, when this request already tried one or its dialogue's replica cannot take it (a
+        resume, a dialogue that moves), the replicas that answered in the last ``answered_within_s``, in
+        random order: through the balancer it might reach the replica that just failed again."""
         now = self.clock()
         head = [first] if first and first not in tried and not self._cooling(first, now) else []
         if self.balanced:
+            if tried or (first and not head):
+                live = [
+                    u
+                    for u, at in self._answered.items()
+                    if now - at < self.answered_within_s
+                    and u not in tried
+                    and u not in head
+                    and not self._cooling(u, now)
+                ]
+                head += random.sample(live, len(live))
             return [*head, *self.urls[:1] * self.balanced_tries]
         urls = [u for u in await self._addresses() if u not in head]
         if not urls:
@@ -221,6 +237,14 @@ class Upstreams:
 
     def failed(self, url: str) -> None:
         self._failed[url] = self.clock()
+
+    def answered(self, url: str | None) -> None:
+        """`url` (a replica's own address) answered a request just now."""
+        if url is not None:
+            self._answered[url] = self.clock()
+            if len(self._answered) > 1024:  # addresses of pods long gone
+                cutoff = self.clock() - self.answered_within_s
+                self._answered = {u: t for u, t in self._answered.items() if t >= cutoff}
 
 
 class RelayMetrics:
@@ -306,10 +330,9 @@ class Relay:
         last: Response | None = None
         known = self.affinity.get(dialogue)
         order = await self.upstreams.order(tried, first=known)
-        direct = int(bool(order) and order[0] == known)  # the dialogue's replica, before the balancer
         for n, url in enumerate(order):
-            if n > direct and self.upstreams.balanced:  # the balancer again: let a dead replica leave it
-                await asyncio.sleep(self.upstreams.balanced_pause_s)
+            if n and self.upstreams.balanced and url == order[n - 1]:  # the balancer again: let a dead
+                await asyncio.sleep(self.upstreams.balanced_pause_s)  # replica leave it first
             tried.add(url)
             try:
                 resp = await self._send(url, CHAT_PATH, body, headers)
@@ -319,8 +342,10 @@ class Relay:
                 self.metrics.retries.inc()
                 continue
             if resp.status_code == 200:
+                replica = replica_url(resp.headers.get(REPLICA_HEADER))
+                self.upstreams.answered(replica)
                 if dialogue is not None:
-                    self.affinity.put(dialogue, replica_url(resp.headers.get(REPLICA_HEADER)))
+                    self.affinity.put(dialogue, replica)
                     placed = "new" if known is None else "kept" if url == known else "moved"
                     self.metrics.affinity.labels(placed).inc()
                 return url, resp

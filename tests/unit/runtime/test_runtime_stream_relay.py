@@ -719,3 +719,19 @@ def test_the_dialogues_remembered_are_bounded_the_least_recently_used_forgotten_
     assert affinity.get("a") == "http://10.0.0.1:8080"  # a used: b is now the oldest
     affinity.put("c", "http://10.0.0.3:8080")
     assert (len(affinity), affinity.get("b"), affinity.get("a")) == (2, None, "http://10.0.0.1:8080")
+
+
+def test_through_a_balancer_a_cut_stream_resumes_straight_on_a_replica_that_answered_lately():
+    """Through the balancer the resume might reach the replica that just died again (its endpoint is still
+    listed until its probes fail): a replica that answered in the last seconds is tried first, directly."""
+    a, b = Named("10.0.0.1"), Named("10.0.0.2", words=("three",))
+    behind = iter([a, b])
+    relay, client, hosts = dialogue_relay([a, b], balancer=lambda request: next(behind)(request))
+    with client:
+        turn(client, "s1")  # through the balancer: a
+        turn(client, "s2")  # through the balancer: b
+        a.end = "break"
+        _, data, _, text = turn(client, "s1")  # straight to a, cut; resumed straight on b
+    assert hosts == ["bot-replicas", "bot-replicas", "10.0.0.1", "10.0.0.2"]
+    assert data[-1] == "[DONE]" and text == "one two three"
+    assert counter(relay, "chatfleet_relay_dialogue_turns_total", placed="moved") == 1

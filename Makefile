@@ -214,11 +214,11 @@ bench-chaos: setup ## Faults, in two parts: 10 replica SIGKILLs, 2 frozen replic
 	$(PY) bench/upgrade_bench.py
 
 .PHONY: bench-chaos-pods
-bench-chaos-pods: setup ## Faults on real pods under 32 streamed users: 10 chat-api SIGKILLs and 2 Redis restarts a row, the ChatbotService's stream relay beside the fleet's Service (~20 min)
+bench-chaos-pods: setup ## Faults on real pods under 32 streamed users, on two real GPU nodes: 10 chat-api SIGKILLs, 2 GPU nodes lost and 2 Redis restarts a row, the ChatbotService's stream relay beside the fleet's Service (~20 min)
 	$(PY) bench/chaos_pods_bench.py
 
 .PHONY: bench-chaos-upgrades
-bench-chaos-upgrades: setup ## Operator upgrades on real pods: the chart's operator pod upgraded by helm between operator images (two builds and a bad one) under 32 streamed users on 3 fleets, the upgrade wave beside no wave: fleets rolling at once, fleets a bad build reaches, what users saw (~15 min)
+bench-chaos-upgrades: setup ## Operator upgrades on real pods: the chart's operator pod upgraded by helm between builds of three versions of the operator's code (two good, one bad) under 32 streamed users on 3 fleets, the upgrade wave beside no wave: fleets rolling at once, fleets a bad build reaches, what users saw (~15 min)
 	$(PY) bench/upgrade_bench.py
 
 .PHONY: bench-routing

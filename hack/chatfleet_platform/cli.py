@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="real nodes (kubelet + containerd on this host) beside the simulated ones (default 0)",
     )
-    up.add_argument("--gpus", type=int, default=4, help="fake GPUs on the first real node (default 4)")
+    up.add_argument("--gpus", type=int, default=4, help="fake GPUs on each real node (default 4)")
     up.add_argument(
         "--gateway",
         action="store_true",

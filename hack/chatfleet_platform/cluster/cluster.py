@@ -188,7 +188,7 @@ class Cluster:
         """Start everything (harmless when already running); returns seconds to ready.
 
         `nodes` simulated GPU nodes (kwok) and `real_nodes` real ones (kubelet + containerd on this host,
-        `gpus` fake GPUs on the first; see realnode.py). `hpa_sync_seconds`: how often the HPA controller
+        `gpus` fake GPUs on each; see realnode.py). `hpa_sync_seconds`: how often the HPA controller
         evaluates (kube-controller-manager's default 15 s; the autoscaling benchmark compresses it).
         """
         t0 = time.monotonic()

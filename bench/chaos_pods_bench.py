@@ -146,6 +146,15 @@ def relay_placed(bot: Bot) -> dict[str, float]:
     return {p: sum(metric_value(url, name, placed=p) for url in urls) for p in ("kept", "moved", "new")}
 
 
+def resumes_after(bot: Bot, seen: dict[str, float]) -> dict[str, int]:
+    """The relay's resumes since `seen` (its gap histogram: count, and how many within 2 s), and `seen`
+    moved on to now: which fault the slow resumes followed."""
+    gaps = relay_gaps(bot)
+    out = {"count": int(gaps["count"] - seen["count"]), "within_2s": int(gaps["bucket"] - seen["bucket"])}
+    seen.update(gaps)
+    return out
+
+
 def faults(kills: int = KILLS, nodes: int = NODE_LOSSES, redis: int = REDIS_RESTARTS) -> list[str]:
     """The row's faults in order: `kills` "kill"s with the `nodes` "node" losses and `redis` "redis"
     restarts spread evenly among them, a node loss first where they alternate."""
@@ -247,9 +256,12 @@ def row(platform: Platform, bot: Bot, via: str) -> dict[str, Any]:
     try:
         bot.wait(lambda: load.summary()["ok"] >= 20, 300, "dialogues under way")
         before, gaps_before, placed_before = relay_resumes(bot), relay_gaps(bot), relay_placed(bot)
+        seen = dict(gaps_before)
         t0 = time.monotonic()
         for n, fault in enumerate(faults(), 1):
             time.sleep(INTERVAL)
+            if via == "relay" and log:  # the resumes since the fault before, and how many within 2 s
+                log[-1]["resumes_after"] = resumes_after(bot, seen)
             if fault == "node":
                 name = bot.wait(lambda: node_to_lose(bot), 600, "Ready replicas on two nodes")
                 at = round(time.monotonic() - t0, 1)
@@ -276,6 +288,8 @@ def row(platform: Platform, bot: Bot, via: str) -> dict[str, Any]:
             )
             say(f"{via}: fault {n}: chat-api of {victim['metadata']['name']} killed")
         time.sleep(INTERVAL)
+        if via == "relay" and log:
+            log[-1]["resumes_after"] = resumes_after(bot, seen)
     finally:
         summary = load.stop()
     resumes = relay_resumes(bot) - before if via == "relay" else 0.0

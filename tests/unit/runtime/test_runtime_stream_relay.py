@@ -484,9 +484,9 @@ def test_the_docstring_examples_hold():
     import doctest
 
     from chatfleet_runtime import prompting
-    from chatfleet_runtime.relay import splice
+    from chatfleet_runtime.relay import replicas, splice
 
-    for module in (splice, prompting):
+    for module in (splice, prompting, replicas):
         failed, tried = doctest.testmod(module)
         assert tried and not failed, module.__name__
 
@@ -708,8 +708,9 @@ def test_the_relay_takes_no_address_from_the_client_and_keeps_only_addresses_fro
     assert a.headers[-1]["x-chatfleet-relay"] == "1" and "x-chatfleet-replica" not in a.headers[-1]
     assert relay_server.replica_url("bot.example:8080") is None
     assert relay_server.replica_url("10.0.0.2:99999") is None
-    relay.affinity.put("user:u", relay_server.replica_url("nonsense"))
-    assert relay.affinity.get("user:u") is None
+    key = relay_server.dialogue_key({}, {"user": "u"})
+    relay.affinity.put(key, relay_server.replica_url("nonsense"))
+    assert relay.affinity.get(key) is None
 
 
 def test_the_dialogues_remembered_are_bounded_the_least_recently_used_forgotten_first():

@@ -57,7 +57,14 @@ from chatfleet_runtime.chat.responses import Reply
 from chatfleet_runtime.chat.sessions import ActiveSessions, History, SessionStore, compose
 from chatfleet_runtime.chat.shadow import Shadow
 from chatfleet_runtime.chat.tracing import NO_TRACING, NoTracing, RequestTrace, Tracing
-from chatfleet_runtime.chat.turn import Turn, bypasses_cache, heartbeat_seconds, parse_request, read_body
+from chatfleet_runtime.chat.turn import (
+    RELAY_HEADER,
+    Turn,
+    bypasses_cache,
+    heartbeat_seconds,
+    parse_request,
+    read_body,
+)
 from chatfleet_runtime.prompting import RequestError, SamplingParams, continuous_usage, parse_continuation
 
 log = logging.getLogger("chatfleet.api")
@@ -250,7 +257,9 @@ class ChatPipeline(AnswerSteps):
         return trace.end(reply)
 
     async def _chat(self, raw: bytes, headers: Mapping[str, str], t0: float, trace: RequestTrace) -> Reply:
-        if not self.drain.admit():
+        # the stream relay sends a dialogue's turns to its replica directly, past the endpoints: once the
+        # endpoint removal has reached the proxies, it is refused so that the relay moves the dialogue
+        if not self.drain.admit() or (self.drain.settled() and headers.get(RELAY_HEADER)):
             return self._refused()
         turn = await self._prepare(raw, headers, t0)
         if isinstance(turn, Reply):

@@ -232,6 +232,21 @@ def test_requests_are_served_until_the_deadline_then_refused(dclient, backend, c
     assert dclient.get(f"{ADMIN}/drain").json()["refused"] == 2
 
 
+def test_once_settled_the_stream_relays_direct_requests_are_refused_so_it_moves_the_dialogue(dclient, clock):
+    """The relay sends a dialogue's turns to its replica's address, past the endpoints: a draining pod
+    would keep getting them (and stay not drained) until its admission closes. Once the endpoint removal
+    has reached the proxies (settled), a request from the relay is refused (the relay takes the 503 to
+    the next replica); one through the proxies is still served."""
+    relay = {"X-Chatfleet-Relay": "1"}
+    dclient.post(f"{ADMIN}/drain")
+    clock.now += 4.9
+    assert post(dclient, {"messages": U}, headers=relay).status_code == 200  # not settled yet
+    clock.now += 0.1
+    refused = post(dclient, {"messages": U, "stream": True}, headers=relay)
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "replica_draining"
+    assert post(dclient, {"messages": U}).status_code == 200  # admission is still open for the others
+
+
 def test_drained_after_the_settle_period(dclient, clock):
     dclient.post(f"{ADMIN}/drain")
     clock.now += 4

@@ -163,7 +163,7 @@ class NodePlan:
 
     @property
     def primary(self) -> bool:
-        """Node 0 runs what exists once per host: kube-proxy, the device plugin, the API forwarder."""
+        """Node 0 runs what exists once per host: kube-proxy, the API forwarder; it keeps the host's mount namespace."""
         return self.index == 0
 
     @property

@@ -20,9 +20,8 @@ REDIS_RESTARTS (2) Redis restarts spread among them:
   not the relay loses power (`RealNodes.lose_power`): its kubelet is killed and its pods frozen NODE_SILENT
   (5) s, longer than the relay's stall limit (STALL_SECONDS, 1 s), so they send nothing and close nothing,
   as a machine without power; then they are killed and its Node deleted, as a cloud's node controller does.
-  Their pods
-  are deleted at once (the pod garbage collector's part, after its quarantine, brought forward so the loss
-  fits the row). NODE_DOWN (10) s later the node rejoins (a replacement machine of the same name: a new
+  Their pods are deleted at once (the pod garbage collector's part, after its quarantine, brought forward
+  so the loss fits the row). NODE_DOWN (10) s later the node rejoins (a replacement machine of the same name: a new
   kubelet, its GPUs advertised again); the fleet's new pods start on the surviving node's free GPU and on
   the rejoined node;
 - a Redis restart: the session store is SIGKILLed (no shutdown, no save), stays down REDIS_DOWN (8) s and
@@ -83,8 +82,9 @@ REDIS_RESTARTS = int(os.environ.get("REDIS_RESTARTS", "2"))
 NODES = 2
 GPUS_PER_NODE = 2
 NODE_SILENT = 5.0
-#: The relay's stall limit (spec.streamRelay.stallSeconds, 3 by default): the least, so that a resume after
-#: a silent node costs about 1.5 s, within the issue's 2 s (the replicas' heartbeats come every 0.25 s).
+#: The relay's stall limit (spec.streamRelay.stallSeconds, 3 by default): the least the CRD admits, since a
+#: resume after a silent node costs this much silence plus the next replica's first token (the replicas'
+#: heartbeats come every quarter of it, so only a silent replica reaches it).
 STALL_SECONDS = 1
 NODE_DOWN = 10.0
 REDIS_DOWN = 8.0

@@ -33,7 +33,8 @@ class Drain:
 
     - ``draining``: ``begin()`` was called (``POST /drain``, or a SIGTERM without a preStop hook).
     - a chat request is admitted while ``now + request_timeout_s <= began + grace_s - EXIT_MARGIN_S``
-      (it can finish before the pod must exit); after that it is refused (``admit()`` is False).
+      (it can finish before the pod must exit); after that it is refused (``admit()`` is False). One
+      that came past the endpoints (the stream relay's) is refused from ``settled`` on.
     - ``settled``: at least ``settle_s`` seconds since the drain began (the endpoint removal needs that
       long to reach kube-proxy and the gateway). From then on every answer says ``Connection: close``
       (``middleware.DrainGate``), for the clients whose kept-alive connections still reach this pod.
@@ -86,12 +87,15 @@ class Drain:
         """When the pod must be gone (drain start + grace), None while not draining."""
         return None if self.began is None else self.began + self.grace_s
 
-    def admit(self) -> bool:
+    def admit(self, past_endpoints: bool = False) -> bool:
         """Whether a new chat request can be served to its deadline before the pod must exit; a False
-        answer counts a refusal."""
+        answer counts a refusal. A request that came `past_endpoints` (the stream relay's, sent to this
+        replica's address) is refused once settled: the proxies no longer send here, and the relay takes
+        the refusal to another replica instead of holding the drain open."""
         if self.began is None:
             return True
-        if self.clock() + self.request_timeout_s <= self.began + self.grace_s - EXIT_MARGIN_S:
+        in_time = self.clock() + self.request_timeout_s <= self.began + self.grace_s - EXIT_MARGIN_S
+        if in_time and not (past_endpoints and self.settled()):
             return True
         self.refused += 1
         return False

@@ -257,9 +257,7 @@ class ChatPipeline(AnswerSteps):
         return trace.end(reply)
 
     async def _chat(self, raw: bytes, headers: Mapping[str, str], t0: float, trace: RequestTrace) -> Reply:
-        # the stream relay sends a dialogue's turns to its replica directly, past the endpoints: once the
-        # endpoint removal has reached the proxies, it is refused so that the relay moves the dialogue
-        if not self.drain.admit() or (self.drain.settled() and headers.get(RELAY_HEADER)):
+        if not self.drain.admit(past_endpoints=bool(headers.get(RELAY_HEADER))):
             return self._refused()
         turn = await self._prepare(raw, headers, t0)
         if isinstance(turn, Reply):
@@ -402,7 +400,7 @@ class ChatPipeline(AnswerSteps):
         return await (self._stream(turn) if turn.stream else self._complete(turn))
 
     def _refused(self) -> Reply:
-        """A 503 for a chat request that could not finish before the draining pod must exit."""
+        """A 503 for a chat request the draining pod does not take (`Drain.admit`)."""
         self.metrics.drain_refused.labels(self.name).inc()
         return responses.draining()
 

@@ -245,6 +245,7 @@ def test_once_settled_the_stream_relays_direct_requests_are_refused_so_it_moves_
     refused = post(dclient, {"messages": U, "stream": True}, headers=relay)
     assert refused.status_code == 503 and refused.json()["error"]["code"] == "replica_draining"
     assert post(dclient, {"messages": U}).status_code == 200  # admission is still open for the others
+    assert dclient.get(f"{ADMIN}/drain").json()["refused"] == 1  # counted where the metric counts it
 
 
 def test_drained_after_the_settle_period(dclient, clock):

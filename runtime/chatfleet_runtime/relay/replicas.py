@@ -165,15 +165,17 @@ class Upstreams:
         return now - self._failed.get(url, float("-inf")) < self.cooldown_s
 
     def failed(self, url: str) -> None:
-        self._failed[url] = self.clock()
-        if len(self._failed) > 1024:  # addresses of pods long gone
-            cutoff = self.clock() - self.cooldown_s
-            self._failed = {u: t for u, t in self._failed.items() if t >= cutoff}
+        _stamp(self._failed, url, self.clock(), self.cooldown_s)
 
     def answered(self, url: str | None) -> None:
         """`url` (a replica's own address) answered a request just now."""
         if url is not None:
-            self._answered[url] = self.clock()
-            if len(self._answered) > 1024:  # addresses of pods long gone
-                cutoff = self.clock() - self.answered_within_s
-                self._answered = {u: t for u, t in self._answered.items() if t >= cutoff}
+            _stamp(self._answered, url, self.clock(), self.answered_within_s)
+
+
+def _stamp(seen: dict[str, float], url: str, now: float, keep_s: float, most: int = 1024) -> None:
+    """`url` seen `now`; past `most` entries, those older than `keep_s` go (the addresses of pods gone)."""
+    seen[url] = now
+    if len(seen) > most:
+        for old in [u for u, at in seen.items() if now - at > keep_s]:
+            del seen[old]

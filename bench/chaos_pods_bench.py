@@ -127,14 +127,19 @@ def relay_resumes(bot: Bot) -> float:
     return sum(metric_sum(url, "chatfleet_relay_resumes_total") for url in relay_metrics(bot))
 
 
+def summed(urls: list[str], name: str, **labels: str) -> float:
+    """A metric's samples matching `labels` on every /metrics page of `urls`, summed."""
+    return sum(metric_value(url, name, **labels) for url in urls)
+
+
 def relay_gaps(bot: Bot) -> dict[str, float]:
     """The relay pods' measure of the silence their resumes cost the clients so far (summed): count, sum
     (seconds), and how many within 2 s (its histogram's le="2.0" bucket)."""
-    urls = relay_metrics(bot)
-    name = "chatfleet_relay_resume_gap_seconds"
+    urls, name = relay_metrics(bot), "chatfleet_relay_resume_gap_seconds"
     return {
-        key: sum(metric_value(url, f"{name}_{key}", **labels) for url in urls)
-        for key, labels in (("count", {}), ("sum", {}), ("bucket", {"le": "2.0"}))
+        "count": summed(urls, f"{name}_count"),
+        "sum": summed(urls, f"{name}_sum"),
+        "bucket": summed(urls, f"{name}_bucket", le="2.0"),
     }
 
 
@@ -142,8 +147,9 @@ def relay_placed(bot: Bot) -> dict[str, float]:
     """The relay pods' count of dialogue turns by where they went (summed): kept (the replica of the
     dialogue's last turn), moved (that replica could not answer), new."""
     urls = relay_metrics(bot)
-    name = "chatfleet_relay_dialogue_turns_total"
-    return {p: sum(metric_value(url, name, placed=p) for url in urls) for p in ("kept", "moved", "new")}
+    return {
+        p: summed(urls, "chatfleet_relay_dialogue_turns_total", placed=p) for p in ("kept", "moved", "new")
+    }
 
 
 def resumes_after(bot: Bot, seen: dict[str, float]) -> dict[str, int]:

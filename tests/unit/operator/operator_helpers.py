@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from typing import Any
+
+from chatfleet_operator import api
+from chatfleet_operator.controller import Controller
+from chatfleet_operator.kinds import BY_NAME
+from chatfleet_operator.settings import RetrySettings, Settings
+
+DEBOUNCE = 0.05
 
 
 def cbs_body(spec: dict[str, Any] | None = None, *, name: str = "bot", generation: int = 1) -> dict[str, Any]:
@@ -27,3 +35,35 @@ def as_observed(manifest: dict[str, Any], rv: int = 10, **status: Any) -> dict[s
             c["terminationMessagePath"] = "/dev/termination-log"
         obj["status"] = status or {}
     return obj
+
+
+class ScriptedController(Controller):
+    """A Controller whose passes (reconcile_pass, patched by the test to record and return an outcome) need
+    no API: the ChatbotService bodies sit in the watch cache (kopf's index is a plain mapping here).
+    `settle` waits until what the last events asked for has run to its end, however loaded the machine:
+    a fixed sleep was too short under a parallel test run (a pass ended after the test's next event)."""
+
+    def __init__(self) -> None:
+        super().__init__(Settings(retry=RetrySettings(base_delay=30.0, trigger_debounce=DEBOUNCE)), None)  # type: ignore[arg-type]
+        self.client = self  # reconcile_pass's first argument: the controller itself
+        self.cache: dict[Any, list[dict[str, Any]]] = {}
+        self.world.indexes = {BY_NAME[api.KIND].index: self.cache}
+        self.in_flight = 0
+
+    async def _triggered(self, key: Any) -> None:
+        self.in_flight += 1
+        try:
+            await super()._triggered(key)
+        finally:
+            self.in_flight -= 1
+
+    def quiet(self) -> bool:
+        """No pass asked for, running, or about to be asked for (the rediscovery timer)."""
+        return not self._pending and not self.in_flight and self._rediscovery is None
+
+    async def settle(self) -> None:
+        await asyncio.sleep(DEBOUNCE * 2)
+        deadline = asyncio.get_running_loop().time() + 30
+        while not self.quiet():
+            assert asyncio.get_running_loop().time() < deadline, "the controller never settled"
+            await asyncio.sleep(DEBOUNCE / 5)

@@ -13,40 +13,20 @@ from typing import Any
 
 import pytest
 from chatfleet_operator import api
-from chatfleet_operator.controller import Controller
 from chatfleet_operator.converge.diagnose import Problem
-from chatfleet_operator.kinds import BY_NAME
 from chatfleet_operator.reconcile import Outcome
-from chatfleet_operator.settings import RetrySettings, Settings
-from operator_helpers import cbs_body
+from operator_helpers import DEBOUNCE, ScriptedController, cbs_body
 
 KEY = ("ns", "bot")
-DEBOUNCE = 0.05
 
 
-class Recorder(Controller):
-    """A Controller whose passes only record the generation they ran on (see the `passes` fixture)."""
+class Recorder(ScriptedController):
+    """Passes record the generation they ran on (see the `passes` fixture) and return one outcome."""
 
     def __init__(self, outcome: Outcome) -> None:
-        settings = Settings(retry=RetrySettings(base_delay=30.0, trigger_debounce=DEBOUNCE))
-        super().__init__(settings, None)  # type: ignore[arg-type]
-        self.client = self  # reconcile_pass's first argument: the recorder itself
+        super().__init__()
         self.outcome = outcome
         self.ran: list[int] = []
-        self.cache: dict[Any, list[dict[str, Any]]] = {}
-        self.world.indexes = {BY_NAME[api.KIND].index: self.cache}
-        self.in_flight = 0
-
-    async def _triggered(self, key: Any) -> None:
-        self.in_flight += 1
-        try:
-            await super()._triggered(key)
-        finally:
-            self.in_flight -= 1
-
-    def quiet(self) -> bool:
-        """No pass asked for, running, or about to be asked for (the rediscovery timer)."""
-        return not self._pending and not self.in_flight and self._rediscovery is None
 
     def see(self, event_type: str | None, body: dict[str, Any]) -> None:
         """The watch delivers an event: the cache holds the body, then the handler runs."""
@@ -81,22 +61,12 @@ STALLED = Outcome(
 )
 
 
-async def settle(controller: Recorder) -> None:
-    """Until what the last events asked for has run to its end (its retry timer set), however loaded the
-    machine: a fixed sleep was too short under a parallel test run (a pass finished after the next event)."""
-    await asyncio.sleep(DEBOUNCE * 2)
-    deadline = asyncio.get_running_loop().time() + 30
-    while not controller.quiet():
-        assert asyncio.get_running_loop().time() < deadline, "the controller never settled"
-        await asyncio.sleep(DEBOUNCE / 5)
-
-
 def test_listing_at_start_up_runs_one_pass_even_when_reconciled():
     controller = Recorder(CONVERGED)
 
     async def scenario() -> None:
         controller.see(None, body(3, observed=3))  # a restarted operator checks every object once
-        await settle(controller)
+        await controller.settle()
 
     asyncio.run(scenario())
     assert controller.ran == [3]
@@ -107,12 +77,12 @@ def test_a_new_generation_runs_one_pass_and_the_status_echo_none():
 
     async def scenario() -> None:
         controller.see("ADDED", body(1, rv=1))
-        await settle(controller)
+        await controller.settle()
         controller.see("MODIFIED", body(1, observed=1, rv=2))  # the watch echo of the pass's status write
-        await settle(controller)
+        await controller.settle()
         controller.see("MODIFIED", body(2, observed=1, rv=3))  # a spec change
         controller.see("MODIFIED", body(2, observed=1, rv=4))  # ... and a label edit right after: merged
-        await settle(controller)
+        await controller.settle()
 
     asyncio.run(scenario())
     assert controller.ran == [1, 2]
@@ -125,10 +95,10 @@ def test_a_failing_generation_is_retried_by_the_timer_not_by_its_own_status_writ
 
     async def scenario() -> int:
         controller.see("ADDED", body(1, rv=1))
-        await settle(controller)
+        await controller.settle()
         controller.see("MODIFIED", body(1, rv=2))  # status written, observedGeneration still absent
         controller.see("MODIFIED", body(1, rv=3))
-        await settle(controller)
+        await controller.settle()
         return len(controller._retries)
 
     timers = asyncio.run(scenario())
@@ -143,10 +113,10 @@ def test_passes_with_a_problem_keep_one_retry_timer_whose_delay_grows():
         controller.see("ADDED", body(1, rv=1))
         delays = []
         for _ in range(3):  # child events trigger more passes while the retry waits
-            await settle(controller)
+            await controller.settle()
             delays.append(controller._retries[KEY].when() - asyncio.get_running_loop().time())
             controller.trigger(KEY)
-        await settle(controller)
+        await controller.settle()
         return len(controller._retries), delays
 
     timers, delays = asyncio.run(scenario())
@@ -160,15 +130,15 @@ def test_a_converged_pass_cancels_the_retry_and_a_deletion_forgets_the_object():
 
     async def scenario() -> tuple[int, int, int]:
         controller.see("ADDED", body(1, rv=1))
-        await settle(controller)
+        await controller.settle()
         stalled = len(controller._retries)
         controller.outcome = CONVERGED
         controller.see("MODIFIED", body(2, observed=1, rv=2))  # the user fixed the spec
-        await settle(controller)
+        await controller.settle()
         converged = len(controller._retries) + len(controller._failures)
         controller.outcome = STALLED
         controller.see("MODIFIED", body(3, observed=2, rv=3))
-        await settle(controller)
+        await controller.settle()
         controller.see("DELETED", body(3, observed=2, rv=4))
         return stalled, converged, len(controller._retries) + len(controller._failures)
 
@@ -192,21 +162,21 @@ def test_gateway_api_or_keda_crds_appearing_run_every_chatbotservice_again(monke
 
     async def scenario() -> list[list[int]]:
         controller.see("ADDED", body(1, rv=1))
-        await settle(controller)
+        await controller.settle()
         controller.see("MODIFIED", body(1, observed=1, rv=2))  # steady: no pass
-        await settle(controller)
+        await controller.settle()
         seen = [list(controller.ran)]
         controller.crd_event(None, crd("gateway.networking.k8s.io", "httproutes"))  # start-up listing
         controller.crd_event("ADDED", crd("example.com", "widgets"))
-        await settle(controller)
+        await controller.settle()
         seen.append(list(controller.ran))
         controller.crd_event("ADDED", crd("gateway.networking.k8s.io", "httproutes"))
-        await settle(controller)
-        await settle(controller)
+        await controller.settle()
+        await controller.settle()
         seen.append(list(controller.ran))
         controller.crd_event("DELETED", crd("keda.sh", "scaledobjects"))
-        await settle(controller)
-        await settle(controller)
+        await controller.settle()
+        await controller.settle()
         seen.append(list(controller.ran))
         return seen
 
@@ -236,16 +206,16 @@ def test_a_node_arriving_or_changing_retries_at_once_only_the_bots_waiting_for_a
     async def scenario(outcome: Outcome) -> list[list[int]]:
         controller = Recorder(outcome)
         controller.see("ADDED", body(1, rv=1))
-        await settle(controller)
+        await controller.settle()
         seen = [list(controller.ran)]
         controller.node_event("ADDED", node("gpu-1", "NVIDIA-GB300"))
-        await settle(controller)
+        await controller.settle()
         seen.append(list(controller.ran))
         controller.node_event("MODIFIED", node("gpu-1", "NVIDIA-GB300"))  # a heartbeat: nothing new
-        await settle(controller)
+        await controller.settle()
         seen.append(list(controller.ran))
         controller.node_event("MODIFIED", node("gpu-1", "NVIDIA-GB300", gpus="4"))
-        await settle(controller)
+        await controller.settle()
         seen.append(list(controller.ran))
         for timer in controller._retries.values():
             timer.cancel()

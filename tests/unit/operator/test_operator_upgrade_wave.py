@@ -18,15 +18,13 @@ from typing import Any
 import pytest
 from chatfleet_operator import api
 from chatfleet_operator.cache import Snapshot, World
-from chatfleet_operator.controller import Controller
 from chatfleet_operator.converge.facts import PodFacts
 from chatfleet_operator.defaults import ClusterDefaults
-from chatfleet_operator.kinds import BY_NAME
 from chatfleet_operator.reconcile import Outcome, reconcile_pass
 from chatfleet_operator.release.strategy import ReleasePlan
-from chatfleet_operator.settings import PodSettings, RetrySettings, RuntimeSettings, Settings
+from chatfleet_operator.settings import PodSettings, RuntimeSettings, Settings
 from chatfleet_operator.wave import Answer, UpgradeWave, rollout_state, template_upgrade
-from operator_helpers import cbs_body
+from operator_helpers import ScriptedController, cbs_body
 from test_operator_reconcile import NODES, NOW, FakeClient
 
 OLD = Settings(pod=PodSettings(chat_api_cpu="250m"))
@@ -302,16 +300,13 @@ def test_template_upgrade_and_rollout_state_are_plain_rules():
     )
 
 
-class TwoFleets(Controller):
-    """A Controller whose passes return a set outcome per ChatbotService and record which ran."""
+class TwoFleets(ScriptedController):
+    """Passes return a set outcome per ChatbotService and record which ran."""
 
     def __init__(self, outcomes: dict[str, Outcome]) -> None:
-        super().__init__(Settings(retry=RetrySettings(base_delay=30.0, trigger_debounce=0.05)), None)  # type: ignore[arg-type]
-        self.client = self  # reconcile_pass's first argument: the controller itself
+        super().__init__()
         self.outcomes = outcomes
         self.ran: list[str] = []
-        self.cache: dict[Any, list[dict[str, Any]]] = {}
-        self.world.indexes = {BY_NAME[api.KIND].index: self.cache}
 
     def see(self, name: str) -> None:
         body = cbs_body(name=name)
@@ -339,15 +334,15 @@ def test_a_freed_place_runs_the_held_fleets_again_at_once(scripted):
         )
         ctl.see("held")
         ctl.see("rolling")
-        await asyncio.sleep(0.2)
+        await ctl.settle()
         seen = [sorted(ctl.ran)]
         ctl.outcomes["rolling"] = Outcome([], 0, {}, wave_changed=True)
         ctl.trigger(("ns", "rolling"))
-        await asyncio.sleep(0.3)
+        await ctl.settle()
         seen.append(sorted(ctl.ran))
         ctl.wave.ask(("ns", "rolling"))
         ctl.forget(("ns", "rolling"))  # deleted while holding a place
-        await asyncio.sleep(0.3)
+        await ctl.settle()
         seen.append(sorted(ctl.ran))
         return seen
 

@@ -318,7 +318,14 @@ def test_a_pass_that_does_not_end_shows_in_the_queue_and_the_oldest_pass():
     async def scenario() -> tuple[float, float, float, float, float]:
         first = asyncio.create_task(controller.run_pass(("ns", "bot"), cbs_body(SPEC)))
         second = asyncio.create_task(controller.run_pass(("ns", "bot"), cbs_body(SPEC)))
-        await asyncio.sleep(0.3)
+        deadline = asyncio.get_running_loop().time() + 30  # however loaded the machine, not a fixed sleep
+        while (value("chatfleet_operator_reconcile_running"), value("chatfleet_operator_queue_depth")) != (
+            1,
+            1,
+        ):
+            if asyncio.get_running_loop().time() > deadline:
+                break
+            await asyncio.sleep(0.01)
         seen = (
             value("chatfleet_operator_reconcile_running"),
             value("chatfleet_operator_queue_depth"),
@@ -332,7 +339,7 @@ def test_a_pass_that_does_not_end_shows_in_the_queue_and_the_oldest_pass():
 
     running, queued, oldest, later, after = asyncio.run(scenario())
     assert (running, queued) == (1, 1)
-    assert 0.25 < oldest < later and later >= 0.55
+    assert 0 < oldest and later - oldest >= 0.25
     assert after == 0.0
     assert value("chatfleet_operator_queue_depth") == 0 and value("chatfleet_operator_reconcile_running") == 0
 

@@ -339,7 +339,7 @@ def test_a_pass_that_does_not_end_shows_in_the_queue_and_the_oldest_pass():
 
     running, queued, oldest, later, after = asyncio.run(scenario())
     assert (running, queued) == (1, 1)
-    assert 0 < oldest and later - oldest >= 0.25
+    assert oldest > 0 and later - oldest >= 0.25
     assert after == 0.0
     assert value("chatfleet_operator_queue_depth") == 0 and value("chatfleet_operator_reconcile_running") == 0
 

@@ -37,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import kubernetes
-from chatfleet_platform.cluster.cluster import Cluster
+from chatfleet_platform.cluster.cluster import NODE_LEASE_SECONDS, Cluster
 from chatfleet_platform.common.config import CHATBOT_CRD_FILE, CHATBOT_CRD_NAME
 from percentiles import operator_figures
 
@@ -609,7 +609,7 @@ def another_round(
 ) -> tuple[Cluster, list[dict], list[dict]]:
     """The fair floor's rows on a new cluster, then the operator's on another: (the operator's cluster, the
     floors, the fleets)."""
-    cluster = start_cluster(directory / "floor", args.nodes)
+    cluster = start_cluster(directory / "floor", args.nodes, args.node_lease_seconds)
     try:
         floors = []
         for n in sizes:
@@ -617,7 +617,7 @@ def another_round(
             floors.append(fair_floor(cluster, template, n, directory, args.timeout))
     finally:
         cluster.down()
-    cluster = start_cluster(directory / "operator", args.nodes)
+    cluster = start_cluster(directory / "operator", args.nodes, args.node_lease_seconds)
     op = Operator(cluster, directory)
     try:
         fleets = []
@@ -629,10 +629,10 @@ def another_round(
     return cluster, floors, fleets
 
 
-def start_cluster(directory: Path, nodes: int) -> Cluster:
+def start_cluster(directory: Path, nodes: int, lease_seconds: int = NODE_LEASE_SECONDS) -> Cluster:
     """The local platform with `nodes` kwok GPU nodes and the ChatbotService CRD."""
     cluster = Cluster(directory, progress=log)
-    cluster.up(nodes=nodes, timeout=300)
+    cluster.up(nodes=nodes, timeout=max(300, nodes * 0.5), node_lease_seconds=lease_seconds)
     cluster.install_crd(CHATBOT_CRD_FILE, CHATBOT_CRD_NAME)
     return cluster
 
@@ -775,6 +775,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--sizes", default="200,1000", help="fleet sizes, comma-separated")
     ap.add_argument("--nodes", type=int, default=250, help="simulated GPU nodes (7 GPUs each on average)")
+    ap.add_argument(
+        "--node-lease-seconds",
+        type=int,
+        default=NODE_LEASE_SECONDS,
+        help="the simulated nodes' lease and the node controller's grace (longer for thousands of nodes, "
+        "whose renewals fall behind on a saturated machine)",
+    )
     ap.add_argument("--steady", type=float, default=60, help="seconds of steady state to count writes over")
     ap.add_argument("--timeout", type=float, default=600, help="seconds to wait for a fleet to be Ready")
     ap.add_argument("--no-baseline", action="store_true", help="skip the no-operator baseline")
@@ -804,12 +811,13 @@ def main(argv: list[str] | None = None) -> int:
     RESULTS.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="chatfleet-opbench-") as tmpdir:
         tmp = Path(tmpdir)
-        cluster = start_cluster(tmp / "cluster", args.nodes)
+        cluster = start_cluster(tmp / "cluster", args.nodes, args.node_lease_seconds)
         try:
             result: dict = {
                 "cpus": os.cpu_count(),
                 "load_average_at_start": os.getloadavg()[0],
                 "nodes": args.nodes,
+                "node_lease_seconds": args.node_lease_seconds,
                 "fleets": [],
             }
             if not (args.no_baseline or args.no_bare):
@@ -830,7 +838,7 @@ def main(argv: list[str] | None = None) -> int:
                 if fresh:
                     log("a new cluster for the operator's rows")
                     cluster.down()
-                    cluster = start_cluster(tmp / "cluster-operator", args.nodes)
+                    cluster = start_cluster(tmp / "cluster-operator", args.nodes, args.node_lease_seconds)
                     result["fresh_cluster_for_operator"] = True
             op = Operator(cluster, tmp)
             profile_file = RESULTS / "operator-profile.txt"

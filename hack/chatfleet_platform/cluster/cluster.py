@@ -41,6 +41,7 @@ from . import nodes as nodes_mod
 STAGES_FILE = Path(__file__).with_name("kwok-stages.yaml")
 SERVICE_CIDR = "10.96.0.0/16"  # room for thousands of Services (one ClusterIP per ChatbotService)
 POD_CIDR = "10.244.0.0/16"
+NODE_LEASE_SECONDS = 40  # the simulated nodes' lease (kwok renews it); see Cluster.up
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 CONTROLLERS = (
     "deployment-controller,replicaset-controller,garbage-collector-controller,namespace-controller,"
@@ -184,12 +185,17 @@ class Cluster:
         gpus: int = 4,
         timeout: float = 120,
         hpa_sync_seconds: int = 15,
+        node_lease_seconds: int = NODE_LEASE_SECONDS,
     ) -> float:
         """Start everything (harmless when already running); returns seconds to ready.
 
         `nodes` simulated GPU nodes (kwok) and `real_nodes` real ones (kubelet + containerd on this host,
         `gpus` fake GPUs on each; see realnode.py). `hpa_sync_seconds`: how often the HPA controller
         evaluates (kube-controller-manager's default 15 s; the autoscaling benchmark compresses it).
+        `node_lease_seconds`: the simulated nodes' lease, which kwok renews about every quarter of it; the
+        node controller waits as long (at least its default 50 s) before it takes a node for gone. Only
+        thousands of simulated nodes on a saturated machine need it longer: their renewals fall behind
+        and the node controller marks pods NotReady that kwok then never makes Ready again.
         """
         t0 = time.monotonic()
         bins = self.binaries
@@ -270,7 +276,10 @@ class Cluster:
         self.progress(f"kube-apiserver ready on https://127.0.0.1:{ports['apiserver']} ({dt:.1f}s)")
 
         # 3. controller-manager and scheduler
-        kcm = launch("kube-controller-manager", self._kcm_args(bins, ports, pki_dir, hpa_sync_seconds))
+        kcm = launch(
+            "kube-controller-manager",
+            self._kcm_args(bins, ports, pki_dir, hpa_sync_seconds, node_lease_seconds),
+        )
         scheduler = launch("kube-scheduler", self._scheduler_args(bins, ports))
 
         # 4. kwok with our stages, then the GPU nodes
@@ -287,7 +296,7 @@ class Cluster:
                 "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
                 f"--cidr={POD_CIDR}",
                 "--node-ip=10.0.0.2",
-                "--node-lease-duration-seconds=40",
+                f"--node-lease-duration-seconds={node_lease_seconds}",
             ],
         )
         fleet = nodes_mod.fleet(nodes, taint=taint)
@@ -580,7 +589,14 @@ class Cluster:
             "--v=0",
         ]
 
-    def _kcm_args(self, b: Binaries, p: dict, k: Path, hpa_sync_seconds: int = 15) -> list[str]:
+    def _kcm_args(
+        self,
+        b: Binaries,
+        p: dict,
+        k: Path,
+        hpa_sync_seconds: int = 15,
+        node_lease_seconds: int = NODE_LEASE_SECONDS,
+    ) -> list[str]:
         kc = str(self.kubeconfig)
         return [
             str(b.kube_controller_manager),
@@ -599,6 +615,7 @@ class Cluster:
             "--concurrent-deployment-syncs=10",
             "--concurrent-replicaset-syncs=10",
             f"--horizontal-pod-autoscaler-sync-period={hpa_sync_seconds}s",
+            f"--node-monitor-grace-period={max(50, node_lease_seconds)}s",
             "--profiling=false",
             "--v=0",
         ]

@@ -1,12 +1,14 @@
 """Cluster.delete_namespace and the NamespaceReaper: the order of their deletions (the API calls themselves run
-in the real-pod suites)."""
+in the real-pod suites); the controller manager's node grace."""
 
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
 from chatfleet_platform.cluster.cluster import Cluster, NamespaceReaper
+from chatfleet_platform.common.config import Binaries
 
 pytestmark = pytest.mark.harness
 
@@ -62,3 +64,19 @@ def test_the_reaper_deletes_each_namespace_as_delete_namespace_does_and_names_th
             ("delete", "namespace"),
             ("get", "namespace"),
         ], mine
+
+
+def test_the_node_controller_waits_as_long_as_the_simulated_nodes_lease():
+    """kwok renews a node's lease every quarter of it; with thousands of nodes on a saturated machine the
+    renewals fall behind, so a bench that lengthens the lease needs the node controller to wait as long
+    before it marks the nodes' pods NotReady (kwok never makes them Ready again)."""
+    cluster = Cluster(Path("/nonexistent"))
+    bins = Binaries(**{name: Path(f"/bin/{name}") for name in Binaries.__dataclass_fields__})
+    ports = {"controller_manager": 1}
+
+    def grace(*lease: int) -> list[str]:
+        args = cluster._kcm_args(bins, ports, Path("/pki"), 15, *lease)
+        return [a for a in args if a.startswith("--node-monitor-grace-period")]
+
+    assert grace() == ["--node-monitor-grace-period=50s"]  # the default lease: the controller's default
+    assert grace(240) == ["--node-monitor-grace-period=240s"]

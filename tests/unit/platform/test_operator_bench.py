@@ -132,3 +132,46 @@ def test_each_rounds_ratios_and_their_median():
     assert rounds[0]["1000"] == {"time": 2.0, "machine_cpu": 1.5, "operator_s": 100.0, "floor_s": 50.0}
     assert rounds[2]["1000"]["time"] is None
     assert ob.median_ratios(rounds) == {"1000": {"time": 1.625, "machine_cpu": 1.5}}
+
+
+def test_each_new_watch_resumes_where_the_last_left_off_and_a_gone_one_lists_again(monkeypatch):
+    """The benchmark's count of Ready objects: every minute's new watch asks from the last resourceVersion
+    seen (a bookmark's included), so the API server does not send every object again; after 410 Gone,
+    from the whole list."""
+    asked: list[dict] = []
+
+    def obj(name: str, rv: str, ready: bool) -> dict:
+        return {
+            "metadata": {"name": name, "resourceVersion": rv},
+            "status": {"availableReplicas": int(ready)},
+        }
+
+    scripts = [
+        [{"type": "ADDED", "object": obj("a", "1", True)}, {"type": "ADDED", "object": obj("b", "2", False)}],
+        [{"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "7"}}}],
+        "gone",
+        [{"type": "ADDED", "object": obj("a", "9", True)}, {"type": "ADDED", "object": obj("b", "9", True)}],
+    ]
+
+    class Watch:
+        def stream(self, lister, **kwargs):
+            asked.append(
+                {k: v for k, v in kwargs.items() if k in ("resource_version", "allow_watch_bookmarks")}
+            )
+            script = scripts.pop(0)
+            if script == "gone":
+                raise ob.kubernetes.client.ApiException(status=410, reason="Expired")
+            yield from script
+
+        def stop(self):
+            pass
+
+    monkeypatch.setattr(ob.kubernetes.watch, "Watch", Watch)
+    seconds = ob.count_until_ready(None, "ns", "deployments", 2, ob.time.monotonic(), 60)
+    assert seconds is not None
+    assert asked == [
+        {"allow_watch_bookmarks": True},
+        {"allow_watch_bookmarks": True, "resource_version": "2"},
+        {"allow_watch_bookmarks": True, "resource_version": "7"},
+        {"allow_watch_bookmarks": True},
+    ]

@@ -140,8 +140,8 @@ def is_ready(kind: str, obj: dict) -> bool:
 def wait_all_ready(
     cluster: Cluster, namespace: str, kind: str, n: int, t0: float, timeout: float
 ) -> float | None:
-    """Seconds from t0 until all n are ready, seen through one watch (a list, then events: no polling
-    that would load the API server); None on timeout."""
+    """Seconds from t0 until all n are ready, seen through a list and then a watch (no polling that would
+    load the API server); None on timeout."""
     api = kubernetes.config.new_client_from_config(config_file=str(cluster.kubeconfig))
     if kind == "chatbotservices":
         custom = kubernetes.client.CustomObjectsApi(api)
@@ -154,46 +154,61 @@ def wait_all_ready(
 
 
 def count_until_ready(lister, namespace: str, kind: str, n: int, t0: float, timeout: float) -> float | None:
-    """The watch behind wait_all_ready. Each minute's new watch resumes at the last resourceVersion seen
-    (bookmarks included): without it every new watch was sent every object again (10,000 at a time at the
-    largest size), which loaded the API server with the benchmark's own reading and left its count minutes
-    behind the objects (5,000 counted when 8,000 were Ready). A 410 Gone starts from the whole list again."""
+    """The watch behind wait_all_ready: a list (in pages), then watches from its resourceVersion, each
+    minute's new one resuming at the last version seen (bookmarks asked for); after 410 Gone, a list again.
+    A watch with no version starts by sending every object, and at 10,000 ChatbotServices on the saturated
+    machine that took longer than the watch's minute: cut off and started again each time, the count fell
+    minutes behind the objects (5,000 counted when 8,037 were Ready)."""
     ready: set[str] = set()
     last = -1
     version: str | None = None
+
+    def seen(obj: dict, event_type: str = "ADDED") -> float | None:
+        nonlocal last
+        name = obj["metadata"]["name"]
+        if event_type != "DELETED" and is_ready(kind, obj):
+            ready.add(name)
+        else:
+            ready.discard(name)
+        if len(ready) != last and (len(ready) % max(1, n // 10) == 0 or len(ready) >= n):
+            log(f"{namespace}: {len(ready)}/{n} ready after {time.monotonic() - t0:.1f}s")
+        last = len(ready)
+        return time.monotonic() - t0 if len(ready) >= n else None
+
     while time.monotonic() - t0 < timeout:
+        if version is None:
+            ready.clear()
+            page: dict = {}
+            while True:  # plain dicts, as the watch's (the client's model objects cost more CPU)
+                resp = lister(limit=500, _preload_content=False, **page)
+                listed = json.loads(resp.data)
+                for obj in listed.get("items", []):
+                    if (done := seen(obj)) is not None:
+                        return done
+                token = listed["metadata"].get("continue")
+                if not token:
+                    break
+                page = {"_continue": token}
+            version = listed["metadata"]["resourceVersion"]
         remaining = max(1, int(timeout - (time.monotonic() - t0)))
-        resume = {"resource_version": version} if version else {}
         watch = kubernetes.watch.Watch()
-        # deserialize=False: plain dicts (the client's model objects cost the client more CPU than the
-        # API server spends on the events, and the benchmark's own cost is counted in the machine's CPU)
         try:
             for event in watch.stream(
                 lister,
                 timeout_seconds=min(remaining, 60),
                 allow_watch_bookmarks=True,
+                resource_version=version,
                 deserialize=False,
-                **resume,
             ):
                 obj = event["object"]
                 version = obj["metadata"].get("resourceVersion") or version
-                if event["type"] == "BOOKMARK":
-                    continue
-                name = obj["metadata"]["name"]
-                if event["type"] != "DELETED" and is_ready(kind, obj):
-                    ready.add(name)
-                else:
-                    ready.discard(name)
-                if len(ready) != last and (len(ready) % max(1, n // 10) == 0 or len(ready) >= n):
-                    log(f"{namespace}: {len(ready)}/{n} ready after {time.monotonic() - t0:.1f}s")
-                last = len(ready)
-                if len(ready) >= n:
+                if event["type"] != "BOOKMARK" and (done := seen(obj, event["type"])) is not None:
                     watch.stop()
-                    return time.monotonic() - t0
+                    return done
         except kubernetes.client.ApiException as exc:
             if exc.status != 410:
                 raise
-            version = None  # too old: the whole list again
+            version = None  # too old: list again
     return None
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import types
 
 import pytest
 from chatfleet_platform.common.config import REPO_ROOT
@@ -134,11 +135,12 @@ def test_each_rounds_ratios_and_their_median():
     assert ob.median_ratios(rounds) == {"1000": {"time": 1.625, "machine_cpu": 1.5}}
 
 
-def test_each_new_watch_resumes_where_the_last_left_off_and_a_gone_one_lists_again(monkeypatch):
-    """The benchmark's count of Ready objects: every minute's new watch asks from the last resourceVersion
-    seen (a bookmark's included), so the API server does not send every object again; after 410 Gone,
-    from the whole list."""
+def test_the_ready_count_lists_once_then_each_new_watch_resumes_and_a_gone_one_lists_again(monkeypatch):
+    """The benchmark's count of Ready objects: a list in pages, then watches from its resourceVersion,
+    every minute's new watch from the last version seen (a bookmark's included), so the API server never
+    sends every object again; after 410 Gone, the list again."""
     asked: list[dict] = []
+    listed: list[dict] = []
 
     def obj(name: str, rv: str, ready: bool) -> dict:
         return {
@@ -146,18 +148,25 @@ def test_each_new_watch_resumes_where_the_last_left_off_and_a_gone_one_lists_aga
             "status": {"availableReplicas": int(ready)},
         }
 
+    pages = [
+        {"metadata": {"continue": "p2"}, "items": [obj("a", "1", True)]},
+        {"metadata": {"resourceVersion": "3"}, "items": [obj("b", "2", False)]},
+        {"metadata": {"resourceVersion": "10"}, "items": [obj("a", "9", True), obj("b", "2", False)]},
+    ]
     scripts = [
-        [{"type": "ADDED", "object": obj("a", "1", True)}, {"type": "ADDED", "object": obj("b", "2", False)}],
+        [{"type": "MODIFIED", "object": obj("b", "4", False)}],
         [{"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "7"}}}],
         "gone",
-        [{"type": "ADDED", "object": obj("a", "9", True)}, {"type": "ADDED", "object": obj("b", "9", True)}],
+        [{"type": "MODIFIED", "object": obj("b", "11", True)}],
     ]
 
+    def lister(**kwargs):
+        listed.append({k: v for k, v in kwargs.items() if k in ("limit", "_continue")})
+        return types.SimpleNamespace(data=json.dumps(pages.pop(0)))
+
     class Watch:
-        def stream(self, lister, **kwargs):
-            asked.append(
-                {k: v for k, v in kwargs.items() if k in ("resource_version", "allow_watch_bookmarks")}
-            )
+        def stream(self, _lister, **kwargs):
+            asked.append(kwargs["resource_version"])
             script = scripts.pop(0)
             if script == "gone":
                 raise ob.kubernetes.client.ApiException(status=410, reason="Expired")
@@ -167,11 +176,6 @@ def test_each_new_watch_resumes_where_the_last_left_off_and_a_gone_one_lists_aga
             pass
 
     monkeypatch.setattr(ob.kubernetes.watch, "Watch", Watch)
-    seconds = ob.count_until_ready(None, "ns", "deployments", 2, ob.time.monotonic(), 60)
-    assert seconds is not None
-    assert asked == [
-        {"allow_watch_bookmarks": True},
-        {"allow_watch_bookmarks": True, "resource_version": "2"},
-        {"allow_watch_bookmarks": True, "resource_version": "7"},
-        {"allow_watch_bookmarks": True},
-    ]
+    assert ob.count_until_ready(lister, "ns", "deployments", 2, ob.time.monotonic(), 60) is not None
+    assert listed == [{"limit": 500}, {"limit": 500, "_continue": "p2"}, {"limit": 500}]
+    assert asked == ["3", "4", "7", "10"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+from collections.abc import Callable
 from typing import Any
 
 from chatfleet_operator import api
@@ -63,7 +64,15 @@ class ScriptedController(Controller):
 
     async def settle(self) -> None:
         await asyncio.sleep(DEBOUNCE * 2)
-        deadline = asyncio.get_running_loop().time() + 30
-        while not self.quiet():
-            assert asyncio.get_running_loop().time() < deadline, "the controller never settled"
-            await asyncio.sleep(DEBOUNCE / 5)
+        assert await until(self.quiet), "the controller never settled"
+
+
+async def until(check: Callable[[], bool], within_s: float = 30.0) -> bool:
+    """Whether `check` came true within `within_s`, asked every 10 ms: a wait on a condition, however
+    loaded the machine, where a fixed sleep is too short under a parallel test run."""
+    deadline = asyncio.get_running_loop().time() + within_s
+    while not check():
+        if asyncio.get_running_loop().time() > deadline:
+            return False
+        await asyncio.sleep(0.01)
+    return True

@@ -27,7 +27,7 @@ from chatfleet_operator.reconcile import reconcile_pass
 from chatfleet_operator.release.measure import Releases
 from chatfleet_operator.settings import Settings
 from chatfleet_operator.timefmt import rfc3339
-from operator_helpers import as_observed, cbs_body
+from operator_helpers import as_observed, cbs_body, until
 from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -318,14 +318,12 @@ def test_a_pass_that_does_not_end_shows_in_the_queue_and_the_oldest_pass():
     async def scenario() -> tuple[float, float, float, float, float]:
         first = asyncio.create_task(controller.run_pass(("ns", "bot"), cbs_body(SPEC)))
         second = asyncio.create_task(controller.run_pass(("ns", "bot"), cbs_body(SPEC)))
-        deadline = asyncio.get_running_loop().time() + 30  # however loaded the machine, not a fixed sleep
-        while (value("chatfleet_operator_reconcile_running"), value("chatfleet_operator_queue_depth")) != (
-            1,
-            1,
-        ):
-            if asyncio.get_running_loop().time() > deadline:
-                break
-            await asyncio.sleep(0.01)
+        await until(
+            lambda: (
+                (value("chatfleet_operator_reconcile_running"), value("chatfleet_operator_queue_depth"))
+                == (1, 1)
+            )
+        )
         seen = (
             value("chatfleet_operator_reconcile_running"),
             value("chatfleet_operator_queue_depth"),

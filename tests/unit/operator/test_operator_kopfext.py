@@ -427,3 +427,27 @@ class TestWatchStreamsDecodedByOrjson:
             assert repr(decode(text)) == repr(json.loads(text))
         with pytest.raises(json.JSONDecodeError):
             decode('{"a": ')
+
+
+def test_the_api_server_sends_only_the_operators_pods_and_owned_objects():
+    """kopf's label filters on handlers are applied in the operator, after every pod of the cluster was
+    sent and decoded; the start-up settings ask the API server to filter the watches of pods and owned
+    kinds by the same labels -- and nothing else's (ChatbotServices, nodes, CRDs: every one is read)."""
+    from chatfleet_operator import main
+    from kopf._cogs.structs.references import Resource
+
+    settings = kopf.OperatorSettings()
+    main.configure(settings=settings)
+
+    def selectors(group: str, version: str, plural: str) -> list[str]:
+        return settings.watching.label_selectors.collect(Resource(group, version, plural))
+
+    assert selectors("", "v1", "pods") == ["chatfleet.io/service"]
+    assert selectors("apps", "v1", "deployments") == ["app.kubernetes.io/managed-by=chatfleet-operator"]
+    assert selectors("", "v1", "services") == ["app.kubernetes.io/managed-by=chatfleet-operator"]
+    assert selectors("policy", "v1", "poddisruptionbudgets") == [
+        "app.kubernetes.io/managed-by=chatfleet-operator"
+    ]
+    assert selectors("", "v1", "nodes") == []
+    assert selectors("chatfleet.io", "v1alpha1", "chatbotservices") == []
+    assert selectors("apiextensions.k8s.io", "v1", "customresourcedefinitions") == []

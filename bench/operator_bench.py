@@ -233,7 +233,10 @@ def metric_samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
 def api_requests(cluster: Cluster) -> dict[str, int]:
     """The API server's request counts by "VERB resource[/subresource]" (apiserver_request_total), and the
     watch events it sent by resource, every watcher together: "WATCH EVENTS pods" (count) and "WATCH KiB
-    pods" (their size; apiserver_watch_events_total, apiserver_watch_events_sizes_sum)."""
+    pods" (their size; apiserver_watch_events_total, apiserver_watch_events_sizes_sum); beside them the
+    watches started ("WATCH STARTS pods"), the watchers it closed for falling behind ("WATCH TERMINATED
+    pods", apiserver_terminated_watchers_total) and the events its watch cache fanned out
+    ("WATCH DISPATCHED pods", each once, apiserver_watch_cache_events_dispatched_total)."""
     text = cluster.kubectl("get", "--raw", "/metrics").stdout
     counts: dict[str, int] = {}
     for labels, value in metric_samples(text, "apiserver_request_total"):
@@ -242,13 +245,17 @@ def api_requests(cluster: Cluster) -> dict[str, int]:
             labels.get("resource", ""),
             labels.get("subresource", ""),
         )
-        if verb in ("WATCH", "CONNECT") or not resource:
+        if verb == "CONNECT" or not resource:
             continue
         key = f"{verb} {resource}{'/' + sub if sub else ''}"
+        if verb == "WATCH":  # watches started (a restarted watch counts again)
+            key = f"WATCH STARTS {resource}"
         counts[key] = counts.get(key, 0) + int(value)
     for metric, what, scale in (
         ("apiserver_watch_events_total", "WATCH EVENTS", 1),
         ("apiserver_watch_events_sizes_sum", "WATCH KiB", 1024),
+        ("apiserver_terminated_watchers_total", "WATCH TERMINATED", 1),
+        ("apiserver_watch_cache_events_dispatched_total", "WATCH DISPATCHED", 1),
     ):
         for labels, value in metric_samples(text, metric):
             key = f"{what} {labels.get('resource') or labels.get('kind', '?')}"

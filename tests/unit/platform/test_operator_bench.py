@@ -179,3 +179,32 @@ def test_the_ready_count_lists_once_then_each_new_watch_resumes_and_a_gone_one_l
     assert ob.count_until_ready(lister, "ns", "deployments", 2, ob.time.monotonic(), 60) is not None
     assert listed == [{"limit": 500}, {"limit": 500, "_continue": "p2"}, {"limit": 500}]
     assert asked == ["3", "4", "7", "10"]
+
+
+def test_the_api_servers_figures_count_watches_started_and_closed_beside_the_events_sent():
+    """A client that falls behind is closed by the API server and watches again: the watch events alone
+    cannot tell that from more changes, so the watches started and the watchers closed are counted by
+    resource, and the events the watch cache fanned out (each once) beside those it sent."""
+    metrics = "\n".join(
+        [
+            "# HELP apiserver_request_total x",
+            'apiserver_request_total{code="201",resource="pods",subresource="",verb="POST"} 10',
+            'apiserver_request_total{code="200",resource="pods",subresource="",verb="WATCH"} 3',
+            'apiserver_request_total{code="200",resource="pods",subresource="",verb="LIST"} 2',
+            'apiserver_request_total{code="101",resource="pods",subresource="exec",verb="CONNECT"} 1',
+            'apiserver_watch_events_total{group="",resource="pods",version="v1"} 40',
+            'apiserver_watch_events_sizes_sum{group="",resource="pods",version="v1"} 4096',
+            'apiserver_terminated_watchers_total{group="",resource="pods"} 2',
+            'apiserver_watch_cache_events_dispatched_total{group="",resource="pods"} 20',
+        ]
+    )
+    cluster = types.SimpleNamespace(kubectl=lambda *a: types.SimpleNamespace(stdout=metrics))
+    assert ob.api_requests(cluster) == {
+        "POST pods": 10,
+        "WATCH STARTS pods": 3,
+        "LIST pods": 2,
+        "WATCH EVENTS pods": 40,
+        "WATCH KiB pods": 4,
+        "WATCH TERMINATED pods": 2,
+        "WATCH DISPATCHED pods": 20,
+    }

@@ -586,8 +586,23 @@ class Cluster:
             f"--profiling={'true' if os.environ.get('CHATFLEET_APISERVER_PROFILING') == '1' else 'false'}",
             "--max-requests-inflight=800",
             "--max-mutating-requests-inflight=400",
+            *self._audit_args(),
             "--v=0",
         ]
+
+    def _audit_args(self) -> list[str]:
+        """CHATFLEET_APISERVER_AUDIT_LOG=FILE: every list and watch (who, what, when it ended) written to
+        FILE as the API server's audit events (docs/benchmarks.md), to see which client watches or lists
+        again; nothing else is audited, and nothing at all without it."""
+        log = os.environ.get("CHATFLEET_APISERVER_AUDIT_LOG")
+        if not log:
+            return []
+        policy = self.workdir / "audit-policy.yaml"
+        policy.write_text(
+            "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n"
+            "- level: Metadata\n  verbs: [list, watch]\n- level: None\n"
+        )
+        return [f"--audit-policy-file={policy}", f"--audit-log-path={log}", "--audit-log-maxbackup=0"]
 
     def _kcm_args(
         self,

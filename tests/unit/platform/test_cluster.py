@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 from chatfleet_platform.cluster.cluster import Cluster, NamespaceReaper
 from chatfleet_platform.common.config import Binaries
 
@@ -80,3 +81,27 @@ def test_the_node_controller_waits_as_long_as_the_simulated_nodes_lease():
 
     assert grace() == ["--node-monitor-grace-period=50s"]  # the default lease: the controller's default
     assert grace(240) == ["--node-monitor-grace-period=240s"]
+
+
+def test_the_api_servers_audit_of_lists_and_watches_is_asked_for_by_a_bench_only(tmp_path, monkeypatch):
+    """CHATFLEET_APISERVER_AUDIT_LOG names the file where the API server writes who listed and watched
+    what (to find the client that watches again and again at ten thousand objects); the policy audits
+    lists and watches only, and without the variable nothing is audited."""
+    cluster = Cluster(tmp_path)
+    bins = Binaries(**{name: Path(f"/bin/{name}") for name in Binaries.__dataclass_fields__})
+    ports = {"etcd_client": 1, "apiserver": 2}
+
+    def audit() -> list[str]:
+        return [a for a in cluster._apiserver_args(bins, ports, Path("/pki")) if a.startswith("--audit")]
+
+    monkeypatch.delenv("CHATFLEET_APISERVER_AUDIT_LOG", raising=False)
+    assert audit() == []
+    monkeypatch.setenv("CHATFLEET_APISERVER_AUDIT_LOG", str(tmp_path / "audit.log"))
+    policy = tmp_path / "audit-policy.yaml"
+    assert audit() == [
+        f"--audit-policy-file={policy}",
+        f"--audit-log-path={tmp_path / 'audit.log'}",
+        "--audit-log-maxbackup=0",
+    ]
+    rules = yaml.safe_load(policy.read_text())["rules"]
+    assert rules == [{"level": "Metadata", "verbs": ["list", "watch"]}, {"level": "None"}]

@@ -172,7 +172,25 @@ go_install() {
   fi
 }
 
-build_kwok() { go_install kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok "-s -w"; }
+# kwok: built inside a copy of its module's source with a bug mended first (chatfleet_platform/common/gopatch.py:
+# its informers re-watched from resourceVersion 0, replaying every pod as new on each re-watch). A folder
+# whose file `patched` does not name the mends of this script is built again.
+gopatch() { PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" python3 -m chatfleet_platform.common.gopatch "$@"; }
+KWOK_MENDED="kwok: mended watch-resume"
+have_kwok() { have kwok "$KWOK_VERSION" && [ "$(cat "$BIN/kwok-$KWOK_VERSION/patched" 2>/dev/null)" = "$KWOK_MENDED" ]; }
+build_kwok() {
+  local v=$KWOK_VERSION out d
+  out="$BIN/kwok-$v" d="$WORK/kwok-$v"
+  have_kwok && { say "kwok v$v cached"; return; }
+  say "building kwok v$v (its watches resume where they were)"
+  local t0; t0=$(date +%s)
+  mkdir -p "$out.tmp" && enter_copy "sigs.k8s.io/kwok@v$v" "$d"
+  gopatch kwok "$d" > "$out.tmp/patched" || die "kwok v$v: its source could not be mended (above)"
+  [ "$(cat "$out.tmp/patched")" = "$KWOK_MENDED" ] || die "kwok v$v: mended $(cat "$out.tmp/patched"), not $KWOK_MENDED"
+  go build -trimpath -ldflags "-s -w" -o "$out.tmp/kwok" ./cmd/kwok
+  rm -rf "$out" && mv "$out.tmp" "$out" && rm -rf "$d"
+  record "kwok-$v" $(( $(date +%s) - t0 ))
+}
 
 build_helm() {
   local v=$HELM_VERSION kmin=${K8S_VERSION#1.}
@@ -337,7 +355,7 @@ targets=${*:-etcd kwok helm kubernetes prometheus keda traefik envoy-gateway}
 start=$(date +%s)
 cached() {
   case $1 in
-    etcd) have etcd "$ETCD_VERSION" ;; kwok) have kwok "$KWOK_VERSION" ;; helm) have helm "$HELM_VERSION" ;;
+    etcd) have etcd "$ETCD_VERSION" ;; kwok) have_kwok ;; helm) have helm "$HELM_VERSION" ;;
     prometheus) have prometheus "$PROMETHEUS_VERSION" ;; traefik) have_traefik ;; keda) have_keda ;;
     envoy-gateway) have envoy-gateway "$ENVOY_GATEWAY_VERSION" ;;
     kubernetes) local c; for c in $K8S_COMPONENTS; do [ -x "$BIN/kubernetes-$K8S_VERSION/$c" ] || return 1; done ;;

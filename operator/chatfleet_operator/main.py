@@ -56,8 +56,13 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.networking.error_backoffs = (1, 2, 4, 8, 16, 30)
     for kind in KINDS:
         if kind.watch in (Watch.CHILD, Watch.POD):
-            labels = OWNED if kind.watch == Watch.POD else MANAGED
-            settings.watching.label_selectors[kind.group, kind.version, kind.plural] = label_selector(labels)
+            selector = label_selector(watched_labels(kind))
+            settings.watching.label_selectors[kind.group, kind.version, kind.plural] = selector
+
+
+def watched_labels(kind: Kind) -> dict[str, Any]:
+    """The labels of what the operator watches of a kind: pods of a ChatbotService, or owned objects."""
+    return OWNED if kind.watch == Watch.POD else MANAGED
 
 
 def label_selector(labels: dict[str, Any]) -> str:
@@ -74,7 +79,7 @@ def label_selector(labels: dict[str, Any]) -> str:
 
 def _register_child(kind: Kind) -> None:
     """An index by owner and an event handler that triggers the owner, for one owned kind or pods."""
-    labels = OWNED if kind.watch == Watch.POD else MANAGED
+    labels = watched_labels(kind)
     reduce = pod_facts if kind.watch == Watch.POD else slim
 
     @kopf.index(kind.group, kind.version, kind.plural, labels=labels, id=kind.index)

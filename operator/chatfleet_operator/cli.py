@@ -325,7 +325,7 @@ def run(args: argparse.Namespace) -> int:
     """Configure the API client, install the Controller, and run kopf until SIGINT/SIGTERM."""
     import kopf
 
-    from chatfleet_operator import kopfext, kube, main, metrics
+    from chatfleet_operator import garbage, kopfext, kube, main, metrics
     from chatfleet_operator.controller import Controller
 
     settings = build_settings(args)
@@ -343,7 +343,8 @@ def run(args: argparse.Namespace) -> int:
     namespaces = list(settings.runtime.namespaces)
 
     def dump_stats(*_: object) -> None:
-        """Write passes, raw pass and request latencies, write counters and memory to --stats-file.
+        """Write passes, raw pass and request latencies, write counters, memory and the garbage collector's
+        CPU to --stats-file.
 
         The raw figures only: the benchmark computes their percentiles (bench/percentiles.py).
         """
@@ -351,6 +352,7 @@ def run(args: argparse.Namespace) -> int:
             times = os.times()
             data = {
                 **metrics.raw_figures(),
+                **garbage.figures(),
                 "cpu_seconds": times.user + times.system,
                 "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             }

@@ -17,7 +17,7 @@ from typing import Any
 
 import kopf
 
-from chatfleet_operator import api
+from chatfleet_operator import api, garbage
 from chatfleet_operator.cache import owner_key, slim
 from chatfleet_operator.controller import Controller
 from chatfleet_operator.converge.facts import node_facts, pod_facts
@@ -48,7 +48,9 @@ def controller_for(kwargs: dict[str, Any]) -> Controller:
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     """Tune kopf: no log events posted (only the operator's own Warnings), no per-event diff base (no
     change handlers), long watches, short backoffs, watch events decoded by orjson, owned kinds and pods
-    filtered by the API server (kopf runs start-up handlers before it starts any watcher)."""
+    filtered by the API server (kopf runs start-up handlers before it starts any watcher); and the
+    process's garbage collector, so decoded watch events die young (garbage.py)."""
+    garbage.tune()
     decode_watch_streams_faster()
     settings.posting.enabled = False
     settings.persistence.diffbase_storage = NoDiffBase()

@@ -483,6 +483,7 @@ def run_fleet(cluster: Cluster, op: Operator, n: int, tmp: Path, steady_s: float
         "creation_writes_by_kind": {**{k: v for k, v in by_kind.items() if v}, "kopf bookkeeping": k1 - k0},
         "steady_writes_per_min": round(steady * 60 / steady_s, 2),
         "operator_rss_mib": round(s2["rss_mib"], 1),
+        "operator_gc_seconds_at_creation": round(s1.get("gc_seconds", 0.0) - s0.get("gc_seconds", 0.0), 1),
         "passes": s2["passes"] - s0["passes"],
         # where the time went, from the creation to all Ready: CPU seconds per process, API requests
         "cpu_seconds_to_ready": delta(c1, c0),
@@ -724,6 +725,7 @@ def table(result: dict) -> str:
         rows.append(
             (f"CPU s to all Ready: {comp}", *[str(r["cpu_seconds_to_ready"].get(comp, 0.0)) for r in fleets])
         )
+    row("  of which its garbage collector", "operator_gc_seconds_at_creation")
     row("operator RSS (MiB)", "operator_rss_mib")
     lat = result["latency"]
     rows.append(("reconcile pass p50 / p99 (ms)", f"{lat['p50_ms']} / {lat['p99_ms']}", ""))

@@ -14,7 +14,8 @@ from datetime import datetime
 from typing import Any
 
 from chatfleet_operator import api
-from chatfleet_operator.converge.facts import QUIET_POD, NodeFacts, PodFacts
+from chatfleet_operator.converge.diagnose import NodeCatalog
+from chatfleet_operator.converge.facts import QUIET_POD, PodFacts
 from chatfleet_operator.kinds import BY_NAME, CHILDREN, change_signature
 
 Key = tuple[str, str]  # (namespace, ChatbotService name)
@@ -52,7 +53,7 @@ class Snapshot:
 
     children: dict[tuple[str, str], Mapping[str, Any]] = field(default_factory=dict)
     pods: list[PodFacts] = field(default_factory=list)
-    nodes: list[NodeFacts] = field(default_factory=list)
+    nodes: NodeCatalog = field(default_factory=NodeCatalog)
 
 
 class World:
@@ -63,6 +64,8 @@ class World:
         self._recent: dict[tuple[str, str, str], tuple[int, Mapping[str, Any] | None]] = {}
         self._signatures: dict[tuple[str, str, str], tuple[Any, ...]] = {}
         self._status_written: dict[Key, datetime] = {}
+        self._node_changes = 0  # changes of nodes' facts seen
+        self._nodes = (-1, NodeCatalog())  # the nodes' catalog, and how many changes it had seen
         self._lock = threading.Lock()
 
     def changed(self, kind: str, body: Mapping[str, Any], deleted: bool = False) -> bool:
@@ -80,11 +83,15 @@ class World:
             if deleted:
                 before = self._signatures.pop(key, None)
                 matters = kind != "Pod" or (before is not None and before != QUIET_POD)
-                return (before, None) if matters else None
-            signature = change_signature(kind, body)
-            before = self._signatures.get(key, QUIET_POD if kind == "Pod" else None)
-            self._signatures[key] = signature
-        return (before, signature) if signature != before else None
+                change = (before, None) if matters else None
+            else:
+                signature = change_signature(kind, body)
+                before = self._signatures.get(key, QUIET_POD if kind == "Pod" else None)
+                self._signatures[key] = signature
+                change = (before, signature) if signature != before else None
+            if change is not None and kind == "Node":
+                self._node_changes += 1  # the watch cache holds the node's new facts: a new catalog
+        return change
 
     def remember(self, kind: str, namespace: str, name: str, body: Mapping[str, Any] | None, rv: int) -> None:
         """Record an object we wrote (or a tombstone), newer than the watch cache until its event arrives."""
@@ -167,5 +174,15 @@ class World:
                     else:
                         snap.children[(kind, name)] = written
         snap.pods = self._store(BY_NAME["Pod"].index, key)
-        snap.nodes = self._store(BY_NAME["Node"].index, "nodes")
+        snap.nodes = self.nodes()
         return snap
+
+    def nodes(self) -> NodeCatalog:
+        """The nodes' catalog, built again from the watch cache when a node's facts changed since."""
+        with self._lock:
+            (seen, catalog), changes = self._nodes, self._node_changes
+        if seen != changes:
+            catalog = NodeCatalog(self._store(BY_NAME["Node"].index, "nodes"))
+            with self._lock:
+                self._nodes = max(self._nodes, (changes, catalog), key=lambda built: built[0])
+        return catalog

@@ -113,7 +113,7 @@ def gather_context(
         old_status=old_status,
         children=children,
         pods=tuple(snap.pods),
-        nodes=tuple(snap.nodes),
+        nodes=snap.nodes,
         now=now,
         settings=settings,
         update_revision=revision_hash(effective),

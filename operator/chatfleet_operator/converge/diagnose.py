@@ -122,7 +122,7 @@ class NodeCatalog(Sequence[NodeFacts]):
     def __init__(self, nodes: Iterable[NodeFacts] = ()) -> None:
         self._nodes = tuple(nodes)
         self._largest: dict[tuple[tuple[str, str], ...], int | None] = {}
-        self._products: list[str] | None = None
+        self._products: tuple[str, ...] | None = None
 
     def __len__(self) -> int:
         return len(self._nodes)
@@ -146,10 +146,10 @@ class NodeCatalog(Sequence[NodeFacts]):
             self._largest[key] = max(counts) if counts else None
         return self._largest[key]
 
-    def products(self) -> list[str]:
+    def products(self) -> tuple[str, ...]:
         """The GPU products the nodes have, sorted."""
         if self._products is None:
-            self._products = sorted({n.gpu_product for n in self._nodes if n.gpu_product})
+            self._products = tuple(sorted({n.gpu_product for n in self._nodes if n.gpu_product}))
         return self._products
 
 

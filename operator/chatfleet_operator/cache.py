@@ -64,8 +64,7 @@ class World:
         self._recent: dict[tuple[str, str, str], tuple[int, Mapping[str, Any] | None]] = {}
         self._signatures: dict[tuple[str, str, str], tuple[Any, ...]] = {}
         self._status_written: dict[Key, datetime] = {}
-        self._node_changes = 0  # changes of nodes' facts seen
-        self._nodes = (-1, NodeCatalog())  # the nodes' catalog, and how many changes it had seen
+        self._nodes: NodeCatalog | None = None  # None: a node's facts changed since it was built
         self._lock = threading.Lock()
 
     def changed(self, kind: str, body: Mapping[str, Any], deleted: bool = False) -> bool:
@@ -90,7 +89,7 @@ class World:
                 self._signatures[key] = signature
                 change = (before, signature) if signature != before else None
             if change is not None and kind == "Node":
-                self._node_changes += 1  # the watch cache holds the node's new facts: a new catalog
+                self._nodes = None  # the watch cache holds the node's new facts: a new catalog
         return change
 
     def remember(self, kind: str, namespace: str, name: str, body: Mapping[str, Any] | None, rv: int) -> None:
@@ -179,10 +178,7 @@ class World:
 
     def nodes(self) -> NodeCatalog:
         """The nodes' catalog, built again from the watch cache when a node's facts changed since."""
-        with self._lock:
-            (seen, catalog), changes = self._nodes, self._node_changes
-        if seen != changes:
-            catalog = NodeCatalog(self._store(BY_NAME["Node"].index, "nodes"))
-            with self._lock:
-                self._nodes = max(self._nodes, (changes, catalog), key=lambda built: built[0])
-        return catalog
+        with self._lock:  # built under the lock: a node changed meanwhile cannot be lost (rare: ms)
+            if self._nodes is None:
+                self._nodes = NodeCatalog(self._store(BY_NAME["Node"].index, "nodes"))
+            return self._nodes

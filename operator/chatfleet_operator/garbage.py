@@ -7,7 +7,7 @@ hundred dicts and lists, which kopf queues per object and the watch caches keep;
 lives through two young collections before its handlers are done with it. So most decoded events were
 promoted, and the process walked its whole heap again and again: with 1,000 ChatbotServices being
 created, 31 full collections of up to 600,000 objects each, 6.8 of the operator's 25.9 CPU seconds
-(docs/benchmarks.md, bench-operator, "The operator's garbage collector").
+(docs/benchmarks.md, bench-operator, "Ten thousand, with the operator's garbage collector tuned").
 
 What the operator holds is JSON trees without cycles, freed by reference counting as soon as a newer
 version replaces them; the collector is there for the few cycles asyncio's tasks and exceptions make. A

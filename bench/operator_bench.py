@@ -15,6 +15,16 @@ Writes are counted two ways and added: the operator's own counter (every apply, 
 event; read through SIGUSR1 -> --stats-file) plus kopf's bookkeeping patches on ChatbotServices (from
 the API server's apiserver_request_total, non-status PATCHes of chatbotservices).
 
+With --custom-resource-floor, a third row beside them: the custom-resource floor, the fair floor with each
+ChatbotService POSTed too and its status written twice (at once, and when its Deployment is available) by
+the benchmark's client, no operator running: what any operator of the custom resource costs the cluster at
+least. The operator's ratio then splits in two: the custom resources over the fair floor, and the operator
+over the custom-resource floor (its watches, passes and decisions). Every row starts on a cluster whose
+nodes have settled (a new cluster's nodes are written about twice each in their first minute).
+
+With --apiserver-profile the API server's CPU is profiled over each row (its /debug/pprof, in back-to-back
+slices merged by `go tool pprof`) and the rows compared by function: bench-results/apiserver-profile-<n>.txt.
+
 With --profile the operator's process is sampled by py-spy (installed into the venv on first use) while
 the fleets are created: bench-results/operator-profile.txt (py-spy's collapsed stacks) and a summary of
 where its CPU went in operator.json. The sampler's own CPU counts in the machine's, so a profiled run's
@@ -24,6 +34,7 @@ ratios are not the figures to quote.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -33,16 +44,35 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import kubernetes
+from apiserver_profile import ApiServerProfile, top
 from chatfleet_platform.cluster.cluster import NODE_LEASE_SECONDS, Cluster
 from chatfleet_platform.common.config import CHATBOT_CRD_FILE, CHATBOT_CRD_NAME
 from percentiles import operator_figures
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench-results"
+#: --apiserver-profile: the folder of each profiled row's API server CPU profile (None: not profiled).
+APISERVER_PROFILES: Path | None = None
+#: Each profiled row's merged profile, by row, for the comparison written at the end.
+PROFILED_ROWS: dict[str, Path] = {}
+
+
+@contextlib.contextmanager
+def apiserver_profiled(cluster: Cluster, row: str):
+    """Profile the API server's CPU while the block runs (with --apiserver-profile; else nothing)."""
+    if APISERVER_PROFILES is None:
+        yield
+        return
+    profile = ApiServerProfile(cluster.binaries.kubectl, cluster.env, APISERVER_PROFILES / row)
+    with profile:
+        yield
+    PROFILED_ROWS[row] = profile.merged()
 
 
 def log(msg: str) -> None:
@@ -100,26 +130,42 @@ def bare_service(name: str) -> dict:
     }
 
 
-def create_all(cluster: Cluster, namespace: str, docs: list[dict], tmp: Path) -> float:
-    """POST every document at once from 16 client threads (like a GitOps sync); seconds the client took."""
+def client(cluster: Cluster) -> kubernetes.client.ApiClient:
+    """A Kubernetes client of the cluster for 16 threads."""
     api = kubernetes.config.new_client_from_config(config_file=str(cluster.kubeconfig))
     api.configuration.connection_pool_maxsize = 16
+    return api
+
+
+def send(api: kubernetes.client.ApiClient, method: str, path: str, doc: dict, content_type: str) -> None:
+    """One request with a JSON body; raises on an error status."""
+    _, url, headers, body, _ = api.param_serialize(
+        method,
+        path,
+        header_params={"Content-Type": content_type, "Accept": "application/json"},
+        body=doc,
+        auth_settings=["BearerToken"],
+    )
+    response = api.call_api(method, url, header_params=headers, body=body, _request_timeout=60)
+    response.read()
+    if response.status >= 300:
+        raise RuntimeError(f"{method} {path}: {response.status} {response.data[:300]!r}")
+
+
+def create_all(
+    cluster: Cluster, namespace: str, docs: list[dict], tmp: Path, then: Callable[[dict], None] | None = None
+) -> float:
+    """POST every document at once from 16 client threads (like a GitOps sync), each followed by `then`
+    in its thread when given; seconds the client took."""
+    api = client(cluster)
 
     def create(doc: dict) -> None:
         group_version = doc["apiVersion"]
         prefix = f"/apis/{group_version}" if "/" in group_version else f"/api/{group_version}"
         plural = doc["kind"].lower() + "s"  # every kind created here pluralises so
-        _, url, headers, body, _ = api.param_serialize(
-            "POST",
-            f"{prefix}/namespaces/{namespace}/{plural}",
-            header_params={"Content-Type": "application/json", "Accept": "application/json"},
-            body=doc,
-            auth_settings=["BearerToken"],
-        )
-        response = api.call_api("POST", url, header_params=headers, body=body, _request_timeout=60)
-        response.read()
-        if response.status >= 300:
-            raise RuntimeError(f"create {doc['metadata']['name']}: {response.status} {response.data[:300]!r}")
+        send(api, "POST", f"{prefix}/namespaces/{namespace}/{plural}", doc, "application/json")
+        if then is not None:
+            then(doc)
 
     t0 = time.monotonic()
     with ThreadPoolExecutor(16) as pool:
@@ -138,7 +184,13 @@ def is_ready(kind: str, obj: dict) -> bool:
 
 
 def wait_all_ready(
-    cluster: Cluster, namespace: str, kind: str, n: int, t0: float, timeout: float
+    cluster: Cluster,
+    namespace: str,
+    kind: str,
+    n: int,
+    t0: float,
+    timeout: float,
+    on_ready: Callable[[dict], None] | None = None,
 ) -> float | None:
     """Seconds from t0 until all n are ready, seen through a list and then a watch (no polling that would
     load the API server); None on timeout."""
@@ -150,16 +202,26 @@ def wait_all_ready(
     else:
         apps = kubernetes.client.AppsV1Api(api)
         lister = lambda **kw: apps.list_namespaced_deployment(namespace, **kw)  # noqa: E731
-    return count_until_ready(lister, namespace, kind, n, t0, timeout)
+    return count_until_ready(lister, namespace, kind, n, t0, timeout, on_ready)
 
 
-def count_until_ready(lister, namespace: str, kind: str, n: int, t0: float, timeout: float) -> float | None:
+def count_until_ready(
+    lister,
+    namespace: str,
+    kind: str,
+    n: int,
+    t0: float,
+    timeout: float,
+    on_ready: Callable[[dict], None] | None = None,
+) -> float | None:
     """The watch behind wait_all_ready: a list (in pages), then watches from its resourceVersion, each
     minute's new one resuming at the last version seen (bookmarks asked for); after 410 Gone, a list again.
     A watch with no version starts by sending every object, and at 10,000 ChatbotServices on the saturated
     machine that took longer than the watch's minute: cut off and started again each time, the count fell
-    minutes behind the objects (5,000 counted when 8,037 were Ready)."""
+    minutes behind the objects (5,000 counted when 8,037 were Ready). `on_ready` is called with each object
+    the first time it is seen ready."""
     ready: set[str] = set()
+    ever: set[str] = set()
     last = -1
     version: str | None = None
 
@@ -167,7 +229,10 @@ def count_until_ready(lister, namespace: str, kind: str, n: int, t0: float, time
         nonlocal last
         name = obj["metadata"]["name"]
         if event_type != "DELETED" and is_ready(kind, obj):
+            if on_ready is not None and name not in ever:
+                on_ready(obj)
             ready.add(name)
+            ever.add(name)
         else:
             ready.discard(name)
         if len(ready) != last and (len(ready) % max(1, n // 10) == 0 or len(ready) >= n):
@@ -463,9 +528,11 @@ def run_fleet(cluster: Cluster, op: Operator, n: int, tmp: Path, steady_s: float
     s0, k0 = op.stats(), cbs_kopf_patches(cluster)
     r0, c0, m0 = api_requests(cluster), cpu_seconds(str(tmp)), machine_cpu_seconds()
     t0 = time.monotonic()
-    apply_s = create_all(cluster, ns, [chatbot(f"bot-{i}") for i in range(n)], tmp)
-    ready_s = wait_all_ready(cluster, ns, "chatbotservices", n, t0, timeout)
-    r1, c1, m1 = api_requests(cluster), cpu_seconds(str(tmp)), machine_cpu_seconds()
+    # the figures are read inside the profile's block: leaving it waits for its last slice to end
+    with apiserver_profiled(cluster, f"operator-{n}"):
+        apply_s = create_all(cluster, ns, [chatbot(f"bot-{i}") for i in range(n)], tmp)
+        ready_s = wait_all_ready(cluster, ns, "chatbotservices", n, t0, timeout)
+        r1, c1, m1 = api_requests(cluster), cpu_seconds(str(tmp)), machine_cpu_seconds()
     stages = stage_seconds(cluster, ns)
     time.sleep(5)  # late status writes belong to creation
     s1, k1 = op.stats(), cbs_kopf_patches(cluster)
@@ -541,15 +608,27 @@ def baseline(cluster: Cluster, n: int, tmp: Path, timeout: float, services: bool
 
 
 def deployments_to_available(
-    cluster: Cluster, ns: str, docs: list[dict], n: int, tmp: Path, timeout: float
+    cluster: Cluster,
+    ns: str,
+    docs: list[dict],
+    n: int,
+    tmp: Path,
+    timeout: float,
+    writer: StatusWriter | None = None,
 ) -> dict:
-    """Create `docs` in `ns` (no operator) and time them until the n Deployments are available: the
+    """Create `docs` in `ns` (no operator) and time them until the n Deployments are available (and, with
+    a `writer`, their ChatbotServices' status written twice: at creation and when available): the
     client's seconds, all available, CPU per component and of the machine, API requests."""
     r0, c0, m0 = api_requests(cluster), cpu_seconds(str(tmp)), machine_cpu_seconds()
     t0 = time.monotonic()
-    apply_s = create_all(cluster, ns, docs, tmp)
-    ready_s = wait_all_ready(cluster, ns, "deployments", n, t0, timeout)
-    r1, c1, m1 = api_requests(cluster), cpu_seconds(str(tmp)), machine_cpu_seconds()
+    then, on_ready = (writer.created, writer.available) if writer else (None, None)
+    with apiserver_profiled(cluster, ns):
+        apply_s = create_all(cluster, ns, docs, tmp, then)
+        ready_s = wait_all_ready(cluster, ns, "deployments", n, t0, timeout, on_ready)
+        if writer is not None and ready_s is not None:
+            writer.wait()
+            ready_s = time.monotonic() - t0
+        r1, c1, m1 = api_requests(cluster), cpu_seconds(str(tmp)), machine_cpu_seconds()
     return {
         "client_create_s": round(apply_s, 1),
         "all_ready_s": round(ready_s, 1) if ready_s else None,
@@ -597,47 +676,145 @@ def renamed(docs: list[dict], old: str, new: str) -> list[dict]:
     return json.loads(text)
 
 
-def fair_floor(cluster: Cluster, template: list[dict], n: int, tmp: Path, timeout: float) -> dict:
+def fair_floor(cluster: Cluster, template: Template, n: int, tmp: Path, timeout: float) -> dict:
     """The operator's own manifests for n ChatbotServices, created directly with no operator (and no
     ChatbotService): seconds until all their Deployments are available, CPU, API requests."""
     ns = f"fair-{n}"
     cluster.kubectl("create", "namespace", ns)
-    docs = [d for i in range(n) for d in renamed(template, "bot-0", f"fair-{i}")]
+    docs = [d for i in range(n) for d in renamed(template.objects, "bot-0", f"fair-{i}")]
     return {
         "chatbotservices": n,
-        "objects_per_cbs": len(template),
-        "kinds": sorted(d["kind"] for d in template),
-        "deployment_bytes": len(json.dumps(next(d for d in template if d["kind"] == "Deployment"))),
+        "objects_per_cbs": len(template.objects),
+        "kinds": sorted(d["kind"] for d in template.objects),
+        "deployment_bytes": len(json.dumps(next(d for d in template.objects if d["kind"] == "Deployment"))),
         **deployments_to_available(cluster, ns, docs, n, tmp, timeout),
     }
 
 
-def operator_template(cluster: Cluster, tmp: Path, timeout: float) -> list[dict]:
+def custom_resource_floor(cluster: Cluster, template: Template, n: int, tmp: Path, timeout: float) -> dict:
+    """The fair floor with the custom resources: each ChatbotService POSTed, its status written at once
+    (not yet Ready) and again when its Deployment is available (Ready), beside the operator's objects for
+    it, all by the benchmark's client with no operator: what any operator of a ChatbotService costs the
+    cluster at least (the operator's two status writes per ChatbotService, no watches, no decisions)."""
+    ns = f"crfloor-{n}"
+    cluster.kubectl("create", "namespace", ns)
+    docs = [
+        d for i in range(n) for d in [chatbot(f"fair-{i}"), *renamed(template.objects, "bot-0", f"fair-{i}")]
+    ]
+    writer = StatusWriter(cluster, ns, template.status)
+    try:
+        return {"chatbotservices": n, **deployments_to_available(cluster, ns, docs, n, tmp, timeout, writer)}
+    finally:
+        writer.close()
+
+
+def not_yet_ready(status: dict) -> dict:
+    """A Ready ChatbotService's status as it stood at creation: Ready False, Reconciling True, no replica
+    available (the same fields, so the first write is as large as the operator's)."""
+    flipped = {"Ready": "False", "Reconciling": "True"}
+    conditions = [
+        {**c, "status": flipped.get(c.get("type"), c.get("status")), "reason": "Progressing"}
+        for c in status.get("conditions", [])
+    ]
+    counts = {k: 0 for k in ("availableReplicas", "readyReplicas", "servingReplicas", "updatedReplicas")}
+    return {
+        **status,
+        **{k: v for k, v in counts.items() if k in status},
+        "phase": "Progressing",
+        "conditions": conditions,
+    }
+
+
+class StatusWriter:
+    """The custom-resource floor's status writes: JSON merge patches of a ChatbotService's status, the
+    operator's kind of write, from the benchmark's client."""
+
+    def __init__(self, cluster: Cluster, namespace: str, ready_status: dict) -> None:
+        self.api, self.namespace = client(cluster), namespace
+        self.ready_status, self.first_status = ready_status, not_yet_ready(ready_status)
+        self.pool = ThreadPoolExecutor(16)
+        self.pending: list = []
+
+    def _patch(self, name: str, status: dict) -> None:
+        path = f"/apis/chatfleet.io/v1alpha1/namespaces/{self.namespace}/chatbotservices/{name}/status"
+        body = {"status": renamed([status], "bot-0", name)[0]}
+        send(self.api, "PATCH", path, body, "application/merge-patch+json")
+
+    def created(self, doc: dict) -> None:
+        """After a POST: a ChatbotService's first status, in the creating thread."""
+        if doc["kind"] == "ChatbotService":
+            self._patch(doc["metadata"]["name"], self.first_status)
+
+    def available(self, deployment: dict) -> None:
+        """A Deployment seen available: its ChatbotService's Ready status, in the writer's threads."""
+        name = deployment["metadata"]["labels"]["chatfleet.io/service"]
+        self.pending.append(self.pool.submit(self._patch, name, self.ready_status))
+
+    def wait(self) -> None:
+        """Until every Ready status is written (raises the first failure)."""
+        for future in self.pending:
+            future.result()
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+@dataclass(frozen=True)
+class Template:
+    """What the operator made of one ChatbotService ("bot-0"): its objects (fair_manifests) and the
+    ChatbotService's status once Ready."""
+
+    objects: list[dict]
+    status: dict
+
+
+def operator_template(cluster: Cluster, tmp: Path, timeout: float) -> Template:
     """Run the operator on one ChatbotService ("bot-0", as the fleets name it) until Ready; its objects
-    (fair_manifests); the operator stopped and the namespace deleted again."""
+    and status; the operator stopped and the namespace deleted again."""
     op = Operator(cluster, tmp)
     try:
         cluster.kubectl("create", "namespace", "template")
         create_all(cluster, "template", [chatbot("bot-0")], tmp)
         if wait_all_ready(cluster, "template", "chatbotservices", 1, time.monotonic(), timeout) is None:
             raise RuntimeError("the template ChatbotService never turned Ready")
-        template = fair_manifests(cluster, "template", "bot-0")
+        objects = fair_manifests(cluster, "template", "bot-0")
+        cbs = cluster.kubectl("get", "chatbotservices", "bot-0", "-o", "json", namespace="template").stdout
     finally:
         op.stop()
     delete_namespace(cluster, "template")
-    return template
+    return Template(objects, json.loads(cbs)["status"])
 
 
-def ratios(floors: list[dict], fleets: list[dict]) -> dict:
-    """One round's operator / fair floor ratios per size: time to all Ready and the machine's CPU."""
-    out = {}
-    for floor, fleet in zip(floors, fleets, strict=True):
-        pairs = (("time", "all_ready_s"), ("machine_cpu", "machine_cpu_seconds_to_ready"))
-        out[str(fleet["chatbotservices"])] = {
-            what: round(fleet[key] / floor[key], 3) if fleet.get(key) and floor.get(key) else None
+def ratios(floors: list[dict], fleets: list[dict], cr_floors: list[dict] | None = None) -> dict:
+    """One round's ratios per size, of time to all Ready and of the machine's CPU: the operator over the
+    fair floor ("time", "machine_cpu"); with the custom-resource floor's rows, also the operator over it
+    and it over the fair floor (what the custom resources cost, and what the operator adds to them)."""
+    pairs = (("time", "all_ready_s"), ("machine_cpu", "machine_cpu_seconds_to_ready"))
+
+    def over(a: dict, b: dict, suffix: str = "") -> dict:
+        return {
+            what + suffix: round(a[key] / b[key], 3) if a.get(key) and b.get(key) else None
             for what, key in pairs
-        } | {"operator_s": fleet.get("all_ready_s"), "floor_s": floor.get("all_ready_s")}
+        }
+
+    out = {}
+    for i, (floor, fleet) in enumerate(zip(floors, fleets, strict=True)):
+        row = over(fleet, floor) | {
+            "operator_s": fleet.get("all_ready_s"),
+            "floor_s": floor.get("all_ready_s"),
+        }
+        if cr_floors:
+            cr = cr_floors[i]
+            row |= over(fleet, cr, "_over_cr_floor") | over(cr, floor, "_cr_floor_over_floor")
+            row["cr_floor_s"] = cr.get("all_ready_s")
+        out[str(fleet["chatbotservices"])] = row
     return out
+
+
+RATIOS = ("time", "machine_cpu")
+RATIOS_WITH_CR_FLOOR = tuple(
+    what + suffix for suffix in ("", "_over_cr_floor", "_cr_floor_over_floor") for what in RATIOS
+)
 
 
 def median_ratios(rounds: list[dict]) -> dict:
@@ -645,25 +822,32 @@ def median_ratios(rounds: list[dict]) -> dict:
     out: dict = {}
     for size in rounds[0]:
         out[size] = {}
-        for what in ("time", "machine_cpu"):
+        for what in RATIOS_WITH_CR_FLOOR if "time_over_cr_floor" in rounds[0][size] else RATIOS:
             values = [r[size][what] for r in rounds if r.get(size, {}).get(what) is not None]
             out[size][what] = round(statistics.median(values), 3) if values else None
     return out
 
 
 def another_round(
-    args: argparse.Namespace, sizes: list[int], template: list[dict], directory: Path
-) -> tuple[Cluster, list[dict], list[dict]]:
-    """The fair floor's rows on a new cluster, then the operator's on another: (the operator's cluster, the
-    floors, the fleets)."""
-    cluster = start_cluster(directory / "floor", args.nodes, args.node_lease_seconds)
-    try:
-        floors = []
-        for n in sizes:
-            log(f"{directory.name}: fair floor of {n} ChatbotServices")
-            floors.append(fair_floor(cluster, template, n, directory, args.timeout))
-    finally:
-        cluster.down()
+    args: argparse.Namespace, sizes: list[int], template: Template, directory: Path
+) -> tuple[Cluster, list[dict], list[dict], list[dict]]:
+    """The fair floor's rows on a new cluster, the custom-resource floor's on another (with
+    --custom-resource-floor), then the operator's on another: (the operator's cluster, the floors, the
+    custom-resource floors, the fleets)."""
+    floors, cr_floors = [], []
+    for rows, row, name in (
+        (floors, fair_floor, "fair floor"),
+        (cr_floors, custom_resource_floor, "cr floor"),
+    ):
+        if row is custom_resource_floor and not args.custom_resource_floor:
+            continue
+        cluster = start_cluster(directory / name.replace(" ", "-"), args.nodes, args.node_lease_seconds)
+        try:
+            for n in sizes:
+                log(f"{directory.name}: {name} of {n} ChatbotServices")
+                rows.append(row(cluster, template, n, directory, args.timeout))
+        finally:
+            cluster.down()
     cluster = start_cluster(directory / "operator", args.nodes, args.node_lease_seconds)
     op = Operator(cluster, directory)
     try:
@@ -673,7 +857,7 @@ def another_round(
             fleets.append(run_fleet(cluster, op, n, directory, args.steady, args.timeout))
     finally:
         op.stop()
-    return cluster, floors, fleets
+    return cluster, floors, cr_floors, fleets
 
 
 def start_cluster(directory: Path, nodes: int, lease_seconds: int = NODE_LEASE_SECONDS) -> Cluster:
@@ -681,12 +865,71 @@ def start_cluster(directory: Path, nodes: int, lease_seconds: int = NODE_LEASE_S
     cluster = Cluster(directory, progress=log)
     cluster.up(nodes=nodes, timeout=max(300, nodes * 0.5), node_lease_seconds=lease_seconds)
     cluster.install_crd(CHATBOT_CRD_FILE, CHATBOT_CRD_NAME)
+    settle_nodes(cluster, nodes)
     return cluster
+
+
+def node_writes(cluster: Cluster) -> int:
+    """The API server's writes of nodes and their status so far (not their leases)."""
+    counts = api_requests(cluster)
+    return sum(
+        v
+        for k, v in counts.items()
+        if k.split(" ")[0] in ("PATCH", "PUT") and k.split(" ")[-1] in ("nodes", "nodes/status")
+    )
+
+
+def settle_nodes(cluster: Cluster, nodes: int, window_s: float = 10, limit_s: float = 240) -> None:
+    """Wait until a new cluster's nodes are no longer being written (kwok's first status, the node
+    controller's taints: about two writes per node in the first minute), so that no row pays for its
+    cluster's start: fewer than one write per hundred nodes in `window_s`, or `limit_s` at most."""
+    t0, last = time.monotonic(), node_writes(cluster)
+    while time.monotonic() - t0 < limit_s:
+        time.sleep(window_s)
+        now = node_writes(cluster)
+        if now - last < max(1, nodes // 100):
+            log(f"nodes settled: {now} node writes, {time.monotonic() - t0:.0f}s")
+            return
+        last = now
+    log(f"nodes still written after {limit_s:.0f}s ({last} node writes); going on")
 
 
 def delete_namespace(cluster: Cluster, ns: str) -> None:
     """Delete a namespace and wait (the next row starts on an API server without its objects)."""
     cluster.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=300s", check=False, timeout=320)
+
+
+def write_profile_comparisons(sizes: list[int]) -> list[str]:
+    """For each size, each pair of rows profiled (the operator's and the fair floor's; with the
+    custom-resource floor, each of them and it): what the first row's API server spent more than the
+    second's, by function, cumulative and flat, then each row alone (bench-results/apiserver-profile-<size>.txt);
+    the files written."""
+    written = []
+    for n in sizes:
+        rows = {
+            label: PROFILED_ROWS[key]
+            for label, key in (
+                ("the operator's row", f"operator-{n}"),
+                ("the custom-resource floor's row", f"crfloor-{n}"),
+                ("the fair floor's row", f"fair-{n}"),
+            )
+            if key in PROFILED_ROWS
+        }
+        if len(rows) < 2:
+            continue
+        labels = list(rows)
+        text = ""
+        for i, first in enumerate(labels):
+            for second in labels[i + 1 :]:
+                text += f"# The API server's CPU for {n} ChatbotServices: {first}, more than {second}\n"
+                text += top(rows[first], base=rows[second], cumulative=True) + "\n"
+                text += "# The same, by flat time\n" + top(rows[first], base=rows[second]) + "\n"
+        for label, profile in rows.items():
+            text += f"# {label} alone, by cumulative time\n" + top(profile, cumulative=True) + "\n"
+        path = RESULTS / f"apiserver-profile-{n}.txt"
+        path.write_text(text)
+        written.append(str(path.relative_to(REPO)))
+    return written
 
 
 def platform_figure() -> dict | None:
@@ -777,19 +1020,47 @@ def table(result: dict) -> str:
                 ],
             )
         )
+    crs = {f["chatbotservices"]: f for f in result.get("custom_resource_floor", [])}
+    if crs:
+        crf = [crs.get(r["chatbotservices"], {}) for r in fleets]
+        rows.append(
+            ("custom-resource floor (no operator) all Ready (s)", *[str(c.get("all_ready_s")) for c in crf])
+        )
+        rows.append(("  its machine CPU s", *[str(c.get("machine_cpu_seconds_to_ready")) for c in crf]))
+        for label, key in (
+            ("time to all Ready", "all_ready_s"),
+            ("machine CPU s", "machine_cpu_seconds_to_ready"),
+        ):
+            pairs = zip(fleets, crf, floors, strict=True)
+            rows.append(
+                (
+                    f"operator / custom-resource floor, {label}",
+                    *[ratio(r[key], c.get(key)) for r, c, _ in pairs],
+                )
+            )
+            pairs = zip(fleets, crf, floors, strict=True)
+            rows.append(
+                (
+                    f"custom-resource / fair floor, {label}",
+                    *[ratio(c.get(key), f.get(key)) for _, c, f in pairs],
+                )
+            )
     rounds = result.get("rounds") or []
     if len(rounds) > 1:
         for size, median in result["median_ratios"].items():
-            each = ", ".join(f"{r[size]['time']:.2f}x" for r in rounds if r[size].get("time"))
-            rows.append(
-                (
-                    f"{size} CBS, {len(rounds)} rounds: operator / floor, time",
-                    f"{each}; median {median['time']:.2f}x",
-                    "",
+            for what, label in (
+                ("time", "operator / floor, time"),
+                ("machine_cpu", "  machine CPU s"),
+                ("time_over_cr_floor", "operator / custom-resource floor, time"),
+                ("time_cr_floor_over_floor", "custom-resource / fair floor, time"),
+            ):
+                if what not in median:
+                    continue
+                each = ", ".join(f"{r[size][what]:.2f}x" for r in rounds if r[size].get(what))
+                median_text = f"{median[what]:.2f}x" if median[what] else "-"
+                rows.append(
+                    (f"{size} CBS, {len(rounds)} rounds: {label}", f"{each}; median {median_text}", "")
                 )
-            )
-            each = ", ".join(f"{r[size]['machine_cpu']:.2f}x" for r in rounds if r[size].get("machine_cpu"))
-            rows.append(("  machine CPU s", f"{each}; median {median['machine_cpu']:.2f}x", ""))
     rst = result.get("restart")
     if rst:
         kinds = ", ".join(f"{k} {v}" for k, v in rst["writes_by_kind"].items() if v) or "none"
@@ -846,6 +1117,18 @@ def main(argv: list[str] | None = None) -> int:
         "--profile", action="store_true", help="sample the operator with py-spy during the fleets"
     )
     ap.add_argument(
+        "--apiserver-profile",
+        action="store_true",
+        help="profile the API server's CPU over each floor's and fleet's row (its /debug/pprof) and "
+        "compare them by function: bench-results/apiserver-profile-<size>.txt",
+    )
+    ap.add_argument(
+        "--custom-resource-floor",
+        action="store_true",
+        help="also the custom-resource floor: the fair floor with each ChatbotService POSTed and its status "
+        "written twice by the benchmark's client (no operator), each row on its own new cluster",
+    )
+    ap.add_argument(
         "--rounds",
         type=int,
         default=1,
@@ -859,6 +1142,10 @@ def main(argv: list[str] | None = None) -> int:
     RESULTS.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="chatfleet-opbench-") as tmpdir:
         tmp = Path(tmpdir)
+        if args.apiserver_profile:
+            global APISERVER_PROFILES
+            APISERVER_PROFILES = RESULTS / "apiserver-profiles"
+            os.environ["CHATFLEET_APISERVER_PROFILING"] = "1"
         cluster = start_cluster(tmp / "cluster", args.nodes, args.node_lease_seconds)
         try:
             result: dict = {
@@ -883,6 +1170,17 @@ def main(argv: list[str] | None = None) -> int:
                     result["fair_floor"].append(fair_floor(cluster, template, n, tmp, args.timeout))
                     if not fresh:
                         delete_namespace(cluster, f"fair-{n}")
+                if args.custom_resource_floor:
+                    if fresh:
+                        cluster.down()
+                        cluster = start_cluster(tmp / "cluster-cr-floor", args.nodes, args.node_lease_seconds)
+                    result["custom_resource_floor"] = []
+                    for n in sizes:
+                        log(f"custom-resource floor: {n} ChatbotServices and their objects, no operator")
+                        row = custom_resource_floor(cluster, template, n, tmp, args.timeout)
+                        result["custom_resource_floor"].append(row)
+                        if not fresh:
+                            delete_namespace(cluster, f"crfloor-{n}")
                 if fresh:
                     log("a new cluster for the operator's rows")
                     cluster.down()
@@ -901,11 +1199,14 @@ def main(argv: list[str] | None = None) -> int:
                     result["profile"] = stop_profiler(profiler, profile_file)
                 op.stop()
             if not args.no_baseline:
-                result["rounds"] = [ratios(result["fair_floor"], result["fleets"])]
+                cr_floors = result.get("custom_resource_floor")
+                result["rounds"] = [ratios(result["fair_floor"], result["fleets"], cr_floors)]
                 for number in range(2, args.rounds + 1):
                     cluster.down()
-                    cluster, floors, fleets = another_round(args, sizes, template, tmp / f"round-{number}")
-                    result["rounds"].append(ratios(floors, fleets))
+                    cluster, floors, cr_floors, fleets = another_round(
+                        args, sizes, template, tmp / f"round-{number}"
+                    )
+                    result["rounds"].append(ratios(floors, fleets, cr_floors))
                 result["median_ratios"] = median_ratios(result["rounds"])
             fleet = sum(r["chatbotservices"] for r in result["fleets"])
             log(f"restart: a new operator over the {fleet} Ready ChatbotServices")
@@ -917,6 +1218,7 @@ def main(argv: list[str] | None = None) -> int:
             result["operator_max_rss_mib"] = round(final["max_rss_mib"], 1)
             result["platform"] = platform_figure()
             result["load_average_at_end"] = os.getloadavg()[0]
+            result["apiserver_profiles"] = write_profile_comparisons(sizes)
         finally:
             cluster.down()
     (RESULTS / "operator.json").write_text(json.dumps(result, indent=2))

@@ -208,3 +208,149 @@ def test_the_api_servers_figures_count_watches_started_and_closed_beside_the_eve
         "WATCH TERMINATED pods": 2,
         "WATCH DISPATCHED pods": 20,
     }
+
+
+def test_the_custom_resource_floor_splits_the_operators_ratio_in_two():
+    """--custom-resource-floor: the operator over the floor with the ChatbotServices and their status
+    writes, and that floor over the fair floor; their product is the operator over the fair floor."""
+
+    def row(n, ready_s, cpu_s):
+        return {"chatbotservices": n, "all_ready_s": ready_s, "machine_cpu_seconds_to_ready": cpu_s}
+
+    one = ob.ratios([row(1000, 50.0, 100.0)], [row(1000, 75.0, 150.0)], [row(1000, 60.0, 110.0)])["1000"]
+    assert one["time"] == 1.5
+    assert one["time_over_cr_floor"] == 1.25 and one["time_cr_floor_over_floor"] == 1.2
+    assert one["machine_cpu_over_cr_floor"] == round(150 / 110, 3)
+    assert one["cr_floor_s"] == 60.0
+    median = ob.median_ratios([{"1000": one}, {"1000": one}])["1000"]
+    assert set(median) == set(ob.RATIOS_WITH_CR_FLOOR)
+
+
+def test_the_first_status_is_the_ready_ones_shape_not_yet_ready():
+    """The custom-resource floor's first status write: the template's Ready status with Ready False,
+    Reconciling True and no replica available, every other field kept (as large as the operator's)."""
+    ready = {
+        "phase": "Ready",
+        "availableReplicas": 1,
+        "readyReplicas": 1,
+        "replicas": 1,
+        "endpoint": "http://bot-0.t.svc:8080",
+        "conditions": [
+            {"type": "Ready", "status": "True", "reason": "Ready"},
+            {"type": "Reconciling", "status": "False", "reason": "Reconciled"},
+            {"type": "Stalled", "status": "False", "reason": "Reconciled"},
+        ],
+    }
+    first = ob.not_yet_ready(ready)
+    assert first["phase"] == "Progressing"
+    assert (first["availableReplicas"], first["readyReplicas"], first["replicas"]) == (0, 0, 1)
+    assert [c["status"] for c in first["conditions"]] == ["False", "True", "False"]
+    assert first["endpoint"] == ready["endpoint"] and "servingReplicas" not in first
+    assert not ob.is_ready("chatbotservices", {"status": first})
+    assert ob.is_ready("chatbotservices", {"status": ready})
+
+
+def test_each_object_seen_ready_is_handed_on_once_even_across_a_new_list(monkeypatch):
+    """The custom-resource floor writes a ChatbotService's Ready status when its Deployment is first seen
+    available: once, though a 410 Gone lists every object again."""
+    pages = [
+        {
+            "metadata": {"resourceVersion": "3"},
+            "items": [{"metadata": {"name": "a"}, "status": {"availableReplicas": 1}}],
+        },
+        {
+            "metadata": {"resourceVersion": "9"},
+            "items": [{"metadata": {"name": "a"}, "status": {"availableReplicas": 1}}],
+        },
+    ]
+    scripts = [
+        "gone",
+        [
+            {
+                "type": "ADDED",
+                "object": {
+                    "metadata": {"name": "b", "resourceVersion": "10"},
+                    "status": {"availableReplicas": 1},
+                },
+            }
+        ],
+    ]
+
+    class Watch:
+        def stream(self, _lister, **_kw):
+            script = scripts.pop(0)
+            if script == "gone":
+                raise ob.kubernetes.client.ApiException(status=410, reason="Expired")
+            yield from script
+
+        def stop(self):
+            pass
+
+    monkeypatch.setattr(ob.kubernetes.watch, "Watch", Watch)
+    handed: list[str] = []
+    lister = lambda **_kw: types.SimpleNamespace(data=json.dumps(pages.pop(0)))  # noqa: E731
+    done = ob.count_until_ready(
+        lister,
+        "ns",
+        "deployments",
+        2,
+        ob.time.monotonic(),
+        60,
+        lambda obj: handed.append(obj["metadata"]["name"]),
+    )
+    assert done is not None and handed == ["a", "b"]
+
+
+def test_a_new_clusters_nodes_settle_before_a_row(monkeypatch):
+    """No row pays for its cluster's start: the benchmark waits until the nodes' writes stop (fewer than
+    one per hundred nodes in a window), and goes on after its limit if they never do."""
+    counts = iter([100, 2500, 3600, 3605, 3605])
+    monkeypatch.setattr(ob, "node_writes", lambda _cluster: next(counts))
+    monkeypatch.setattr(ob.time, "sleep", lambda _s: None)
+    ob.settle_nodes(object(), 1600, window_s=10)
+    assert next(counts) == 3605  # stopped at 3,600 -> 3,605 (5 < 16), one reading left
+
+    monkeypatch.setattr(ob, "node_writes", lambda _cluster: ob.time.monotonic() * 1000)
+    ticks = iter(range(0, 10_000, 10))
+    monkeypatch.setattr(ob.time, "monotonic", lambda: next(ticks))
+    ob.settle_nodes(object(), 1600, window_s=10, limit_s=60)  # returns after its limit
+
+
+def test_node_writes_count_nodes_and_their_status_not_their_leases(monkeypatch):
+    monkeypatch.setattr(
+        ob,
+        "api_requests",
+        lambda _c: {
+            "PATCH nodes/status": 7,
+            "PUT nodes": 2,
+            "PUT leases": 50,
+            "GET nodes": 9,
+            "PATCH pods/status": 4,
+        },
+    )
+    assert ob.node_writes(object()) == 9
+
+
+def test_the_profiles_are_compared_pairwise_for_each_size_with_two_rows(monkeypatch, tmp_path):
+    """--apiserver-profile: for each size, every pair of profiled rows (operator, custom-resource floor,
+    fair floor) compared, then each row alone; a size with one row profiled gets no file."""
+    monkeypatch.setattr(ob, "RESULTS", tmp_path)
+    monkeypatch.setattr(ob, "REPO", tmp_path)
+    monkeypatch.setattr(
+        ob,
+        "PROFILED_ROWS",
+        {
+            "operator-10": tmp_path / "o",
+            "crfloor-10": tmp_path / "c",
+            "fair-10": tmp_path / "f",
+            "fair-20": tmp_path / "f2",
+        },
+    )
+    calls = []
+    monkeypatch.setattr(
+        ob, "top", lambda p, base=None, cumulative=False: calls.append((p.name, base and base.name)) or ""
+    )
+    assert ob.write_profile_comparisons([10, 20]) == ["apiserver-profile-10.txt"]
+    text = (tmp_path / "apiserver-profile-10.txt").read_text()
+    assert text.count("more than") == 3 and "the operator's row, more than the fair floor's row" in text
+    assert ("o", "c") in calls and ("c", "f") in calls and ("o", "f") in calls and ("f", None) in calls

@@ -52,6 +52,24 @@ class FakeCluster:
         return subprocess.CompletedProcess(args, 0, json.dumps({"items": self.items}), "")
 
 
+def scripted_watch(scripts: list, asked: list) -> type:
+    """A stand-in for kubernetes.watch.Watch: each stream plays the next script (a list of events, or
+    "gone" for 410 Gone) and records the resourceVersion it was asked for."""
+
+    class Watch:
+        def stream(self, _lister, **kwargs):
+            asked.append(kwargs["resource_version"])
+            script = scripts.pop(0)
+            if script == "gone":
+                raise ob.kubernetes.client.ApiException(status=410, reason="Expired")
+            yield from script
+
+        def stop(self):
+            pass
+
+    return Watch
+
+
 def test_the_template_is_bot_0s_objects_without_server_fields():
     items = [
         served("Deployment", "bot-0-stable", "bot-0", replicas=1),
@@ -164,18 +182,7 @@ def test_the_ready_count_lists_once_then_each_new_watch_resumes_and_a_gone_one_l
         listed.append({k: v for k, v in kwargs.items() if k in ("limit", "_continue")})
         return types.SimpleNamespace(data=json.dumps(pages.pop(0)))
 
-    class Watch:
-        def stream(self, _lister, **kwargs):
-            asked.append(kwargs["resource_version"])
-            script = scripts.pop(0)
-            if script == "gone":
-                raise ob.kubernetes.client.ApiException(status=410, reason="Expired")
-            yield from script
-
-        def stop(self):
-            pass
-
-    monkeypatch.setattr(ob.kubernetes.watch, "Watch", Watch)
+    monkeypatch.setattr(ob.kubernetes.watch, "Watch", scripted_watch(scripts, asked))
     assert ob.count_until_ready(lister, "ns", "deployments", 2, ob.time.monotonic(), 60) is not None
     assert listed == [{"limit": 500}, {"limit": 500, "_continue": "p2"}, {"limit": 500}]
     assert asked == ["3", "4", "7", "10"]
@@ -276,17 +283,7 @@ def test_each_object_seen_ready_is_handed_on_once_even_across_a_new_list(monkeyp
         ],
     ]
 
-    class Watch:
-        def stream(self, _lister, **_kw):
-            script = scripts.pop(0)
-            if script == "gone":
-                raise ob.kubernetes.client.ApiException(status=410, reason="Expired")
-            yield from script
-
-        def stop(self):
-            pass
-
-    monkeypatch.setattr(ob.kubernetes.watch, "Watch", Watch)
+    monkeypatch.setattr(ob.kubernetes.watch, "Watch", scripted_watch(scripts, []))
     handed: list[str] = []
     lister = lambda **_kw: types.SimpleNamespace(data=json.dumps(pages.pop(0)))  # noqa: E731
     done = ob.count_until_ready(

@@ -24,6 +24,7 @@ class ApiServerProfile:
         self.kubectl, self.env, self.out = kubectl, env, out
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
+        self._error: Exception | None = None
         self.slices: list[Path] = []
 
     def __enter__(self) -> ApiServerProfile:
@@ -34,8 +35,16 @@ class ApiServerProfile:
     def __exit__(self, *_: object) -> None:
         self._stop.set()
         self._thread.join(timeout=SLICE_S + 30)
+        if self._error is not None:
+            raise self._error
 
     def _run(self) -> None:
+        try:
+            self._slices()
+        except Exception as exc:  # raised again where the block ends, not lost with the thread
+            self._error = exc
+
+    def _slices(self) -> None:
         while not self._stop.is_set():
             path = self.out / f"slice-{len(self.slices):04d}.pb.gz"
             with path.open("wb") as f:
@@ -63,11 +72,9 @@ class ApiServerProfile:
 
 def go() -> str:
     """The Go toolchain the platform is built with (its pprof reads the profiles)."""
-    exe = shutil.which("go") or "/usr/local/go/bin/go"
-    if not Path(exe).exists():
-        raise RuntimeError(
-            "go is needed to read the API server's profiles (the platform's build installs it)"
-        )
+    exe = shutil.which("go")
+    if exe is None:
+        raise RuntimeError("Go is needed to read the API server's profiles (the platform is built with it)")
     return exe
 
 

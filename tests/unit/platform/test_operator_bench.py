@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 import types
+from pathlib import Path
 
 import pytest
 from chatfleet_platform.common.config import REPO_ROOT
@@ -351,3 +352,22 @@ def test_the_profiles_are_compared_pairwise_for_each_size_with_two_rows(monkeypa
     text = (tmp_path / "apiserver-profile-10.txt").read_text()
     assert text.count("more than") == 3 and "the operator's row, more than the fair floor's row" in text
     assert ("o", "c") in calls and ("c", "f") in calls and ("o", "f") in calls and ("f", None) in calls
+
+
+def test_a_refused_profile_is_raised_where_the_profiled_block_ends(tmp_path):
+    """--apiserver-profile on an API server without /debug/pprof: the slices' thread fails, and the error
+    (naming CHATFLEET_APISERVER_PROFILING) is raised when the row's block ends, not lost with the thread."""
+    import apiserver_profile
+
+    profile = apiserver_profile.ApiServerProfile(Path("/bin/false"), {}, tmp_path / "row")
+    with pytest.raises(RuntimeError, match="CHATFLEET_APISERVER_PROFILING"), profile:
+        profile._thread.join(timeout=5)
+    assert profile.slices == []
+
+
+def test_reading_profiles_without_go_names_what_is_missing(monkeypatch):
+    import apiserver_profile
+
+    monkeypatch.setattr(apiserver_profile.shutil, "which", lambda _name: None)
+    with pytest.raises(RuntimeError, match="Go is needed"):
+        apiserver_profile.go()

@@ -194,7 +194,7 @@ def wait_all_ready(
 ) -> float | None:
     """Seconds from t0 until all n are ready, seen through a list and then a watch (no polling that would
     load the API server); None on timeout."""
-    api = kubernetes.config.new_client_from_config(config_file=str(cluster.kubeconfig))
+    api = client(cluster)
     if kind == "chatbotservices":
         custom = kubernetes.client.CustomObjectsApi(api)
         args = ("chatfleet.io", "v1alpha1", namespace, "chatbotservices")
@@ -684,6 +684,7 @@ def fair_floor(cluster: Cluster, template: Template, n: int, tmp: Path, timeout:
     docs = [d for i in range(n) for d in renamed(template.objects, "bot-0", f"fair-{i}")]
     return {
         "chatbotservices": n,
+        "namespace": ns,
         "objects_per_cbs": len(template.objects),
         "kinds": sorted(d["kind"] for d in template.objects),
         "deployment_bytes": len(json.dumps(next(d for d in template.objects if d["kind"] == "Deployment"))),
@@ -703,7 +704,8 @@ def custom_resource_floor(cluster: Cluster, template: Template, n: int, tmp: Pat
     ]
     writer = StatusWriter(cluster, ns, template.status)
     try:
-        return {"chatbotservices": n, **deployments_to_available(cluster, ns, docs, n, tmp, timeout, writer)}
+        row = deployments_to_available(cluster, ns, docs, n, tmp, timeout, writer)
+        return {"chatbotservices": n, "namespace": ns, **row}
     finally:
         writer.close()
 
@@ -811,9 +813,11 @@ def ratios(floors: list[dict], fleets: list[dict], cr_floors: list[dict] | None 
     return out
 
 
-RATIOS = ("time", "machine_cpu")
+#: Every ratio a round can have (those over the custom-resource floor only with its rows).
 RATIOS_WITH_CR_FLOOR = tuple(
-    what + suffix for suffix in ("", "_over_cr_floor", "_cr_floor_over_floor") for what in RATIOS
+    what + suffix
+    for suffix in ("", "_over_cr_floor", "_cr_floor_over_floor")
+    for what in ("time", "machine_cpu")
 )
 
 
@@ -822,30 +826,53 @@ def median_ratios(rounds: list[dict]) -> dict:
     out: dict = {}
     for size in rounds[0]:
         out[size] = {}
-        for what in RATIOS_WITH_CR_FLOOR if "time_over_cr_floor" in rounds[0][size] else RATIOS:
+        for what in (w for w in RATIOS_WITH_CR_FLOOR if w in rounds[0][size]):
             values = [r[size][what] for r in rounds if r.get(size, {}).get(what) is not None]
             out[size][what] = round(statistics.median(values), 3) if values else None
     return out
 
 
+def floors_of(args: argparse.Namespace) -> list[tuple[str, str, Callable]]:
+    """The floors the run compares the operator with: (result key, name, row function); the fair floor, and
+    the custom-resource floor with --custom-resource-floor."""
+    floors = [("fair_floor", "fair floor", fair_floor)]
+    if args.custom_resource_floor:
+        floors.append(("custom_resource_floor", "custom-resource floor", custom_resource_floor))
+    return floors
+
+
+def floor_rows(
+    cluster: Cluster,
+    row: Callable,
+    name: str,
+    template: Template,
+    sizes: list[int],
+    tmp: Path,
+    timeout: float,
+    delete: bool,
+) -> list[dict]:
+    """One floor's rows, one per size, on `cluster`; with `delete`, each row's namespace deleted after it
+    (the next row starts on an API server without its objects)."""
+    rows = []
+    for n in sizes:
+        log(f"{name}: {n} ChatbotServices, no operator")
+        rows.append(row(cluster, template, n, tmp, timeout))
+        if delete:
+            delete_namespace(cluster, rows[-1]["namespace"])
+    return rows
+
+
 def another_round(
     args: argparse.Namespace, sizes: list[int], template: Template, directory: Path
-) -> tuple[Cluster, list[dict], list[dict], list[dict]]:
-    """The fair floor's rows on a new cluster, the custom-resource floor's on another (with
-    --custom-resource-floor), then the operator's on another: (the operator's cluster, the floors, the
-    custom-resource floors, the fleets)."""
-    floors, cr_floors = [], []
-    for rows, row, name in (
-        (floors, fair_floor, "fair floor"),
-        (cr_floors, custom_resource_floor, "cr floor"),
-    ):
-        if row is custom_resource_floor and not args.custom_resource_floor:
-            continue
-        cluster = start_cluster(directory / name.replace(" ", "-"), args.nodes, args.node_lease_seconds)
+) -> tuple[Cluster, dict[str, list[dict]], list[dict]]:
+    """Each floor's rows on a new cluster, then the operator's on another: (the operator's cluster, the
+    floors' rows by result key, the fleets)."""
+    floors = {}
+    for key, name, row in floors_of(args):
+        cluster = start_cluster(directory / key, args.nodes, args.node_lease_seconds)
         try:
-            for n in sizes:
-                log(f"{directory.name}: {name} of {n} ChatbotServices")
-                rows.append(row(cluster, template, n, directory, args.timeout))
+            label = f"{directory.name}: {name}"
+            floors[key] = floor_rows(cluster, row, label, template, sizes, directory, args.timeout, False)
         finally:
             cluster.down()
     cluster = start_cluster(directory / "operator", args.nodes, args.node_lease_seconds)
@@ -857,7 +884,7 @@ def another_round(
             fleets.append(run_fleet(cluster, op, n, directory, args.steady, args.timeout))
     finally:
         op.stop()
-    return cluster, floors, cr_floors, fleets
+    return cluster, floors, fleets
 
 
 def start_cluster(directory: Path, nodes: int, lease_seconds: int = NODE_LEASE_SECONDS) -> Cluster:
@@ -1031,20 +1058,10 @@ def table(result: dict) -> str:
             ("time to all Ready", "all_ready_s"),
             ("machine CPU s", "machine_cpu_seconds_to_ready"),
         ):
-            pairs = zip(fleets, crf, floors, strict=True)
-            rows.append(
-                (
-                    f"operator / custom-resource floor, {label}",
-                    *[ratio(r[key], c.get(key)) for r, c, _ in pairs],
-                )
-            )
-            pairs = zip(fleets, crf, floors, strict=True)
-            rows.append(
-                (
-                    f"custom-resource / fair floor, {label}",
-                    *[ratio(c.get(key), f.get(key)) for _, c, f in pairs],
-                )
-            )
+            over_cr = [ratio(r[key], c.get(key)) for r, c in zip(fleets, crf, strict=True)]
+            rows.append((f"operator / custom-resource floor, {label}", *over_cr))
+            cr_over = [ratio(c.get(key), f.get(key)) for c, f in zip(crf, floors, strict=True)]
+            rows.append((f"custom-resource / fair floor, {label}", *cr_over))
     rounds = result.get("rounds") or []
     if len(rounds) > 1:
         for size, median in result["median_ratios"].items():
@@ -1164,23 +1181,13 @@ def main(argv: list[str] | None = None) -> int:
             if not args.no_baseline:
                 log("fair floor: the operator's objects for one ChatbotService, to create again without it")
                 template = operator_template(cluster, tmp, args.timeout)
-                result["fair_floor"] = []
-                for n in sizes:
-                    log(f"fair floor: the operator's objects for {n} ChatbotServices, no operator")
-                    result["fair_floor"].append(fair_floor(cluster, template, n, tmp, args.timeout))
-                    if not fresh:
-                        delete_namespace(cluster, f"fair-{n}")
-                if args.custom_resource_floor:
-                    if fresh:
+                for i, (key, name, row) in enumerate(floors_of(args)):
+                    if fresh and i > 0:
                         cluster.down()
-                        cluster = start_cluster(tmp / "cluster-cr-floor", args.nodes, args.node_lease_seconds)
-                    result["custom_resource_floor"] = []
-                    for n in sizes:
-                        log(f"custom-resource floor: {n} ChatbotServices and their objects, no operator")
-                        row = custom_resource_floor(cluster, template, n, tmp, args.timeout)
-                        result["custom_resource_floor"].append(row)
-                        if not fresh:
-                            delete_namespace(cluster, f"crfloor-{n}")
+                        cluster = start_cluster(tmp / f"cluster-{key}", args.nodes, args.node_lease_seconds)
+                    result[key] = floor_rows(
+                        cluster, row, name, template, sizes, tmp, args.timeout, not fresh
+                    )
                 if fresh:
                     log("a new cluster for the operator's rows")
                     cluster.down()
@@ -1203,10 +1210,10 @@ def main(argv: list[str] | None = None) -> int:
                 result["rounds"] = [ratios(result["fair_floor"], result["fleets"], cr_floors)]
                 for number in range(2, args.rounds + 1):
                     cluster.down()
-                    cluster, floors, cr_floors, fleets = another_round(
-                        args, sizes, template, tmp / f"round-{number}"
+                    cluster, floors, fleets = another_round(args, sizes, template, tmp / f"round-{number}")
+                    result["rounds"].append(
+                        ratios(floors["fair_floor"], fleets, floors.get("custom_resource_floor"))
                     )
-                    result["rounds"].append(ratios(floors, fleets, cr_floors))
                 result["median_ratios"] = median_ratios(result["rounds"])
             fleet = sum(r["chatbotservices"] for r in result["fleets"])
             log(f"restart: a new operator over the {fleet} Ready ChatbotServices")

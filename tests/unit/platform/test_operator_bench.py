@@ -371,3 +371,20 @@ def test_reading_profiles_without_go_names_what_is_missing(monkeypatch):
     monkeypatch.setattr(apiserver_profile.shutil, "which", lambda _name: None)
     with pytest.raises(RuntimeError, match="Go is needed"):
         apiserver_profile.go()
+
+
+def test_a_floors_rows_delete_their_namespaces_only_on_a_shared_cluster(monkeypatch):
+    """One loop runs every floor's rows: on the cluster the operator's rows reuse, each row's namespace is
+    deleted after it; on a cluster of their own (--fresh-cluster, rounds), none is."""
+    deleted: list[str] = []
+    monkeypatch.setattr(ob, "delete_namespace", lambda _cluster, ns: deleted.append(ns))
+    row = lambda _cluster, _template, n, _tmp, _timeout: {"chatbotservices": n, "namespace": f"x-{n}"}  # noqa: E731
+    args = types.SimpleNamespace(custom_resource_floor=True)
+    assert [key for key, _, _ in ob.floors_of(args)] == ["fair_floor", "custom_resource_floor"]
+    rows = ob.floor_rows(object(), row, "x", None, [200, 1000], None, 60, delete=True)
+    assert [r["chatbotservices"] for r in rows] == [200, 1000] and deleted == ["x-200", "x-1000"]
+    ob.floor_rows(object(), row, "x", None, [200], None, 60, delete=False)
+    assert deleted == ["x-200", "x-1000"]
+    assert [key for key, _, _ in ob.floors_of(types.SimpleNamespace(custom_resource_floor=False))] == [
+        "fair_floor"
+    ]

@@ -6,13 +6,25 @@ from __future__ import annotations
 import kopf
 
 
-async def run_watcher(patched: bool, api, processor, *, resource: tuple[str, str, str], seconds: float):
+async def run_watcher(
+    patched: bool,
+    api,
+    processor,
+    *,
+    resource: tuple[str, str, str],
+    seconds: float,
+    exit_timeout: float = 0.1,
+    stop_within: float = 10.0,
+):
     """kopf's own watcher (or, `patched`, the operator's wrapper of it) over one namespaced kind in
     namespace "ns", its watch streams replaced by `api`, run for `seconds`, then cancelled as kopf's
-    orchestrator cancels a watcher whose kind or namespace is gone.
+    orchestrator cancels a watcher whose kind or namespace is gone. kopf's watcher gives its object
+    workers `exit_timeout` seconds to finish when it ends.
 
     Returns (what the task ended with: None when cancelled; whether it still ran when cancelled; whether
-    kopf's "all indexed" gates were all open just before it was cancelled, and afterwards).
+    kopf's "all indexed" gates were all open just before it was cancelled, and afterwards). Fails when the
+    task has not ended `stop_within` seconds after its cancellation: kopf's orchestrator waits for it
+    for good, and takes in no CRD or namespace change meanwhile.
     """
     import asyncio
 
@@ -24,7 +36,7 @@ async def run_watcher(patched: bool, api, processor, *, resource: tuple[str, str
     from kopf._core.reactor import queueing
 
     settings = configuration.OperatorSettings()
-    settings.queueing.exit_timeout = 0.1
+    settings.queueing.exit_timeout = exit_timeout
     indexed = aiotoggles.ToggleSet(all)
     gate = await indexed.make_toggle(name=f"{resource[2]}@ns")
     watcher = kopfext.watcher_that_releases_its_gates if patched else queueing.watcher
@@ -44,6 +56,13 @@ async def run_watcher(patched: bool, api, processor, *, resource: tuple[str, str
         await asyncio.sleep(seconds)
         running, opened_while_running = not task.done(), indexed.is_on()
         task.cancel()
+        stopped, _ = await asyncio.wait({task}, timeout=stop_within)
+        for _ in range(10):  # clean up a watcher that lived on (each try may be swallowed again)
+            if task.done():
+                break
+            task.cancel()
+            await asyncio.wait({task}, timeout=1.0)
+        assert stopped, f"the watcher still ran {stop_within:.0f} s after it was cancelled"
         (outcome,) = await asyncio.gather(task, return_exceptions=True)
     finally:
         watching.infinite_watch = original
@@ -190,6 +209,46 @@ class TestAWatchedKindDeletedDoesNotStopTheOperator:
         assert outcome is None and running, outcome
         assert len(calls) >= 3  # listed, then watched again and again while the kind is gone
         assert opened_while_running
+
+    def test_a_watcher_cancelled_while_it_closes_its_workers_after_a_404_stops(self, monkeypatch):
+        """The kind's CRD is deleted: its watch ends with a 404 while one listed object's worker is busy,
+        and kopf's orchestrator, its discovery updated, cancels the watcher while kopf's watcher waits for
+        that worker. kopf's watcher swallows a cancellation that lands then and raises the 404 instead:
+        watched again, the watcher never ended, and the orchestrator waited for it for good, holding its
+        insights, so namespaces created afterwards were never watched (seen in CI: the integration
+        suite's operator reconciled no new ChatbotService for minutes, its log only these 404 warnings)."""
+        import asyncio
+
+        from chatfleet_operator import kopfext
+        from kopf._cogs.clients import errors, watching
+
+        calls: list[str] = []
+
+        async def api(**_):
+            calls.append("watch")
+            if len(calls) == 1:
+                yield {"type": None, "object": {"metadata": {"uid": "u1", "name": "a", "namespace": "ns"}}}
+                yield watching.Bookmark.LISTED
+            raise errors.APINotFoundError("404 page not found", status=404, headers={})
+
+        async def processor_busy(**_):
+            await asyncio.Event().wait()  # the object's worker is still at work when the watch ends
+
+        monkeypatch.setattr(kopfext, "GONE_RETRY_SECONDS", (0.05,), raising=False)
+        # cancelled 0.3 s in: kopf's watcher is then waiting (up to 2 s) for the busy worker
+        outcome, running, _, _ = asyncio.run(
+            run_watcher(
+                True,
+                api,
+                processor_busy,
+                resource=("traefik.io", "v1alpha1", "traefikservices"),
+                seconds=0.3,
+                exit_timeout=2.0,
+                stop_within=5.0,
+            )
+        )
+        assert outcome is None and running, outcome
+        assert calls == ["watch"]  # not watched again once cancelled
 
 
 def test_no_change_handlers_so_no_diff_base_is_needed():

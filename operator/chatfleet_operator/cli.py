@@ -331,6 +331,7 @@ def run(args: argparse.Namespace) -> int:
     settings = build_settings(args)
     kopf.configure(verbose=args.verbose)  # kopf's log format on the root logger
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    kopfext.ORCHESTRATOR_STOPS.install()  # kopf stuck on watchers it stopped: warned, and the probe fails
     kopfext.repair_index_gates()  # a namespace deleted while we start must not stop every handler
     kube.configure(pool_size=max(32, settings.runtime.workers * 2))
     controller = Controller(settings, kube)

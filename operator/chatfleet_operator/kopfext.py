@@ -1,6 +1,6 @@
 """kopf tuning for event handlers only, two repairs of kopf's watchers: the start-up gate, and a watched
-kind whose CustomResourceDefinition is deleted; a faster decoder of its watch streams; and a watch on that
-gate (no API calls here)."""
+kind whose CustomResourceDefinition is deleted; a faster decoder of its watch streams; and watches on that
+gate and on the orchestrator's stops of watchers (no API calls here)."""
 
 from __future__ import annotations
 
@@ -221,6 +221,68 @@ def shut_gates() -> list[str]:
     if _indexed is None:
         return []
     return sorted(str(gate.name or gate) for gate in list(_indexed) if not gate.is_on())
+
+
+#: The logger of kopf's orchestrator, which starts and stops a watcher per watched kind and namespace.
+ORCHESTRATION_LOGGER = "kopf._core.reactor.orchestration"
+#: What kopf 1.45.2 logs (debug level) every _STOPS_LOG_SECONDS while watchers it cancelled have not
+#: ended, and once they have.
+_STOPS_PENDING = "Streaming tasks are not stopped"
+_STOPS_DONE = "Streaming tasks are stopped"
+_STOPS_LOG_SECONDS = 10.0
+#: Seconds kopf's orchestrator may wait for watchers it stopped before the liveness probe fails (it waits
+#: seconds at most: a watcher gives its object workers 2 s, then cancels them).
+STOPS_FAIL_SECONDS = 60.0
+
+
+class OrchestratorStops(logging.Filter):
+    """How long kopf's orchestrator has waited for watchers it cancelled, read from its debug log.
+
+    While it waits it holds its view of the cluster, so it takes in no new namespace and no CRD change:
+    ChatbotServices of a namespace created meanwhile are never reconciled. kopf says so only at debug
+    level; this filter on its logger raises those records to warnings that say what it means, drops the
+    logger's other debug records (unless the operator logs at debug level), and `held_seconds` feeds the
+    liveness probe (main.py), so that the kubelet restarts an operator stuck so.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.clock = clock
+        self.since: float | None = None
+        self.passing = logging.INFO
+
+    def install(self, logger: logging.Logger | None = None) -> OrchestratorStops:
+        """Filter kopf's orchestration logger, which then hands its debug records to this filter."""
+        logger = logger or logging.getLogger(ORCHESTRATION_LOGGER)
+        self.passing = logger.getEffectiveLevel()
+        logger.setLevel(logging.DEBUG)
+        logger.addFilter(self)
+        return self
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Raise kopf's "not stopped" records to warnings; pass what the logger passed before."""
+        message = record.getMessage()
+        if message.startswith(_STOPS_PENDING):
+            if self.since is None:  # kopf says so first once it has waited _STOPS_LOG_SECONDS
+                self.since = self.clock() - _STOPS_LOG_SECONDS
+            record.msg = (
+                "kopf has waited %.0f s for watchers it stopped to end, and watches no new namespace or "
+                "CRD until they do (%s)"
+            )
+            record.args = (self.held_seconds(), message)
+            record.levelno, record.levelname = logging.WARNING, logging.getLevelName(logging.WARNING)
+            return True
+        if message.startswith(_STOPS_DONE):
+            self.since = None
+        return record.levelno >= self.passing
+
+    def held_seconds(self) -> float:
+        """Seconds since kopf first said watchers it stopped had not ended (0.0: none pending)."""
+        return 0.0 if self.since is None else self.clock() - self.since
+
+
+#: The operator's one view of kopf's orchestrator stops (installed by cli.py, read by main.py's probe).
+ORCHESTRATOR_STOPS = OrchestratorStops()
 
 
 class GateWatch:

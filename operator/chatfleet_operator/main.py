@@ -17,7 +17,7 @@ from typing import Any
 
 import kopf
 
-from chatfleet_operator import api, garbage
+from chatfleet_operator import api, garbage, kopfext
 from chatfleet_operator.cache import owner_key, slim
 from chatfleet_operator.controller import Controller
 from chatfleet_operator.converge.facts import node_facts, pod_facts
@@ -120,6 +120,19 @@ async def crd_event(type: str | None, body: kopf.Body, **kwargs: Any) -> None:
     """Gateway API's or KEDA's CRDs appearing or going: every ChatbotService passes again (its traffic mode
     or autoscaler changes). kopf already watches CRDs for its resource discovery (the same RBAC)."""
     controller_for(kwargs).crd_event(type, body)
+
+
+@kopf.on.probe(id="watchers", errors=kopf.ErrorsMode.PERMANENT)
+async def watchers_probe(**_: Any) -> float:
+    """Liveness (kopf's /healthz, for the kubelet): fails once kopf's orchestrator has waited
+    STOPS_FAIL_SECONDS for watchers it stopped; until they end it watches no new namespace or CRD, and
+    only a restart mends that. Otherwise the seconds it has waited so far (0.0: none)."""
+    held = kopfext.ORCHESTRATOR_STOPS.held_seconds()
+    if held >= kopfext.STOPS_FAIL_SECONDS:
+        raise kopf.PermanentError(
+            f"kopf has waited {held:.0f} s for watchers it stopped to end; it watches no new namespace or CRD"
+        )
+    return round(held, 1)
 
 
 # The ChatbotService itself.

@@ -70,6 +70,28 @@ async def run_watcher(
     return outcome, running, opened_while_running, indexed.is_on()
 
 
+#: A namespaced kind whose CRD a test deletes.
+TRAEFIK = ("traefik.io", "v1alpha1", "traefikservices")
+
+
+def listed_then_gone(calls: list[str], pause: float = 0.0):
+    """A kind's watch streams (for `run_watcher`), each call noted in `calls`: the first lists one object,
+    then, `pause` seconds later, it and every later one answer 404 (the kind's CRD deleted)."""
+    import asyncio
+
+    from kopf._cogs.clients import errors, watching
+
+    async def api(**_):
+        calls.append("watch")
+        if len(calls) == 1:
+            yield {"type": None, "object": {"metadata": {"uid": "u1", "name": "a", "namespace": "ns"}}}
+            yield watching.Bookmark.LISTED
+            await asyncio.sleep(pause)
+        raise errors.APINotFoundError("404 page not found", status=404, headers={})
+
+    return api
+
+
 class TestIndexReadinessSurvivesStoppedWatchers:
     """A watcher stopped before its listing ends must not hold kopf's "all indexed" gate shut forever.
 
@@ -181,17 +203,8 @@ class TestAWatchedKindDeletedDoesNotStopTheOperator:
         import asyncio
 
         from chatfleet_operator import kopfext
-        from kopf._cogs.clients import errors, watching
 
         calls: list[str] = []
-
-        async def api(**_):
-            calls.append("watch")
-            if len(calls) == 1:
-                yield {"type": None, "object": {"metadata": {"uid": "u1", "name": "a", "namespace": "ns"}}}
-                yield watching.Bookmark.LISTED
-                await asyncio.sleep(0.05)
-            raise errors.APINotFoundError("404 page not found", status=404, headers={})
 
         async def processor_not_reached(**_):
             await asyncio.Event().wait()  # the object's worker never got to index it
@@ -199,11 +212,7 @@ class TestAWatchedKindDeletedDoesNotStopTheOperator:
         monkeypatch.setattr(kopfext, "GONE_RETRY_SECONDS", (0.05,), raising=False)
         outcome, running, opened_while_running, _ = asyncio.run(
             run_watcher(
-                True,
-                api,
-                processor_not_reached,
-                resource=("traefik.io", "v1alpha1", "traefikservices"),
-                seconds=0.6,
+                True, listed_then_gone(calls, 0.05), processor_not_reached, resource=TRAEFIK, seconds=0.6
             )
         )
         assert outcome is None and running, outcome
@@ -220,16 +229,8 @@ class TestAWatchedKindDeletedDoesNotStopTheOperator:
         import asyncio
 
         from chatfleet_operator import kopfext
-        from kopf._cogs.clients import errors, watching
 
         calls: list[str] = []
-
-        async def api(**_):
-            calls.append("watch")
-            if len(calls) == 1:
-                yield {"type": None, "object": {"metadata": {"uid": "u1", "name": "a", "namespace": "ns"}}}
-                yield watching.Bookmark.LISTED
-            raise errors.APINotFoundError("404 page not found", status=404, headers={})
 
         async def processor_busy(**_):
             await asyncio.Event().wait()  # the object's worker is still at work when the watch ends
@@ -239,9 +240,9 @@ class TestAWatchedKindDeletedDoesNotStopTheOperator:
         outcome, running, _, _ = asyncio.run(
             run_watcher(
                 True,
-                api,
+                listed_then_gone(calls),
                 processor_busy,
-                resource=("traefik.io", "v1alpha1", "traefikservices"),
+                resource=TRAEFIK,
                 seconds=0.3,
                 exit_timeout=2.0,
                 stop_within=5.0,

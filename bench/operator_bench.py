@@ -997,6 +997,15 @@ def table(result: dict) -> str:
         )
     row("  of which its garbage collector", "operator_gc_seconds_at_creation")
     row("operator RSS (MiB)", "operator_rss_mib")
+    rounds = result.get("rounds") or []
+    first_round = rounds[0] if rounds else {}
+
+    def ratio_rows(ratios_and_labels: tuple[tuple[str, str], ...]) -> None:
+        """Rows of the first round's ratios (`ratios`: the figures the JSON keeps), one per (ratio, label)."""
+        for what, label in ratios_and_labels:
+            values = [first_round.get(str(r["chatbotservices"]), {}).get(what) for r in fleets]
+            rows.append((label, *[f"{v:.2f}x" if v else "-" for v in values]))
+
     lat = result["latency"]
     rows.append(("reconcile pass p50 / p99 (ms)", f"{lat['p50_ms']} / {lat['p99_ms']}", ""))
     base = result.get("baseline")
@@ -1028,23 +1037,10 @@ def table(result: dict) -> str:
             )
         )
         rows.append(("  its machine CPU s", *[str(f.get("machine_cpu_seconds_to_ready")) for f in floors]))
-
-        def ratio(a, b):
-            return f"{a / b:.2f}x" if a and b else "-"
-
-        rows.append(
+        ratio_rows(
             (
-                "operator / fair floor, time to all Ready",
-                *[ratio(r["all_ready_s"], f.get("all_ready_s")) for r, f in zip(fleets, floors, strict=True)],
-            )
-        )
-        rows.append(
-            (
-                "operator / fair floor, machine CPU s",
-                *[
-                    ratio(r["machine_cpu_seconds_to_ready"], f.get("machine_cpu_seconds_to_ready"))
-                    for r, f in zip(fleets, floors, strict=True)
-                ],
+                ("time", "operator / fair floor, time to all Ready"),
+                ("machine_cpu", "operator / fair floor, machine CPU s"),
             )
         )
     crs = {f["chatbotservices"]: f for f in result.get("custom_resource_floor", [])}
@@ -1054,15 +1050,13 @@ def table(result: dict) -> str:
             ("custom-resource floor (no operator) all Ready (s)", *[str(c.get("all_ready_s")) for c in crf])
         )
         rows.append(("  its machine CPU s", *[str(c.get("machine_cpu_seconds_to_ready")) for c in crf]))
-        for label, key in (
-            ("time to all Ready", "all_ready_s"),
-            ("machine CPU s", "machine_cpu_seconds_to_ready"),
-        ):
-            over_cr = [ratio(r[key], c.get(key)) for r, c in zip(fleets, crf, strict=True)]
-            rows.append((f"operator / custom-resource floor, {label}", *over_cr))
-            cr_over = [ratio(c.get(key), f.get(key)) for c, f in zip(crf, floors, strict=True)]
-            rows.append((f"custom-resource / fair floor, {label}", *cr_over))
-    rounds = result.get("rounds") or []
+        for what, label in (("time", "time to all Ready"), ("machine_cpu", "machine CPU s")):
+            ratio_rows(
+                (
+                    (f"{what}_over_cr_floor", f"operator / custom-resource floor, {label}"),
+                    (f"{what}_cr_floor_over_floor", f"custom-resource / fair floor, {label}"),
+                )
+            )
     if len(rounds) > 1:
         for size, median in result["median_ratios"].items():
             for what, label in (

@@ -29,14 +29,15 @@ class Clock:
 
 
 @pytest.fixture
-def stops(caplog):
+def stops(caplog, monkeypatch):
     """The operator's filter on kopf's orchestration logger, installed as cli.py does (after kopf's log
-    set-up, at info level), with a clock the test moves; removed after."""
+    set-up, at info level), with a clock the test moves, and the one main.py's probe reads; removed after."""
     logger = logging.getLogger(kopfext.ORCHESTRATION_LOGGER)
     level = logger.level
     clock = Clock()
     caplog.set_level(logging.INFO)
     watch = kopfext.OrchestratorStops(clock).install()
+    monkeypatch.setattr(kopfext, "ORCHESTRATOR_STOPS", watch)
     try:
         yield watch, clock
     finally:
@@ -97,17 +98,12 @@ def test_the_liveness_probe_fails_past_the_limit(stops):
     from chatfleet_operator import main
 
     watch, clock = stops
-    main_stops = kopfext.ORCHESTRATOR_STOPS
-    kopfext.ORCHESTRATOR_STOPS = watch
-    try:
-        assert asyncio.run(main.watchers_probe()) == 0.0
-        watch.since = clock.now - 30.0
-        assert asyncio.run(main.watchers_probe()) == 30.0
-        watch.since = clock.now - kopfext.STOPS_FAIL_SECONDS
-        with pytest.raises(kopf.PermanentError, match="waited 60 s"):
-            asyncio.run(main.watchers_probe())
-    finally:
-        kopfext.ORCHESTRATOR_STOPS = main_stops
+    assert asyncio.run(main.watchers_probe()) == 0.0
+    watch.since = clock.now - 30.0
+    assert asyncio.run(main.watchers_probe()) == 30.0
+    watch.since = clock.now - kopfext.STOPS_FAIL_SECONDS
+    with pytest.raises(kopf.PermanentError, match="waited 60 s"):
+        asyncio.run(main.watchers_probe())
 
 
 def test_the_probe_is_registered_to_fail_at_once():
@@ -130,8 +126,6 @@ def test_kopfs_health_check_fails_with_the_probe(stops):
     from kopf._core.intents import causes
 
     watch, clock = stops
-    main_stops = kopfext.ORCHESTRATOR_STOPS
-    kopfext.ORCHESTRATOR_STOPS = watch
 
     def health() -> dict:
         return asyncio.run(
@@ -145,11 +139,8 @@ def test_kopfs_health_check_fails_with_the_probe(stops):
             )
         )
 
-    try:
-        assert health() == {"watchers": 0.0}
-        watch.since = clock.now - kopfext.STOPS_FAIL_SECONDS - 5
-        with pytest.raises(activities.ActivityError) as failed:
-            health()
-        assert isinstance(failed.value.outcomes["watchers"].exception, kopf.PermanentError)
-    finally:
-        kopfext.ORCHESTRATOR_STOPS = main_stops
+    assert health() == {"watchers": 0.0}
+    watch.since = clock.now - kopfext.STOPS_FAIL_SECONDS - 5
+    with pytest.raises(activities.ActivityError) as failed:
+        health()
+    assert isinstance(failed.value.outcomes["watchers"].exception, kopf.PermanentError)

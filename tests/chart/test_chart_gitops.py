@@ -82,7 +82,18 @@ CASES = [
         "Waiting for the operator",
         id="no-status",
     ),
-    pytest.param(variant(generation=2), "Progressing", "observe generation 2", id="spec-change-not-observed"),
+    pytest.param(
+        {
+            **{k: v for k, v in READY.items() if k != "status"},
+            "status": {"observedGeneration": 0, "phase": "Pending"},
+        },
+        "Progressing",
+        "status of generation 1",
+        id="the-crds-default-status",
+    ),
+    pytest.param(
+        variant(generation=2), "Progressing", "status of generation 2", id="spec-change-not-observed"
+    ),
     pytest.param(
         variant(
             Stalled=("True", "NoMatchingGPUNodes", "No node has nvidia.com/gpu.product=H100"),

@@ -35,7 +35,7 @@ end
 local generation = obj.metadata.generation
 if generation ~= nil and (status.observedGeneration == nil or status.observedGeneration < generation) then
   hs.status = "Progressing"
-  hs.message = "Waiting for the operator to observe generation " .. tostring(generation)
+  hs.message = "Waiting for the operator's status of generation " .. tostring(generation)
   return hs
 end
 

@@ -56,7 +56,7 @@ def test_a_pass_that_raises_shows_in_status_and_one_event(api):
     assert (conds["Ready"]["status"], conds["Ready"]["reason"]) == ("False", "ReconcileError")
     assert (conds["Stalled"]["status"], conds["Stalled"]["reason"]) == ("True", "ReconcileError")
     assert conds["Stalled"]["message"].endswith("RuntimeError: injected failure")
-    assert "observedGeneration" not in status  # generation 1 was never reconciled
+    assert status["observedGeneration"] == 0  # generation 1 was never reconciled: the CRD's default
     warnings = [e for e in api.events("bot") if e["reason"] == "ReconcileError"]
     assert [e["type"] for e in warnings] == ["Warning"], warnings  # one event for three failed passes
 

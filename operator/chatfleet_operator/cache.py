@@ -64,6 +64,7 @@ class World:
         self._recent: dict[tuple[str, str, str], tuple[int, Mapping[str, Any] | None]] = {}
         self._signatures: dict[tuple[str, str, str], tuple[Any, ...]] = {}
         self._status_written: dict[Key, datetime] = {}
+        self._status_held: dict[Key, datetime] = {}
         self._nodes: NodeCatalog | None = None  # None: a node's facts changed since it was built
         self._lock = threading.Lock()
 
@@ -105,14 +106,25 @@ class World:
         return entry is not None and entry[1] is not None and entry[0] == rv
 
     def status_written(self, key: Key, at: datetime) -> None:
-        """Record when this process last wrote a ChatbotService's status."""
+        """Record when this process last wrote a ChatbotService's status (a write ends any hold)."""
         with self._lock:
             self._status_written[key] = at
+            self._status_held.pop(key, None)
 
     def status_written_at(self, key: Key) -> datetime | None:
         """When this process last wrote the status (None: not since it started)."""
         with self._lock:
             return self._status_written.get(key)
+
+    def hold_status(self, key: Key, until: datetime) -> None:
+        """Record that a pass held a ChatbotService's status write back until `until`."""
+        with self._lock:
+            self._status_held[key] = until
+
+    def status_held_until(self, key: Key) -> datetime | None:
+        """Until when the last pass held the status write back (None: it did not, or it was written since)."""
+        with self._lock:
+            return self._status_held.get(key)
 
     def owners(self) -> list[Key]:
         """Every ChatbotService the watch knows, as (namespace, name)."""
@@ -124,6 +136,7 @@ class World:
         names = child_names(owner)
         with self._lock:
             self._status_written.pop((namespace, owner), None)
+            self._status_held.pop((namespace, owner), None)
             for kind in (*(k.name for k in CHILDREN), api.KIND):
                 for name in names:
                     self._recent.pop((kind, namespace, name), None)

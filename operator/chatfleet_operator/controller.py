@@ -263,10 +263,17 @@ class Controller:
             self.trigger(key)
 
     def _trigger_after_progress_hold(self, key: Key) -> None:
-        """Trigger a pass when the owner's progress status may be written again (at once if it may now)."""
+        """Trigger a pass when the owner's progress status may be written again (at once if it may now):
+        progress_status_seconds after its last status write, and not before the end of a hold its last pass
+        set (a new ChatbotService's first status, converge/hold.py)."""
+        now = self.clock()
         written = self.world.status_written_at(key)
+        held = self.world.status_held_until(key)
         interval = self.settings.retry.progress_status_seconds
-        wait = interval - (self.clock() - written).total_seconds() if written is not None else 0.0
+        wait = max(
+            interval - (now - written).total_seconds() if written is not None else 0.0,
+            (held - now).total_seconds() if held is not None else 0.0,
+        )
         if wait <= 0:
             self.trigger(key)
         else:

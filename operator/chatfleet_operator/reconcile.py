@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from chatfleet_operator import api, kinds, metrics
@@ -25,6 +25,7 @@ from chatfleet_operator.converge.changes import diff_children
 from chatfleet_operator.converge.diagnose import Problem, diagnose
 from chatfleet_operator.converge.facts import deployment_facts, observe_track
 from chatfleet_operator.converge.fallback import plan_fallback
+from chatfleet_operator.converge.hold import progress_hold
 from chatfleet_operator.converge.policy import host_path_problems
 from chatfleet_operator.converge.status import (
     Observation,
@@ -32,7 +33,6 @@ from chatfleet_operator.converge.status import (
     error_message,
     error_status,
     pass_events,
-    progress_only,
     refused_status,
     status_patch,
 )
@@ -129,24 +129,6 @@ def gather_context(
     return replace(ctx, route=observed_route(ctx, children.get(("HTTPRoute", ref.name))))
 
 
-def progress_hold(
-    old: Mapping[str, Any],
-    new: Mapping[str, Any],
-    last_write: datetime | None,
-    now: datetime,
-    settings: Settings,
-) -> float:
-    """Seconds the status write of `new` waits (0: write now): a progress-only change within
-    progress_status_seconds of this process's last status write of the object.
-
-    e.g. written 2 s ago, RollingOut -> WaitingForPods, interval 5 -> 3.0; Ready flipped -> 0.0.
-    """
-    interval = settings.retry.progress_status_seconds
-    if last_write is None or interval <= 0 or not progress_only(old, new):
-        return 0.0
-    return max(0.0, interval - (now - last_write).total_seconds())
-
-
 def reconcile_pass(
     client: Client,
     body: Mapping[str, Any],
@@ -235,11 +217,15 @@ def reconcile_pass(
     # 6. One status write, only when something changed; then events from the difference. Progress alone
     #    (counts on the way to Ready) is written at most every progress_status_seconds; meanwhile the pass
     #    asks to run again when the wait is over, and the difference stays for the next one.
+    #    A new ChatbotService's first status waits, from its Deployment's creation, for Ready or a problem
+    #    (first_status_seconds): until then it reads as the CRD's default, Pending (kstatus: InProgress).
     patch = status_patch(ctx.old_status, new_status)
     last_write = world.status_written_at((ref.namespace, ref.name))
-    hold = progress_hold(ctx.old_status, new_status, last_write, now, settings) if patch else 0.0
+    started = parse_time((dep_body or {}).get("metadata", {}).get("creationTimestamp"))
+    hold = progress_hold(ctx.old_status, new_status, last_write, now, settings, started) if patch else 0.0
     if hold:
         patch, new_status = {}, dict(ctx.old_status)
+        world.hold_status((ref.namespace, ref.name), now + timedelta(seconds=hold))
     writes = len(changes) + int(seed) + len(fallback)
     written = write_status(client, world, ref, patch, now)
     if patch and written is not None:

@@ -276,50 +276,6 @@ def compute_status(
     return status
 
 
-#: Status fields that only count progress towards the spec (the stable Deployment's counts).
-PROGRESS_FIELDS = frozenset(
-    {"replicas", "servingReplicas", "readyReplicas", "availableReplicas", "updatedReplicas", "gpus"}
-)
-#: Reasons of a Ready=False, Reconciling=True that is only progress (no problem, no release step).
-PROGRESS_REASONS = frozenset(
-    {Reason.PROGRESSING, Reason.ROLLING_OUT, Reason.SCALING, Reason.WAITING_FOR_PODS}
-)
-
-
-def progress_only(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
-    """Whether `new` differs from `old` only by progress on the way to Ready: the counts, and the reason
-    and message of Ready=False / Reconciling=True staying so with a progress reason (same generation).
-
-    e.g. "RollingOut: 0/1 updated" -> "WaitingForPods: 0/1 available", replicas 0 -> 1: True;
-    Ready False -> True, a problem, a new generation, a release step, the first status ever: False.
-    """
-    if not old:
-        return False
-    for key in (set(old) | set(new)) - PROGRESS_FIELDS - {"conditions"}:
-        if old.get(key) != new.get(key):
-            return False
-    before = {c.get("type"): c for c in old.get("conditions") or []}
-    after = {c.get("type"): c for c in new.get("conditions") or []}
-    if set(before) != set(after):
-        return False
-    for ctype, cond in after.items():
-        was = before[ctype]
-        if _without_time(was) == _without_time(cond):
-            continue
-        if ctype not in (COND_READY, COND_RECONCILING) or was.get("status") != cond.get("status"):
-            return False
-        if was.get("observedGeneration") != cond.get("observedGeneration"):
-            return False
-        if was.get("reason") not in PROGRESS_REASONS or cond.get("reason") not in PROGRESS_REASONS:
-            return False
-    return True
-
-
-def _without_time(cond: Mapping[str, Any]) -> dict[str, Any]:
-    """A condition without its lastTransitionTime."""
-    return {k: v for k, v in cond.items() if k != "lastTransitionTime"}
-
-
 def status_patch(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[str, Any]:
     """JSON merge patch turning `old` into `new`; {} when equal.
 

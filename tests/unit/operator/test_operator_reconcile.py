@@ -18,6 +18,7 @@ from chatfleet_operator.controller import Controller, backoff_delay
 from chatfleet_operator.converge.facts import NodeFacts, PodFacts
 from chatfleet_operator.reconcile import Outcome, reconcile_pass
 from chatfleet_operator.settings import PodSettings, RetrySettings, Settings
+from chatfleet_operator.timefmt import rfc3339
 from chatfleet_operator.writes import Gone
 from operator_helpers import as_observed, cbs_body
 
@@ -249,6 +250,68 @@ class TestProgressWrites:
         assert len(progress) == 1
 
 
+class CreatingClient(StatusEchoClient):
+    """Applies stamp a creationTimestamp on what they create, as the API server does (the pass's clock)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = NOW
+        self.created: dict[tuple[str, str], str] = {}
+
+    def apply(self, manifest):
+        obj = super().apply(manifest)
+        key = (manifest["kind"], manifest["metadata"]["name"])
+        obj["metadata"]["creationTimestamp"] = self.created.setdefault(key, rfc3339(self.now))
+        return obj
+
+
+class TestFirstStatus:
+    """A new ChatbotService's first status waits, from its Deployment's creation, for Ready or a problem
+    (first_status_seconds, 120): a fleet whose pods are Ready within it gets one status write, not two."""
+
+    def passes(self, *steps):
+        """Run passes at NOW + seconds, each after setting the Deployment's status; the status writes and
+        the rerun each pass asked for."""
+        client, snap, world = CreatingClient(), Snapshot(nodes=NODES), World()
+        body = {**cbs_body(), "status": {"observedGeneration": 0, "phase": "Pending"}}  # the CRD's default
+        seen = []
+        for seconds, dep_status in steps:
+            if dep_status is not None:
+                snap.children[("Deployment", "bot")]["status"] = dep_status
+            client.writes.clear()
+            client.now = now = NOW + timedelta(seconds=seconds)
+            outcome = reconcile_pass(client, body, snap, world, Settings(), now)
+            body["status"] = outcome.status
+            seen.append(([w[1] for w in client.writes if w[0] == "status"], outcome.requeue_after))
+        return seen, world
+
+    def test_a_fleet_ready_within_the_hold_gets_one_status_write(self):
+        (created, wait), (progress, _), (ready, _) = self.passes(
+            (0, None), (1, TestProgressWrites.WAITING), (20, TestProgressWrites.READY)
+        )[0]
+        assert created == [] and wait == pytest.approx(120.0)
+        assert progress == []
+        assert len(ready) == 1 and ready[0]["phase"] == "Ready" and ready[0]["observedGeneration"] == 1
+
+    def test_the_hold_is_recorded_for_the_triggers_and_a_write_ends_it(self):
+        _, world = self.passes((0, None), (1, TestProgressWrites.WAITING))
+        assert world.status_held_until(("ns", "bot")) == NOW + timedelta(seconds=120)  # the creation + 120
+        _, world = self.passes((0, None), (20, TestProgressWrites.READY))
+        assert world.status_held_until(("ns", "bot")) is None
+
+    def test_a_first_rollout_past_the_hold_says_it_is_progressing(self):
+        _, (later, _) = self.passes((0, None), (121, TestProgressWrites.WAITING))[0]
+        assert len(later) == 1 and later[0]["phase"] == "Progressing" and later[0]["observedGeneration"] == 1
+        assert {c["type"]: c["reason"] for c in later[0]["conditions"]}["Ready"] == "WaitingForPods"
+
+    def test_a_problem_is_written_at_once(self):
+        spec = {"model": {"uri": "hf://a/b"}, "runtime": {"sessions": {"redis": {"secretName": "nope"}}}}
+        pod = PodFacts("bot-1", "r", "stable", "Pending", False, waiting_reason="CreateContainerConfigError")
+        client, snap = CreatingClient(), Snapshot(nodes=NODES, pods=[pod])
+        reconcile_pass(client, cbs_body(spec), snap, World(), Settings(), NOW)
+        assert [w[1]["phase"] for w in client.writes if w[0] == "status"] == ["Failed"]
+
+
 def deployment(updated: int = 0, ready: int = 0, replicas: int = 2, **meta: Any) -> dict[str, Any]:
     """A watched Deployment of the ChatbotService "bot" asking for `replicas` pods."""
     labels = {"chatfleet.io/service": "bot", **meta.pop("labels", {})}
@@ -271,15 +334,25 @@ class TestProgressTriggers:
 
     KEY = ("ns", "bot")
 
-    def events(self, *bodies, written_ago: float | None = 1.0, interval: float = 5.0, wait: float = 0.0):
-        """Feed Deployment events to a Controller whose last status write was `written_ago` seconds ago;
-        the triggers asked after each, the deferred timers, and the triggers after `wait` more seconds."""
+    def events(
+        self,
+        *bodies,
+        written_ago: float | None = 1.0,
+        interval: float = 5.0,
+        wait: float = 0.0,
+        held_for: float | None = None,
+    ):
+        """Feed Deployment events to a Controller whose last status write was `written_ago` seconds ago (and
+        whose last pass held the status for `held_for` more seconds); the triggers asked after each, the
+        deferred timers, and the triggers after `wait` more seconds."""
         settings = Settings(retry=RetrySettings(progress_status_seconds=interval))
         controller = Controller(settings, FakeClient(), clock=lambda: NOW)
         asked: list[Any] = []
         controller.trigger = lambda key, lane="": asked.append(key)
         if written_ago is not None:
             controller.world.status_written(self.KEY, NOW - timedelta(seconds=written_ago))
+        if held_for is not None:
+            controller.world.hold_status(self.KEY, NOW + timedelta(seconds=held_for))
         controller.world.changed("Deployment", deployment())  # the echo of the operator's own apply
 
         async def scenario():
@@ -300,6 +373,15 @@ class TestProgressTriggers:
     def test_the_deferred_pass_comes_when_the_hold_ends(self):
         seen, _, after = self.events(deployment(updated=1), written_ago=0.0, interval=0.2, wait=0.4)
         assert seen == [0] and after == 1
+
+    def test_progress_waits_for_a_held_first_status(self):
+        """No status written yet, the first held for 100 s more: progress asks for a pass only then."""
+        seen, timers, _ = self.events(deployment(updated=1), written_ago=None, held_for=100.0)
+        assert seen == [0] and timers == 1
+
+    def test_ready_triggers_at_once_while_the_first_status_is_held(self):
+        seen, _, _ = self.events(deployment(updated=2, ready=2), written_ago=None, held_for=100.0)
+        assert seen == [1]
 
     def test_ready_triggers_at_once(self):
         seen, _, _ = self.events(deployment(updated=1), deployment(updated=2, ready=2))

@@ -8,6 +8,7 @@ import pytest
 from chatfleet_operator.api import Reason
 from chatfleet_operator.converge.diagnose import Problem
 from chatfleet_operator.converge.facts import DeploymentFacts
+from chatfleet_operator.converge.hold import first_progress, progress_hold, progress_only
 from chatfleet_operator.converge.status import (
     Observation,
     compute_status,
@@ -16,11 +17,11 @@ from chatfleet_operator.converge.status import (
     error_status,
     get_condition,
     merge_conditions,
-    progress_only,
     status_events,
     status_patch,
 )
 from chatfleet_operator.intents import EventIntent
+from chatfleet_operator.settings import RetrySettings, Settings
 
 NOW = datetime(2026, 11, 21, 10, 0, 0, tzinfo=UTC)
 LATER = NOW + timedelta(minutes=5)
@@ -231,3 +232,69 @@ class TestProgressOnly:
 
     def test_the_first_status_is_not(self):
         assert not progress_only({}, self.status(self.WAITING))
+
+
+#: A ChatbotService no operator has written: what the API server hands over (the CRD's status default).
+CRD_DEFAULT = {"observedGeneration": 0, "phase": "Pending"}
+
+
+class TestFirstProgress:
+    """A new ChatbotService's first status may wait while it says only that the first rollout is on its way."""
+
+    WAITING = dep(available=0, updated=1, replicas=1)
+
+    def status(self, deployment=WAITING, **kw):
+        return compute_status({}, obs(deployment, **kw), NOW)
+
+    @pytest.mark.parametrize("old", [{}, CRD_DEFAULT], ids=["no-status", "the-crd-default"])
+    def test_the_first_rollout_on_its_way_is_first_progress(self, old):
+        assert first_progress(old, self.status())
+        assert first_progress(old, self.status(None))  # the Deployment not seen yet
+
+    @pytest.mark.parametrize(
+        "new",
+        [
+            pytest.param({"deployment": dep()}, id="ready"),
+            pytest.param({"problems": [Problem(Reason.UNSCHEDULABLE, "no GPU")]}, id="a-problem"),
+        ],
+    )
+    def test_ready_or_a_problem_is_not(self, new):
+        assert not first_progress(CRD_DEFAULT, self.status(**new))
+
+    def test_a_status_after_the_first_is_not(self):
+        assert not first_progress(self.status(dep(available=0, updated=0)), self.status())
+
+    def test_another_condition_is_not(self):
+        status = self.status()
+        status["conditions"].append(
+            {"type": "ScalingActive", "status": "False", "reason": "AutoscalerPending"}
+        )
+        assert not first_progress(CRD_DEFAULT, status)
+
+
+class TestProgressHold:
+    """How long a status write waits: the first status from the Deployment's creation, progress from the last
+    status write."""
+
+    def hold(self, old, new, written_ago=None, started_ago=None, first=120.0, interval=5.0):
+        settings = Settings(retry=RetrySettings(first_status_seconds=first, progress_status_seconds=interval))
+        ago = lambda s: None if s is None else NOW - timedelta(seconds=s)  # noqa: E731
+        return progress_hold(old, new, ago(written_ago), NOW, settings, ago(started_ago))
+
+    FIRST = compute_status({}, obs(dep(available=0, updated=0, replicas=0, observed=0)), NOW)
+
+    def test_the_first_status_waits_from_the_deployments_creation(self):
+        assert self.hold(CRD_DEFAULT, self.FIRST, started_ago=30) == pytest.approx(90.0)
+        assert self.hold(CRD_DEFAULT, self.FIRST, started_ago=121) == 0.0
+
+    def test_the_first_status_is_written_at_once_without_a_deployment_or_a_wait(self):
+        assert self.hold(CRD_DEFAULT, self.FIRST) == 0.0
+        assert self.hold(CRD_DEFAULT, self.FIRST, started_ago=30, first=0) == 0.0
+
+    def test_ready_first_is_written_at_once(self):
+        ready = compute_status({}, obs(dep()), NOW)
+        assert self.hold(CRD_DEFAULT, ready, started_ago=30) == 0.0
+
+    def test_progress_waits_from_the_last_write(self):
+        later = compute_status(self.FIRST, obs(dep(available=0, updated=1, replicas=1)), NOW)
+        assert self.hold(self.FIRST, later, written_ago=2, started_ago=30) == pytest.approx(3.0)

@@ -188,7 +188,7 @@ bench-platform: setup ## Platform: cold build, warm start-to-ready, memory at re
 	$(PY) bench/platform_bench.py
 
 .PHONY: bench-operator
-bench-operator: setup ## Operator: 200 and 1,000 ChatbotServices to Ready beside the no-operator floors (bare Deployments; the operator's own objects, no operator; those and the ChatbotServices with their two status writes, no operator), API writes, machine CPU, where the time goes; the floors and the operator in three rounds on new clusters, each round's ratios and their median
+bench-operator: setup ## Operator: 200 and 1,000 ChatbotServices to Ready beside the no-operator floors (bare Deployments; the operator's own objects, no operator; those and the ChatbotServices with their status written once, no operator), API writes, machine CPU, where the time goes; the floors and the operator in three rounds on new clusters, each round's ratios and their median
 	$(PY) bench/operator_bench.py --rounds 3 --custom-resource-floor
 
 .PHONY: bench-runtime

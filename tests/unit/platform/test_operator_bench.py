@@ -234,30 +234,6 @@ def test_the_custom_resource_floor_splits_the_operators_ratio_in_two():
     assert set(median) == set(ob.RATIOS_WITH_CR_FLOOR)
 
 
-def test_the_first_status_is_the_ready_ones_shape_not_yet_ready():
-    """The custom-resource floor's first status write: the template's Ready status with Ready False,
-    Reconciling True and no replica available, every other field kept (as large as the operator's)."""
-    ready = {
-        "phase": "Ready",
-        "availableReplicas": 1,
-        "readyReplicas": 1,
-        "replicas": 1,
-        "endpoint": "http://bot-0.t.svc:8080",
-        "conditions": [
-            {"type": "Ready", "status": "True", "reason": "Ready"},
-            {"type": "Reconciling", "status": "False", "reason": "Reconciled"},
-            {"type": "Stalled", "status": "False", "reason": "Reconciled"},
-        ],
-    }
-    first = ob.not_yet_ready(ready)
-    assert first["phase"] == "Progressing"
-    assert (first["availableReplicas"], first["readyReplicas"], first["replicas"]) == (0, 0, 1)
-    assert [c["status"] for c in first["conditions"]] == ["False", "True", "False"]
-    assert first["endpoint"] == ready["endpoint"] and "servingReplicas" not in first
-    assert not ob.is_ready("chatbotservices", {"status": first})
-    assert ob.is_ready("chatbotservices", {"status": ready})
-
-
 def test_each_object_seen_ready_is_handed_on_once_even_across_a_new_list(monkeypatch):
     """The custom-resource floor writes a ChatbotService's Ready status when its Deployment is first seen
     available: once, though a 410 Gone lists every object again."""

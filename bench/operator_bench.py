@@ -19,9 +19,10 @@ With --custom-resource-floor, a third row beside them: the custom-resource floor
 ChatbotService POSTed too and its status written once, when its Deployment is available, by the
 benchmark's client, no operator running: what any operator of the custom resource costs the cluster at
 least (the operator's one status write of a ChatbotService whose pods are Ready within its first-status
-hold; a slower one gets a second). The operator's ratio then splits in two: the custom resources over the fair floor, and the operator
-over the custom-resource floor (its watches, passes and decisions). Every row starts on a cluster whose
-nodes have settled (a new cluster's nodes are written about twice each in their first minute).
+hold; a slower one gets a second). The operator's ratio then splits in two: the custom resources over the
+fair floor, and the operator over the custom-resource floor (its watches, passes and decisions). Every row
+starts on a cluster whose nodes have settled (a new cluster's nodes are written about twice each in their
+first minute).
 
 With --apiserver-profile the API server's CPU is profiled over each row (its /debug/pprof, in back-to-back
 slices merged by `go tool pprof`) and the rows compared by function: bench-results/apiserver-profile-<n>.txt.
@@ -153,11 +154,8 @@ def send(api: kubernetes.client.ApiClient, method: str, path: str, doc: dict, co
         raise RuntimeError(f"{method} {path}: {response.status} {response.data[:300]!r}")
 
 
-def create_all(
-    cluster: Cluster, namespace: str, docs: list[dict], tmp: Path, then: Callable[[dict], None] | None = None
-) -> float:
-    """POST every document at once from 16 client threads (like a GitOps sync), each followed by `then`
-    in its thread when given; seconds the client took."""
+def create_all(cluster: Cluster, namespace: str, docs: list[dict], tmp: Path) -> float:
+    """POST every document at once from 16 client threads (like a GitOps sync); seconds the client took."""
     api = client(cluster)
 
     def create(doc: dict) -> None:
@@ -165,8 +163,6 @@ def create_all(
         prefix = f"/apis/{group_version}" if "/" in group_version else f"/api/{group_version}"
         plural = doc["kind"].lower() + "s"  # every kind created here pluralises so
         send(api, "POST", f"{prefix}/namespaces/{namespace}/{plural}", doc, "application/json")
-        if then is not None:
-            then(doc)
 
     t0 = time.monotonic()
     with ThreadPoolExecutor(16) as pool:

@@ -205,23 +205,29 @@ class StatusEchoClient(FakeClient):
         return {"metadata": {"namespace": namespace, "name": name, "resourceVersion": "1"}}
 
 
+def run_passes(client, body, steps, settings: Settings | None = None) -> tuple[list, World]:
+    """Run passes at NOW + seconds, each after setting the Deployment's status (None: as it was): the
+    status writes and the rerun each pass asked for, and the World they shared."""
+    snap, world = Snapshot(nodes=NODES), World()
+    seen = []
+    for seconds, dep_status in steps:
+        if dep_status is not None:
+            snap.children[("Deployment", "bot")]["status"] = dep_status
+        client.writes.clear()
+        now = NOW + timedelta(seconds=seconds)
+        outcome = reconcile_pass(client, body, snap, world, settings or Settings(), now)
+        body["status"] = outcome.status
+        seen.append(([w[1] for w in client.writes if w[0] == "status"], outcome.requeue_after))
+    return seen, world
+
+
 class TestProgressWrites:
     """Progress on the way to Ready (counts, RollingOut -> WaitingForPods) is written at most every
     progress_status_seconds (5); Ready flipping is written at once."""
 
     def passes(self, *steps, settings: Settings | None = None):
-        """Run passes at NOW + seconds, each after setting the Deployment's status; the status writes."""
-        client, snap, world, body = StatusEchoClient(), Snapshot(nodes=NODES), World(), cbs_body()
-        seen = []
-        for seconds, dep_status in steps:
-            if dep_status is not None:
-                snap.children[("Deployment", "bot")]["status"] = dep_status
-            client.writes.clear()
-            now = NOW + timedelta(seconds=seconds)
-            outcome = reconcile_pass(client, body, snap, world, settings or Settings(), now)
-            body["status"] = outcome.status
-            seen.append(([w[1] for w in client.writes if w[0] == "status"], outcome.requeue_after))
-        return seen
+        """Run passes at NOW + seconds; the status writes and the rerun each pass asked for."""
+        return run_passes(StatusEchoClient(), cbs_body(), steps, settings)[0]
 
     WAITING = {"observedGeneration": 1, "replicas": 1, "updatedReplicas": 1, "unavailableReplicas": 1}
     READY = {**WAITING, "readyReplicas": 1, "availableReplicas": 1, "unavailableReplicas": 0}
@@ -251,17 +257,12 @@ class TestProgressWrites:
 
 
 class CreatingClient(StatusEchoClient):
-    """Applies stamp a creationTimestamp on what they create, as the API server does (the pass's clock)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.now = NOW
-        self.created: dict[tuple[str, str], str] = {}
+    """Applies answer with a creationTimestamp, as the API server does: NOW, when the first pass created
+    the objects (the tests' passes run at NOW + seconds)."""
 
     def apply(self, manifest):
         obj = super().apply(manifest)
-        key = (manifest["kind"], manifest["metadata"]["name"])
-        obj["metadata"]["creationTimestamp"] = self.created.setdefault(key, rfc3339(self.now))
+        obj["metadata"]["creationTimestamp"] = rfc3339(NOW)
         return obj
 
 
@@ -270,20 +271,10 @@ class TestFirstStatus:
     (first_status_seconds, 120): a fleet whose pods are Ready within it gets one status write, not two."""
 
     def passes(self, *steps):
-        """Run passes at NOW + seconds, each after setting the Deployment's status; the status writes and
-        the rerun each pass asked for."""
-        client, snap, world = CreatingClient(), Snapshot(nodes=NODES), World()
+        """Run passes at NOW + seconds on a ChatbotService showing the CRD's status default; the status
+        writes and the rerun each pass asked for, and the World."""
         body = {**cbs_body(), "status": {"observedGeneration": 0, "phase": "Pending"}}  # the CRD's default
-        seen = []
-        for seconds, dep_status in steps:
-            if dep_status is not None:
-                snap.children[("Deployment", "bot")]["status"] = dep_status
-            client.writes.clear()
-            client.now = now = NOW + timedelta(seconds=seconds)
-            outcome = reconcile_pass(client, body, snap, world, Settings(), now)
-            body["status"] = outcome.status
-            seen.append(([w[1] for w in client.writes if w[0] == "status"], outcome.requeue_after))
-        return seen, world
+        return run_passes(CreatingClient(), body, steps)
 
     def test_a_fleet_ready_within_the_hold_gets_one_status_write(self):
         (created, wait), (progress, _), (ready, _) = self.passes(

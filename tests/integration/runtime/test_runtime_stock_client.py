@@ -78,21 +78,31 @@ def test_guidellm_benchmarks_the_chat_api(api, tiny_model_dir, tmp_path):
     backend, metrics = bench["config"]["backend"], bench["metrics"]
     assert (backend["validate_backend"], backend["stream"]) == (True, True)
     assert backend["request_format"] == "/v1/chat/completions"
+    # every request it made succeeded, by its scheduler's own count
+    made = bench["scheduler_metrics"]["requests_made"]
+    assert made == {"successful": REQUESTS, "errored": 0, "incomplete": 0, "total": REQUESTS}, output[-4000:]
+    # Its statistics cover the requests that started before its stop time, the completion time of the
+    # request it was told of last. Workers report out of order on a loaded machine, so a request started
+    # by a stream freed earlier can start after that and fall outside (CI saw 23 of 24). Those it counts
+    # must all have succeeded; `made` above and the server's counter below cover every request.
     totals = metrics["request_totals"]
-    all_succeeded = {"successful": REQUESTS, "errored": 0, "incomplete": 0, "total": REQUESTS}
-    assert totals == all_succeeded, output[-4000:]
+    measured = totals["successful"]
+    counted = {"successful": measured, "errored": 0, "incomplete": 0, "total": measured}
+    assert totals == counted, output[-4000:]
+    assert 0 < measured <= REQUESTS, totals
     ttft = metrics["time_to_first_token_ms"]["successful"]
     itl = metrics["inter_token_latency_ms"]["successful"]
     out_tps = metrics["output_tokens_per_second"]["successful"]
     out_tokens = metrics["output_token_count"]["successful"]
-    assert ttft["count"] == REQUESTS and ttft["percentiles"]["p50"] > 0
-    assert out_tokens["count"] == REQUESTS and 0 < out_tokens["min"] <= out_tokens["max"] <= OUTPUT_TOKENS
+    assert ttft["count"] == measured and ttft["percentiles"]["p50"] > 0
+    assert out_tokens["count"] == measured and 0 < out_tokens["min"] <= out_tokens["max"] <= OUTPUT_TOKENS
     assert out_tps["mean"] > 0
     # every one answered by the model, streamed: no fallback answer among them
     assert metric_value(api.metrics_url, "chatfleet_requests_total", **answered) - before == REQUESTS
     print(
-        f"guidellm {read_versions()['GUIDELLM_VERSION']}: {totals['successful']}/{totals['total']} requests "
-        f"succeeded in {took:.1f}s ({bench['duration']:.2f}s measured), {STREAMS} streams; "
+        f"guidellm {read_versions()['GUIDELLM_VERSION']}: {made['successful']}/{made['total']} requests "
+        f"succeeded ({measured} in its window) in {took:.1f}s ({bench['duration']:.2f}s measured), "
+        f"{STREAMS} streams; "
         f"TTFT p50 {ttft['percentiles']['p50']:.1f} ms (p95 {ttft['percentiles']['p95']:.1f} ms), "
         f"ITL mean {itl['mean']:.2f} ms (p50 {itl['percentiles']['p50']:.2f} ms), "
         f"output {out_tps['mean']:.0f} tokens/s ({out_tokens['total_sum']:.0f} output tokens)"

@@ -78,13 +78,17 @@ def test_guidellm_benchmarks_the_chat_api(api, tiny_model_dir, tmp_path):
     backend, metrics = bench["config"]["backend"], bench["metrics"]
     assert (backend["validate_backend"], backend["stream"]) == (True, True)
     assert backend["request_format"] == "/v1/chat/completions"
-    # every request it made succeeded, by its scheduler's own count
+    # guidellm's counts lag on a loaded machine: its workers report out of order, its report's statistics
+    # cover the requests that started before its stop time (the completion of the request it was told of
+    # last), and its scheduler's `requests_made` is the scheduler's state sent with the last report it
+    # took in, not the final state (23 of 24: CI in its statistics, a cold run here in `requests_made`).
+    # So: whatever it counted all succeeded, by both counts; the chat API's counter below covers every
+    # request, answered by the model.
     made = bench["scheduler_metrics"]["requests_made"]
-    assert made == {"successful": REQUESTS, "errored": 0, "incomplete": 0, "total": REQUESTS}, output[-4000:]
-    # Its statistics cover the requests that started before its stop time, the completion time of the
-    # request it was told of last. Workers report out of order on a loaded machine, so a request started
-    # by a stream freed earlier can start after that and fall outside (CI saw 23 of 24). Those it counts
-    # must all have succeeded; `made` above and the server's counter below cover every request.
+    assert made == {"successful": made["total"], "errored": 0, "incomplete": 0, "total": made["total"]}, (
+        output[-4000:]
+    )
+    assert 0 < made["total"] <= REQUESTS, made
     totals = metrics["request_totals"]
     measured = totals["successful"]
     counted = {"successful": measured, "errored": 0, "incomplete": 0, "total": measured}

@@ -3,8 +3,9 @@
 guidellm (GUIDELLM_VERSION in hack/versions.env, in its own venv from hack/build-test-servers.sh) runs as
 it ships: it asks `GET /health` first and stops unless that answers 200, then streams chat completions
 with its own synthetic prompts, counted with the tiny model's tokenizer from its local folder (no hub).
-Its own JSON report must show every request answered, with TTFT and output tokens per second measured;
-the chat API's counter must show them answered by the model (a fallback answer looks fine to guidellm).
+Its own JSON report must show every request it counted answered, with TTFT and output tokens per second
+measured; the chat API's counter must show all of them answered by the model (a fallback answer looks fine
+to guidellm, and guidellm's own counts can miss the last request on a loaded machine).
 """
 
 from __future__ import annotations
@@ -102,10 +103,12 @@ def test_guidellm_benchmarks_the_chat_api(api, tiny_model_dir, tmp_path):
     assert out_tokens["count"] == measured and 0 < out_tokens["min"] <= out_tokens["max"] <= OUTPUT_TOKENS
     assert out_tps["mean"] > 0
     # every one answered by the model, streamed: no fallback answer among them
-    assert metric_value(api.metrics_url, "chatfleet_requests_total", **answered) - before == REQUESTS
+    served = metric_value(api.metrics_url, "chatfleet_requests_total", **answered) - before
+    assert served == REQUESTS
     print(
-        f"guidellm {read_versions()['GUIDELLM_VERSION']}: {made['successful']}/{made['total']} requests "
-        f"succeeded ({measured} in its window) in {took:.1f}s ({bench['duration']:.2f}s measured), "
+        f"guidellm {read_versions()['GUIDELLM_VERSION']}: {served:.0f} of {REQUESTS} requests answered by "
+        f"the chat API; guidellm counted {made['successful']}/{made['total']} succeeded ({measured} in its "
+        f"window) in {took:.1f}s ({bench['duration']:.2f}s measured), "
         f"{STREAMS} streams; "
         f"TTFT p50 {ttft['percentiles']['p50']:.1f} ms (p95 {ttft['percentiles']['p95']:.1f} ms), "
         f"ITL mean {itl['mean']:.2f} ms (p50 {itl['percentiles']['p50']:.2f} ms), "

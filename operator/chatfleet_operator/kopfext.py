@@ -5,6 +5,7 @@ gate and on the orchestrator's stops of watchers (no API calls here)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
 import logging
@@ -18,6 +19,8 @@ from kopf._cogs.aiokits import aiotoggles
 from kopf._cogs.clients import api as kopf_api
 from kopf._cogs.clients.errors import APINotFoundError
 from kopf._core.reactor import queueing
+
+from chatfleet_operator import kopflean
 
 log = logging.getLogger("chatfleet")
 
@@ -191,7 +194,7 @@ async def watch_through_a_removed_kind(**kwargs: Any) -> None:
     task = asyncio.current_task()
     for attempt in itertools.count():
         try:
-            await _KOPF_WATCHER(**kwargs)
+            await _watcher_of(kwargs)(**kwargs)
             return
         except APINotFoundError:
             if isinstance(indexed, _GatesMadeBy):
@@ -208,6 +211,12 @@ async def watch_through_a_removed_kind(**kwargs: Any) -> None:
                 delay,
             )
             await asyncio.sleep(delay)
+
+
+def _watcher_of(kwargs: dict[str, Any]) -> Callable[..., Any]:
+    """kopf's watcher, or the lean one (kopflean.py) for a kind main.py declared lean."""
+    lean = kopflean.lean_for(kwargs.get("resource"), kwargs.get("processor"))
+    return _KOPF_WATCHER if lean is None else functools.partial(kopflean.watch, lean=lean)
 
 
 def repair_index_gates() -> None:

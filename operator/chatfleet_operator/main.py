@@ -13,11 +13,12 @@ Every handler is `async def`: kopf runs a plain function in its thread pool, a h
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
 
-from chatfleet_operator import api, garbage, kopfext
+from chatfleet_operator import api, garbage, kopfext, kopflean
 from chatfleet_operator.cache import owner_key, slim
 from chatfleet_operator.controller import Controller
 from chatfleet_operator.converge.facts import node_facts, pod_facts
@@ -26,7 +27,6 @@ from chatfleet_operator.kopfext import NoDiffBase, decode_watch_streams_faster
 
 MANAGED = {api.LABEL_MANAGED_BY: api.MANAGED_BY_VALUE}
 OWNED = {api.LABEL_SERVICE: kopf.PRESENT}
-CBS = (api.GROUP, api.VERSION, api.PLURAL)
 
 _controller: Controller | None = None
 
@@ -84,35 +84,69 @@ def _register_child(kind: Kind) -> None:
     labels = watched_labels(kind)
     reduce = pod_facts if kind.watch == Watch.POD else slim
 
-    @kopf.index(kind.group, kind.version, kind.plural, labels=labels, id=kind.index)
-    async def index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
+    def entries(body: Mapping[str, Any]) -> dict[Any, Any] | None:
         """Index one owned object (pods: reduced to PodFacts) by its owner."""
-        key = owner_key(namespace, labels)
+        key = owner_of(body) if selected(labels, body) else None
         return {key: reduce(body)} if key else None
 
-    @kopf.on.event(kind.group, kind.version, kind.plural, labels=labels, id=f"{kind.index}_event")
-    async def event(type: str, body: kopf.Body, namespace: str, labels: kopf.Labels, **kwargs: Any) -> None:
+    def react(type: str | None, body: Mapping[str, Any], indexes: Mapping[str, Any]) -> None:
         """Trigger the owner when what matters about the object changed (kinds.py's change signature)."""
-        controller_for(kwargs).child_event(kind.name, type, body, owner_key(namespace, labels))
+        if selected(labels, body):
+            controller_for(indexes).child_event(kind.name, type or "", body, owner_of(body))
+
+    _declare(kind, labels, entries, react)
+
+
+def selected(labels: Mapping[str, Any], body: Mapping[str, Any]) -> bool:
+    """Whether the object carries the labels (kopf's filter of the handlers; the API server's selector
+    already sends only those, so this only keeps kopf's meaning where a watch has none)."""
+    have = body.get("metadata", {}).get("labels") or {}
+    return all(
+        key in have if value is kopf.PRESENT else have.get(key) == value for key, value in labels.items()
+    )
+
+
+def owner_of(body: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(namespace, owner) of an owned object or pod, from its chatfleet.io/service label."""
+    meta = body.get("metadata", {})
+    return owner_key(meta.get("namespace"), meta.get("labels") or {})
+
+
+def _declare(
+    kind: Kind, labels: dict[str, Any] | None, entries: kopflean.Entries, react: kopflean.React
+) -> None:
+    """Register a watched kind's index and event handler with kopf (which then watches it and keeps the
+    index) and declare them lean (kopflean.py handles its events, with these same functions)."""
+    filters: dict[str, Any] = {"labels": labels} if labels else {}
+
+    @kopf.index(kind.group, kind.version, kind.plural, id=kind.index, **filters)
+    async def index(body: kopf.Body, **_: Any) -> Mapping[Any, Any] | None:
+        return entries(body)
+
+    @kopf.on.event(kind.group, kind.version, kind.plural, id=f"{kind.index}_event", **filters)
+    async def event(type: str | None, body: kopf.Body, **kwargs: Any) -> None:
+        react(type, body, kwargs)
+
+    index.__doc__, event.__doc__ = entries.__doc__, react.__doc__
+    kopflean.declare(kind.group, kind.plural, kopflean.Lean(kind.index, entries, react))
 
 
 for _kind in KINDS:
     if _kind.watch in (Watch.CHILD, Watch.POD):
         _register_child(_kind)
 
-_NODE = BY_NAME["Node"]
 
-
-@kopf.index(_NODE.group, _NODE.version, _NODE.plural, id=_NODE.index)
-async def node_index(body: kopf.Body, **_: Any) -> dict[Any, Any]:
+def _node_entries(body: Mapping[str, Any]) -> dict[Any, Any]:
     """Index nodes, reduced to NodeFacts (GPU product, allocatable GPUs)."""
     return {"nodes": node_facts(body)}
 
 
-@kopf.on.event(_NODE.group, _NODE.version, _NODE.plural)
-async def node_event(type: str, body: kopf.Body, **kwargs: Any) -> None:
+def _node_react(type: str | None, body: Mapping[str, Any], indexes: Mapping[str, Any]) -> None:
     """Retry ChatbotServices waiting for a GPU node when nodes appear or change labels or GPUs."""
-    controller_for(kwargs).node_event(type, body)
+    controller_for(indexes).node_event(type or "", body)
+
+
+_declare(BY_NAME["Node"], None, _node_entries, _node_react)
 
 
 @kopf.on.event("apiextensions.k8s.io", "v1", "customresourcedefinitions")
@@ -138,17 +172,19 @@ async def watchers_probe(**_: Any) -> float:
 # The ChatbotService itself.
 
 
-@kopf.index(*CBS, id=BY_NAME[api.KIND].index)
-async def cbs_index(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+def _cbs_entries(body: Mapping[str, Any]) -> dict[Any, Any]:
     """Index ChatbotServices by (namespace, name)."""
-    return {(namespace, name): slim(body)}
+    meta = body.get("metadata", {})
+    return {(meta.get("namespace"), meta.get("name")): slim(body)}
 
 
-@kopf.on.event(*CBS)
-async def chatbotservice_event(type: str | None, body: kopf.Body, **kwargs: Any) -> None:
+def _cbs_react(type: str | None, body: Mapping[str, Any], indexes: Mapping[str, Any]) -> None:
     """A pass when a ChatbotService is listed (start-up) or its spec is new; forget a deleted one.
 
     Event handlers only: kopf keeps no bookkeeping in the object (no annotation patches, no finalizer);
     `status.observedGeneration`, written by the pass, is the record of what was reconciled.
     """
-    controller_for(kwargs).cbs_event(type, body)
+    controller_for(indexes).cbs_event(type, body)
+
+
+_declare(BY_NAME[api.KIND], None, _cbs_entries, _cbs_react)

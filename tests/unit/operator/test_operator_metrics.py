@@ -471,3 +471,31 @@ def test_rollback_delay_from_the_first_failed_measurement(first_failed, rolled_b
         assert (
             value("chatfleet_operator_release_failure_to_rollback_seconds_sum", **labels) - before == observed
         )
+
+
+def test_an_apply_is_sent_as_the_bytes_orjson_made_through_the_clients_rest_layer(monkeypatch):
+    """kube.apply hands the client its body already encoded (orjson), and the kubernetes client's REST layer
+    sends those bytes as they are for apply's content type: a client that re-encoded them (or refused
+    them) fails here. The real ApiClient and RESTClientObject, only urllib3's pool replaced."""
+    import kubernetes
+    import orjson
+    import urllib3
+
+    manifest = {"kind": "Deployment", "metadata": {"namespace": "ns", "name": "bot"}, "spec": {"replicas": 2}}
+    sent: list[tuple[str, str, Any, dict[str, str]]] = []
+
+    class Pool:
+        def request(self, method, url, body=None, headers=None, **_: Any):
+            sent.append((method, url, body, dict(headers or {})))
+            return urllib3.HTTPResponse(body=b'{"kind": "Deployment"}', status=200, preload_content=False)
+
+    configuration = kubernetes.client.Configuration()
+    configuration.host = "https://127.0.0.1:6443"
+    client = kubernetes.client.ApiClient(configuration)
+    client.rest_client.pool_manager = Pool()
+    monkeypatch.setattr(kube, "_client", client)
+    assert kube.apply(manifest) == {"kind": "Deployment"}
+    ((method, url, body, headers),) = sent
+    assert (method, headers["Content-Type"]) == ("PATCH", kube.APPLY_PATCH)
+    assert url.startswith("https://127.0.0.1:6443/apis/apps/v1/namespaces/ns/deployments/bot?")
+    assert isinstance(body, bytes) and orjson.loads(body) == manifest

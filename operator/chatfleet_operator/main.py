@@ -7,8 +7,11 @@ Watch caches (kopf indexes): kopf fills them all before any handler runs, so a r
 every owned object before its first pass, and plans no spurious writes. Owned objects and pods: any
 change that matters (a pod got Ready, a hand edit, a deletion) triggers the owner.
 
-Every handler is `async def`: kopf runs a plain function in its thread pool, a hop per watch event
-(submit, a future, a wake-up of the loop) that costs more than the small work each of these does.
+Each indexed kind's index and event handler are two plain functions, declared to kopflean.py: its lean
+watcher calls them inline for every watch event, instead of kopf's per-event machinery, while kopf keeps
+the watch, the index and the start-up gate. The kopf registrations delegate to the same functions (they
+are what makes kopf watch the kind and keep its index). Every handler kopf runs is `async def`: kopf runs
+a plain function in its thread pool, a hop per watch event (submit, a future, a wake-up of the loop).
 """
 
 from __future__ import annotations

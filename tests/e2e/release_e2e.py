@@ -168,3 +168,21 @@ def promoted_to(revision: str) -> Callable[[Release], bool]:
 def rolled_back(r: Release) -> bool:
     """Predicate: the release is rolled back (Stalled RolledBack)."""
     return r.cond("Stalled").get("reason") == "RolledBack" and r.cond("Stalled").get("status") == "True"
+
+
+def start(bot: Release, prometheus: Any, **over: Any) -> str:
+    """Create the bot on revision v1, wait for Ready; its stable revision."""
+    bot.apply(bot_spec(prometheus.url, **over))
+    bot.wait(lambda r: r.cond("Ready").get("status") == "True", 60, "bot Ready on v1")
+    return bot.status()["stableRevision"]
+
+
+def release(bot: Release, **model: Any) -> str:
+    """Change the model revision (a GitOps commit); the new updateRevision."""
+    before = bot.status().get("updateRevision")
+    bot.patch({"model": {"revision": "v2", **model}})
+    return bot.wait(
+        lambda r: r.status().get("updateRevision") not in (None, before) and r.status()["updateRevision"],
+        30,
+        "new revision seen",
+    )

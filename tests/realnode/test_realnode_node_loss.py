@@ -15,7 +15,7 @@ revision (its history says Promoted, it never rolled back: the progress deadline
 not from the step's start); once promoted, the client's requests succeed again.
 
 It runs last in the layer (conftest): it restarts the session's kubelet. The kwok twin, with no process
-killed, is tests/e2e/test_release_canary.py::test_a_node_lost_mid_canary_reschedules_its_pods_and_the_release_promotes.
+killed, is tests/e2e/test_release_node_loss.py::test_a_node_lost_mid_canary_reschedules_its_pods_and_the_release_promotes.
 """
 
 from __future__ import annotations

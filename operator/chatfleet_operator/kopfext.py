@@ -1,6 +1,7 @@
 """kopf tuning for event handlers only, two repairs of kopf's watchers: the start-up gate, and a watched
-kind whose CustomResourceDefinition is deleted; a faster decoder of its watch streams; and watches on that
-gate and on the orchestrator's stops of watchers (no API calls here)."""
+kind whose CustomResourceDefinition is deleted; the lean watcher (kopflean.py) started in place of kopf's
+for the kinds main.py declared; a faster decoder of its watch streams; and watches on that gate and on the
+orchestrator's stops of watchers (no API calls here)."""
 
 from __future__ import annotations
 

@@ -67,15 +67,10 @@ def lean_for(resource: Any, processor: Any) -> Lean | None:
     return lean if lean is not None and indexers is not None and lean.index_id in indexers else None
 
 
-def object_key(body: Mapping[str, Any]) -> tuple[Any, Any, Any]:
-    """kopf's key of an object in its indexes: (namespace, name, uid)."""
-    meta = body.get("metadata", {})
-    return meta.get("namespace"), meta.get("name"), meta.get("uid")
-
-
-def index(indexer: Any, lean: Lean, event_type: str | None, body: Mapping[str, Any]) -> None:
-    """Put the object's entries in kopf's index (a deleted object, or one whose index fails: none)."""
-    key = object_key(body)
+def index(indexers: Any, lean: Lean, event_type: str | None, body: Mapping[str, Any]) -> None:
+    """Put the object's entries in kopf's index (a deleted object, or one whose index fails: none), under
+    kopf's own key of the object (`OperatorIndexers.make_key`)."""
+    indexer, key = indexers[lean.index_id], indexers.make_key(body)
     if event_type == "DELETED":
         indexer.discard(key)
         return
@@ -115,7 +110,7 @@ async def watch(
 ) -> None:
     """Watch one kind (in one namespace, or cluster-wide) with its lean handlers, until cancelled."""
     indexers = processor.keywords["indexers"]
-    indexer, indices = indexers[lean.index_id], indexers.indices
+    indices = indexers.indices
     held: list[tuple[str | None, Mapping[str, Any]]] | None = [] if operator_indexed is not None else None
     stream = watching.infinite_watch(
         settings=settings, resource=resource, namespace=namespace, operator_paused=operator_paused
@@ -133,7 +128,7 @@ async def watch(
         if isinstance(raw_event, watching.Bookmark) or raw_event.get("type") == "BOOKMARK":
             continue
         event_type, body = raw_event["type"], raw_event["object"]
-        index(indexer, lean, event_type, body)
+        index(indexers, lean, event_type, body)
         if held is None:
             react(lean, event_type, body, indices)
         else:

@@ -25,7 +25,6 @@ from kopf._core.engines import indexing
 from kopf._core.reactor import inventory, processing, queueing
 
 PODS = references.Resource("", "v1", "pods", namespaced=True)
-DEPLOYMENTS = references.Resource("apps", "v1", "deployments", namespaced=True)
 
 
 class RecordingController:

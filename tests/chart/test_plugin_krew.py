@@ -1,7 +1,8 @@
 """`kubectl chatbot` for krew: plugins/chatbot.yaml and the archive `hack/release.sh plugin-archive` builds.
 
 Test design: the linux/amd64 archive is built for real (PyInstaller in a clean venv, about a minute) once
-per key, a hash of the plugin's sources, the release script and the pinned versions, and kept under
+per key, a hash of the modules the executable holds, the packages' pyproject.toml files, the release
+script and the pinned versions, and kept under
 <cache>/plugin/<key>/; a failed build fails the test (never a skip). `hack/release.sh krew-manifest` fills
 the template with that archive's sha256 and stand-in checksums for the three platforms built elsewhere.
 The filled manifest is checked three ways: its structure here (what krew requires, one platform per
@@ -15,12 +16,14 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import modulefinder
 import os
 import platform
 import re
 import shutil
 import stat
 import subprocess
+import sys
 import tarfile
 import tomllib
 from pathlib import Path
@@ -39,8 +42,34 @@ RELEASES = "https://github.com/chatfleet/chatfleet/releases/download"
 PLATFORMS = ("linux_amd64", "linux_arm64", "darwin_amd64", "darwin_arm64")
 #: what the archive for the platform built here (and on CI's ubuntu-22.04 runner) is
 HERE = "linux_amd64"
-#: the files the build reads: a change to any of them is a new archive
-SOURCES = ("contract", "operator", "hack/release.sh", "LICENSE")
+#: the packages the executable is built from: it holds the modules of theirs that its entry point imports
+PACKAGES = ("chatfleet_operator", "chatfleet_contract")
+ENTRY = "chatfleet_operator.plugin"
+#: what else the archive is made of: how those packages install (pins, version, data), the script, LICENSE
+SOURCES = (
+    "contract/pyproject.toml",
+    "operator/pyproject.toml",
+    "operator/Dockerfile",
+    "hack/release.sh",
+    "LICENSE",
+)
+
+
+class _PackageImports(modulefinder.ModuleFinder):
+    """The standard library's import finder, following only PACKAGES' modules."""
+
+    def import_hook(self, name, caller=None, fromlist=None, level=-1):
+        if level <= 0 and name.partition(".")[0] not in PACKAGES:
+            raise ImportError(f"not followed: {name}")
+        return super().import_hook(name, caller, fromlist, level)
+
+
+def executable_modules() -> list[Path]:
+    """The source files of PACKAGES that the executable holds: ENTRY and every module it imports, found as
+    PyInstaller finds them (reading the import statements, those inside functions too, not running them)."""
+    finder = _PackageImports(path=[str(REPO_ROOT / "operator"), str(REPO_ROOT / "contract")])
+    finder.import_hook(ENTRY)
+    return sorted(Path(m.__file__) for m in finder.modules.values() if m.__file__)
 
 
 def version() -> str:
@@ -52,21 +81,16 @@ def archive_name(platform_: str) -> str:
 
 
 def build_key() -> str:
-    """A hash of the plugin's sources, the release script, the pinned build tools and this machine."""
+    """A hash of what the executable holds (executable_modules()), how it is installed and packed, the pinned
+    build tools and this machine: an operator change the executable does not import is no new archive."""
     digest = hashlib.sha256()
     versions = read_versions()
     for name in ("PYINSTALLER_VERSION", "PYINSTALLER_HOOKS_CONTRIB_VERSION"):
         digest.update(f"{name}={versions[name]}\n".encode())
     digest.update(f"{platform.machine()} {platform.libc_ver()}\n".encode())
-    for source in SOURCES:
-        path = REPO_ROOT / source
-        files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-        for f in files:
-            rel = f.relative_to(REPO_ROOT)
-            if {"build", "__pycache__"} & set(rel.parts) or any(p.endswith(".egg-info") for p in rel.parts):
-                continue
-            digest.update(f"{rel}\n".encode())
-            digest.update(f.read_bytes())
+    for f in [REPO_ROOT / source for source in SOURCES] + executable_modules():
+        digest.update(f"{f.relative_to(REPO_ROOT)}\n".encode())
+        digest.update(f.read_bytes())
     return digest.hexdigest()[:16]
 
 
@@ -189,6 +213,25 @@ def test_the_executable_runs_with_nothing_on_path(archive: Path, tmp_path: Path)
     assert proc.returncode == 1, proc.stderr
     assert proc.stderr.startswith("error: no answer from https://127.0.0.1:1: "), proc.stderr
     assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+
+
+def test_the_archives_key_covers_every_module_the_executable_imports() -> None:
+    """The kept archive is reused while its key holds: a module the executable imports but the key missed
+    would ship stale. Every module of PACKAGES that importing the entry point loads is in the key, and the
+    operator's kopf side (which the executable never imports) is not, so changing it builds nothing."""
+    code = (
+        "import sys, chatfleet_operator.plugin\n"
+        f"print('\\n'.join(m.__file__ for n, m in sys.modules.items() if n.partition('.')[0] in {PACKAGES!r}))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    keyed = set(executable_modules())
+    missing = {Path(f) for f in loaded.split()} - keyed
+    assert not missing, (
+        f"imported by the executable but not in the archive's key: {sorted(map(str, missing))}"
+    )
+    operator = REPO_ROOT / "operator" / "chatfleet_operator"
+    assert operator / "plugin.py" in keyed
+    assert not {operator / "main.py", operator / "kopflean.py", operator / "kopfext.py"} & keyed
 
 
 # --- the manifest --------------------------------------------------------------------------------------------

@@ -35,7 +35,6 @@ from typing import Any
 
 import pytest
 import yaml
-from chatfleet_platform.common.config import CHATBOT_CRD_NAME
 from chatfleet_platform.load.realpods import chat_body, on_real_node
 from chatfleet_platform.servers.services import wait_until
 
@@ -128,8 +127,9 @@ def ready(cluster, ns: str, name: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def bots(cluster, real_operator, runtime_image, host_model_dir) -> Iterator[str]:
-    """A real-* namespace with alpha and beta Ready on the real node (one pod each)."""
+def bots(cluster, real_operator, runtime_image, host_model_dir, reaper) -> Iterator[str]:
+    """A real-* namespace with alpha and beta Ready on the real node (one pod each); deleted afterwards in
+    the background (`reaper`: the next module starts while its pods drain)."""
     ns = f"real-gw-{uuid.uuid4().hex[:6]}"
     cluster.kubectl("create", "namespace", ns)
     try:
@@ -142,7 +142,7 @@ def bots(cluster, real_operator, runtime_image, host_model_dir) -> Iterator[str]
             assert ok, f"{ns}/{name} never turned Ready on the real node:\n{pods}"
         yield ns
     finally:
-        cluster.delete_namespace(ns, first=[CHATBOT_CRD_NAME])
+        reaper.delete(ns)
 
 
 def test_an_httproute_splits_and_matches_headers_between_real_pods(cluster, gateway, bots):

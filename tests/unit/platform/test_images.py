@@ -347,3 +347,37 @@ def test_the_upgrade_benchs_builds_edit_the_operators_own_settings():
     for build in upgrade_bench.BUILDS:
         edited = images.edited_sources(files, upgrade_bench.build_edits(build))
         assert edited[upgrade_bench.SETTINGS] != files[upgrade_bench.SETTINGS]
+
+
+def _project_build(monkeypatch, tmp_path, existing: str | None) -> tuple[images.ImageBuilder, list]:
+    """An Images whose buildah is recorded instead of run; `existing`: the ID the content tag has (or None)."""
+    calls: list = []
+    imgs = images.ImageBuilder(cache=tmp_path, progress=lambda msg: None)
+    monkeypatch.setattr(imgs, "image_id", lambda ref: existing)
+    monkeypatch.setattr(imgs, "_buildah", lambda *args, **kw: calls.append(("buildah", *args)) or "")
+    monkeypatch.setattr(imgs, "_image_ids", lambda: set())
+    monkeypatch.setattr(imgs, "_keep_cache", lambda name, ids: None)
+
+    def bud(argv):
+        calls.append(("bud",))
+        Path(argv[argv.index("--iidfile") + 1]).write_text("sha256:" + "b" * 64)
+        return []
+
+    monkeypatch.setattr(imgs, "_bud", bud)
+    return imgs, calls
+
+
+def test_a_content_tag_already_built_is_taken_without_a_build(monkeypatch, tmp_path):
+    # the tag is the inputs' hash: bud would take every step from its cache, and spends ~9 s checksumming
+    imgs, calls = _project_build(monkeypatch, tmp_path, existing="a" * 64)
+    ref, image_id = imgs.build_project(images.OPERATOR, "sha256:" + "c" * 64)
+    assert image_id == "a" * 64
+    assert ("bud",) not in calls
+    assert ("buildah", "tag", ref, f"{images.OPERATOR.repo}:{images.ALIAS_TAG}") in calls
+
+
+def test_new_inputs_are_built(monkeypatch, tmp_path):
+    imgs, calls = _project_build(monkeypatch, tmp_path, existing=None)
+    _, image_id = imgs.build_project(images.OPERATOR, "sha256:" + "c" * 64)
+    assert ("bud",) in calls
+    assert image_id == images.normalize_id("b" * 64)

@@ -55,11 +55,16 @@ venv: $(STAMP) ## Virtual environment: the four packages and the platform (edita
 
 $(STAMP): $(PYPROJECTS)
 	@command -v python3 >/dev/null || { echo "error: python3 (>= 3.11) is missing"; exit 1; }
-	@# a fresh clone starts from the venv kept for these pins (hack/venv-cache.sh), else makes a new one
-	@test -x $(PY) || bash hack/venv-cache.sh restore $(VENV) $(PYPROJECTS) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q -U pip setuptools wheel || { echo "error: cannot reach the Python package registry to install pip/setuptools"; exit 1; }
-	@$(PY) -m pip uninstall -q -y chatfleet 2>/dev/null || true  # the one distribution of checkouts before the split
-	$(PY) -m pip install -q --group dev -e ./contract -e ./operator -e ./picker -e ./runtime -e ./hack || { echo "error: pip could not install the pinned packages of the pyproject.toml files (is the Python package registry reachable?)"; exit 1; }
+	@# a fresh clone takes the venv kept for these very pins, pointed at this clone (hack/venv-cache.sh);
+	@# else pip installs them (into the venv there is, or a new one)
+	@if test -x $(PY) || ! bash hack/venv-cache.sh restore $(VENV) $(PYPROJECTS); then \
+	  set -e; test -x $(PY) || python3 -m venv $(VENV); \
+	  echo "$(PY) -m pip install -q -U pip setuptools wheel"; \
+	  $(PY) -m pip install -q -U pip setuptools wheel || { echo "error: cannot reach the Python package registry to install pip/setuptools"; exit 1; }; \
+	  $(PY) -m pip uninstall -q -y chatfleet 2>/dev/null || true; \
+	  echo "$(PY) -m pip install -q --group dev -e ./contract -e ./operator -e ./picker -e ./runtime -e ./hack"; \
+	  $(PY) -m pip install -q --group dev -e ./contract -e ./operator -e ./picker -e ./runtime -e ./hack || { echo "error: pip could not install the pinned packages of the pyproject.toml files (is the Python package registry reachable?)"; exit 1; }; \
+	fi
 	@rm -f $(VENV)/.installed-* && touch $@
 	@bash hack/venv-cache.sh save $(VENV) $(PYPROJECTS)
 

@@ -2,9 +2,10 @@
 # The virtual environment kept between checkouts, so that a fresh clone (CI's, a second work tree) does not
 # install its ~6 GB of wheels again (about 200 s on 2 cores, from pip's cache).
 #
-#   hack/venv-cache.sh restore VENV PYPROJECT...   VENV absent: made from the kept venv of this key; exit 1
-#                                                  when none is kept (the caller then makes a new one)
+#   hack/venv-cache.sh restore VENV PYPROJECT...   VENV absent: made from the kept venv of this key, ready to
+#                                                  use; exit 1 when none is kept (the caller then installs)
 #   hack/venv-cache.sh save VENV PYPROJECT...      keep VENV under this key (after a complete install)
+# Both run in the repository's root (the Makefile's): its editable installs are of that clone.
 #
 # The key: a hash of the pyproject.toml files (every pin), the Python that makes the venv and the machine.
 # Kept under $CHATFLEET_CACHE/venvs/<key>/ (default ~/.cache/chatfleet), the two newest keys only.
@@ -12,11 +13,12 @@
 # Both copies are hard links to the same files, so keeping one costs no disk while its venv exists, and a
 # restore takes seconds. Neither can change the other: pip and Python replace files (a new file renamed
 # over the old, or the old one removed), never write into one; the only files that name the venv's own
-# path (its scripts' #! lines, pyvenv.cfg) are written anew by the restore. The editable installs of this
-# repository's packages name the clone they came from: the Makefile's pip install that follows every
-# restore installs them again from this clone. A restored venv has no install stamp until that install
-# has succeeded. Where the cache and the clone are on different file systems (no hard links) nothing is
-# kept, and every clone installs as before.
+# path (its scripts' #! lines, pyvenv.cfg) or the clone it was made in (the editable installs of this
+# repository's packages: setuptools' finder modules, their .pth files, direct_url.json) are written anew by
+# the restore, naming this venv and this clone. A restore then checks that every editable package is found
+# in this clone, and gives up (exit 1: the caller installs as before) if one is not. The pins are the key,
+# so a restored venv holds what pip would install. Where the cache and the clone are on different file
+# systems (no hard links) nothing is kept, and every clone installs as before.
 set -euo pipefail
 
 die() { printf '[venv-cache] error: %s\n' "$*" >&2; exit 2; }
@@ -37,17 +39,41 @@ case $action in
   restore)
     [ ! -e "$venv" ] || die "$venv exists: restore makes a venv only where there is none"
     [ -d "$kept" ] && [ -f "$origin_file" ] || { say "no venv kept for key $key"; exit 1; }
-    origin=$(cat "$origin_file")
+    { read -r origin; read -r origin_root; } < "$origin_file" || true
     target=$(absolute "$venv")
+    root=$(pwd -P)
     started=$(date +%s)
     tmp=$target.restoring
     rm -rf "$tmp"
     mkdir -p "$(dirname "$target")"
     cp -al "$kept" "$tmp" 2>/dev/null || { rm -rf "$tmp"; say "cannot hard-link $kept to $tmp (another file system?)"; exit 1; }
     rm -f "$tmp"/.installed-*
+    # sed -i writes a new file and renames it over the link: the kept copy keeps its own
     if [ "$origin" != "$target" ]; then
-      # sed -i writes a new file and renames it over the link: the kept copy keeps its own
       { grep -rlIZ -F "$origin" "$tmp/bin" "$tmp/pyvenv.cfg" || true; } | xargs -0 -r sed -i "s#${origin}#${target}#g"
+    fi
+    site=$(echo "$tmp"/lib/python*/site-packages)
+    if [ -n "${origin_root:-}" ] && [ "$origin_root" != "$root" ]; then
+      { grep -lIZ -F "$origin_root/" "$site"/__editable__* "$site"/*.pth "$site"/*.dist-info/direct_url.json \
+          2>/dev/null || true; } | xargs -0 -r sed -i "s#${origin_root}/#${root}/#g"
+      rm -f "$site"/__pycache__/__editable__*
+    fi
+    if ! "$tmp/bin/python" - "$root" "$site" <<'EOF'
+import ast, glob, os, re, sys
+root, site = sys.argv[1], sys.argv[2]
+wrong = []
+for finder in glob.glob(os.path.join(site, "__editable___*_finder.py")):
+    found = re.search(r"^MAPPING\b[^=]*=\s*(\{.*\})\s*$", open(finder).read(), re.M)
+    for name, path in (ast.literal_eval(found.group(1)) if found else {}).items():
+        if not path.startswith(root + os.sep) or not os.path.isdir(path):
+            wrong.append(f"{name} -> {path}")
+if wrong:
+    sys.exit("editable packages not found in this clone: " + ", ".join(wrong))
+EOF
+    then
+      rm -rf "$tmp" "$kept" "$origin_file"  # the next save keeps one that fits
+      say "the venv kept as $key does not fit this clone: dropped; a new one is made"
+      exit 1
     fi
     mv -T "$tmp" "$target"
     touch "$kept"  # recently used: kept longest
@@ -63,9 +89,9 @@ case $action in
       say "not kept: cannot hard-link $venv into $cache (another file system?)"
       exit 0
     fi
-    absolute "$venv" > "$tmp/origin"
-    mv "$tmp/origin" "$origin_file"
+    { absolute "$venv"; pwd -P; } > "$tmp/origin"
     mv -T "$tmp/venv" "$kept" || { rm -rf "$tmp"; exit 0; }  # another save got there first
+    mv "$tmp/origin" "$origin_file"
     rmdir "$tmp"
     touch "$kept"
     # the two newest keys stay

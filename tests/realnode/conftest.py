@@ -162,18 +162,62 @@ def what_holds(cluster, ns: str) -> str:
     return "\n".join(out)
 
 
-@pytest.fixture
-def real_ns(cluster, real_node, reaper) -> Iterator[str]:
-    """A fresh real-* namespace; deleted afterwards in the background (`reaper`)."""
+def new_real_ns(cluster) -> str:
+    """A fresh real-* namespace whose default ServiceAccount exists."""
     name = f"real-{uuid.uuid4().hex[:8]}"
     cluster.kubectl("create", "namespace", name)
     assert services.wait_until(
         lambda: cluster.kubectl("get", "sa", "default", namespace=name, check=False).returncode == 0, 30
     )
+    return name
+
+
+@pytest.fixture
+def real_ns(cluster, real_node, reaper) -> Iterator[str]:
+    """A fresh real-* namespace; deleted afterwards in the background (`reaper`)."""
+    name = new_real_ns(cluster)
     try:
         yield name
     finally:
         reaper.delete(name)
+
+
+@dataclass
+class HeadStart:
+    """A namespace whose bot is applied when its module starts, for a later test of that module: the bot's
+    pod starts while the tests before it run (a real pod's start is some 12 s of a test's waiting). The test
+    takes it (`ahead_ns`) and waits for its bot to be Ready as any test does; it is deleted in the background
+    after that test, or when the module ends if no test took it."""
+
+    cluster: Any
+    reaper: NamespaceReaper
+    ns: str = ""
+
+    def begin(self, prepare) -> None:
+        """A new namespace, prepare(namespace) run in it (apply the bot and whatever it names)."""
+        self.ns = new_real_ns(self.cluster)
+        prepare(self.ns)
+
+    def end(self) -> None:
+        if self.ns:
+            self.reaper.delete(self.ns)
+            self.ns = ""
+
+
+@pytest.fixture(scope="module")
+def head_start(cluster, real_node, reaper) -> Iterator[HeadStart]:
+    """The module's head start (a module fixture of its own, autouse, calls `begin`)."""
+    hs = HeadStart(cluster, reaper)
+    yield hs
+    hs.end()
+
+
+@pytest.fixture
+def ahead_ns(head_start) -> Iterator[str]:
+    """The namespace of the module's head start, its bot applied when the module began."""
+    assert head_start.ns, "no head start in this module (its autouse fixture calls head_start.begin)"
+    yield head_start.ns
+    head_start.end()
 
 
 @dataclass

@@ -66,7 +66,8 @@ PROMPTS_YAML = """
 """
 
 
-def started(bot: Bot, pod_prometheus, runtime_image, host_model_dir, from_config_map=False) -> ChatLoad:
+def apply_stable(bot: Bot, pod_prometheus, runtime_image, host_model_dir, from_config_map=False) -> None:
+    """Create the bot (its golden prompts in the spec, or in a ConfigMap it names)."""
     spec = bot_spec(pod_prometheus.url)
     if from_config_map:
         bot.cluster.apply(
@@ -83,6 +84,21 @@ def started(bot: Bot, pod_prometheus, runtime_image, host_model_dir, from_config
         del quality["prompts"]
         quality["promptsFrom"] = {"configMapName": "golden"}
     bot.apply(on_real_node(spec, image=runtime_image, model_dir=host_model_dir))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _gated_bot_ahead(head_start, cluster, real_operator, pod_prometheus, runtime_image, host_model_dir):
+    """The promotion test's bot (prompts from a ConfigMap), applied as the module starts (conftest's
+    HeadStart)."""
+    head_start.begin(
+        lambda ns: apply_stable(Bot(cluster, ns), pod_prometheus, runtime_image, host_model_dir, True)
+    )
+
+
+def started(bot: Bot, pod_prometheus, runtime_image, host_model_dir, *, applied: bool = False) -> ChatLoad:
+    """Create the bot (unless `applied` ahead), wait until it is Ready, start the client."""
+    if not applied:
+        apply_stable(bot, pod_prometheus, runtime_image, host_model_dir)
     bot.wait(lambda: bot.cond("Ready").get("status") == "True", 600, "stable Ready")
     return ChatLoad(service_url(bot.cluster, bot.ns, bot.name), workers=2, max_seconds=900).start()
 
@@ -113,10 +129,10 @@ def test_a_broken_chat_template_is_rolled_back_on_answers_alone(
 # the wait's own message (status, pods, events) rather than pytest's bare time-out.
 @pytest.mark.timeout(1260)
 def test_a_release_that_cannot_change_answers_passes_the_gate(
-    cluster, real_operator, real_ns, pod_prometheus, runtime_image, host_model_dir
+    cluster, real_operator, ahead_ns, pod_prometheus, runtime_image, host_model_dir
 ):
-    bot = Bot(cluster, real_ns)
-    load = started(bot, pod_prometheus, runtime_image, host_model_dir, from_config_map=True)
+    bot = Bot(cluster, ahead_ns)
+    load = started(bot, pod_prometheus, runtime_image, host_model_dir, applied=True)
     seen: list[dict[str, Any]] = []
     try:
         before = bot.status().get("stableRevision")

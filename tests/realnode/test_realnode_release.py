@@ -68,10 +68,24 @@ def record(key: str, value: Any) -> None:
     RESULTS.write_text(json.dumps(data, indent=1, sort_keys=True))
 
 
-def started_stable(bot: Bot, pod_prometheus, runtime_image, host_model_dir) -> tuple[ChatLoad, str]:
-    """Create the bot, wait until it is Ready and its pod's metrics reach Prometheus; start the client."""
-    spec = on_real_node(bot_spec(pod_prometheus.url), image=runtime_image, model_dir=host_model_dir)
-    bot.apply(spec)
+def apply_stable(bot: Bot, pod_prometheus, runtime_image, host_model_dir) -> None:
+    """Create the bot: one stable replica on the real node."""
+    bot.apply(on_real_node(bot_spec(pod_prometheus.url), image=runtime_image, model_dir=host_model_dir))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _second_bot_ahead(head_start, cluster, real_operator, pod_prometheus, runtime_image, host_model_dir):
+    """The health-check test's bot, applied as the module starts (conftest's HeadStart)."""
+    head_start.begin(lambda ns: apply_stable(Bot(cluster, ns), pod_prometheus, runtime_image, host_model_dir))
+
+
+def started_stable(
+    bot: Bot, pod_prometheus, runtime_image, host_model_dir, *, applied: bool = False
+) -> tuple[ChatLoad, str]:
+    """Create the bot (unless `applied` ahead), wait until it is Ready and its pod's metrics reach
+    Prometheus; start the client."""
+    if not applied:
+        apply_stable(bot, pod_prometheus, runtime_image, host_model_dir)
     bot.wait(lambda: bot.cond("Ready").get("status") == "True", 600, "stable Ready")
     url = service_url(bot.cluster, bot.ns, bot.name)
     load = ChatLoad(url, workers=2, max_seconds=900).start()
@@ -123,10 +137,10 @@ def test_bad_canary_on_real_traffic_is_rolled_back(
 
 
 def test_dying_runtime_container_drives_the_health_rollback(
-    cluster, real_operator, real_ns, pod_prometheus, runtime_image, host_model_dir
+    cluster, real_operator, ahead_ns, pod_prometheus, runtime_image, host_model_dir
 ):
-    bot = Bot(cluster, real_ns)
-    load, _ = started_stable(bot, pod_prometheus, runtime_image, host_model_dir)
+    bot = Bot(cluster, ahead_ns)
+    load, _ = started_stable(bot, pod_prometheus, runtime_image, host_model_dir, applied=True)
     try:
         bot.patch({"runtime": {"maxNewTokens": 7}})
 

@@ -34,6 +34,8 @@ kept=$cache/$key
 origin_file=$kept.origin
 # a path as the venv's files spell it (absolute, without .. or a trailing slash)
 absolute() { realpath -m "$1"; }
+# a path as a sed pattern matches it literally (the delimiter is #)
+literal() { printf '%s' "$1" | sed 's/[][\.*^$#]/\\&/g'; }
 
 case $action in
   restore)
@@ -50,12 +52,12 @@ case $action in
     rm -f "$tmp"/.installed-*
     # sed -i writes a new file and renames it over the link: the kept copy keeps its own
     if [ "$origin" != "$target" ]; then
-      { grep -rlIZ -F "$origin" "$tmp/bin" "$tmp/pyvenv.cfg" || true; } | xargs -0 -r sed -i "s#${origin}#${target}#g"
+      { grep -rlIZ -F "$origin" "$tmp/bin" "$tmp/pyvenv.cfg" || true; } | xargs -0 -r sed -i "s#$(literal "$origin")#${target}#g"
     fi
     site=$(echo "$tmp"/lib/python*/site-packages)
     if [ -n "${origin_root:-}" ] && [ "$origin_root" != "$root" ]; then
       { grep -lIZ -F "$origin_root/" "$site"/__editable__* "$site"/*.pth "$site"/*.dist-info/direct_url.json \
-          2>/dev/null || true; } | xargs -0 -r sed -i "s#${origin_root}/#${root}/#g"
+          2>/dev/null || true; } | xargs -0 -r sed -i "s#$(literal "$origin_root")/#${root}/#g"
       rm -f "$site"/__pycache__/__editable__*
     fi
     if ! "$tmp/bin/python" - "$root" "$site" <<'EOF'

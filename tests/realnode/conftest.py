@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -193,7 +193,7 @@ class HeadStart:
     reaper: NamespaceReaper
     ns: str = ""
 
-    def begin(self, prepare) -> None:
+    def begin(self, prepare: Callable[[str], None]) -> None:
         """A new namespace, prepare(namespace) run in it (apply the bot and whatever it names)."""
         self.ns = new_real_ns(self.cluster)
         prepare(self.ns)

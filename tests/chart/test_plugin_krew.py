@@ -45,14 +45,8 @@ HERE = "linux_amd64"
 #: the packages the executable is built from: it holds the modules of theirs that its entry point imports
 PACKAGES = ("chatfleet_operator", "chatfleet_contract")
 ENTRY = "chatfleet_operator.plugin"
-#: what else the archive is made of: how those packages install (pins, version, data), the script, LICENSE
-SOURCES = (
-    "contract/pyproject.toml",
-    "operator/pyproject.toml",
-    "operator/Dockerfile",
-    "hack/release.sh",
-    "LICENSE",
-)
+#: what else the archive is made of: how those packages install (pins, version), the script, LICENSE
+SOURCES = ("contract/pyproject.toml", "operator/pyproject.toml", "hack/release.sh", "LICENSE")
 
 
 class _PackageImports(modulefinder.ModuleFinder):

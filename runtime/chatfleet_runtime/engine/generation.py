@@ -82,7 +82,8 @@ class BatchGenerator(PrefillSteps):
         #: Counters since start. ``attended``: KV positions the decode steps attended over, rows x width summed
         #: over steps; per generated token it is the work a step does beyond the weights, and it stays flat
         #: while the cache is bounded by the live rows (it grows with the batch's age when it is not).
-        self.stats = {"batches": 0, "rows": 0, "tokens": 0, "attended": 0}
+        #: ``steps``: decode steps run; tokens per step is how full the running batch is kept.
+        self.stats = {"batches": 0, "rows": 0, "tokens": 0, "attended": 0, "steps": 0}
 
     # ---- public -------------------------------------------------------------------------------
 
@@ -238,6 +239,7 @@ class BatchGenerator(PrefillSteps):
         mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
         self._kv.set_room(cache, self._room(active, mask.shape[1]))
         self.stats["attended"] += mask.shape[0] * mask.shape[1]
+        self.stats["steps"] += 1
         out = self.model(
             input_ids=input_ids,
             attention_mask=mask,

@@ -1,24 +1,28 @@
-"""Soak: under steady overlapping traffic the engine's memory and speed plateau (issue 24).
+"""Soak: under steady overlapping traffic the engine's memory and work per token plateau (issue 24).
 
 Test design: 24 closed-loop clients (half streamed, half not) keep the in-flight engine full for about
 two minutes through ``ChatService.prepare`` + ``ChatService.submit``, the entry points the Triton model
 uses. Each client sends a chat of random length, waits for its answer, and sends the next one at once,
 so rows keep joining and leaving and the running batch never empties. A sampler records the process's
-RSS and the tokens generated every half second.
+RSS and the engine's counters every half second.
 
-The run is cut into quarters. Memory must plateau: the last quarter's highest RSS stays within 16 MiB
-of the first quarter's (the KV cache is bounded by the live rows). The work a token costs must hold: the
-KV positions the decode steps attend over per generated token (the engine's ``attended`` counter) stay
-within 10 % of the first quarter's. Speed must hold: tokens per CPU second in the last quarter are at
-least 75 % of the first quarter's. CPU seconds (this process's user + system time, one torch thread)
-rather than wall seconds, because other processes share the machine; the wall figures are printed
-alongside. The speed floor is wider than the work check on purpose: on a shared machine the rate moves
-with no change in the work (10-second windows of one steady 3-minute run ranged 2,183-2,869 tokens per
-CPU second with no trend, and a 2-core CI runner measured a last/first quarter ratio of 0.88), while the
-attended positions are counted, not timed. A KV cache that grows with the batch's age fails all three by
-far: it adds about a hundred columns a second here, so that by the last quarter every step attends over,
-and copies, thousands of columns more than the live rows need (measured with the trimming removed: RSS
-842 -> 927 MiB, tokens per CPU second 995 -> 425).
+The run is cut into quarters, and the last is held to the first:
+- Memory plateaus: the last quarter's highest RSS stays within 16 MiB of the first's (the KV cache is
+  bounded by the live rows).
+- The work a token costs holds: the KV positions the decode steps attend over per generated token (the
+  engine's ``attended`` counter) stay within 10 % of the first quarter's.
+- The batch stays full: tokens generated per decode step (the engine's ``steps`` counter) stay at
+  least 90 % of the first quarter's. A scheduler that admits fewer rows as it ages (a leaked slot, a
+  request that never leaves the books) makes every token cost a larger share of a step.
+
+All three are counted, not timed. Tokens per CPU second and per wall second are printed beside them but
+not asserted: on a shared machine they move with the neighbours and not with the engine. CI, running
+the real-pod lane beside this one, measured the last quarter at 0.73 of the first per CPU second and
+0.34 per wall second while memory, attended positions per token and the batch held flat; 10-second
+windows of one steady run on an idle machine ranged 2,183-2,869 tokens per CPU second with no trend.
+A KV cache that grows with the batch's age fails by far: it adds about a hundred columns a second here,
+so that by the last quarter every step attends over, and copies, thousands of columns more than the live
+rows need (measured with the trimming removed: attended/token 1,142 -> 3,594, RSS 820 -> 921 MiB).
 """
 
 from __future__ import annotations
@@ -38,8 +42,8 @@ SAMPLE_S = 0.5
 #: Growth allowed between the first and the last quarter's peak RSS (allocator noise; about 2 % of the
 #: process). A cache that grows with the batch's age adds about 24 KiB per step here: 60 MiB in two minutes.
 RSS_SLACK = 16 * 2**20
-#: Last quarter's tokens per CPU second over the first's, at least (see the module's docstring).
-SPEED_FLOOR = 0.75
+#: Last quarter's tokens per decode step over the first's, at least.
+FULLNESS_FLOOR = 0.90
 #: Last quarter's attended KV positions per generated token over the first's, at most.
 WORK_CEILING = 1.10
 TEXTS = [
@@ -111,15 +115,23 @@ def _client(service, index: int, stop: threading.Event, tokens: list[int], error
         tokens[index] += len(result.token_ids)
 
 
-def _quarters(samples: list[tuple[float, float, int, int, int]]):
-    """First and last quarter of (wall, cpu, rss, tokens, attended) samples.
+def _quarters(samples: list[tuple[float, float, int, int, int, int]]):
+    """First and last quarter of (wall, cpu, rss, tokens, attended, steps) samples.
 
-    Each as (peak RSS, tokens per CPU s, tokens per wall s, attended KV positions per token)."""
+    Each as (peak RSS, tokens per CPU s, tokens per wall s, attended KV positions per token, tokens per
+    decode step)."""
     n = len(samples) // 4
 
     def stats(part):
-        (w0, c0, _, t0, a0), (w1, c1, _, t1, a1) = part[0], part[-1]
-        return max(s[2] for s in part), (t1 - t0) / (c1 - c0), (t1 - t0) / (w1 - w0), (a1 - a0) / (t1 - t0)
+        (w0, c0, _, t0, a0, s0), (w1, c1, _, t1, a1, s1) = part[0], part[-1]
+        tokens = t1 - t0
+        return (
+            max(s[2] for s in part),
+            tokens / (c1 - c0),
+            tokens / (w1 - w0),
+            (a1 - a0) / tokens,
+            tokens / (s1 - s0),
+        )
 
     return stats(samples[: n + 1]), stats(samples[-n - 1 :])
 
@@ -150,18 +162,19 @@ def test_memory_and_speed_plateau_under_steady_overlapping_traffic(soak_service)
                 proc.memory_info().rss,
                 counters["tokens"],
                 counters["attended"],
+                counters["steps"],
             )
         )
         time.sleep(SAMPLE_S)
     stop.set()
     for c in clients:
         c.join(90)
-    (rss_first, cpu_first, wall_first, work_first), (rss_last, cpu_last, wall_last, work_last) = _quarters(
-        samples
-    )
+    first, last = _quarters(samples)
+    rss_first, cpu_first, wall_first, work_first, full_first = first
+    rss_last, cpu_last, wall_last, work_last, full_last = last
     print(
         f"\nsoak: {sum(tokens)} tokens; RSS peak {rss_first / 2**20:.0f} -> {rss_last / 2**20:.0f} MiB; "
-        f"attended/token {work_first:.0f} -> {work_last:.0f}; "
+        f"attended/token {work_first:.0f} -> {work_last:.0f}; tokens/step {full_first:.1f} -> {full_last:.1f}; "
         f"tokens/CPU s {cpu_first:.0f} -> {cpu_last:.0f}; tokens/wall s {wall_first:.0f} -> {wall_last:.0f}"
     )
     assert not errors, errors[:5]
@@ -171,6 +184,6 @@ def test_memory_and_speed_plateau_under_steady_overlapping_traffic(soak_service)
     assert work_last <= work_first * WORK_CEILING, (
         f"KV positions attended per token grew {work_first:.0f} -> {work_last:.0f}"
     )
-    assert cpu_last >= cpu_first * SPEED_FLOOR, (
-        f"tokens per CPU second fell {cpu_first:.0f} -> {cpu_last:.0f}"
+    assert full_last >= full_first * FULLNESS_FLOOR, (
+        f"tokens per decode step fell {full_first:.1f} -> {full_last:.1f}: the running batch holds fewer rows"
     )

@@ -16,7 +16,8 @@ The run is cut into quarters, and the last is held to the first:
   request that never leaves the books) makes every token cost a larger share of a step.
 
 All three are counted, not timed. Tokens per CPU second and per wall second are printed beside them but
-not asserted: on a shared machine they move with the neighbours and not with the engine. CI, running
+not asserted: on a shared machine they move with the neighbours and not with the engine (the timed soak,
+tokens per second and memory, first vs last quarter over ten minutes, is `make bench-runtime-soak`). CI, running
 the real-pod lane beside this one, measured the last quarter at 0.73 of the first per CPU second and
 0.34 per wall second while memory, attended positions per token and the batch held flat; 10-second
 windows of one steady run on an idle machine ranged 2,183-2,869 tokens per CPU second with no trend.
@@ -136,7 +137,7 @@ def _quarters(samples: list[tuple[float, float, int, int, int, int]]):
     return stats(samples[: n + 1]), stats(samples[-n - 1 :])
 
 
-def test_memory_and_speed_plateau_under_steady_overlapping_traffic(soak_service):
+def test_memory_work_and_batch_plateau_under_steady_overlapping_traffic(soak_service):
     import psutil
 
     proc = psutil.Process()

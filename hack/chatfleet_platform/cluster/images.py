@@ -559,7 +559,6 @@ class ImageBuilder:
         digest = content_hash(files, extra=(base_id, BASE_REF))
         ref = f"{build.repo}:{image_tag(project_version(self.repo / 'operator' / 'pyproject.toml'), digest)}"
         alias = f"{build.repo}:{ALIAS_TAG}"
-        mounts = host_mounts(tls_candidates(os.environ))
         t0 = time.monotonic()
         previous = self.image_id(ref)
         if previous is not None:
@@ -570,6 +569,7 @@ class ImageBuilder:
             self._record(build.name, seconds, built=False, image_id=previous, ref=ref)
             self.say(f"{build.name}: {ref} ({previous[:19]}) cached")
             return ref, previous
+        mounts = host_mounts(tls_candidates(os.environ))
         with tempfile.TemporaryDirectory() as tmp:
             iid = Path(tmp) / "iid"
             self.say(f"{build.name}: buildah bud --layers {build.dockerfile} -> {ref}")
